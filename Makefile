@@ -1,0 +1,50 @@
+# ebb's build. `make test` is what CI runs (.ci/run) and what the README says.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+
+GO ?= go
+# The pinned tools (control plane, etcd, kwok, kubectl, controller-gen,
+# staticcheck) are built from source once and cached by version outside the
+# repository; hack/tools.sh prints where.
+TOOLS_BIN = $(shell hack/tools.sh --print)
+E2E_TIMEOUT ?= 30m
+
+.PHONY: all build tools test unit e2e lint verify generate demo clean
+
+all: build
+
+build:
+	$(GO) build -o bin/ebb ./cmd/ebb
+
+## tools: build the pinned tools that are not cached yet (a cold build takes about 10 minutes on 2 cores)
+tools:
+	@hack/tools.sh >/dev/null
+
+## test: unit tests with -race, then the end-to-end tests on the local cluster
+test: tools unit e2e
+
+unit:
+	$(GO) test -race -count=1 ./internal/... ./cmd/...
+
+e2e: tools build
+	EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/...
+
+## lint: go vet and staticcheck (pinned)
+lint: tools
+	$(GO) vet ./...
+	$(TOOLS_BIN)/staticcheck ./...
+
+## generate: regenerate generated files (none yet: the API types land with NodeMaintenance)
+generate: tools
+
+## verify: regenerate, fail if anything generated is out of date, and lint
+verify: generate lint
+	@git diff --exit-code -- . || { echo "generated files are out of date: run 'make generate' and commit"; exit 1; }
+	$(GO) mod tidy -diff
+
+## demo: start the local cluster with a sample app and show it serving
+demo: tools build
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo
+
+clean:
+	rm -rf bin

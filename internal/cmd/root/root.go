@@ -1,0 +1,24 @@
+// Package root assembles the ebb command line.
+package root
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/cmd/demo"
+)
+
+// NewCommand returns the ebb root command with its subcommands.
+func NewCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ebb",
+		Short: "ebb drains Kubernetes nodes without dropping a request",
+		Long: `ebb drains Kubernetes nodes without dropping a request: a Service
+type=LoadBalancer implementation whose backends carry an admin state, and
+declarative node maintenance that drains the load balancer before the pods.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	cmd.AddCommand(cluster.NewCommand(), demo.NewCommand())
+	return cmd
+}

@@ -1,0 +1,78 @@
+package localcluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+)
+
+// EchoDeployment is a Deployment whose pods the cluster serves with its
+// echo servers: HTTP (and raw TCP echo) on port 8080, UDP echo on 8081.
+func EchoDeployment(namespace, name string, replicas int32) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: ptr.To[int64](5),
+					Containers: []corev1.Container{{
+						Name:  "echo",
+						Image: "ebb.dev/echo:local", // never pulled: kwok runs no containers
+						Ports: []corev1.ContainerPort{
+							{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
+							{Name: "udp", ContainerPort: 8081, Protocol: corev1.ProtocolUDP},
+						},
+					}},
+				},
+			},
+		},
+	}
+}
+
+// EchoService is a Service of the given type in front of EchoDeployment's
+// pods, with ports "http" (TCP 80 -> 8080) and "udp" (UDP 81 -> 8081).
+func EchoService(namespace, name string, typ corev1.ServiceType) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: corev1.ServiceSpec{
+			Type:     typ,
+			Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
+				{Name: "udp", Port: 81, TargetPort: intstr.FromInt32(8081), Protocol: corev1.ProtocolUDP},
+			},
+		},
+	}
+}
+
+// WaitDeploymentAvailable waits until every replica of a Deployment is
+// updated and available.
+func (c *Cluster) WaitDeploymentAvailable(ctx context.Context, namespace, name string, timeout time.Duration) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		d, err := c.Client.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		want := ptr.Deref(d.Spec.Replicas, 1)
+		last = fmt.Sprintf("%d of %d replicas available", d.Status.AvailableReplicas, want)
+		return d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == want &&
+			d.Status.AvailableReplicas == want && d.Status.Replicas == want, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for deployment %s/%s (%s): %w", namespace, name, last, err)
+	}
+	return nil
+}

@@ -1,0 +1,456 @@
+// Package localcluster runs a real Kubernetes control plane (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler) with kwok-simulated
+// nodes inside a private user, network and PID namespace, and gives every
+// Running pod a real server on its IP and each simulated node what kube-proxy
+// would serve. End-to-end tests, benchmarks, the demo and `ebb cluster` use it.
+//
+// A process first enters its own namespace with Reexec (tests: TestMain),
+// then calls Start. Everything the cluster listens on is inside that
+// namespace, so several clusters can run at once.
+package localcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/ebbdev/ebb/internal/localcluster/nodeproxy"
+	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+)
+
+// KwokNodeAnnotation marks the nodes that kwok simulates.
+const KwokNodeAnnotation = "kwok.x-k8s.io/node"
+
+// Ports of the control-plane components' health endpoints. They are fixed:
+// each cluster has a network namespace of its own.
+const (
+	controllerManagerPort = 10257
+	schedulerPort         = 10259
+	kwokPort              = 10247
+)
+
+// Options configure a cluster.
+type Options struct {
+	// Name names the cluster in messages. Default "ebb".
+	Name string
+	// Nodes is the number of simulated nodes. Default 3.
+	Nodes int
+	// Dir holds etcd's data, certificates, logs and the kubeconfig. Default:
+	// a new temporary directory, removed by Stop.
+	Dir string
+	// BinDir holds the pinned binaries. Default: FindBinDir.
+	BinDir string
+	// Progress gets one line per start-up phase. Default: discarded.
+	Progress io.Writer
+}
+
+// Node is a simulated node.
+type Node struct {
+	Name    string
+	IP      string
+	PodCIDR string
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	// Config is an administrator's client configuration (system:masters).
+	Config *rest.Config
+	// Client is a clientset for Config.
+	Client kubernetes.Interface
+	// Kubeconfig is the path of an administrator's kubeconfig.
+	Kubeconfig string
+	// BinDir holds the binaries the cluster runs (kubectl among them).
+	BinDir string
+	// Nodes are the simulated nodes, in order.
+	Nodes []Node
+
+	opts     Options
+	ownsDir  bool
+	env      *envtest.Environment
+	procs    []*process
+	cancel   context.CancelFunc
+	simsDone chan struct{}
+}
+
+// Start starts a cluster and returns once its nodes are Ready and its
+// controllers serve. It must run inside a namespace made by Reexec.
+func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
+	if !InNamespace() {
+		return nil, errors.New("the local cluster runs only in a private network namespace: call localcluster.Reexec first (tests: localcluster.TestMain)")
+	}
+	opts = withDefaults(opts)
+	c := &Cluster{opts: opts}
+	defer func() {
+		if retErr != nil {
+			_ = c.Stop()
+		}
+	}()
+	if opts.Dir == "" {
+		dir, err := os.MkdirTemp("", "ebb-cluster-")
+		if err != nil {
+			return nil, fmt.Errorf("creating the cluster directory: %w", err)
+		}
+		c.opts.Dir, c.ownsDir = dir, true
+	}
+	if opts.BinDir == "" {
+		dir, err := FindBinDir()
+		if err != nil {
+			return nil, err
+		}
+		c.opts.BinDir = dir
+	}
+	c.BinDir = c.opts.BinDir
+	for _, d := range []string{"logs", "pki", "etcd"} {
+		if err := os.MkdirAll(filepath.Join(c.opts.Dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("creating the cluster directory: %w", err)
+		}
+	}
+	start := time.Now()
+	if err := c.startControlPlane(); err != nil {
+		return nil, err
+	}
+	if err := c.startComponents(); err != nil {
+		return nil, err
+	}
+	if err := c.registerNodes(ctx); err != nil {
+		return nil, err
+	}
+	c.startSimulators()
+	if err := c.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	c.progressf("cluster %q ready in %s: %d nodes, kubeconfig %s", c.opts.Name, time.Since(start).Round(100*time.Millisecond), len(c.Nodes), c.Kubeconfig)
+	return c, nil
+}
+
+func withDefaults(o Options) Options {
+	if o.Name == "" {
+		o.Name = "ebb"
+	}
+	if o.Nodes <= 0 {
+		o.Nodes = 3
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return o
+}
+
+func (c *Cluster) progressf(format string, args ...any) {
+	fmt.Fprintf(c.opts.Progress, "[cluster] "+format+"\n", args...)
+}
+
+func (c *Cluster) logFile(name string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(c.opts.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening log for %s: %w", name, err)
+	}
+	return f, nil
+}
+
+// startControlPlane starts etcd and kube-apiserver through envtest, which
+// makes the certificates and waits for readiness, and writes kubeconfigs.
+func (c *Cluster) startControlPlane() error {
+	c.progressf("starting etcd and kube-apiserver")
+	etcdLog, err := c.logFile("etcd")
+	if err != nil {
+		return err
+	}
+	apiLog, err := c.logFile("kube-apiserver")
+	if err != nil {
+		return err
+	}
+	api := &envtest.APIServer{CertDir: filepath.Join(c.opts.Dir, "pki"), Out: apiLog, Err: apiLog, StartTimeout: 90 * time.Second}
+	api.Configure().
+		Set("service-cluster-ip-range", ServiceCIDR.String()).
+		// The namespace has no default route, so say which address to
+		// publish for the kubernetes Service.
+		Set("advertise-address", controlPlaneIP).
+		Set("authorization-mode", "Node,RBAC").
+		Set("service-node-port-range", "30000-32767").
+		// envtest turns the ServiceAccount admission plugin off because it
+		// runs no controller manager; this cluster does, so admission stays
+		// as a real cluster has it.
+		Disable("disable-admission-plugins")
+	c.env = &envtest.Environment{
+		BinaryAssetsDirectory: c.opts.BinDir,
+		ControlPlane: envtest.ControlPlane{
+			Etcd:      &envtest.Etcd{DataDir: filepath.Join(c.opts.Dir, "etcd"), Out: etcdLog, Err: etcdLog, StartTimeout: 60 * time.Second},
+			APIServer: api,
+		},
+	}
+	if _, err := c.env.Start(); err != nil {
+		return fmt.Errorf("starting etcd and kube-apiserver (logs in %s): %w", filepath.Join(c.opts.Dir, "logs"), err)
+	}
+	admin, user, err := c.writeKubeconfig("admin", envtest.User{Name: "ebb-admin", Groups: []string{"system:masters"}})
+	if err != nil {
+		return err
+	}
+	c.Kubeconfig = admin
+	c.Config = user.Config()
+	c.Config.QPS, c.Config.Burst = 200, 400
+	c.Client, err = kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return fmt.Errorf("creating a client: %w", err)
+	}
+	return nil
+}
+
+// controlPlaneIP is the address published for the kubernetes Service.
+const controlPlaneIP = "10.0.0.254"
+
+// writeKubeconfig adds a user with a client certificate and writes its
+// kubeconfig; it returns the file's path and the user.
+func (c *Cluster) writeKubeconfig(name string, u envtest.User) (string, *envtest.AuthenticatedUser, error) {
+	user, err := c.env.AddUser(u, nil)
+	if err != nil {
+		return "", nil, fmt.Errorf("adding user %s: %w", u.Name, err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		return "", nil, fmt.Errorf("rendering the kubeconfig of %s: %w", u.Name, err)
+	}
+	path := filepath.Join(c.opts.Dir, name+".kubeconfig")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return "", nil, fmt.Errorf("writing %s: %w", path, err)
+	}
+	return path, user, nil
+}
+
+// startComponents starts kube-controller-manager, kube-scheduler and kwok,
+// each with the identity the bootstrap RBAC policy expects.
+func (c *Cluster) startComponents() error {
+	c.progressf("starting kube-controller-manager, kube-scheduler and kwok")
+	kcmConfig, _, err := c.writeKubeconfig("kube-controller-manager", envtest.User{Name: "system:kube-controller-manager"})
+	if err != nil {
+		return err
+	}
+	schedConfig, _, err := c.writeKubeconfig("kube-scheduler", envtest.User{Name: "system:kube-scheduler"})
+	if err != nil {
+		return err
+	}
+	caFile := filepath.Join(c.opts.Dir, "pki", "cluster-ca.crt")
+	if err := os.WriteFile(caFile, c.Config.CAData, 0o644); err != nil {
+		return fmt.Errorf("writing the cluster CA: %w", err)
+	}
+	pki := c.env.ControlPlane.APIServer.CertDir
+	stages, err := filepath.Glob(filepath.Join(c.opts.BinDir, "kwok-stages", "*.yaml"))
+	if err != nil || len(stages) == 0 {
+		return fmt.Errorf("no kwok stage files in %s: run `make tools`", filepath.Join(c.opts.BinDir, "kwok-stages"))
+	}
+	sort.Strings(stages)
+	kwokArgs := []string{
+		"--kubeconfig=" + c.Kubeconfig,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=fake",
+		"--cidr=" + PodCIDR.String(),
+		"--node-ip=" + controlPlaneIP,
+		fmt.Sprintf("--server-address=127.0.0.1:%d", kwokPort),
+	}
+	for _, s := range stages {
+		kwokArgs = append(kwokArgs, "--config="+s)
+	}
+	components := []struct {
+		name string
+		args []string
+	}{
+		{"kube-controller-manager", []string{
+			"--kubeconfig=" + kcmConfig,
+			"--authentication-kubeconfig=" + kcmConfig,
+			"--authorization-kubeconfig=" + kcmConfig,
+			"--service-account-private-key-file=" + filepath.Join(pki, "sa-signer.key"),
+			"--root-ca-file=" + caFile,
+			"--use-service-account-credentials=true",
+			"--leader-elect=false",
+			"--bind-address=127.0.0.1",
+			fmt.Sprintf("--secure-port=%d", controllerManagerPort),
+			// Every controller that makes sense without a cloud; node IPAM is
+			// off because the nodes come with their pod CIDRs.
+			"--controllers=*,-nodeipam",
+			"--cluster-name=" + c.opts.Name,
+		}},
+		{"kube-scheduler", []string{
+			"--kubeconfig=" + schedConfig,
+			"--authentication-kubeconfig=" + schedConfig,
+			"--authorization-kubeconfig=" + schedConfig,
+			"--leader-elect=false",
+			"--bind-address=127.0.0.1",
+			fmt.Sprintf("--secure-port=%d", schedulerPort),
+		}},
+		{"kwok", kwokArgs},
+	}
+	for _, comp := range components {
+		p, err := startProcess(comp.name, filepath.Join(c.opts.BinDir, comp.name), comp.args, filepath.Join(c.opts.Dir, "logs"))
+		if err != nil {
+			return err
+		}
+		c.procs = append(c.procs, p)
+	}
+	return nil
+}
+
+// registerNodes creates the simulated nodes with their InternalIPs and pod
+// CIDRs; kwok makes them Ready and keeps their heartbeats.
+func (c *Cluster) registerNodes(ctx context.Context) error {
+	c.progressf("registering %d simulated nodes", c.opts.Nodes)
+	for i := 1; i <= c.opts.Nodes; i++ {
+		n := Node{
+			Name:    fmt.Sprintf("node-%d", i),
+			IP:      fmt.Sprintf("10.0.0.%d", i),
+			PodCIDR: fmt.Sprintf("10.244.%d.0/24", i),
+		}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, nodeObject(n), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("registering node %s: %w", n.Name, err)
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	return nil
+}
+
+func nodeObject(n Node) *corev1.Node {
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("32"),
+		corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        n.Name,
+			Annotations: map[string]string{KwokNodeAnnotation: "fake"},
+			Labels: map[string]string{
+				corev1.LabelHostname:   n.Name,
+				corev1.LabelOSStable:   "linux",
+				corev1.LabelArchStable: "amd64",
+				"type":                 "kwok",
+			},
+		},
+		Spec: corev1.NodeSpec{PodCIDR: n.PodCIDR, PodCIDRs: []string{n.PodCIDR}},
+		Status: corev1.NodeStatus{
+			Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: n.IP},
+				{Type: corev1.NodeHostName, Address: n.Name},
+			},
+			Capacity:    capacity,
+			Allocatable: capacity,
+		},
+	}
+}
+
+// startSimulators runs the pod servers and the per-node service proxies.
+func (c *Cluster) startSimulators() {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	c.simsDone = make(chan struct{})
+	pods := podserver.New(c.Client)
+	proxies := nodeproxy.New(c.Client)
+	go func() {
+		defer close(c.simsDone)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = proxies.Run(ctx) }()
+		_ = pods.Run(ctx)
+		<-done
+	}()
+}
+
+// waitReady waits for Ready nodes, serving controllers and the default
+// service account (which the controller manager makes).
+func (c *Cluster) waitReady(ctx context.Context) error {
+	c.progressf("waiting for nodes and controllers")
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // local health checks of self-signed components
+	healthy := func(port int) bool {
+		resp, err := insecure.Get(fmt.Sprintf("https://%s/healthz", net.JoinHostPort("127.0.0.1", fmt.Sprint(port))))
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	var last string
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		for _, p := range c.procs {
+			if done, err := p.exited(); done {
+				return false, err
+			}
+		}
+		if !healthy(controllerManagerPort) {
+			last = "kube-controller-manager is not healthy"
+			return false, nil
+		}
+		if !healthy(schedulerPort) {
+			last = "kube-scheduler is not healthy"
+			return false, nil
+		}
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		ready := 0
+		for _, n := range nodes.Items {
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		if ready < len(c.Nodes) {
+			last = fmt.Sprintf("%d of %d nodes Ready", ready, len(c.Nodes))
+			return false, nil
+		}
+		if _, err := c.Client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			last = "no default service account yet"
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the cluster to be ready (%s; logs in %s): %w", last, filepath.Join(c.opts.Dir, "logs"), err)
+	}
+	return nil
+}
+
+// Dir is the cluster's working directory (logs are in Dir/logs).
+func (c *Cluster) Dir() string { return c.opts.Dir }
+
+// Stop stops every component by PID, newest first, and removes the
+// directory if Start made it.
+func (c *Cluster) Stop() error {
+	var errs []error
+	if c.cancel != nil {
+		c.cancel()
+		<-c.simsDone
+	}
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		errs = append(errs, c.procs[i].stop(10*time.Second))
+	}
+	c.procs = nil
+	if c.env != nil {
+		if err := c.env.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stopping etcd and kube-apiserver: %w", err))
+		}
+		c.env = nil
+	}
+	if c.ownsDir {
+		errs = append(errs, os.RemoveAll(c.opts.Dir))
+	}
+	return errors.Join(errs...)
+}

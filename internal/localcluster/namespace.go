@@ -1,0 +1,134 @@
+package localcluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// envInNamespace marks a process that runs inside the private namespace made
+// by Reexec, so that it does not re-execute itself again.
+const envInNamespace = "EBB_LOCALCLUSTER_NAMESPACE"
+
+// Address ranges of every local cluster. They live on the loopback device of
+// the cluster's own network namespace, so nothing here is reachable from, or
+// collides with, the host or another cluster.
+var (
+	// NodeCIDR holds the simulated nodes' InternalIPs (10.0.0.1, 10.0.0.2, ...).
+	NodeCIDR = mustCIDR("10.0.0.0/24")
+	// PodCIDR holds pod IPs; node i gets 10.244.i.0/24.
+	PodCIDR = mustCIDR("10.244.0.0/16")
+	// ServiceCIDR is the kube-apiserver's --service-cluster-ip-range.
+	ServiceCIDR = mustCIDR("10.96.0.0/20")
+	// VIPCIDR is free for load-balancer VIPs (outside ServiceCIDR).
+	VIPCIDR = mustCIDR("10.96.255.0/24")
+)
+
+func mustCIDR(s string) *net.IPNet {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// InNamespace reports whether this process runs inside a private namespace
+// made by Reexec (or by `ebb cluster up`).
+func InNamespace() bool { return os.Getenv(envInNamespace) != "" }
+
+// Reexec runs this program again, with the same arguments, inside a new user
+// and network namespace, and returns its exit code. The child sees the
+// marker from InNamespace and must call SetupNamespace before starting a
+// cluster. It works unprivileged where the kernel allows user namespaces, and
+// as root. Interrupts are passed on to the child.
+func Reexec() (int, error) {
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Args[0] = os.Args[0]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), envInNamespace+"=1")
+	cmd.SysProcAttr = namespaceSysProcAttr()
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		return 1, fmt.Errorf("starting %s in a new user and network namespace (does the kernel allow unprivileged user namespaces? see /proc/sys/kernel/unprivileged_userns_clone): %w", os.Args[0], err)
+	}
+	go func() {
+		for s := range sigs {
+			_ = cmd.Process.Signal(s)
+		}
+	}()
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), nil
+	}
+	if err != nil {
+		return 1, fmt.Errorf("waiting for %s in its namespace: %w", os.Args[0], err)
+	}
+	return 0, nil
+}
+
+// namespaceSysProcAttr starts a child in new user, network, PID and mount
+// namespaces in which it is root, mapped to the caller's own user.
+func namespaceSysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		// A new PID namespace makes the child its init: when it exits, for
+		// whatever reason, the kernel kills every process it started, so no
+		// cluster component outlives it. The mount namespace lets it mount a
+		// /proc that matches those PIDs.
+		Cloneflags:                 syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+		GidMappingsEnableSetgroups: false,
+	}
+}
+
+// SetupNamespace brings up loopback in the current (private) network
+// namespace and puts the cluster's address ranges on it, so that any address
+// in them can be bound and reached. It refuses to run outside a namespace
+// made by Reexec: it would change the host's network.
+func SetupNamespace() error {
+	if !InNamespace() {
+		return errors.New("refusing to configure the host network: SetupNamespace runs only inside the namespace made by localcluster.Reexec")
+	}
+	// Mount a /proc of our PID namespace, privately, so that /proc/PID of a
+	// component we started is that component.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc for the cluster's PID namespace: %w", err)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("finding loopback: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bringing loopback up: %w", err)
+	}
+	for _, n := range []*net.IPNet{NodeCIDR, PodCIDR, ServiceCIDR, VIPCIDR} {
+		addr := &netlink.Addr{IPNet: n}
+		if err := netlink.AddrReplace(lo, addr); err != nil {
+			return fmt.Errorf("adding %s to loopback: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// NamespaceCommand prepares cmd to start in a new private namespace, like
+// Reexec does, for a process that outlives its parent (`ebb cluster up`):
+// it is put in a session of its own so a terminal's hang-up does not reach it.
+func NamespaceCommand(cmd *exec.Cmd) {
+	cmd.Env = append(cmd.Environ(), envInNamespace+"=1")
+	cmd.SysProcAttr = namespaceSysProcAttr()
+	cmd.SysProcAttr.Setsid = true
+}

@@ -1,0 +1,268 @@
+// Package podserver gives every Running pod of a local cluster a real server
+// on its pod IP and container ports, as if its containers were running: on a
+// TCP port an HTTP echo that names the pod and node (or a byte-exact TCP echo
+// when the client does not speak HTTP), on a UDP port a UDP echo.
+//
+// Deleting a pod behaves like a graceful shutdown: its listeners close at
+// once (new connections are refused), established connections keep working
+// until the pod's deletion timestamp (the end of its grace period), then
+// they are closed.
+package podserver
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+)
+
+// resync retries pods whose servers could not start (a port still held).
+const resync = 10 * time.Second
+
+// Server runs the servers of every pod in a cluster.
+type Server struct {
+	client kubernetes.Interface
+	clock  clock.WithDelayedExecution
+
+	mu   sync.Mutex
+	pods map[types.UID]*podServer
+}
+
+// New returns a Server for the cluster client talks to.
+func New(client kubernetes.Interface) *Server {
+	return &Server{client: client, clock: clock.RealClock{}, pods: map[types.UID]*podServer{}}
+}
+
+// Run serves pods until ctx is done, then closes every server at once.
+func (s *Server) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("podserver")
+	factory := informers.NewSharedInformerFactory(s.client, resync)
+	inf := factory.Core().V1().Pods().Informer()
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.sync(log, obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) { s.sync(log, obj.(*corev1.Pod)) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok {
+				s.deleted(pod)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watching pods: %w", err)
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid, p := range s.pods {
+		p.closeAll()
+		delete(s.pods, uid)
+	}
+	return nil
+}
+
+// sync starts, keeps or begins terminating the servers of one pod.
+func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
+	if pod.Spec.HostNetwork || pod.Status.PodIP == "" || pod.Spec.NodeName == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, running := s.pods[pod.UID]
+	switch {
+	case pod.DeletionTimestamp != nil:
+		if running {
+			p.terminate(s.clock, pod.DeletionTimestamp.Time)
+		}
+	case pod.Status.Phase != corev1.PodRunning:
+		if running {
+			p.closeAll()
+			delete(s.pods, pod.UID)
+		}
+	case !running:
+		p, err := startPod(pod)
+		if err != nil {
+			// Retried on the next resync: the address may still be held by
+			// a pod that had the same IP.
+			log.Info("Cannot serve pod yet", "pod", klog.KObj(pod), "err", err.Error())
+			return
+		}
+		s.pods[pod.UID] = p
+	}
+}
+
+// deleted handles a pod that is gone from the API: its servers finish their
+// grace period if one was running, else they close now.
+func (s *Server) deleted(pod *corev1.Pod) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pods[pod.UID]
+	if !ok {
+		return
+	}
+	deadline := s.clock.Now()
+	if pod.DeletionTimestamp != nil {
+		deadline = pod.DeletionTimestamp.Time
+	}
+	p.terminate(s.clock, deadline)
+	// Forget it now; its timer closes what is left.
+	delete(s.pods, pod.UID)
+}
+
+// podServer is the running servers of one pod.
+type podServer struct {
+	listeners []net.Listener
+	packets   []net.PacketConn
+	https     []*http.Server
+
+	mu          sync.Mutex
+	conns       map[net.Conn]struct{}
+	terminating bool
+	closed      bool
+}
+
+func startPod(pod *corev1.Pod) (_ *podServer, retErr error) {
+	p := &podServer{conns: map[net.Conn]struct{}{}}
+	defer func() {
+		if retErr != nil {
+			p.closeAll()
+		}
+	}()
+	for _, c := range pod.Spec.Containers {
+		for _, port := range c.Ports {
+			addr := net.JoinHostPort(pod.Status.PodIP, portString(port.ContainerPort))
+			id := Identity{Pod: pod.Name, Namespace: pod.Namespace, Node: pod.Spec.NodeName, PodIP: pod.Status.PodIP, Port: int(port.ContainerPort)}
+			switch port.Protocol {
+			case corev1.ProtocolUDP:
+				pc, err := net.ListenPacket("udp", addr)
+				if err != nil {
+					return nil, fmt.Errorf("listening on udp %s: %w", addr, err)
+				}
+				p.packets = append(p.packets, pc)
+				go serveUDP(pc)
+			case corev1.ProtocolTCP, "":
+				ln, err := net.Listen("tcp", addr)
+				if err != nil {
+					return nil, fmt.Errorf("listening on tcp %s: %w", addr, err)
+				}
+				p.listeners = append(p.listeners, ln)
+				httpLn := newConnListener(ln.Addr())
+				srv := &http.Server{Handler: httpHandler(id), ReadHeaderTimeout: 10 * time.Second}
+				p.https = append(p.https, srv)
+				go func() { _ = srv.Serve(httpLn) }()
+				go p.acceptLoop(ln, httpLn)
+			}
+		}
+	}
+	return p, nil
+}
+
+// acceptLoop accepts TCP connections and sends each to the HTTP server or
+// to the echo, by what the client sends first.
+func (p *podServer) acceptLoop(ln net.Listener, httpLn *connListener) {
+	defer httpLn.Close()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		if !p.track(conn) {
+			_ = conn.Close()
+			continue
+		}
+		go func() {
+			br := bufio.NewReader(conn)
+			isHTTPConn, err := isHTTP(br)
+			switch {
+			case err != nil:
+				p.untrack(conn)
+			case isHTTPConn:
+				if !httpLn.offer(&peekedConn{Conn: conn, r: br}) {
+					p.untrack(conn)
+				}
+			default:
+				echo(conn, br)
+				p.untrack(conn)
+			}
+		}()
+	}
+}
+
+// track records an established connection; false once the pod is closed.
+func (p *podServer) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *podServer) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
+
+// terminate starts a graceful shutdown: no new connections from now on, the
+// established ones are closed at deadline.
+func (p *podServer) terminate(clk clock.WithDelayedExecution, deadline time.Time) {
+	p.mu.Lock()
+	if p.terminating || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.terminating = true
+	p.mu.Unlock()
+	for _, ln := range p.listeners {
+		_ = ln.Close()
+	}
+	clk.AfterFunc(deadline.Sub(clk.Now()), p.closeAll)
+}
+
+// closeAll closes every listener and connection of the pod.
+func (p *podServer) closeAll() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, ln := range p.listeners {
+		_ = ln.Close()
+	}
+	for _, pc := range p.packets {
+		_ = pc.Close()
+	}
+	for _, srv := range p.https {
+		_ = srv.Close()
+	}
+	for c := range conns {
+		_ = c.Close()
+	}
+}

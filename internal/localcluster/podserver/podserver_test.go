@@ -1,0 +1,136 @@
+package podserver
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	testingclock "k8s.io/utils/clock/testing"
+)
+
+// freePort returns a TCP port that was free on loopback a moment ago.
+func freePort(t *testing.T) int32 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return int32(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func startTestPod(t *testing.T) (*podServer, string) {
+	t.Helper()
+	port := freePort(t)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1"},
+		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{
+			Ports: []corev1.ContainerPort{{ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+		}}},
+		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
+	}
+	p, err := startPod(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.closeAll)
+	return p, fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+func TestHTTPEchoNamesThePod(t *testing.T) {
+	_, addr := startTestPod(t)
+	resp, err := http.Get("http://" + addr + "/hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var id Identity
+	if err := json.NewDecoder(resp.Body).Decode(&id); err != nil {
+		t.Fatal(err)
+	}
+	if id.Pod != "web-1" || id.Namespace != "ns" || id.Node != "node-1" || id.Path != "/hello" || resp.Header.Get("X-Pod-Name") != "web-1" {
+		t.Errorf("identity %+v, header %q", id, resp.Header.Get("X-Pod-Name"))
+	}
+}
+
+func TestTCPEcho(t *testing.T) {
+	tests := []struct {
+		name string
+		send string
+	}{
+		{"binary", "\x00\x01\x02hello"},
+		{"a prefix of an HTTP method", "GE"},
+		{"looks like a method without the space", "GETTER"},
+		{"empty", ""},
+	}
+	_, addr := startTestPod(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := conn.Write([]byte(tt.send)); err != nil {
+				t.Fatal(err)
+			}
+			// Half-close: the echo must still answer, then close its side.
+			if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, err := io.ReadAll(conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.send {
+				t.Errorf("echo %q, want %q", got, tt.send)
+			}
+		})
+	}
+}
+
+func TestTerminateRefusesNewConnectionsAndKeepsEstablishedOnesUntilDeadline(t *testing.T) {
+	p, addr := startTestPod(t)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	roundTrip := func() error {
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			return err
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 4)
+		_, err := io.ReadFull(conn, buf)
+		return err
+	}
+	if err := roundTrip(); err != nil {
+		t.Fatal(err)
+	}
+	clk := testingclock.NewFakeClock(time.Now())
+	p.terminate(clk, clk.Now().Add(30*time.Second))
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("a terminating pod accepted a new connection")
+	}
+	clk.Step(29 * time.Second)
+	if err := roundTrip(); err != nil {
+		t.Fatalf("established connection broke before the deadline: %v", err)
+	}
+	clk.Step(time.Second)
+	// The deadline's timer runs on its own goroutine: allow it a moment.
+	for start := time.Now(); roundTrip() == nil; {
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("established connection still works after the deadline")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,110 @@
+// Package cli_test drives `ebb cluster up|exec|down` as a developer would,
+// from the host: the built ebb binary ($EBB_BIN) in a shell.
+package cli_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ebb runs the ebb binary with the given state directory.
+func ebb(ctx context.Context, t *testing.T, stateDir string, args ...string) (string, error) {
+	t.Helper()
+	bin := os.Getenv("EBB_BIN")
+	if bin == "" {
+		t.Fatal("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "EBB_STATE_DIR="+stateDir)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// processesMentioning lists host processes whose command line contains s.
+func processesMentioning(s string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), s) {
+			out = append(out, e.Name()+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
+}
+
+func TestClusterUpExecDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	name := fmt.Sprintf("cli-%d", os.Getpid())
+	t.Cleanup(func() { _, _ = ebb(context.Background(), t, state, "cluster", "down", "--name", name) })
+
+	start := time.Now()
+	out, err := ebb(ctx, t, state, "cluster", "up", "--name", name, "--nodes", "2")
+	if err != nil {
+		t.Fatalf("ebb cluster up: %v\n%s", err, out)
+	}
+	t.Logf("ebb cluster up took %s", time.Since(start).Round(time.Millisecond))
+	pidData, err := os.ReadFile(filepath.Join(state, name, "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidData)))
+
+	out, err = ebb(ctx, t, state, "cluster", "up", "--name", name)
+	if err == nil || !strings.Contains(out, "already running") {
+		t.Errorf("a second `ebb cluster up` should say the cluster is already running; got %v:\n%s", err, out)
+	}
+
+	out, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "kubectl", "get", "nodes", "--no-headers")
+	if err != nil {
+		t.Fatalf("ebb cluster exec -- kubectl get nodes: %v\n%s", err, out)
+	}
+	if got := strings.Count(out, " Ready "); got != 2 {
+		t.Errorf("kubectl get nodes shows %d Ready nodes, want 2:\n%s", got, out)
+	}
+	// The command runs inside the cluster's network: node IPs are local there.
+	out, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c", "ip -4 addr show lo")
+	if err != nil || !strings.Contains(out, "10.0.0.0/24") {
+		t.Errorf("exec does not run in the cluster's network namespace: %v\n%s", err, out)
+	}
+	// An exit code is passed on.
+	if _, err := ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c", "exit 7"); err == nil {
+		t.Error("exit 7 inside the cluster: ebb exited 0")
+	} else if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 7 {
+		t.Errorf("exit 7 inside the cluster: ebb returned %v", err)
+	}
+
+	out, err = ebb(ctx, t, state, "cluster", "down", "--name", name)
+	if err != nil {
+		t.Fatalf("ebb cluster down: %v\n%s", err, out)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		if stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); !strings.Contains(string(stat), ") Z ") {
+			t.Errorf("the cluster supervisor (pid %d) still runs after down", pid)
+		}
+	}
+	clusterDir := filepath.Join(state, name)
+	if left := processesMentioning(clusterDir); len(left) != 0 {
+		t.Errorf("processes of the cluster left after down: %v", left)
+	}
+	if _, err := os.Stat(clusterDir); !os.IsNotExist(err) {
+		t.Errorf("state %s left after down (%v)", clusterDir, err)
+	}
+	out, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "true")
+	if err == nil || !strings.Contains(out, "not running") {
+		t.Errorf("exec on a stopped cluster should say it is not running; got %v:\n%s", err, out)
+	}
+}
