@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -73,6 +74,32 @@ func (c *Cluster) WaitDeploymentAvailable(ctx context.Context, namespace, name s
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for deployment %s/%s (%s): %w", namespace, name, last, err)
+	}
+	return nil
+}
+
+// WaitServiceEndpoints waits until a Service's EndpointSlices list want
+// ready endpoints: only then does traffic through it reach every pod.
+func (c *Cluster) WaitServiceEndpoints(ctx context.Context, namespace, name string, want int, timeout time.Duration) error {
+	got := 0
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		slices, err := c.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		if err != nil {
+			return false, nil
+		}
+		ready := map[string]bool{}
+		for _, s := range slices.Items {
+			for _, ep := range s.Endpoints {
+				if ptr.Deref(ep.Conditions.Ready, true) && len(ep.Addresses) > 0 {
+					ready[ep.Addresses[0]] = true
+				}
+			}
+		}
+		got = len(ready)
+		return got == want, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for service %s/%s to have %d ready endpoints (has %d): %w", namespace, name, want, got, err)
 	}
 	return nil
 }

@@ -86,6 +86,9 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 	if err := c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
 		return err
 	}
+	if err := c.WaitServiceEndpoints(ctx, ns, name, int(o.Replicas), time.Minute); err != nil {
+		return err
+	}
 	nodePort := svc.Spec.Ports[0].NodePort
 	fmt.Fprintf(out, "[demo] sending %d HTTP requests round robin to the %d nodes' port %d\n", o.Requests, len(c.Nodes), nodePort)
 	hits, failed := o.drive(ctx, c, nodePort)
@@ -110,7 +113,8 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 
 // drive sends the requests and counts the answers per pod.
 func (o *Options) drive(ctx context.Context, c *localcluster.Cluster, nodePort int32) (map[podserver.Identity]int, int) {
-	client := &http.Client{Timeout: 5 * time.Second}
+	// A new connection per request, so that each one is balanced anew.
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	hits := map[podserver.Identity]int{}
 	failed := 0
 	for i := range o.Requests {

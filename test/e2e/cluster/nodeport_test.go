@@ -33,6 +33,9 @@ func TestNodePortReachesEveryPodThroughEveryNode(t *testing.T) {
 	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "web", 3, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 	if err != nil {
 		t.Fatal(err)
