@@ -1,0 +1,119 @@
+package dataplane
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// adminState is AdminState as an int, for atomic access on the hot path.
+type adminState int32
+
+const (
+	adminNone adminState = iota
+	adminDown
+	adminUp
+)
+
+func toAdminState(s AdminState) adminState {
+	switch s {
+	case AdminDown:
+		return adminDown
+	case AdminUp:
+		return adminUp
+	default:
+		return adminNone
+	}
+}
+
+// backend is the runtime state of one backend of one frontend. It outlives
+// configuration changes that keep its address, so its connection counts,
+// metrics and tracked connections carry over.
+type backend struct {
+	key   netip.AddrPort
+	addr  string // key as "ip:port", for dialing
+	owner string
+
+	admin   atomic.Int32 // adminState
+	weight  atomic.Int32
+	probe   atomic.Pointer[prober] // nil: no health check, always healthy
+	removed atomic.Bool
+	active  atomic.Int64
+
+	m backendMetrics
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // established TCP connections, both sides
+}
+
+func newBackend(b Backend, m backendMetrics) *backend {
+	ap := b.addrPort()
+	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m, conns: map[net.Conn]struct{}{}}
+	be.update(b)
+	return be
+}
+
+// update applies a backend's changeable settings.
+func (b *backend) update(cfg Backend) {
+	b.admin.Store(int32(toAdminState(cfg.AdminState)))
+	b.weight.Store(int32(cfg.Weight))
+}
+
+// eligible reports whether the backend may take a new connection: never
+// once removed or when admin Down, always when admin Up, else as its probe
+// says.
+func (b *backend) eligible() bool {
+	if b.removed.Load() {
+		return false
+	}
+	switch adminState(b.admin.Load()) {
+	case adminDown:
+		return false
+	case adminUp:
+		return true
+	}
+	p := b.probe.Load()
+	return p == nil || p.healthy.Load()
+}
+
+// track records an established connection so that a drain can end it.
+func (b *backend) track(cs ...net.Conn) {
+	b.mu.Lock()
+	for _, c := range cs {
+		b.conns[c] = struct{}{}
+	}
+	b.mu.Unlock()
+}
+
+func (b *backend) untrack(cs ...net.Conn) {
+	b.mu.Lock()
+	for _, c := range cs {
+		delete(b.conns, c)
+	}
+	b.mu.Unlock()
+}
+
+// closeConns ends every established connection of the backend.
+func (b *backend) closeConns() {
+	b.mu.Lock()
+	conns := make([]net.Conn, 0, len(b.conns))
+	for c := range b.conns {
+		conns = append(conns, c)
+	}
+	b.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// drain marks the backend removed: it takes no new connection or UDP flow.
+// Its established connections continue, or end after timeout if one is set.
+func (b *backend) drain(timeout time.Duration) {
+	b.removed.Store(true)
+	if timeout > 0 {
+		time.AfterFunc(timeout, b.closeConns)
+	}
+}

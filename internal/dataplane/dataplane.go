@@ -1,0 +1,247 @@
+// Package dataplane is ebb's L4 load balancer core: TCP and UDP frontends
+// with backend sets whose backends carry an admin state with Azure Load
+// Balancer's semantics (Down: no new connections at once, established ones
+// continue), health probes, round-robin, least-connections and Maglev
+// client-IP balancing, PROXY protocol v2, source-range allow lists, and
+// atomic hot reconfiguration. It imports nothing from Kubernetes.
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+)
+
+// Options configure a DataPlane. Every field is optional.
+type Options struct {
+	// Registerer takes the metrics. Default: a private registry.
+	Registerer prometheus.Registerer
+	Logger     logr.Logger
+	// DialContext dials backends and probe targets. Default: net.Dialer.
+	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
+	// Clock paces the probes. Default: the real clock.
+	Clock clock.WithTicker
+}
+
+// DataPlane serves a Config. Apply may be called at any time; it is safe
+// for concurrent use.
+type DataPlane struct {
+	log   logr.Logger
+	dial  dialFunc
+	clock clock.WithTicker
+	m     *metrics
+
+	mu        sync.Mutex // serialises Apply and Close
+	frontends map[frontendKey]*frontend
+	probers   map[probeKey]*prober
+	closed    bool
+}
+
+// New returns a DataPlane serving nothing.
+func New(opts Options) (*DataPlane, error) {
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
+	if opts.DialContext == nil {
+		opts.DialContext = (&net.Dialer{}).DialContext
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("registering data plane metrics: %w", err)
+	}
+	return &DataPlane{
+		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
+		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{},
+	}, nil
+}
+
+// Apply makes cfg the data plane's whole configuration. It is atomic: if
+// cfg is invalid or a new listener cannot be opened, nothing changes. When
+// it returns, every new connection follows cfg. Listeners and established
+// connections that cfg keeps are not disturbed; removed backends and
+// frontends drain.
+func (d *DataPlane) Apply(cfg Config) error {
+	start := time.Now()
+	cfg, err := cfg.Validate()
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errors.New("data plane is closed")
+	}
+	opened, err := d.openListeners(cfg)
+	if err != nil {
+		return err
+	}
+	probers := d.startProbers(cfg)
+	want := map[frontendKey]bool{}
+	var started []*frontend
+	for _, fc := range cfg.Frontends {
+		k := fc.key()
+		want[k] = true
+		f, ok := d.frontends[k]
+		if !ok {
+			f = newFrontend(d, k, opened[k])
+			d.frontends[k] = f
+			started = append(started, f)
+		}
+		f.apply(fc, probers)
+	}
+	d.m.applySeconds.Observe(time.Since(start).Seconds())
+	// The new configuration is in effect; what follows starts serving new
+	// listeners and cleans up behind the old configuration.
+	for _, f := range started {
+		f.serve()
+	}
+	for k, f := range d.frontends {
+		if !want[k] {
+			f.remove()
+			delete(d.frontends, k)
+		}
+	}
+	for k, p := range d.probers {
+		if _, ok := probers[k]; !ok {
+			p.stop(d.m)
+		}
+	}
+	d.probers = probers
+	return nil
+}
+
+// openListeners binds the sockets of frontends cfg adds, all or none.
+func (d *DataPlane) openListeners(cfg Config) (map[frontendKey]any, error) {
+	opened := map[frontendKey]any{}
+	closeAll := func() {
+		for _, l := range opened {
+			_ = l.(interface{ Close() error }).Close()
+		}
+	}
+	for _, fc := range cfg.Frontends {
+		k := fc.key()
+		if _, ok := d.frontends[k]; ok {
+			continue
+		}
+		var (
+			l   any
+			err error
+		)
+		if k.protocol == UDP {
+			l, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(k.addr))
+		} else {
+			l, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(k.addr))
+		}
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("frontend %q: listening on %s: %w", fc.Name, k, err)
+		}
+		opened[k] = l
+	}
+	return opened, nil
+}
+
+// startProbers returns the probers cfg needs, reusing running ones so that
+// their health carries over.
+func (d *DataPlane) startProbers(cfg Config) map[probeKey]*prober {
+	out := map[probeKey]*prober{}
+	for _, fc := range cfg.Frontends {
+		if fc.HealthCheck == nil {
+			continue
+		}
+		for _, b := range fc.Backends {
+			k := probeKeyFor(fc.HealthCheck, b)
+			if _, ok := out[k]; ok {
+				continue
+			}
+			if p, ok := d.probers[k]; ok {
+				out[k] = p
+				continue
+			}
+			out[k] = startProber(k, d.dial, d.clock, d.m, d.log)
+		}
+	}
+	return out
+}
+
+// Close stops every listener, probe and connection.
+func (d *DataPlane) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	for k, f := range d.frontends {
+		f.close()
+		delete(d.frontends, k)
+	}
+	for k, p := range d.probers {
+		p.stop(d.m)
+		delete(d.probers, k)
+	}
+	return nil
+}
+
+// BackendStatus is the state of one backend, for reports and tests.
+type BackendStatus struct {
+	Frontend   string
+	Address    netip.AddrPort
+	Owner      string
+	AdminState AdminState
+	// Healthy is the probe's verdict (true without a health check).
+	Healthy bool
+	// Eligible means new connections may go to the backend.
+	Eligible bool
+	// Active counts established TCP connections (or live UDP flows).
+	Active int64
+}
+
+// Status returns every configured backend, sorted by frontend and address.
+func (d *DataPlane) Status() []BackendStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []BackendStatus
+	for _, f := range d.frontends {
+		set := f.set.Load()
+		for i, b := range set.backends {
+			p := b.probe.Load()
+			out = append(out, BackendStatus{
+				Frontend: set.cfg.Name, Address: b.key, Owner: b.owner,
+				AdminState: set.cfg.Backends[i].AdminState,
+				Healthy:    p == nil || p.healthy.Load(), Eligible: b.eligible(), Active: b.active.Load(),
+			})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Frontend != out[j].Frontend {
+			return out[i].Frontend < out[j].Frontend
+		}
+		return out[i].Address.Compare(out[j].Address) < 0
+	})
+	return out
+}
+
+// Addr returns the address a frontend listens on, or nil.
+func (d *DataPlane) Addr(name string) net.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, f := range d.frontends {
+		if f.set.Load().cfg.Name == name {
+			return f.addr()
+		}
+	}
+	return nil
+}

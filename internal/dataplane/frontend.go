@@ -1,0 +1,116 @@
+package dataplane
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+)
+
+// frontend is one listening socket and its current backend set.
+type frontend struct {
+	d   *DataPlane
+	key frontendKey
+	tcp *net.TCPListener
+	udp *net.UDPConn
+
+	set atomic.Pointer[backendSet]
+	// backends by address; only Apply (under d.mu) changes it.
+	backends map[netip.AddrPort]*backend
+
+	flowsMu sync.Mutex
+	flows   map[netip.AddrPort]*udpFlow
+}
+
+func newFrontend(d *DataPlane, k frontendKey, listener any) *frontend {
+	f := &frontend{d: d, key: k, backends: map[netip.AddrPort]*backend{}, flows: map[netip.AddrPort]*udpFlow{}}
+	switch l := listener.(type) {
+	case *net.TCPListener:
+		f.tcp = l
+	case *net.UDPConn:
+		f.udp = l
+	}
+	return f
+}
+
+// apply installs a new configuration of this frontend: backends that stay
+// keep their runtime state, new ones are added, removed ones drain.
+func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
+	backends := make([]*backend, 0, len(cfg.Backends))
+	keep := map[netip.AddrPort]bool{}
+	for _, bc := range cfg.Backends {
+		ap := bc.addrPort()
+		keep[ap] = true
+		b, ok := f.backends[ap]
+		if !ok {
+			b = newBackend(bc, f.d.m.forBackend(cfg.Name, bc))
+			f.backends[ap] = b
+			b.m.active.Set(0)
+		} else {
+			b.update(bc)
+		}
+		if cfg.HealthCheck != nil {
+			b.probe.Store(probers[probeKeyFor(cfg.HealthCheck, bc)])
+		} else {
+			b.probe.Store(nil)
+		}
+		f.d.m.setAdminState(b.m, bc.AdminState)
+		backends = append(backends, b)
+	}
+	f.set.Store(newBackendSet(cfg, backends, f.set.Load()))
+	for ap, b := range f.backends {
+		if !keep[ap] {
+			b.drain(cfg.DrainTimeout.Duration)
+			f.d.m.forget(b.m)
+			delete(f.backends, ap)
+		}
+	}
+}
+
+// serve starts accepting on the frontend's socket.
+func (f *frontend) serve() {
+	if f.tcp != nil {
+		go f.acceptLoop()
+	} else {
+		go f.udpLoop()
+	}
+}
+
+func (f *frontend) addr() net.Addr {
+	if f.tcp != nil {
+		return f.tcp.Addr()
+	}
+	return f.udp.LocalAddr()
+}
+
+// remove stops the frontend taking new connections; its established TCP
+// connections drain like those of removed backends.
+func (f *frontend) remove() {
+	f.closeSocket()
+	drain := f.set.Load().cfg.DrainTimeout.Duration
+	for ap, b := range f.backends {
+		b.drain(drain)
+		f.d.m.forget(b.m)
+		delete(f.backends, ap)
+	}
+	f.closeFlows()
+}
+
+// close ends everything at once (the data plane is shutting down).
+func (f *frontend) close() {
+	f.closeSocket()
+	for _, b := range f.backends {
+		b.removed.Store(true)
+		b.closeConns()
+	}
+	f.closeFlows()
+}
+
+func (f *frontend) closeSocket() {
+	if f.tcp != nil {
+		_ = f.tcp.Close()
+	}
+	if f.udp != nil {
+		_ = f.udp.Close()
+	}
+}

@@ -1,0 +1,111 @@
+package dataplane
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the data plane's Prometheus metrics (prefix ebb_dataplane_).
+type metrics struct {
+	connsActive      *prometheus.GaugeVec
+	connsTotal       *prometheus.CounterVec
+	bytes            *prometheus.CounterVec
+	dialErrors       *prometheus.CounterVec
+	refused          *prometheus.CounterVec
+	adminState       *prometheus.GaugeVec
+	probeUp          *prometheus.GaugeVec
+	probeTransitions *prometheus.CounterVec
+	udpMigrations    *prometheus.CounterVec
+	applySeconds     prometheus.Histogram
+}
+
+var backendLabels = []string{"frontend", "backend", "owner"}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		connsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_connections_active", Help: "Established TCP connections (and live UDP flows) per backend.",
+		}, backendLabels),
+		connsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebb_dataplane_connections_total", Help: "TCP connections (and UDP flows) proxied to each backend.",
+		}, backendLabels),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebb_dataplane_bytes_total", Help: "Bytes proxied per backend; direction is to_backend or to_client.",
+		}, append(backendLabels, "direction")),
+		dialErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebb_dataplane_dial_errors_total", Help: "Failed connection attempts to each backend.",
+		}, backendLabels),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebb_dataplane_refused_total", Help: "Client connections refused by a frontend; reason is no_backend or source_range.",
+		}, []string{"frontend", "reason"}),
+		adminState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_backend_admin_state", Help: "1 for the backend's current admin state (None, Down, Up).",
+		}, append(backendLabels, "state")),
+		probeUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_probe_up", Help: "1 while a health probe target is healthy, 0 while not.",
+		}, []string{"target", "protocol"}),
+		probeTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebb_dataplane_probe_transitions_total", Help: "Health transitions of probe targets; to is up or down.",
+		}, []string{"target", "protocol", "to"}),
+		udpMigrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ebb_dataplane_udp_flow_migrations_total", Help: "UDP flows moved off a backend that became ineligible.",
+		}, []string{"frontend"}),
+		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ebb_dataplane_apply_duration_seconds",
+			Help:    "Time from a configuration apply to its taking effect for new connections.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// backendMetrics are one backend's series, resolved once so the hot path
+// only does atomic adds.
+type backendMetrics struct {
+	active     prometheus.Gauge
+	total      prometheus.Counter
+	toBackend  prometheus.Counter
+	toClient   prometheus.Counter
+	dialErrors prometheus.Counter
+	labels     []string
+}
+
+func (m *metrics) forBackend(frontend string, b Backend) backendMetrics {
+	l := []string{frontend, b.addrPort().String(), b.Owner}
+	return backendMetrics{
+		active:     m.connsActive.WithLabelValues(l...),
+		total:      m.connsTotal.WithLabelValues(l...),
+		toBackend:  m.bytes.WithLabelValues(append(l, "to_backend")...),
+		toClient:   m.bytes.WithLabelValues(append(l, "to_client")...),
+		dialErrors: m.dialErrors.WithLabelValues(l...),
+		labels:     l,
+	}
+}
+
+// setAdminState publishes a backend's admin state.
+func (m *metrics) setAdminState(bm backendMetrics, state AdminState) {
+	for _, s := range []AdminState{AdminNone, AdminDown, AdminUp} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.adminState.WithLabelValues(append(bm.labels, string(s))...).Set(v)
+	}
+}
+
+// forget deletes a removed backend's series.
+func (m *metrics) forget(bm backendMetrics) {
+	m.connsActive.DeleteLabelValues(bm.labels...)
+	m.connsTotal.DeleteLabelValues(bm.labels...)
+	m.dialErrors.DeleteLabelValues(bm.labels...)
+	for _, d := range []string{"to_backend", "to_client"} {
+		m.bytes.DeleteLabelValues(append(bm.labels, d)...)
+	}
+	for _, s := range []AdminState{AdminNone, AdminDown, AdminUp} {
+		m.adminState.DeleteLabelValues(append(bm.labels, string(s))...)
+	}
+}

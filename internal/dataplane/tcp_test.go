@@ -1,0 +1,370 @@
+package dataplane
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Admin Down mid-stream: the established connection stays byte-exact, and
+// no new connection reaches the backend; Down to None restores it.
+func TestAdminDownKeepsEstablishedConnectionsAndStopsNewOnes(t *testing.T) {
+	a, b := newTestBackend(t), newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	fe := tcpFrontend("web", at, a.backend(), b.backend())
+	mustApply(t, d, fe)
+
+	// Find a connection that went to a.
+	var conn net.Conn
+	for conn == nil {
+		before := a.accepted.Load()
+		c, err := net.Dial("tcp", at.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if a.accepted.Load() > before {
+			conn = c
+			defer c.Close()
+		} else {
+			c.Close()
+		}
+	}
+
+	fe.Backends[0].AdminState = AdminDown
+	mustApply(t, d, fe)
+	acceptedAtDown := a.accepted.Load()
+
+	// The established connection carries 1 MiB both ways, byte-exact.
+	payload := make([]byte, 1<<20)
+	_, _ = rand.Read(payload)
+	go func() { _, _ = conn.Write(payload) }()
+	got := make([]byte, len(payload))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("established connection after admin Down: err %v, equal %v", err, bytes.Equal(got, payload))
+	}
+	for i := range 20 {
+		if err := dialRoundTrip(at.String()); err != nil {
+			t.Fatalf("new connection %d with one backend Down: %v", i, err)
+		}
+	}
+	if n := a.accepted.Load() - acceptedAtDown; n != 0 {
+		t.Errorf("%d new connections reached the admin Down backend", n)
+	}
+
+	fe.Backends[0].AdminState = AdminNone
+	mustApply(t, d, fe)
+	for range 20 {
+		if err := dialRoundTrip(at.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.accepted.Load() == acceptedAtDown {
+		t.Error("no new connection reached the backend after admin None")
+	}
+}
+
+// With every backend ineligible, a new connection is refused at once, not
+// left hanging.
+func TestAllBackendsDownRefusesFast(t *testing.T) {
+	a := newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	be := a.backend()
+	be.AdminState = AdminDown
+	mustApply(t, d, tcpFrontend("web", at, be))
+	start := time.Now()
+	c, err := net.Dial("tcp", at.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	if err == nil || errors.Is(err, errTimeout(err)) {
+		t.Fatalf("read from a frontend without eligible backends: %v; want a reset", err)
+	}
+	if took := time.Since(start); took > 200*time.Millisecond {
+		t.Errorf("refusal took %s", took)
+	}
+	if a.accepted.Load() != 0 {
+		t.Error("the admin Down backend got a connection")
+	}
+}
+
+// errTimeout returns err if it is a timeout, so a timeout fails the check
+// above while a reset passes.
+func errTimeout(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return err
+	}
+	return errors.New("not a timeout")
+}
+
+// Half-close: the client's end of stream reaches the backend, whose answer
+// still reaches the client.
+func TestHalfClose(t *testing.T) {
+	a := newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	mustApply(t, d, tcpFrontend("web", at, a.backend()))
+	c, err := net.Dial("tcp", at.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := bytes.Repeat([]byte("half-close "), 10000)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading after half-close: %v", err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Errorf("got %d bytes back, want %d", len(got), len(msg))
+	}
+}
+
+// A dial failure moves a new connection on to the next eligible backend.
+func TestDialFailureTriesNextBackend(t *testing.T) {
+	a := newTestBackend(t)
+	dead := freeAddr(t, "tcp") // nothing listens here
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	mustApply(t, d, tcpFrontend("web", at, Backend{Address: dead.Addr().String(), Port: dead.Port()}, a.backend()))
+	for i := range 20 {
+		if err := dialRoundTrip(at.String()); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+}
+
+// Source ranges admit only the listed client prefixes.
+func TestSourceRanges(t *testing.T) {
+	a := newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	fe := tcpFrontend("web", at, a.backend())
+	fe.SourceRanges = []string{"192.0.2.0/24"}
+	mustApply(t, d, fe)
+	if err := dialRoundTrip(at.String()); err == nil {
+		t.Fatal("a client outside the source ranges was served")
+	}
+	fe.SourceRanges = []string{"192.0.2.0/24", "127.0.0.0/8"}
+	mustApply(t, d, fe)
+	if err := dialRoundTrip(at.String()); err != nil {
+		t.Fatalf("a client inside the source ranges: %v", err)
+	}
+}
+
+// PROXY protocol v2 tells the backend the client's address.
+func TestProxyProtocolV2(t *testing.T) {
+	headers := make(chan []byte, 1)
+	a := newTestBackend(t, func(c net.Conn) {
+		hdr := make([]byte, 28)
+		_, _ = io.ReadFull(c, hdr)
+		headers <- hdr
+	})
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	fe := tcpFrontend("web", at, a.backend())
+	fe.ProxyProtocol = true
+	mustApply(t, d, fe)
+	c, err := net.Dial("tcp", at.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("after the header")); err != nil {
+		t.Fatal(err)
+	}
+	want := proxyHeaderV2(c.LocalAddr().(*net.TCPAddr).AddrPort(), at)
+	if got := <-headers; !bytes.Equal(got, want) {
+		t.Errorf("header %x, want %x", got, want)
+	}
+	if !bytes.HasPrefix(want, proxyV2Signature) || want[12] != 0x21 || want[13] != 0x11 {
+		t.Errorf("not a PROXY v2 TCP4 header: %x", want)
+	}
+}
+
+// Least connections sends a new connection to the backend with fewer.
+func TestLeastConnections(t *testing.T) {
+	a, b := newTestBackend(t), newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	fe := tcpFrontend("web", at, a.backend(), b.backend())
+	fe.Balancing = LeastConnections
+	mustApply(t, d, fe)
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for range 4 {
+		c, err := net.Dial("tcp", at.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, c)
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.accepted.Load() != 2 || b.accepted.Load() != 2 {
+		t.Errorf("4 long connections split %d/%d, want 2/2", a.accepted.Load(), b.accepted.Load())
+	}
+}
+
+// Removing a backend drains it: established connections continue, or end
+// after the drain timeout.
+func TestRemovedBackendDrains(t *testing.T) {
+	for _, drain := range []time.Duration{0, 200 * time.Millisecond} {
+		t.Run(fmt.Sprintf("drainTimeout=%s", drain), func(t *testing.T) {
+			a, b := newTestBackend(t), newTestBackend(t)
+			d := newDataPlane(t, Options{})
+			at := freeAddr(t, "tcp")
+			fe := tcpFrontend("web", at, a.backend())
+			fe.DrainTimeout.Duration = drain
+			mustApply(t, d, fe)
+			c, err := net.Dial("tcp", at.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := roundTrip(c, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			fe.Backends = []Backend{b.backend()}
+			mustApply(t, d, fe)
+			if err := roundTrip(c, []byte("still there")); err != nil {
+				t.Fatalf("right after removal: %v", err)
+			}
+			time.Sleep(400 * time.Millisecond)
+			err = roundTrip(c, []byte("later"))
+			if drain == 0 && err != nil {
+				t.Errorf("without a drain timeout the connection broke: %v", err)
+			}
+			if drain > 0 && err == nil {
+				t.Error("the connection outlived the drain timeout")
+			}
+			if err := dialRoundTrip(at.String()); err != nil || a.accepted.Load() != 1 {
+				t.Errorf("new connection after removal: %v; removed backend accepted %d", err, a.accepted.Load())
+			}
+		})
+	}
+}
+
+// Reconfiguration under load drops nothing: clients keep connecting while
+// backends are added, set Down, removed and frontends come and go; a
+// long-lived connection on another frontend is not disturbed.
+func TestReconfigurationUnderLoadDropsNothing(t *testing.T) {
+	backends := []*testBackend{newTestBackend(t), newTestBackend(t), newTestBackend(t)}
+	d := newDataPlane(t, Options{})
+	at, other := freeAddr(t, "tcp"), freeAddr(t, "tcp")
+	steady := tcpFrontend("steady", other, backends[0].backend())
+	mustApply(t, d, tcpFrontend("web", at, backends[0].backend(), backends[1].backend()), steady)
+	long, err := net.Dial("tcp", other.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
+
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int64
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := dialRoundTrip(at.String()); err != nil {
+					failed.Add(1)
+					t.Errorf("request failed during reconfiguration: %v", err)
+				} else {
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	configs := [][]Backend{
+		{backends[0].backend(), backends[1].backend(), backends[2].backend()},
+		{withAdmin(backends[0].backend(), AdminDown), backends[1].backend(), backends[2].backend()},
+		{backends[1].backend(), backends[2].backend()},
+		{backends[2].backend(), withAdmin(backends[1].backend(), AdminDown)},
+		{backends[0].backend(), backends[1].backend()},
+	}
+	for i := range 50 {
+		fs := []Frontend{tcpFrontend("web", at, configs[i%len(configs)]...), steady}
+		if i%2 == 0 {
+			fs = append(fs, tcpFrontend("extra", freeAddr(t, "tcp"), backends[2].backend()))
+		}
+		if err := d.Apply(Config{Frontends: fs}); err != nil {
+			t.Fatal(err)
+		}
+		if err := roundTrip(long, []byte(fmt.Sprintf("apply %d", i))); err != nil {
+			t.Fatalf("long-lived connection on an unchanged frontend broke at apply %d: %v", i, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d requests through 50 reconfigurations, %d failed", ok.Load(), failed.Load())
+	if ok.Load() < 100 {
+		t.Errorf("only %d requests went through", ok.Load())
+	}
+}
+
+func withAdmin(b Backend, s AdminState) Backend {
+	b.AdminState = s
+	return b
+}
+
+// An invalid configuration or a listener that cannot be opened changes
+// nothing.
+func TestApplyIsAtomic(t *testing.T) {
+	a := newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	good := tcpFrontend("web", at, a.backend())
+	mustApply(t, d, good)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	busy := taken.Addr().(*net.TCPAddr).AddrPort()
+	down := good
+	down.Backends = []Backend{withAdmin(a.backend(), AdminDown)}
+	if err := d.Apply(Config{Frontends: []Frontend{down, tcpFrontend("busy", busy, a.backend())}}); err == nil {
+		t.Fatal("applying a frontend on a port in use succeeded")
+	}
+	if err := dialRoundTrip(at.String()); err != nil {
+		t.Fatalf("the failed apply changed the running configuration: %v", err)
+	}
+	if d.Addr("busy") != nil {
+		t.Error("a frontend of the failed apply exists")
+	}
+}
