@@ -85,15 +85,15 @@ func TestAllBackendsDownRefusesFast(t *testing.T) {
 	be.AdminState = AdminDown
 	mustApply(t, d, tcpFrontend("web", at, be))
 	start := time.Now()
+	// The reset may already fail the dial, or else the first read.
 	c, err := net.Dial("tcp", at.String())
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Read(make([]byte, 1))
 	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	_, err = c.Read(make([]byte, 1))
 	if err == nil || errors.Is(err, errTimeout(err)) {
-		t.Fatalf("read from a frontend without eligible backends: %v; want a reset", err)
+		t.Fatalf("connecting to a frontend without eligible backends: %v; want a reset", err)
 	}
 	if took := time.Since(start); took > 200*time.Millisecond {
 		t.Errorf("refusal took %s", took)
