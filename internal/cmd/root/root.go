@@ -6,6 +6,7 @@ import (
 
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/cmd/demo"
+	"github.com/ebbdev/ebb/internal/cmd/lb"
 )
 
 // NewCommand returns the ebb root command with its subcommands.
@@ -19,6 +20,6 @@ declarative node maintenance that drains the load balancer before the pods.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(cluster.NewCommand(), demo.NewCommand())
+	cmd.AddCommand(cluster.NewCommand(), demo.NewCommand(), lb.NewCommand())
 	return cmd
 }

@@ -1,0 +1,150 @@
+// Package lb implements `ebb lb`: the data plane. Today it runs standalone
+// from a YAML configuration file; the Kubernetes-driven mode (Services of
+// class ebb.dev/l4) comes with the Service load balancer.
+package lb
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+)
+
+// Options are `ebb lb`'s flags.
+type Options struct {
+	// ConfigFile is the YAML configuration (see docs/dataplane.md).
+	ConfigFile string
+	// MetricsAddress serves /metrics; empty turns it off.
+	MetricsAddress string
+	// PollInterval is how often the file is checked for changes.
+	PollInterval time.Duration
+}
+
+// NewCommand returns `ebb lb`.
+func NewCommand() *cobra.Command {
+	o := &Options{}
+	zapOpts := zap.Options{}
+	cmd := &cobra.Command{
+		Use:   "lb --config FILE",
+		Short: "Run the L4 load balancer (data plane) from a configuration file",
+		Long: `Run ebb's L4 load balancer from a YAML configuration file: TCP and UDP
+frontends, backends with an admin state (None, Down, Up), health probes,
+balancing, source ranges, PROXY protocol v2. The file is reloaded on SIGHUP
+and when it changes; an invalid file is reported and the running
+configuration stays. See docs/dataplane.md for the format.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.ConfigFile == "" {
+				return errors.New("--config is required: the YAML file with the frontends to serve")
+			}
+			log := zap.New(zap.UseFlagOptions(&zapOpts))
+			return o.Run(logr.NewContext(cmd.Context(), log))
+		},
+	}
+	cmd.Flags().StringVar(&o.ConfigFile, "config", "", "YAML configuration file")
+	cmd.Flags().StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9464", "address serving Prometheus /metrics (empty: off)")
+	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
+	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
+	zapOpts.BindFlags(logFlags)
+	cmd.Flags().AddGoFlagSet(logFlags)
+	return cmd
+}
+
+// Run serves until ctx is done.
+func (o *Options) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ebb_lb_config_reloads_total", Help: "Configuration file loads; result is success or error.",
+	}, []string{"result"})
+	reg.MustRegister(reloads)
+	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane")})
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+
+	data, err := o.load(dp)
+	if err != nil {
+		return err // the first configuration must be good
+	}
+	reloads.WithLabelValues("success").Inc()
+	log.Info("Serving", "config", o.ConfigFile)
+
+	if o.MetricsAddress != "" {
+		ln, err := net.Listen("tcp", o.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("listening for metrics on %s: %w", o.MetricsAddress, err)
+		}
+		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		log.Info("Serving metrics", "address", ln.Addr().String())
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	poll := time.NewTicker(o.PollInterval)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("Stopping")
+			return nil
+		case <-hup:
+		case <-poll.C:
+			current, err := os.ReadFile(o.ConfigFile)
+			if err != nil || bytes.Equal(current, data) {
+				continue
+			}
+		}
+		next, err := o.load(dp)
+		if err != nil {
+			reloads.WithLabelValues("error").Inc()
+			log.Error(err, "Keeping the running configuration", "config", o.ConfigFile)
+			// Do not report the same bad file again until it changes.
+			if bad, readErr := os.ReadFile(o.ConfigFile); readErr == nil {
+				data = bad
+			}
+			continue
+		}
+		data = next
+		reloads.WithLabelValues("success").Inc()
+		log.Info("Applied the configuration", "config", o.ConfigFile)
+	}
+}
+
+// load reads, validates and applies the configuration file and returns its
+// contents.
+func (o *Options) load(dp *dataplane.DataPlane) ([]byte, error) {
+	data, err := os.ReadFile(o.ConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the configuration: %w", err)
+	}
+	cfg, err := dataplane.ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", o.ConfigFile, err)
+	}
+	if err := dp.Apply(cfg); err != nil {
+		return nil, fmt.Errorf("applying %s: %w", o.ConfigFile, err)
+	}
+	return data, nil
+}

@@ -1,0 +1,194 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// namedBackend answers each connection with its name.
+func namedBackend(t *testing.T, name string) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_, _ = io.WriteString(c, name)
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String(), &n
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func ask(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+func config(frontend string, backends ...string) string {
+	host, port, _ := net.SplitHostPort(frontend)
+	var b strings.Builder
+	fmt.Fprintf(&b, "frontends:\n- name: web\n  address: %s\n  port: %s\n  backends:\n", host, port)
+	for _, be := range backends {
+		parts := strings.Fields(be)
+		h, p, _ := net.SplitHostPort(parts[0])
+		fmt.Fprintf(&b, "  - {address: %s, port: %s", h, p)
+		if len(parts) > 1 {
+			fmt.Fprintf(&b, ", adminState: %s", parts[1])
+		}
+		b.WriteString("}\n")
+	}
+	return b.String()
+}
+
+// The standalone load balancer serves its file, follows changes to it and
+// SIGHUP, keeps the running configuration when the file turns invalid, and
+// serves metrics.
+func TestStandaloneFollowsConfigFile(t *testing.T) {
+	a, _ := namedBackend(t, "a")
+	b, _ := namedBackend(t, "b")
+	fe := freePort(t)
+	metrics := freePort(t)
+	file := filepath.Join(t.TempDir(), "lb.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(config(fe, a))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := &Options{ConfigFile: file, MetricsAddress: metrics, PollInterval: 20 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx) }()
+
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out: %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	eventually("serving a", func() bool { got, _ := ask(fe); return got == "a" })
+
+	write(config(fe, a+" Down", b))
+	eventually("the file change to reach the data plane", func() bool { got, _ := ask(fe); return got == "b" })
+	for range 10 {
+		if got, err := ask(fe); got != "b" {
+			t.Fatalf("with a Down: answer %q, err %v", got, err)
+		}
+	}
+
+	write("frontends: [{name: web, address: nonsense}]")
+	time.Sleep(100 * time.Millisecond)
+	if got, err := ask(fe); got != "b" {
+		t.Fatalf("an invalid file changed the running configuration: %q, %v", got, err)
+	}
+
+	write(config(fe, a))
+	eventually("a fixed file to apply", func() bool { got, _ := ask(fe); return got == "a" })
+
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`ebb_lb_config_reloads_total{result="error"} 1`, `ebb_dataplane_connections_total{backend="` + a, "ebb_dataplane_apply_duration_seconds_count"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SIGHUP reloads the file at once, without waiting for the next poll.
+func TestStandaloneReloadsOnSIGHUP(t *testing.T) {
+	a, _ := namedBackend(t, "a")
+	b, _ := namedBackend(t, "b")
+	fe := freePort(t)
+	file := filepath.Join(t.TempDir(), "lb.yaml")
+	if err := os.WriteFile(file, []byte(config(fe, a)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := &Options{ConfigFile: file, PollInterval: time.Hour}
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for got, _ := ask(fe); got != "a"; got, _ = ask(fe) {
+		if time.Now().After(deadline) {
+			t.Fatal("not serving")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := os.WriteFile(file, []byte(config(fe, b)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for got, _ := ask(fe); got != "b"; got, _ = ask(fe) {
+		if time.Now().After(deadline) {
+			t.Fatal("SIGHUP did not reload the file")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStandaloneRejectsBadFirstConfig(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "lb.yaml")
+	if err := os.WriteFile(file, []byte("frontends: [{name: web, address: 10.0.0.1, port: 80, protocol: SCTP}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := (&Options{ConfigFile: file, PollInterval: time.Second}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `protocol "SCTP" is not supported: use TCP or UDP`) {
+		t.Fatalf("error %v", err)
+	}
+}
