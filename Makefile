@@ -9,7 +9,7 @@ GO ?= go
 TOOLS_BIN = $(shell hack/tools.sh --print)
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build tools test unit e2e lint verify generate demo clean
+.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane clean
 
 all: build
 
@@ -45,6 +45,16 @@ verify: generate lint
 ## demo: start the local cluster with a sample app and show it serving
 demo: tools build
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo
+
+## fuzz: fuzz the data plane's configuration parser for a minute
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 60s -fuzzminimizetime 5s ./internal/dataplane/
+
+## bench-dataplane: ebb's data plane against HAProxy 2.6, side by side (see docs/benchmarks.md)
+bench-dataplane: build
+	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
+	$(GO) build -o bin/bench-dataplane ./bench/dataplane
+	taskset -c 1 bin/bench-dataplane -ebb bin/ebb
 
 clean:
 	rm -rf bin

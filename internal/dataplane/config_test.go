@@ -75,9 +75,9 @@ frontends:
 		yaml:    "frontends: [{name: a, address: 10.0.0.1, port: 80}, {name: b, address: 10.0.0.1, port: 80}]",
 		wantErr: `TCP/10.0.0.1:80 is also served by frontend "a"`,
 	}, {
-		name:    "same port, other protocol is fine",
-		yaml:    "frontends: [{name: a, address: 10.0.0.1, port: 53}, {name: b, address: 10.0.0.1, port: 53, protocol: UDP}]",
-		check:   func(*testing.T, Config) {},
+		name:  "same port, other protocol is fine",
+		yaml:  "frontends: [{name: a, address: 10.0.0.1, port: 53}, {name: b, address: 10.0.0.1, port: 53, protocol: UDP}]",
+		check: func(*testing.T, Config) {},
 	}, {
 		name:    "duplicate backend",
 		yaml:    "frontends: [{name: a, address: 10.0.0.1, port: 80, backends: [{address: 10.0.0.2, port: 1}, {address: 10.0.0.2, port: 1}]}]",

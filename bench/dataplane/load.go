@@ -1,0 +1,182 @@
+package main
+
+import (
+	"io"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// echoBackend is a TCP echo server that records when it accepts.
+type echoBackend struct {
+	ln       net.Listener
+	accepted atomic.Int64
+	mu       sync.Mutex
+	accepts  []time.Time
+	record   atomic.Bool
+}
+
+func newEchoBackend() (*echoBackend, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	b := &echoBackend{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepted.Add(1)
+			if b.record.Load() {
+				now := time.Now()
+				b.mu.Lock()
+				b.accepts = append(b.accepts, now)
+				b.mu.Unlock()
+			}
+			go func() {
+				_, _ = io.Copy(c, c)
+				_ = c.Close()
+			}()
+		}
+	}()
+	return b, nil
+}
+
+// acceptsAfter counts recorded accepts later than t.
+func (b *echoBackend) acceptsAfter(t time.Time) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, a := range b.accepts {
+		if a.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// exchange writes msg and reads as many bytes back.
+func exchange(c net.Conn, msg, buf []byte) error {
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(c, buf[:len(msg)])
+	return err
+}
+
+// runWorkers runs fn on n goroutines until d has passed and returns the
+// sum of what they counted and the errors.
+func runWorkers(n int, d time.Duration, fn func(stop *atomic.Bool) (int64, int64)) (ops, errs int64) {
+	var stop atomic.Bool
+	var total, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, e := fn(&stop)
+			total.Add(o)
+			failed.Add(e)
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	return total.Load(), failed.Load()
+}
+
+// newConnections: each operation is a new connection carrying one 64-byte
+// request and its echo.
+func newConnections(addr string, workers int, d time.Duration) (int64, int64) {
+	return runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
+		msg, buf := make([]byte, 64), make([]byte, 64)
+		var ok, bad int64
+		for !stop.Load() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				bad++
+				continue
+			}
+			if exchange(c, msg, buf) != nil {
+				bad++
+			} else {
+				ok++
+			}
+			_ = c.Close()
+		}
+		return ok, bad
+	})
+}
+
+// keepAlive: each operation is a 64-byte request and echo on a connection
+// that stays open.
+func keepAlive(addr string, workers int, d time.Duration) (int64, int64) {
+	return runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return 0, 1
+		}
+		defer c.Close()
+		msg, buf := make([]byte, 64), make([]byte, 64)
+		var ok int64
+		for !stop.Load() {
+			if exchange(c, msg, buf) != nil {
+				return ok, 1
+			}
+			ok++
+		}
+		return ok, 0
+	})
+}
+
+// bulk: each operation is 64 KiB sent and echoed; returns bytes echoed.
+func bulk(addr string, workers int, d time.Duration) (int64, int64) {
+	const size = 64 << 10
+	return runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return 0, 1
+		}
+		defer c.Close()
+		msg, buf := make([]byte, size), make([]byte, size)
+		var n int64
+		for !stop.Load() {
+			if exchange(c, msg, buf) != nil {
+				return n, 1
+			}
+			n += size
+		}
+		return n, 0
+	})
+}
+
+// latencies measures round trips of 64 bytes on one connection.
+func latencies(addr string, n int) ([]time.Duration, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	msg, buf := make([]byte, 64), make([]byte, 64)
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		if err := exchange(c, msg, buf); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(start))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
+}
