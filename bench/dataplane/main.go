@@ -35,14 +35,15 @@ func main() {
 	d := flag.Duration("duration", 4*time.Second, "length of each measurement")
 	rounds := flag.Int("rounds", 3, "rounds per load balancer (medians are reported)")
 	out := flag.String("out", "bench/results/dataplane.json", "where to write the JSON summary")
+	profile := flag.Bool("profile", false, "save CPU profiles of ebb under each load next to the JSON summary")
 	flag.Parse()
-	if err := run(*ebbBin, *d, *rounds, *out); err != nil {
+	if err := run(*ebbBin, *d, *rounds, *out, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-dataplane:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ebbBin string, d time.Duration, rounds int, out string) error {
+func run(ebbBin string, d time.Duration, rounds int, out string, profile bool) error {
 	dir, err := os.MkdirTemp("", "ebb-bench-")
 	if err != nil {
 		return err
@@ -68,14 +69,14 @@ func run(ebbBin string, d time.Duration, rounds int, out string) error {
 			frontend := freeAddr()
 			var lb *lbProcess
 			if name == "ebb" {
-				lb, err = startEbb(ebbBin, dir, frontend, addrs)
+				lb, err = startEbb(ebbBin, dir, frontend, addrs, profile && r == 0)
 			} else {
 				lb, err = startHAProxy(dir, frontend, addrs)
 			}
 			if err != nil {
 				return err
 			}
-			res, err := measure(lb, backends, addrs[0], d)
+			res, err := measure(lb, backends, addrs[0], d, filepath.Dir(out))
 			lb.stop()
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
@@ -139,16 +140,34 @@ func ratio(a, b float64) float64 {
 }
 
 // measure runs every load against one load balancer.
-func measure(lb *lbProcess, backends []*echoBackend, direct string, d time.Duration) (round, error) {
+func measure(lb *lbProcess, backends []*echoBackend, direct string, d time.Duration, profileDir string) (round, error) {
 	var r round
+	profile := func(name string) func() {
+		if lb.pprof == "" {
+			return func() {}
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			path := filepath.Join(profileDir, "ebb-"+name+".pprof")
+			if err := lb.profileCPU(d-time.Second, path); err != nil {
+				fmt.Fprintln(os.Stderr, "profiling:", err)
+			}
+		}()
+		return func() { <-done }
+	}
 	cpu0 := lb.cpuTime()
+	wait := profile("conn")
 	n, errs := newConnections(lb.frontend, 16, d)
+	wait()
 	r.connRate = float64(n) / d.Seconds()
 	r.connCPU = us(lb.cpuTime()-cpu0) / float64(max(n, 1))
 	r.errors += float64(errs)
 
 	cpu0 = lb.cpuTime()
+	wait = profile("keepalive")
 	n, errs = keepAlive(lb.frontend, 16, d)
+	wait()
 	r.keepaliveRPS = float64(n) / d.Seconds()
 	r.keepaliveCPU = us(lb.cpuTime()-cpu0) / float64(max(n, 1))
 	r.errors += float64(errs)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ type lbProcess struct {
 	cmd      *exec.Cmd
 	frontend string // address clients connect to
 	dir      string
+	pprof    string // ebb's pprof address, if profiling
 	// drain sets backend i to drain (HAProxy) or admin Down (ebb) and
 	// returns when the load balancer has confirmed it.
 	drain func(i int) error
@@ -86,20 +88,26 @@ func ebbConfig(frontend string, backends []string, down map[int]bool) string {
 // startEbb runs `ebb lb` on core 0 with GOMAXPROCS=1 (HAProxy runs one
 // thread). Drain rewrites the file, sends SIGHUP and waits until the
 // metrics show the reload applied.
-func startEbb(ebbBin, dir, frontend string, backends []string) (*lbProcess, error) {
+func startEbb(ebbBin, dir, frontend string, backends []string, profile bool) (*lbProcess, error) {
 	file := filepath.Join(dir, "ebb.yaml")
 	if err := os.WriteFile(file, []byte(ebbConfig(frontend, backends, nil)), 0o644); err != nil {
 		return nil, err
 	}
 	metrics := freeAddr()
-	cmd := exec.Command("taskset", "-c", "0", ebbBin, "lb", "--config", file, "--metrics-bind-address", metrics, "--poll-interval", "1h")
+	args := []string{"-c", "0", ebbBin, "lb", "--config", file, "--metrics-bind-address", metrics, "--poll-interval", "1h"}
+	pprofAddr := ""
+	if profile {
+		pprofAddr = freeAddr()
+		args = append(args, "--pprof-bind-address", pprofAddr)
+	}
+	cmd := exec.Command("taskset", args...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	log, _ := os.Create(filepath.Join(dir, "ebb.log"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting ebb lb: %w", err)
 	}
-	p := &lbProcess{name: "ebb", cmd: cmd, frontend: frontend, dir: dir}
+	p := &lbProcess{name: "ebb", cmd: cmd, frontend: frontend, dir: dir, pprof: pprofAddr}
 	reloads := func() int {
 		resp, err := http.Get("http://" + metrics + "/metrics")
 		if err != nil {
@@ -208,4 +216,20 @@ func freeAddr() string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// profileCPU saves a CPU profile of ebb taken over d to path.
+func (p *lbProcess) profileCPU(d time.Duration, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, int(d.Seconds())))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }

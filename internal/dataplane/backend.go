@@ -43,7 +43,8 @@ type backend struct {
 	removed atomic.Bool
 	active  atomic.Int64
 
-	m backendMetrics
+	m              backendMetrics
+	adminPublished bool // only Apply (under the data plane's lock) reads or writes it
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // established TCP connections, both sides
@@ -56,9 +57,14 @@ func newBackend(b Backend, m backendMetrics) *backend {
 	return be
 }
 
-// update applies a backend's changeable settings.
+// update applies a backend's changeable settings. A new admin state takes
+// effect for new connections at once; its metric follows.
 func (b *backend) update(cfg Backend) {
-	b.admin.Store(int32(toAdminState(cfg.AdminState)))
+	state := toAdminState(cfg.AdminState)
+	if old := adminState(b.admin.Swap(int32(state))); old != state || !b.adminPublished {
+		b.m.setAdminState(state)
+		b.adminPublished = true
+	}
 	b.weight.Store(int32(cfg.Weight))
 }
 

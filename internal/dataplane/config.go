@@ -175,8 +175,8 @@ func (k frontendKey) String() string { return string(k.protocol) + "/" + k.addr.
 func (c Config) Validate() (Config, error) {
 	out := Config{Frontends: make([]Frontend, len(c.Frontends))}
 	var errs []error
-	seenKeys := map[frontendKey]string{}
-	seenNames := map[string]bool{}
+	seenKeys := make(map[frontendKey]string, len(c.Frontends))
+	seenNames := make(map[string]bool, len(c.Frontends))
 	for i, f := range c.Frontends {
 		nf, err := f.validate()
 		where := fmt.Sprintf("frontends[%d]", i)
@@ -260,7 +260,7 @@ func (f Frontend) validate() (Frontend, error) {
 		f.HealthCheck = &hc
 	}
 	backends := make([]Backend, len(f.Backends))
-	seen := map[netip.AddrPort]bool{}
+	seen := make(map[netip.AddrPort]bool, len(f.Backends))
 	for i, b := range f.Backends {
 		nb, err := b.validate()
 		if err != nil {
@@ -282,7 +282,9 @@ func (b Backend) validate() (Backend, error) {
 	if err != nil {
 		return b, fmt.Errorf("address %q is not an IP address", b.Address)
 	}
-	b.Address = addr.Unmap().String()
+	if addr.Is4In6() {
+		b.Address = addr.Unmap().String()
+	}
 	if b.Port == 0 {
 		return b, errors.New("port is required (1-65535)")
 	}
@@ -311,7 +313,7 @@ func (b Backend) validate() (Backend, error) {
 
 func (b Backend) addrPort() netip.AddrPort {
 	addr, _ := netip.ParseAddr(b.Address)
-	return netip.AddrPortFrom(addr, b.Port)
+	return netip.AddrPortFrom(addr.Unmap(), b.Port)
 }
 
 func (h HealthCheck) validate() (HealthCheck, error) {

@@ -45,7 +45,6 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 		if !ok {
 			b = newBackend(bc, f.d.m.forBackend(cfg.Name, bc))
 			f.backends[ap] = b
-			b.m.active.Set(0)
 		} else {
 			b.update(bc)
 		}
@@ -54,7 +53,6 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 		} else {
 			b.probe.Store(nil)
 		}
-		f.d.m.setAdminState(b.m, bc.AdminState)
 		backends = append(backends, b)
 	}
 	f.set.Store(newBackendSet(cfg, backends, f.set.Load()))

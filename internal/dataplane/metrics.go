@@ -71,12 +71,16 @@ type backendMetrics struct {
 	toBackend  prometheus.Counter
 	toClient   prometheus.Counter
 	dialErrors prometheus.Counter
-	labels     []string
+	// admin holds the admin state gauges, in the order None, Down, Up.
+	admin  [3]prometheus.Gauge
+	labels []string
 }
+
+var adminStates = [3]AdminState{AdminNone, AdminDown, AdminUp}
 
 func (m *metrics) forBackend(frontend string, b Backend) backendMetrics {
 	l := []string{frontend, b.addrPort().String(), b.Owner}
-	return backendMetrics{
+	bm := backendMetrics{
 		active:     m.connsActive.WithLabelValues(l...),
 		total:      m.connsTotal.WithLabelValues(l...),
 		toBackend:  m.bytes.WithLabelValues(append(l, "to_backend")...),
@@ -84,16 +88,20 @@ func (m *metrics) forBackend(frontend string, b Backend) backendMetrics {
 		dialErrors: m.dialErrors.WithLabelValues(l...),
 		labels:     l,
 	}
+	for i, s := range adminStates {
+		bm.admin[i] = m.adminState.WithLabelValues(append(l, string(s))...)
+	}
+	return bm
 }
 
 // setAdminState publishes a backend's admin state.
-func (m *metrics) setAdminState(bm backendMetrics, state AdminState) {
-	for _, s := range []AdminState{AdminNone, AdminDown, AdminUp} {
+func (bm backendMetrics) setAdminState(state adminState) {
+	for i, g := range bm.admin {
 		v := 0.0
-		if s == state {
+		if adminState(i) == state {
 			v = 1
 		}
-		m.adminState.WithLabelValues(append(bm.labels, string(s))...).Set(v)
+		g.Set(v)
 	}
 }
 
@@ -105,7 +113,7 @@ func (m *metrics) forget(bm backendMetrics) {
 	for _, d := range []string{"to_backend", "to_client"} {
 		m.bytes.DeleteLabelValues(append(bm.labels, d)...)
 	}
-	for _, s := range []AdminState{AdminNone, AdminDown, AdminUp} {
+	for _, s := range adminStates {
 		m.adminState.DeleteLabelValues(append(bm.labels, string(s))...)
 	}
 }

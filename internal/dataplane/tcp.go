@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -115,28 +116,57 @@ type idleWatch struct {
 	idle    atomic.Int32 // directions idle in their last window
 }
 
+// smallRead is the buffer of the first reads of a direction. A read that
+// fills it marks the direction as bulk, which then moves to splice.
+const smallRead = 16 << 10
+
+var smallBufs = sync.Pool{New: func() any { b := make([]byte, smallRead); return &b }}
+
 // proxyCopy copies src to dst until src ends, then half-closes dst so the
-// far end sees the end of the stream (and may still answer). With two
-// *net.TCPConn the kernel's splice path moves the bytes. It returns the
-// number of bytes copied. On an error or idle timeout both connections are
-// closed, which also ends the copy in the other direction.
+// far end sees the end of the stream (and may still answer). Like HAProxy's
+// splice-auto, small messages go through read and write, and once a read
+// fills the buffer the rest moves by the kernel's splice path (io.Copy
+// between two *net.TCPConn). It returns the number of bytes copied. On an
+// error or idle timeout both connections are closed, which also ends the
+// copy in the other direction.
 func proxyCopy(dst, src net.Conn, idle *idleWatch) int64 {
 	var total int64
 	idleHere := false
+	bulk := false
+	bufp := smallBufs.Get().(*[]byte)
+	defer smallBufs.Put(bufp)
+	buf := *bufp
 	for {
 		_ = src.SetReadDeadline(time.Now().Add(idle.timeout))
-		// A LimitedReader around a *net.TCPConn still splices; the limit
-		// lets the deadline be renewed on a busy connection.
-		n, err := io.Copy(dst, &io.LimitedReader{R: src, N: copyChunk})
+		var n int64
+		var err error
+		if bulk {
+			// A LimitedReader around a *net.TCPConn still splices; the
+			// limit lets the deadline be renewed on a busy connection.
+			n, err = io.Copy(dst, &io.LimitedReader{R: src, N: copyChunk})
+			if err == nil && n < copyChunk {
+				err = io.EOF
+			}
+		} else {
+			var m int
+			m, err = src.Read(buf)
+			if m > 0 {
+				if _, werr := dst.Write(buf[:m]); werr != nil {
+					err = werr
+				}
+				bulk = m == len(buf)
+			}
+			n = int64(m)
+		}
 		total += n
 		if n > 0 && idleHere {
 			idleHere = false
 			idle.idle.Add(-1)
 		}
 		switch {
-		case err == nil && n == copyChunk:
-			continue // chunk done, more to come
 		case err == nil:
+			continue
+		case errors.Is(err, io.EOF):
 			// End of stream from src: pass the half-close on. This
 			// direction is idle from now on.
 			if !idleHere {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -34,6 +35,8 @@ type Options struct {
 	MetricsAddress string
 	// PollInterval is how often the file is checked for changes.
 	PollInterval time.Duration
+	// PprofAddress serves net/http/pprof, for profiling; empty turns it off.
+	PprofAddress string
 }
 
 // NewCommand returns `ebb lb`.
@@ -59,6 +62,7 @@ configuration stays. See docs/dataplane.md for the format.`,
 	}
 	cmd.Flags().StringVar(&o.ConfigFile, "config", "", "YAML configuration file")
 	cmd.Flags().StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9464", "address serving Prometheus /metrics (empty: off)")
+	cmd.Flags().StringVar(&o.PprofAddress, "pprof-bind-address", "", "address serving /debug/pprof for profiling (empty: off)")
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -97,6 +101,19 @@ func (o *Options) Run(ctx context.Context) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		log.Info("Serving metrics", "address", ln.Addr().String())
+	}
+
+	if o.PprofAddress != "" {
+		ln, err := net.Listen("tcp", o.PprofAddress)
+		if err != nil {
+			return fmt.Errorf("listening for pprof on %s: %w", o.PprofAddress, err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
 	}
 
 	hup := make(chan os.Signal, 1)
