@@ -86,7 +86,7 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile bool) e
 			results[name] = append(results[name], res)
 		}
 	}
-	applyP99, err := applyToEffect()
+	applyP99, ownerP99, err := applyToEffect()
 	if err != nil {
 		return err
 	}
@@ -118,6 +118,7 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile bool) e
 		"ebb_reload_command_us":            e.drainCommandUs,
 		"haproxy_drain_command_us":         h.drainCommandUs,
 		"apply_to_effect_us_p99":           applyP99,
+		"owner_admin_state_us_p99":         ownerP99,
 		"errors":                           e.errors,
 		"haproxy_errors":                   h.errors,
 	}
@@ -242,20 +243,22 @@ func drain(lb *lbProcess, backends []*echoBackend, r *round) error {
 	return lb.undrain(0)
 }
 
-// applyToEffect measures, in-process, how long Apply takes to set one
-// backend Down (or back) in a configuration of 50 frontends of 10 backends:
-// when Apply returns the change is in effect for every new connection.
-func applyToEffect() (float64, error) {
+// applyToEffect measures, in-process, how long it takes to set one node's
+// backends Down (or back) in a configuration of 50 frontends of 10 backends
+// (one backend per node each): by a whole-configuration Apply, and by the
+// node fast path SetOwnerAdminState. When either returns, the change is in
+// effect for every new connection. It returns both p99s in µs.
+func applyToEffect() (float64, float64, error) {
 	dp, err := dataplane.New(dataplane.Options{})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer dp.Close()
 	var cfg dataplane.Config
 	for f := range 50 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
@@ -266,9 +269,9 @@ func applyToEffect() (float64, error) {
 		cfg.Frontends = append(cfg.Frontends, fe)
 	}
 	if err := dp.Apply(cfg); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var times []time.Duration
+	var times, owner []time.Duration
 	for i := range 1000 {
 		state := dataplane.AdminDown
 		if i%2 == 1 {
@@ -279,12 +282,18 @@ func applyToEffect() (float64, error) {
 		}
 		start := time.Now()
 		if err := dp.Apply(cfg); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		times = append(times, time.Since(start))
+		start = time.Now()
+		if _, err := dp.SetOwnerAdminState("node-4", state); err != nil {
+			return 0, 0, err
+		}
+		owner = append(owner, time.Since(start))
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-	return us(percentile(times, 0.99)), nil
+	sort.Slice(owner, func(i, j int) bool { return owner[i] < owner[j] })
+	return us(percentile(times, 0.99)), us(percentile(owner, 0.99)), nil
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

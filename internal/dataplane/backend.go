@@ -60,12 +60,16 @@ func newBackend(b Backend, m backendMetrics) *backend {
 // update applies a backend's changeable settings. A new admin state takes
 // effect for new connections at once; its metric follows.
 func (b *backend) update(cfg Backend) {
-	state := toAdminState(cfg.AdminState)
+	b.setAdminState(toAdminState(cfg.AdminState))
+	b.weight.Store(int32(cfg.Weight))
+}
+
+// setAdminState changes the admin state; the data plane's lock is held.
+func (b *backend) setAdminState(state adminState) {
 	if old := adminState(b.admin.Swap(int32(state))); old != state || !b.adminPublished {
 		b.m.setAdminState(state)
 		b.adminPublished = true
 	}
-	b.weight.Store(int32(cfg.Weight))
 }
 
 // eligible reports whether the backend may take a new connection: never

@@ -216,11 +216,11 @@ func (d *DataPlane) Status() []BackendStatus {
 	var out []BackendStatus
 	for _, f := range d.frontends {
 		set := f.set.Load()
-		for i, b := range set.backends {
+		for _, b := range set.backends {
 			p := b.probe.Load()
 			out = append(out, BackendStatus{
 				Frontend: set.cfg.Name, Address: b.key, Owner: b.owner,
-				AdminState: set.cfg.Backends[i].AdminState,
+				AdminState: adminStates[b.admin.Load()],
 				Healthy:    p == nil || p.healthy.Load(), Eligible: b.eligible(), Active: b.active.Load(),
 			})
 		}
@@ -244,4 +244,36 @@ func (d *DataPlane) Addr(name string) net.Addr {
 		}
 	}
 	return nil
+}
+
+// SetOwnerAdminState sets the admin state of every backend owned by owner
+// (a node), in every frontend, at once, and returns how many backends it
+// set. It is the fast path for a node that starts or stops leaving: it
+// touches nothing else and takes effect for new connections before it
+// returns. The next Apply sets admin states from its configuration again,
+// so the caller's configuration must agree (lbmodel derives both from the
+// node's taints).
+func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, error) {
+	start := time.Now()
+	if owner == "" {
+		return 0, errors.New("owner is required")
+	}
+	switch state {
+	case AdminNone, AdminDown, AdminUp:
+	default:
+		return 0, fmt.Errorf("admin state %q is not supported: use None, Down or Up", state)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, f := range d.frontends {
+		for _, b := range f.backends {
+			if b.owner == owner {
+				b.setAdminState(toAdminState(state))
+				n++
+			}
+		}
+	}
+	d.m.applySeconds.Observe(time.Since(start).Seconds())
+	return n, nil
 }

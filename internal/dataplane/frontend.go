@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"net"
+	"slices"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,14 @@ func newFrontend(d *DataPlane, k frontendKey, listener any) *frontend {
 // apply installs a new configuration of this frontend: backends that stay
 // keep their runtime state, new ones are added, removed ones drain.
 func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
+	if old := f.set.Load(); old != nil && sameShape(&old.cfg, &cfg) {
+		// Only admin states changed (the drain path): flip them in place,
+		// without rebuilding the set.
+		for i, bc := range cfg.Backends {
+			old.backends[i].update(bc)
+		}
+		return
+	}
 	backends := make([]*backend, 0, len(cfg.Backends))
 	keep := map[netip.AddrPort]bool{}
 	for _, bc := range cfg.Backends {
@@ -111,4 +120,26 @@ func (f *frontend) closeSocket() {
 	if f.udp != nil {
 		_ = f.udp.Close()
 	}
+}
+
+// sameShape reports whether two configurations of a frontend differ in
+// nothing but their backends' admin states.
+func sameShape(a, b *Frontend) bool {
+	if a.Name != b.Name || a.Address != b.Address || a.Port != b.Port || a.Protocol != b.Protocol ||
+		a.Balancing != b.Balancing || a.ProxyProtocol != b.ProxyProtocol ||
+		a.ConnectTimeout != b.ConnectTimeout || a.IdleTimeout != b.IdleTimeout || a.DrainTimeout != b.DrainTimeout ||
+		!slices.Equal(a.SourceRanges, b.SourceRanges) || len(a.Backends) != len(b.Backends) {
+		return false
+	}
+	if (a.HealthCheck == nil) != (b.HealthCheck == nil) || (a.HealthCheck != nil && *a.HealthCheck != *b.HealthCheck) {
+		return false
+	}
+	for i := range a.Backends {
+		x, y := a.Backends[i], b.Backends[i]
+		x.AdminState, y.AdminState = "", ""
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

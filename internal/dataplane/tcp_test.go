@@ -368,3 +368,48 @@ func TestApplyIsAtomic(t *testing.T) {
 		t.Error("a frontend of the failed apply exists")
 	}
 }
+
+// The owner fast path sets every backend of a node Down at once, across
+// frontends, and back to None.
+func TestSetOwnerAdminState(t *testing.T) {
+	a, b := newTestBackend(t), newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	one, two := freeAddr(t, "tcp"), freeAddr(t, "tcp")
+	ba, bb := a.backend(), b.backend()
+	ba.Owner, bb.Owner = "node-1", "node-2"
+	mustApply(t, d, tcpFrontend("one", one, ba, bb), tcpFrontend("two", two, ba, bb))
+	n, err := d.SetOwnerAdminState("node-1", AdminDown)
+	if err != nil || n != 2 {
+		t.Fatalf("SetOwnerAdminState = %d, %v; want 2 backends", n, err)
+	}
+	before := a.accepted.Load()
+	for range 10 {
+		for _, at := range []string{one.String(), two.String()} {
+			if err := dialRoundTrip(at); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if a.accepted.Load() != before {
+		t.Error("node-1's backend got new connections after SetOwnerAdminState Down")
+	}
+	for _, s := range d.Status() {
+		if want := map[string]AdminState{"node-1": AdminDown, "node-2": AdminNone}[s.Owner]; s.AdminState != want {
+			t.Errorf("status of %s on %s: %s, want %s", s.Owner, s.Frontend, s.AdminState, want)
+		}
+	}
+	if _, err := d.SetOwnerAdminState("node-1", "Draining"); err == nil {
+		t.Error("an unknown admin state was accepted")
+	}
+	if _, err := d.SetOwnerAdminState("node-1", AdminNone); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if err := dialRoundTrip(one.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.accepted.Load() == before {
+		t.Error("node-1's backend got no connection after None")
+	}
+}
