@@ -2,8 +2,8 @@ package dataplane
 
 import (
 	"net"
-	"slices"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
