@@ -413,3 +413,24 @@ func TestSetOwnerAdminState(t *testing.T) {
 		t.Error("node-1's backend got no connection after None")
 	}
 }
+
+// An IPv6 frontend proxies to an IPv4 backend, and the PROXY header then
+// carries IPv6 addresses.
+func TestIPv6Frontend(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Fatalf("listening on IPv6 loopback: %v", err)
+	}
+	at := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	a := newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	mustApply(t, d, tcpFrontend("v6", at, a.backend()))
+	if err := dialRoundTrip(at.String()); err != nil {
+		t.Fatal(err)
+	}
+	hdr := proxyHeaderV2(at, at)
+	if hdr[13] != 0x21 || len(hdr) != 16+36 {
+		t.Errorf("PROXY header for IPv6: %x", hdr)
+	}
+}
