@@ -1,0 +1,378 @@
+// Package lbmodel holds the rules that turn a Service of type LoadBalancer,
+// its EndpointSlices and the cluster's Nodes into the frontends and backends
+// a load balancer must serve, each backend with its admin state and health
+// check. It is pure: no I/O, no clients. The data plane (`ebb lb`) and every
+// provider use it, so the rules live only here.
+package lbmodel
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+)
+
+// Names from DESIGN.md and the KEPs.
+const (
+	// ClassL4 is ebb's load balancer class (KEP-1959).
+	ClassL4 = "ebb.dev/l4"
+	// CleanupFinalizer guards a load balancer's resources (KEP-1959).
+	CleanupFinalizer = "service.kubernetes.io/load-balancer-cleanup"
+	// ExcludeNodeLabel keeps a node out of every load balancer.
+	ExcludeNodeLabel = "node.kubernetes.io/exclude-from-external-load-balancers"
+	// BackendModeAnnotation set to "pod" sends traffic straight to the
+	// endpoints even when the Service has node ports.
+	BackendModeAnnotation = "lb.ebb.dev/backend-mode"
+	// DefaultNodeHealthPort is kube-proxy's /healthz port (KEP-3836).
+	DefaultNodeHealthPort = 10256
+)
+
+// Taints that mean a node is leaving: its backends are admin Down. Cordon
+// (spec.unschedulable) is never one of them.
+const (
+	TaintOutOfService  = "node.kubernetes.io/out-of-service"
+	TaintAzureDraining = "cloudprovider.azure.microsoft.com/draining"
+	TaintDraining      = "ebb.dev/draining"
+	// TaintToBeDeleted is the cluster autoscaler's; it counts by default
+	// (KEP-3836 fails /healthz on it; counting it here also skips the probe
+	// delay) and Options.IgnoreAutoscalerTaint turns that off.
+	TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+)
+
+// Options tune the rules.
+type Options struct {
+	// NodeHealthPort is probed for externalTrafficPolicy Cluster in node
+	// mode. Default DefaultNodeHealthPort.
+	NodeHealthPort uint16
+	// IgnoreAutoscalerTaint stops ToBeDeletedByClusterAutoscaler counting
+	// as leaving.
+	IgnoreAutoscalerTaint bool
+	// AdminStateDisabled leaves every backend's admin state None: only the
+	// probes decide (the provider's toggle).
+	AdminStateDisabled bool
+}
+
+// BackendMode says where a Service's traffic goes.
+type BackendMode string
+
+// Backend modes.
+const (
+	// NodeMode sends traffic to the eligible nodes' InternalIP:nodePort.
+	NodeMode BackendMode = "node"
+	// PodMode sends traffic straight to the endpoints (KEP-1864).
+	PodMode BackendMode = "pod"
+)
+
+// ModeOf returns a Service's backend mode: pod mode when it has no node
+// ports (allocateLoadBalancerNodePorts: false) or asks for it.
+func ModeOf(svc *corev1.Service) BackendMode {
+	if svc.Annotations[BackendModeAnnotation] == string(PodMode) {
+		return PodMode
+	}
+	if svc.Spec.AllocateLoadBalancerNodePorts != nil && !*svc.Spec.AllocateLoadBalancerNodePorts {
+		return PodMode
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.NodePort == 0 {
+			return PodMode
+		}
+	}
+	return NodeMode
+}
+
+// IsLeaving reports whether a node carries a taint that means it is
+// leaving, and which.
+func IsLeaving(node *corev1.Node, opts Options) (bool, string) {
+	for _, t := range node.Spec.Taints {
+		switch t.Key {
+		case TaintOutOfService, TaintAzureDraining, TaintDraining:
+			return true, t.Key
+		case TaintToBeDeleted:
+			if !opts.IgnoreAutoscalerTaint {
+				return true, t.Key
+			}
+		}
+	}
+	return false, ""
+}
+
+// AdminState is the admin state of every backend on node: Down while the
+// node is leaving, None otherwise (and always None when the feature is
+// off, or for an unknown node).
+func AdminState(node *corev1.Node, opts Options) dataplane.AdminState {
+	if node == nil || opts.AdminStateDisabled {
+		return dataplane.AdminNone
+	}
+	if leaving, _ := IsLeaving(node, opts); leaving {
+		return dataplane.AdminDown
+	}
+	return dataplane.AdminNone
+}
+
+// EligibleNode reports whether a node may be a backend at all: not being
+// deleted and not excluded by label. Cordon does not matter.
+func EligibleNode(node *corev1.Node) bool {
+	if node.DeletionTimestamp != nil {
+		return false
+	}
+	_, excluded := node.Labels[ExcludeNodeLabel]
+	return !excluded
+}
+
+// UnsupportedPortError names Service ports the load balancer cannot serve.
+type UnsupportedPortError struct{ Ports []string }
+
+func (e *UnsupportedPortError) Error() string {
+	return fmt.Sprintf("ports %s use protocol SCTP, which ebb's load balancer does not serve: use TCP or UDP", strings.Join(e.Ports, ", "))
+}
+
+// IsUnsupportedPort reports whether err is an UnsupportedPortError.
+func IsUnsupportedPort(err error) bool {
+	var u *UnsupportedPortError
+	return errors.As(err, &u)
+}
+
+// Frontends returns the frontends of one Service: one per load-balancer
+// address in its status and per TCP or UDP port, sorted by name. Ports it
+// cannot serve are left out and reported in an UnsupportedPortError, with
+// the frontends of the other ports.
+func Frontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodes []*corev1.Node, opts Options) ([]dataplane.Frontend, error) {
+	if opts.NodeHealthPort == 0 {
+		opts.NodeHealthPort = DefaultNodeHealthPort
+	}
+	nodesByName := make(map[string]*corev1.Node, len(nodes))
+	for _, n := range nodes {
+		nodesByName[n.Name] = n
+	}
+	var out []dataplane.Frontend
+	var unsupported []string
+	mode := ModeOf(svc)
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		vip, err := netip.ParseAddr(ing.IP)
+		if err != nil {
+			continue // hostname ingresses are not ours
+		}
+		for _, port := range svc.Spec.Ports {
+			if port.Protocol != corev1.ProtocolTCP && port.Protocol != corev1.ProtocolUDP && port.Protocol != "" {
+				unsupported = appendOnce(unsupported, portName(port))
+				continue
+			}
+			fe := frontendFor(svc, vip, port)
+			if mode == NodeMode {
+				fe.Backends, fe.HealthCheck = nodeBackends(svc, port, vip, slices, nodes, opts)
+			} else {
+				fe.Backends, fe.HealthCheck = podBackends(port, vip, slices, nodesByName, opts)
+			}
+			out = append(out, fe)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	if len(unsupported) > 0 {
+		return out, &UnsupportedPortError{Ports: unsupported}
+	}
+	return out, nil
+}
+
+func appendOnce(s []string, v string) []string {
+	for _, x := range s {
+		if x == v {
+			return s
+		}
+	}
+	return append(s, v)
+}
+
+func portName(p corev1.ServicePort) string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return strconv.Itoa(int(p.Port))
+}
+
+func frontendFor(svc *corev1.Service, vip netip.Addr, port corev1.ServicePort) dataplane.Frontend {
+	proto := dataplane.TCP
+	if port.Protocol == corev1.ProtocolUDP {
+		proto = dataplane.UDP
+	}
+	fe := dataplane.Frontend{
+		Name:         fmt.Sprintf("%s/%s:%s/%s@%s", svc.Namespace, svc.Name, portName(port), proto, vip),
+		Address:      vip.String(),
+		Port:         uint16(port.Port),
+		Protocol:     proto,
+		Balancing:    dataplane.RoundRobin,
+		SourceRanges: sourceRanges(svc),
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		fe.Balancing = dataplane.ClientIP
+	}
+	return fe
+}
+
+func sourceRanges(svc *corev1.Service) []string {
+	var out []string
+	for _, r := range svc.Spec.LoadBalancerSourceRanges {
+		if r = strings.TrimSpace(r); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// nodeBackends: the eligible nodes of the VIP's family, at their
+// InternalIP:nodePort. With externalTrafficPolicy Local only nodes with a
+// local endpoint, probed on the healthCheckNodePort; with Cluster every
+// eligible node, probed on the node health port.
+func nodeBackends(svc *corev1.Service, port corev1.ServicePort, vip netip.Addr, slices []*discoveryv1.EndpointSlice, nodes []*corev1.Node, opts Options) ([]dataplane.Backend, *dataplane.HealthCheck) {
+	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	hc := &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: opts.NodeHealthPort}
+	var withLocal map[string]bool
+	if local {
+		hc.Port = uint16(svc.Spec.HealthCheckNodePort)
+		withLocal = nodesWithEndpoints(slices, port, vip)
+	}
+	var out []dataplane.Backend
+	for _, n := range nodes {
+		if !EligibleNode(n) || (local && !withLocal[n.Name]) {
+			continue
+		}
+		ip, ok := internalIP(n, vip)
+		if !ok {
+			continue
+		}
+		out = append(out, dataplane.Backend{Address: ip.String(), Port: uint16(port.NodePort), Owner: n.Name, AdminState: AdminState(n, opts)})
+	}
+	sortBackends(out)
+	return out, hc
+}
+
+// podBackends: the endpoints of the port in the VIP's family, ready ones or,
+// when none is ready, serving and terminating ones; each inherits its
+// node's admin state and is probed by TCP connect.
+func podBackends(port corev1.ServicePort, vip netip.Addr, slices []*discoveryv1.EndpointSlice, nodes map[string]*corev1.Node, opts Options) ([]dataplane.Backend, *dataplane.HealthCheck) {
+	var ready, terminating []dataplane.Backend
+	seen := map[netip.AddrPort]bool{}
+	for _, s := range slices {
+		target, ok := slicePort(s, port, vip)
+		if !ok {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			if len(ep.Addresses) == 0 {
+				continue
+			}
+			addr, err := netip.ParseAddr(ep.Addresses[0])
+			if err != nil || seen[netip.AddrPortFrom(addr, uint16(target))] {
+				continue
+			}
+			seen[netip.AddrPortFrom(addr, uint16(target))] = true
+			node := ""
+			if ep.NodeName != nil {
+				node = *ep.NodeName
+			}
+			b := dataplane.Backend{Address: addr.String(), Port: uint16(target), Owner: node, AdminState: AdminState(nodes[node], opts)}
+			switch {
+			case isTrue(ep.Conditions.Ready, true):
+				ready = append(ready, b)
+			case isTrue(ep.Conditions.Serving, false) && isTrue(ep.Conditions.Terminating, false):
+				terminating = append(terminating, b)
+			}
+		}
+	}
+	out := ready
+	if len(out) == 0 {
+		out = terminating
+	}
+	sortBackends(out)
+	return out, &dataplane.HealthCheck{Protocol: dataplane.ProbeTCP}
+}
+
+// nodesWithEndpoints returns the nodes hosting a ready (or, when none is
+// ready, serving) endpoint of the port.
+func nodesWithEndpoints(slices []*discoveryv1.EndpointSlice, port corev1.ServicePort, vip netip.Addr) map[string]bool {
+	ready, serving := map[string]bool{}, map[string]bool{}
+	for _, s := range slices {
+		if _, ok := slicePort(s, port, vip); !ok {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			if ep.NodeName == nil {
+				continue
+			}
+			if isTrue(ep.Conditions.Ready, true) {
+				ready[*ep.NodeName] = true
+			} else if isTrue(ep.Conditions.Serving, false) {
+				serving[*ep.NodeName] = true
+			}
+		}
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return serving
+}
+
+// slicePort returns the target port of a Service port in a slice of the
+// VIP's address family.
+func slicePort(s *discoveryv1.EndpointSlice, port corev1.ServicePort, vip netip.Addr) (int32, bool) {
+	want := discoveryv1.AddressTypeIPv4
+	if vip.Is6() && !vip.Is4In6() {
+		want = discoveryv1.AddressTypeIPv6
+	}
+	if s.AddressType != want {
+		return 0, false
+	}
+	proto := port.Protocol
+	if proto == "" {
+		proto = corev1.ProtocolTCP
+	}
+	for _, p := range s.Ports {
+		name, pProto := "", corev1.ProtocolTCP
+		if p.Name != nil {
+			name = *p.Name
+		}
+		if p.Protocol != nil {
+			pProto = *p.Protocol
+		}
+		if name == port.Name && pProto == proto && p.Port != nil {
+			return *p.Port, true
+		}
+	}
+	return 0, false
+}
+
+// internalIP returns the node's InternalIP of the VIP's family.
+func internalIP(n *corev1.Node, vip netip.Addr) (netip.Addr, bool) {
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err == nil && ip.Is4() == vip.Unmap().Is4() {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func isTrue(b *bool, def bool) bool {
+	if b == nil {
+		return def
+	}
+	return *b
+}
+
+func sortBackends(b []dataplane.Backend) {
+	sort.Slice(b, func(i, j int) bool {
+		if b[i].Address != b[j].Address {
+			return b[i].Address < b[j].Address
+		}
+		return b[i].Port < b[j].Port
+	})
+}
