@@ -428,6 +428,17 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	return nil
 }
 
+// StartProcess starts a program inside the cluster's namespace, its output
+// going to Dir/logs/name.log.
+// The returned function stops it (SIGTERM, then SIGKILL after 10 s).
+func (c *Cluster) StartProcess(name, path string, args ...string) (stop func() error, err error) {
+	p, err := startProcess(name, path, args, filepath.Join(c.opts.Dir, "logs"))
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return p.stop(10 * time.Second) }, nil
+}
+
 // Dir is the cluster's working directory (logs are in Dir/logs).
 func (c *Cluster) Dir() string { return c.opts.Dir }
 

@@ -15,7 +15,10 @@ type TestingM interface{ Run() int }
 // *cluster, runs the tests and stops the cluster. It returns the exit code.
 //
 //	func TestMain(m *testing.M) { os.Exit(localcluster.RunTests(m, localcluster.Options{}, &cluster)) }
-func RunTests(m TestingM, opts Options, cluster **Cluster) int {
+//
+// Each setup runs after the cluster is ready (to start ebb's components, for
+// instance); the cleanups it returns run after the tests, in reverse order.
+func RunTests(m TestingM, opts Options, cluster **Cluster, setups ...func(*Cluster) (func(), error)) int {
 	if !InNamespace() {
 		code, err := Reexec()
 		if err != nil {
@@ -38,7 +41,23 @@ func RunTests(m TestingM, opts Options, cluster **Cluster) int {
 		return 1
 	}
 	*cluster = c
-	code := m.Run()
+	var cleanups []func()
+	code := 0
+	for _, setup := range setups {
+		cleanup, err := setup(c)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "setting up the tests: %v\n", err)
+			code = 1
+			break
+		}
+		cleanups = append(cleanups, cleanup)
+	}
+	if code == 0 {
+		code = m.Run()
+	}
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i]()
+	}
 	if err := c.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "stopping the local cluster: %v\n", err)
 		if code == 0 {

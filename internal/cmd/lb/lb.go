@@ -6,7 +6,6 @@ package lb
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -22,9 +21,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/lbsync"
 )
 
 // Options are `ebb lb`'s flags.
@@ -37,6 +42,12 @@ type Options struct {
 	PollInterval time.Duration
 	// PprofAddress serves net/http/pprof, for profiling; empty turns it off.
 	PprofAddress string
+
+	// Without ConfigFile, the Services of the cluster are served.
+	Kubeconfig          string
+	LoadBalancerClass   string
+	DefaultLoadBalancer bool
+	Model               lbmodel.Options
 }
 
 // NewCommand returns `ebb lb`.
@@ -44,23 +55,33 @@ func NewCommand() *cobra.Command {
 	o := &Options{}
 	zapOpts := zap.Options{}
 	cmd := &cobra.Command{
-		Use:   "lb --config FILE",
-		Short: "Run the L4 load balancer (data plane) from a configuration file",
-		Long: `Run ebb's L4 load balancer from a YAML configuration file: TCP and UDP
-frontends, backends with an admin state (None, Down, Up), health probes,
-balancing, source ranges, PROXY protocol v2. The file is reloaded on SIGHUP
-and when it changes; an invalid file is reported and the running
-configuration stays. See docs/dataplane.md for the format.`,
+		Use:   "lb [--config FILE]",
+		Short: "Run the L4 load balancer (data plane), for the cluster's Services or from a file",
+		Long: `Run ebb's L4 load balancer.
+
+Without --config it serves the cluster's Services of type LoadBalancer whose
+loadBalancerClass is ebb's (ebb.dev/l4): it watches them, their
+EndpointSlices and the Nodes, and serves the addresses the controller wrote
+to their status, with node backends' admin state from the nodes' taints.
+
+With --config it runs standalone from a YAML file: TCP and UDP frontends,
+backends with an admin state (None, Down, Up), health probes, balancing,
+source ranges, PROXY protocol v2. The file is reloaded on SIGHUP and when it
+changes; an invalid file is reported and the running configuration stays.
+See docs/dataplane.md for the format.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.ConfigFile == "" {
-				return errors.New("--config is required: the YAML file with the frontends to serve")
-			}
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			return o.Run(logr.NewContext(cmd.Context(), log))
 		},
 	}
-	cmd.Flags().StringVar(&o.ConfigFile, "config", "", "YAML configuration file")
+	cmd.Flags().StringVar(&o.ConfigFile, "config", "", "YAML configuration file (standalone mode)")
+	cmd.Flags().StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	cmd.Flags().StringVar(&o.LoadBalancerClass, "load-balancer-class", lbmodel.ClassL4, "spec.loadBalancerClass of the Services to serve")
+	cmd.Flags().BoolVar(&o.DefaultLoadBalancer, "default-load-balancer", false, "also serve LoadBalancer Services that set no class")
+	cmd.Flags().Uint16Var(&o.Model.NodeHealthPort, "node-health-port", lbmodel.DefaultNodeHealthPort, "port of the nodes' /healthz (kube-proxy's or ebb node-agent's)")
+	cmd.Flags().BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving")
+	cmd.Flags().BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "leave admin states None: only health probes decide")
 	cmd.Flags().StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9464", "address serving Prometheus /metrics (empty: off)")
 	cmd.Flags().StringVar(&o.PprofAddress, "pprof-bind-address", "", "address serving /debug/pprof for profiling (empty: off)")
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
@@ -85,19 +106,39 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	defer dp.Close()
 
-	data, err := o.load(dp)
-	if err != nil {
-		return err // the first configuration must be good
+	var ready func() bool
+	var syncer *lbsync.Syncer
+	var data []byte
+	if o.ConfigFile != "" {
+		if data, err = o.load(dp); err != nil {
+			return err // the first configuration must be good
+		}
+		reloads.WithLabelValues("success").Inc()
+		log.Info("Serving", "config", o.ConfigFile)
+		ready = func() bool { return true }
+	} else {
+		if syncer, err = o.syncer(dp); err != nil {
+			return err
+		}
+		ready = syncer.Ready
 	}
-	reloads.WithLabelValues("success").Inc()
-	log.Info("Serving", "config", o.ConfigFile)
 
 	if o.MetricsAddress != "" {
 		ln, err := net.Listen("tcp", o.MetricsAddress)
 		if err != nil {
 			return fmt.Errorf("listening for metrics on %s: %w", o.MetricsAddress, err)
 		}
-		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !ready() {
+				http.Error(w, "caches not synced or no configuration applied yet", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok\n"))
+		})
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		log.Info("Serving metrics", "address", ln.Addr().String())
@@ -116,6 +157,10 @@ func (o *Options) Run(ctx context.Context) error {
 		defer srv.Close()
 	}
 
+	if syncer != nil {
+		log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
+		return syncer.Run(ctx)
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -147,6 +192,25 @@ func (o *Options) Run(ctx context.Context) error {
 		reloads.WithLabelValues("success").Inc()
 		log.Info("Applied the configuration", "config", o.ConfigFile)
 	}
+}
+
+// syncer returns the Kubernetes-driven source of configuration.
+func (o *Options) syncer(dp *dataplane.DataPlane) (*lbsync.Syncer, error) {
+	var cfg *rest.Config
+	var err error
+	if o.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	} else {
+		cfg, err = ctrl.GetConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the cluster configuration (give --config FILE to run without a cluster): %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating a client: %w", err)
+	}
+	return &lbsync.Syncer{Client: client, DataPlane: dp, Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, Model: o.Model}, nil
 }
 
 // load reads, validates and applies the configuration file and returns its

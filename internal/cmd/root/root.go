@@ -5,6 +5,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/cmd/controller"
 	"github.com/ebbdev/ebb/internal/cmd/demo"
 	"github.com/ebbdev/ebb/internal/cmd/lb"
 )
@@ -20,6 +21,6 @@ declarative node maintenance that drains the load balancer before the pods.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(cluster.NewCommand(), demo.NewCommand(), lb.NewCommand())
+	cmd.AddCommand(cluster.NewCommand(), controller.NewCommand(), demo.NewCommand(), lb.NewCommand())
 	return cmd
 }

@@ -276,3 +276,24 @@ func listenHealth(addr string, t target, slices slicesFunc) (*healthListener, er
 func (l *healthListener) setTarget(t target) { l.target.Store(&t) }
 
 func (l *healthListener) close() { _ = l.srv.Close() }
+
+// listenNodeHealth serves kube-proxy's node /healthz: 200 while the node is
+// healthy, 503 once it is being deleted or tainted for deletion.
+func listenNodeHealth(addr string, t target, healthy func(node string) bool) (*healthListener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	l := &healthListener{}
+	l.target.Store(&t)
+	l.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		now := time.Now().UTC().Format(time.RFC3339Nano)
+		w.Header().Set("Content-Type", "application/json")
+		if !healthy(l.target.Load().node) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"lastUpdated": now, "currentTime": now, "nodeEligible": healthy(l.target.Load().node)})
+	})}
+	go func() { _ = l.srv.Serve(ln) }()
+	return l, nil
+}

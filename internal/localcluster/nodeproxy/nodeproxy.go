@@ -20,12 +20,16 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 )
 
 // kwokNodeAnnotation marks the simulated nodes; only those are proxied.
 const kwokNodeAnnotation = "kwok.x-k8s.io/node"
+
+// NodeHealthPort is where each simulated node answers kube-proxy's /healthz.
+const NodeHealthPort = 10256
 
 // resync re-reconciles periodically so a port that could not be bound is
 // retried.
@@ -36,6 +40,7 @@ type Proxy struct {
 	client kubernetes.Interface
 
 	slices  discoverylisters.EndpointSliceLister
+	nodes   corelisters.NodeLister
 	trigger chan struct{}
 
 	mu        sync.Mutex
@@ -47,8 +52,9 @@ func New(client kubernetes.Interface) *Proxy {
 	return &Proxy{client: client, trigger: make(chan struct{}, 1), listeners: map[listenKey]listener{}}
 }
 
-// listenKey is one socket: a node IP, a protocol ("TCP", "UDP" or "health")
-// and a port.
+// listenKey is one socket: a node IP, a protocol ("TCP", "UDP", "health"
+// for a healthCheckNodePort or "nodehealth" for kube-proxy's /healthz) and a
+// port.
 type listenKey struct {
 	ip    string
 	proto string
@@ -77,6 +83,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	services := factory.Core().V1().Services()
 	slices := factory.Discovery().V1().EndpointSlices()
 	p.slices = slices.Lister()
+	p.nodes = nodes.Lister()
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { p.kick() },
 		UpdateFunc: func(any, any) { p.kick() },
@@ -135,6 +142,7 @@ func desired(nodes []*corev1.Node, services []*corev1.Service) map[listenKey]tar
 		if ip == "" {
 			continue
 		}
+		want[listenKey{ip: ip, proto: "nodehealth", port: NodeHealthPort}] = target{node: n.Name}
 		for _, svc := range services {
 			if svc.Spec.Type != corev1.ServiceTypeNodePort && svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 				continue
@@ -191,6 +199,8 @@ func (p *Proxy) reconcile(log logr.Logger, want map[listenKey]target) {
 		switch k.proto {
 		case "health":
 			l, err = listenHealth(addr, t, p.endpointSlices)
+		case "nodehealth":
+			l, err = listenNodeHealth(addr, t, p.nodeHealthy)
 		case string(corev1.ProtocolUDP):
 			l, err = listenUDP(addr, t, p.endpointSlices)
 		case string(corev1.ProtocolTCP):
@@ -204,6 +214,22 @@ func (p *Proxy) reconcile(log logr.Logger, want map[listenKey]target) {
 		}
 		p.listeners[k] = l
 	}
+}
+
+// nodeHealthy answers kube-proxy's /healthz question for a node (KEP-3836):
+// unhealthy once the node is being deleted or tainted
+// ToBeDeletedByClusterAutoscaler.
+func (p *Proxy) nodeHealthy(name string) bool {
+	n, err := p.nodes.Get(name)
+	if err != nil || n.DeletionTimestamp != nil {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == "ToBeDeletedByClusterAutoscaler" {
+			return false
+		}
+	}
+	return true
 }
 
 // endpointSlices lists a Service's EndpointSlices from the cache.

@@ -1,0 +1,115 @@
+// Package controller implements `ebb controller`: today the Service
+// load-balancer controller; the spot, node maintenance and evacuation
+// controllers join it in later issues.
+package controller
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/ebbdev/ebb/internal/controller/service"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// Options are `ebb controller`'s flags.
+type Options struct {
+	Kubeconfig          string
+	LoadBalancerClass   string
+	DefaultLoadBalancer bool
+	VIPPools            []string
+	LeaderElect         bool
+	LeaderElectionNS    string
+	MetricsAddress      string
+	HealthAddress       string
+}
+
+// NewCommand returns `ebb controller`.
+func NewCommand() *cobra.Command {
+	o := &Options{}
+	zapOpts := zap.Options{}
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run ebb's controllers (the Service load-balancer controller)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := restConfig(o.Kubeconfig)
+			if err != nil {
+				return err
+			}
+			ctx := logr.NewContext(cmd.Context(), zap.New(zap.UseFlagOptions(&zapOpts)))
+			return o.Run(ctx, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	f.StringVar(&o.LoadBalancerClass, "load-balancer-class", lbmodel.ClassL4, "spec.loadBalancerClass of the Services to serve")
+	f.BoolVar(&o.DefaultLoadBalancer, "default-load-balancer", false, "also serve LoadBalancer Services that set no class")
+	f.StringSliceVar(&o.VIPPools, "vip-pool", nil, "CIDR of load-balancer addresses to allocate from (repeatable; IPv4 and IPv6)")
+	f.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader so that only one replica acts")
+	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
+	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
+	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
+	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
+	zapOpts.BindFlags(logFlags)
+	f.AddGoFlagSet(logFlags)
+	return cmd
+}
+
+// restConfig loads a kubeconfig file, or the in-cluster or default one.
+func restConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		return ctrl.GetConfig()
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Run runs the controllers against cfg until ctx is done.
+func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
+	if o.LoadBalancerClass == "" {
+		return errors.New("--load-balancer-class must not be empty")
+	}
+	ipam, err := service.NewAllocator(o.VIPPools)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(logr.FromContextOrDiscard(ctx))
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
+		HealthProbeBindAddress:  o.HealthAddress,
+		LeaderElection:          o.LeaderElect,
+		LeaderElectionID:        "ebb-controller",
+		LeaderElectionNamespace: o.LeaderElectionNS,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the controller manager: %w", err)
+	}
+	r := &service.Reconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-service-controller"),
+		Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, IPAM: ipam,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the service controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,318 @@
+// Package service is ebb's Service load-balancer controller (KEP-1959): it
+// serves Services of type LoadBalancer whose loadBalancerClass is ebb's,
+// guards them with the load-balancer-cleanup finalizer, allocates their
+// addresses from pools and writes them to status. It never touches a
+// Service of another class.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// RequestedIPsAnnotation asks for specific addresses (comma-separated), the
+// replacement for the deprecated spec.loadBalancerIP.
+const RequestedIPsAnnotation = "lb.ebb.dev/load-balancer-ips"
+
+// Event reasons, the upstream service controller's.
+const (
+	ReasonEnsuring       = "EnsuringLoadBalancer"
+	ReasonEnsured        = "EnsuredLoadBalancer"
+	ReasonSyncFailed     = "SyncLoadBalancerFailed"
+	ReasonDeleting       = "DeletingLoadBalancer"
+	ReasonDeleted        = "DeletedLoadBalancer"
+	retryAfterBadRequest = 30 * time.Second
+)
+
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=services/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconciler reconciles Services of type LoadBalancer.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	// Class is the loadBalancerClass served (lbmodel.ClassL4).
+	Class string
+	// DefaultLoadBalancer also serves Services without a class.
+	DefaultLoadBalancer bool
+	IPAM                *Allocator
+
+	initOnce sync.Once
+	initErr  error
+}
+
+// SetupWithManager registers the controller.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).Named("service-lb").For(&corev1.Service{}).Complete(r)
+}
+
+// Reconcile brings one Service's load balancer to its desired state.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if err := r.initialize(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	svc := &corev1.Service{}
+	if err := r.Client.Get(ctx, req.NamespacedName, svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.IPAM.Release(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("getting service %s: %w", req, err)
+	}
+	if !r.wants(svc) {
+		// Being deleted, or no longer a LoadBalancer (the apiserver then
+		// clears the class): clean up what is ours. A Service of another
+		// class is never touched.
+		owned := len(r.IPAM.Owned(req.NamespacedName)) > 0
+		if controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) && (r.classMatches(svc) || owned) {
+			return ctrl.Result{}, r.reconcileDelete(ctx, svc)
+		}
+		return ctrl.Result{}, nil
+	}
+	return r.reconcileNormal(ctx, svc)
+}
+
+// classMatches reports whether the Service names our class (or none, when
+// we are the default load balancer).
+func (r *Reconciler) classMatches(svc *corev1.Service) bool {
+	if svc.Spec.LoadBalancerClass == nil {
+		return r.DefaultLoadBalancer
+	}
+	return *svc.Spec.LoadBalancerClass == r.Class
+}
+
+// wants reports whether the Service should have a load balancer from us.
+func (r *Reconciler) wants(svc *corev1.Service) bool {
+	return svc.DeletionTimestamp == nil && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && r.classMatches(svc)
+}
+
+// initialize rebuilds the allocations from every Service's status once,
+// before the first allocation, so an address is never given twice.
+func (r *Reconciler) initialize(ctx context.Context) error {
+	r.initOnce.Do(func() {
+		var list corev1.ServiceList
+		if err := r.Client.List(ctx, &list); err != nil {
+			r.initErr = fmt.Errorf("listing services to rebuild address allocations: %w", err)
+			return
+		}
+		for i := range list.Items {
+			svc := &list.Items[i]
+			ours := r.classMatches(svc) && svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+			// A Service that stopped being a LoadBalancer lost its class;
+			// if it still has the finalizer, its addresses are ours to free.
+			leftOver := svc.Spec.LoadBalancerClass == nil && controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer)
+			if !ours && !leftOver {
+				continue
+			}
+			for _, ing := range svc.Status.LoadBalancer.Ingress {
+				if addr, err := netip.ParseAddr(ing.IP); err == nil {
+					_ = r.IPAM.Claim(addr, client.ObjectKeyFromObject(svc))
+				}
+			}
+		}
+	})
+	if r.initErr != nil {
+		// Try again on the next reconcile.
+		err := r.initErr
+		r.initOnce, r.initErr = sync.Once{}, nil
+		return err
+	}
+	return nil
+}
+
+func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
+	logger := log.FromContext(ctx).WithValues("service", klog.KObj(svc))
+	if err := unsupportedPorts(svc); err != nil {
+		r.Recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonSyncFailed, "Ensure", "%v", err)
+		return ctrl.Result{}, nil // the Service must change first
+	}
+	if !controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) {
+		patch := client.MergeFrom(svc.DeepCopy())
+		controllerutil.AddFinalizer(svc, lbmodel.CleanupFinalizer)
+		if err := r.Client.Patch(ctx, svc, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(svc), err)
+		}
+	}
+	addrs, err := r.allocate(svc)
+	if err != nil {
+		r.Recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonSyncFailed, "Ensure", "Error allocating an address: %v", err)
+		logger.Info("Cannot allocate an address", "err", err.Error())
+		// The cause (a pool full, an address taken) may clear.
+		return ctrl.Result{RequeueAfter: retryAfterBadRequest}, nil
+	}
+	want := ingressFor(addrs)
+	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {
+		return ctrl.Result{}, nil
+	}
+	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonEnsuring, "Ensure", "Ensuring load balancer")
+	patch := client.MergeFrom(svc.DeepCopy())
+	svc.Status.LoadBalancer.Ingress = want
+	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
+		return ctrl.Result{}, fmt.Errorf("writing the load balancer status of %s: %w", klog.KObj(svc), err)
+	}
+	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonEnsured, "Ensure", "Ensured load balancer at %s", joinAddrs(addrs))
+	logger.Info("Ensured load balancer", "addresses", joinAddrs(addrs))
+	return ctrl.Result{}, nil
+}
+
+// reconcileDelete releases a Service's addresses, clears its status if it
+// still exists as another type, and removes the finalizer.
+func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) error {
+	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonDeleting, "Delete", "Deleting load balancer")
+	r.IPAM.Release(client.ObjectKeyFromObject(svc))
+	if svc.DeletionTimestamp == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
+		patch := client.MergeFrom(svc.DeepCopy())
+		svc.Status.LoadBalancer = corev1.LoadBalancerStatus{}
+		if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
+			return fmt.Errorf("clearing the load balancer status of %s: %w", klog.KObj(svc), err)
+		}
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	controllerutil.RemoveFinalizer(svc, lbmodel.CleanupFinalizer)
+	if err := r.Client.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(svc), err)
+	}
+	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonDeleted, "Delete", "Deleted load balancer")
+	return nil
+}
+
+// allocate returns the Service's addresses: the ones it asks for, or the
+// ones it holds, or new ones, one per IP family it uses.
+func (r *Reconciler) allocate(svc *corev1.Service) ([]netip.Addr, error) {
+	key := client.ObjectKeyFromObject(svc)
+	requested, err := requestedAddrs(svc)
+	if err != nil {
+		return nil, err
+	}
+	if len(requested) > 0 {
+		for _, addr := range requested {
+			if err := r.IPAM.Claim(addr, key); err != nil {
+				return nil, fmt.Errorf("%w; ask for a free address of the pools or remove the request", err)
+			}
+		}
+		r.releaseExcept(key, requested)
+		return requested, nil
+	}
+	var out []netip.Addr
+	for _, ipv6 := range families(svc) {
+		var have netip.Addr
+		for _, a := range r.IPAM.Owned(key) {
+			if a.Is6() == ipv6 {
+				have = a
+				break
+			}
+		}
+		if !have.IsValid() {
+			if have, err = r.IPAM.Allocate(key, ipv6); err != nil {
+				return nil, fmt.Errorf("%w: add a pool or free an address", err)
+			}
+		}
+		out = append(out, have)
+	}
+	r.releaseExcept(key, out)
+	return out, nil
+}
+
+// releaseExcept frees the Service's addresses that it no longer uses.
+func (r *Reconciler) releaseExcept(key types.NamespacedName, keep []netip.Addr) {
+	owned := r.IPAM.Owned(key)
+	r.IPAM.Release(key)
+	for _, a := range owned {
+		for _, k := range keep {
+			if a == k {
+				_ = r.IPAM.Claim(a, key)
+			}
+		}
+	}
+}
+
+// requestedAddrs reads spec.loadBalancerIP and the annotation.
+func requestedAddrs(svc *corev1.Service) ([]netip.Addr, error) {
+	var raw []string
+	if v := svc.Annotations[RequestedIPsAnnotation]; v != "" {
+		raw = strings.Split(v, ",")
+	} else if svc.Spec.LoadBalancerIP != "" {
+		raw = []string{svc.Spec.LoadBalancerIP}
+	}
+	var out []netip.Addr
+	for _, s := range raw {
+		addr, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("requested address %q is not an IP address: fix annotation %s or spec.loadBalancerIP", s, RequestedIPsAnnotation)
+		}
+		out = append(out, addr.Unmap())
+	}
+	return out, nil
+}
+
+// families lists the IP families of a Service (IPv4 first by default).
+func families(svc *corev1.Service) []bool {
+	if len(svc.Spec.IPFamilies) == 0 {
+		return []bool{false}
+	}
+	var out []bool
+	for _, f := range svc.Spec.IPFamilies {
+		out = append(out, f == corev1.IPv6Protocol)
+	}
+	return out
+}
+
+func unsupportedPorts(svc *corev1.Service) error {
+	var bad []string
+	for _, p := range svc.Spec.Ports {
+		if p.Protocol == corev1.ProtocolSCTP {
+			bad = append(bad, fmt.Sprintf("%s (%d)", p.Name, p.Port))
+		}
+	}
+	if len(bad) > 0 {
+		return errors.New("ports " + strings.Join(bad, ", ") + " use protocol SCTP, which ebb's load balancer does not serve: change them to TCP or UDP")
+	}
+	return nil
+}
+
+func ingressFor(addrs []netip.Addr) []corev1.LoadBalancerIngress {
+	out := make([]corev1.LoadBalancerIngress, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, corev1.LoadBalancerIngress{IP: a.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)})
+	}
+	return out
+}
+
+func equalIngress(a, b []corev1.LoadBalancerIngress) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].IP != b[i].IP || a[i].Hostname != b[i].Hostname || ptr.Deref(a[i].IPMode, "") != ptr.Deref(b[i].IPMode, "") {
+			return false
+		}
+	}
+	return true
+}
+
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
+}

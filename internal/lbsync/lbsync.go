@@ -1,0 +1,144 @@
+// Package lbsync keeps a data plane serving the cluster's Services: it
+// watches Services of its class, their EndpointSlices and the Nodes,
+// computes every frontend with lbmodel and applies the whole configuration
+// atomically whenever something changes. Several `ebb lb` replicas compute
+// the same configuration from the same objects.
+package lbsync
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// resync recomputes everything periodically, so anything missed heals.
+const resync = 5 * time.Minute
+
+// retryAfter is how soon a failed apply is tried again.
+const retryAfter = time.Second
+
+// Syncer drives a data plane from the cluster.
+type Syncer struct {
+	Client    kubernetes.Interface
+	DataPlane *dataplane.DataPlane
+	// Class is the loadBalancerClass served; DefaultLoadBalancer also
+	// serves Services without a class.
+	Class               string
+	DefaultLoadBalancer bool
+	Model               lbmodel.Options
+
+	ready   atomic.Bool
+	trigger chan struct{}
+}
+
+// Ready reports whether the caches have synced and a configuration has
+// been applied.
+func (s *Syncer) Ready() bool { return s.ready.Load() }
+
+// Run syncs until ctx is done.
+func (s *Syncer) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("lbsync")
+	s.trigger = make(chan struct{}, 1)
+	factory := informers.NewSharedInformerFactory(s.Client, resync)
+	services := factory.Core().V1().Services()
+	slices := factory.Discovery().V1().EndpointSlices()
+	nodes := factory.Core().V1().Nodes()
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.kick() },
+		UpdateFunc: func(any, any) { s.kick() },
+		DeleteFunc: func(any) { s.kick() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{services.Informer(), slices.Informer(), nodes.Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("watching the cluster: %w", err)
+		}
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("caches of %v did not sync", typ)
+		}
+	}
+	s.kick()
+	retry := time.NewTimer(0)
+	<-retry.C
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.trigger:
+		case <-retry.C:
+		}
+		cfg := s.desired(log, services.Lister(), slices.Lister(), nodes.Lister())
+		if err := s.DataPlane.Apply(cfg); err != nil {
+			log.Error(err, "Applying the load balancer configuration; retrying", "frontends", len(cfg.Frontends))
+			retry.Reset(retryAfter)
+			continue
+		}
+		s.ready.Store(true)
+		log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends))
+	}
+}
+
+func (s *Syncer) kick() {
+	select {
+	case s.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// serves reports whether a Service is one this load balancer serves.
+func (s *Syncer) serves(svc *corev1.Service) bool {
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.DeletionTimestamp != nil {
+		return false
+	}
+	if svc.Spec.LoadBalancerClass == nil {
+		return s.DefaultLoadBalancer
+	}
+	return *svc.Spec.LoadBalancerClass == s.Class
+}
+
+// desired computes the whole configuration from the caches.
+func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodeLister corelisters.NodeLister) dataplane.Config {
+	// Listing from an informer's cache cannot fail.
+	svcs, _ := services.List(labels.Everything())
+	nodes, _ := nodeLister.List(labels.Everything())
+	allSlices, _ := slices.List(labels.Everything())
+	byService := map[string][]*discoveryv1.EndpointSlice{}
+	for _, sl := range allSlices {
+		if name := sl.Labels[discoveryv1.LabelServiceName]; name != "" {
+			key := sl.Namespace + "/" + name
+			byService[key] = append(byService[key], sl)
+		}
+	}
+	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Namespace+"/"+svcs[i].Name < svcs[j].Namespace+"/"+svcs[j].Name })
+	var cfg dataplane.Config
+	for _, svc := range svcs {
+		if !s.serves(svc) {
+			continue
+		}
+		fes, err := lbmodel.Frontends(svc, byService[svc.Namespace+"/"+svc.Name], nodes, s.Model)
+		if err != nil {
+			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
+		}
+		cfg.Frontends = append(cfg.Frontends, fes...)
+	}
+	return cfg
+}

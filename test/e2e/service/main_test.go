@@ -1,0 +1,170 @@
+// Package service_test drives Services of type LoadBalancer end to end, as
+// a user would: kubectl-equivalent API calls against the local cluster with
+// `ebb controller` and `ebb lb` running as processes, and traffic through
+// the load balancer's addresses.
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+)
+
+var cluster *localcluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-service", Nodes: 3}, &cluster, startEbb))
+}
+
+// startEbb runs `ebb controller` and `ebb lb` against the cluster, as
+// processes in its namespace.
+func startEbb(c *localcluster.Cluster) (func(), error) {
+	bin := os.Getenv("EBB_BIN")
+	if bin == "" {
+		return nil, errors.New("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
+	}
+	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
+		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false",
+		"--metrics-bind-address", "127.0.0.1:18080", "--health-probe-bind-address", "127.0.0.1:18081")
+	if err != nil {
+		return nil, err
+	}
+	stopLB, err := c.StartProcess("ebb-lb", bin, "lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", "127.0.0.1:19464")
+	if err != nil {
+		_ = stopController()
+		return nil, err
+	}
+	cleanup := func() {
+		_ = stopLB()
+		_ = stopController()
+	}
+	// Ready: the load balancer has synced its caches and applied.
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		resp, err := http.Get("http://127.0.0.1:19464/readyz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		cleanup()
+		return nil, fmt.Errorf("ebb lb did not become ready (logs in %s/logs): %w", c.Dir(), err)
+	}
+	return cleanup, nil
+}
+
+func newNamespace(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	ns, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{}) })
+	eventually(t, ctx, 30*time.Second, "the namespace's default service account", func(ctx context.Context) (bool, string) {
+		_, err := cluster.Client.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	return ns.Name
+}
+
+func eventually(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		ok, reason := cond(ctx)
+		last = reason
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: not within %s: %s", what, timeout, last)
+	}
+}
+
+// lbService is EchoService as a LoadBalancer of the given class (nil: none).
+func lbService(ns, name string, class *string) *corev1.Service {
+	svc := localcluster.EchoService(ns, name, corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = class
+	return svc
+}
+
+var ebbClass = ptr.To(lbmodel.ClassL4)
+
+// deployApp creates an echo Deployment and waits for its pods.
+func deployApp(t *testing.T, ctx context.Context, ns, name string, replicas int32) {
+	t.Helper()
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, replicas), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAddress waits for the Service's load-balancer address.
+func waitAddress(t *testing.T, ctx context.Context, ns, name string) string {
+	t.Helper()
+	var ip string
+	eventually(t, ctx, 30*time.Second, "a load-balancer address for "+name, func(ctx context.Context) (bool, string) {
+		svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(svc.Status.LoadBalancer.Ingress) == 0 {
+			return false, "no ingress in status"
+		}
+		ip = svc.Status.LoadBalancer.Ingress[0].IP
+		return true, ""
+	})
+	return ip
+}
+
+var httpClient = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// get sends one request on a new connection and decodes the pod's answer.
+func get(ctx context.Context, url string) (podserver.Identity, error) {
+	var id podserver.Identity
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return id, err
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return id, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return id, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return id, json.NewDecoder(resp.Body).Decode(&id)
+}
+
+// podNames lists the names of an app's pods.
+func podNames(t *testing.T, ctx context.Context, ns, app string) map[string]bool {
+	t.Helper()
+	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			out[p.Name] = true
+		}
+	}
+	return out
+}

@@ -1,0 +1,283 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// A Service of class ebb.dev/l4 gets an address from the pool, with the
+// cleanup finalizer and ipMode Proxy, and HTTP through that address reaches
+// every pod.
+func TestServiceOfOurClassServesTrafficThroughItsAddress(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 3)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "web", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ip := waitAddress(t, ctx, ns, "web")
+	svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !localcluster.VIPCIDR.Contains(net.ParseIP(ip)) {
+		t.Errorf("address %s is outside the pool %s", ip, localcluster.VIPCIDR)
+	}
+	if mode := svc.Status.LoadBalancer.Ingress[0].IPMode; mode == nil || *mode != corev1.LoadBalancerIPModeProxy {
+		t.Errorf("ipMode %v, want Proxy", mode)
+	}
+	if !slices.Contains(svc.Finalizers, lbmodel.CleanupFinalizer) {
+		t.Errorf("finalizers %v lack %s", svc.Finalizers, lbmodel.CleanupFinalizer)
+	}
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "web", 3, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
+	eventually(t, ctx, 30*time.Second, "the first answer through "+url, func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	want := podNames(t, ctx, ns, "web")
+	seen := map[string]bool{}
+	for i := 0; i < 90 && len(seen) < len(want); i++ {
+		id, err := get(ctx, url)
+		if err != nil {
+			t.Fatalf("request %d through the load balancer: %v", i, err)
+		}
+		seen[id.Pod] = true
+	}
+	if len(seen) != len(want) {
+		t.Errorf("requests through %s reached %d of %d pods: %v", ip, len(seen), len(want), seen)
+	}
+	events := ebbEvents(t, ctx, ns, "web")
+	if !slices.Contains(events, "EnsuredLoadBalancer") {
+		t.Errorf("events %v lack EnsuredLoadBalancer", events)
+	}
+}
+
+// ebbEvents lists the reasons of the events ebb's controller emitted about
+// a Service.
+func ebbEvents(t *testing.T, ctx context.Context, ns, name string) []string {
+	t.Helper()
+	list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.ReportingController == "ebb-service-controller" {
+			out = append(out, e.Reason)
+		}
+	}
+	return out
+}
+
+// A Service of another class, or without a class, is never touched: no
+// address, no finalizer, no events (KEP-1959's e2e test).
+func TestServicesOfOtherClassesAreUntouched(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	for name, class := range map[string]*string{"other": ptr.To("example.com/other"), "classless": nil} {
+		if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, name, class), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A Service of ours created after them is served: by then the
+	// controller has seen the others.
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "ours", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitAddress(t, ctx, ns, "ours")
+	time.Sleep(time.Second)
+	for _, name := range []string{"other", "classless"} {
+		svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(svc.Status.LoadBalancer.Ingress) != 0 || len(svc.Finalizers) != 0 {
+			t.Errorf("%s was touched: status %+v, finalizers %v", name, svc.Status.LoadBalancer, svc.Finalizers)
+		}
+		if ev := ebbEvents(t, ctx, ns, name); len(ev) != 0 {
+			t.Errorf("%s got events from ebb: %v", name, ev)
+		}
+	}
+}
+
+// Deleting the Service closes its listener, removes the finalizer and
+// frees the address for the next Service; changing the type to ClusterIP
+// does the same.
+func TestDeletionAndTypeChangeReleaseTheLoadBalancer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "app", 1)
+	svc := lbService(ns, "first", ebbClass)
+	svc.Spec.Selector = map[string]string{"app": "app"}
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ip := waitAddress(t, ctx, ns, "first")
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
+	eventually(t, ctx, 30*time.Second, "traffic through "+url, func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, url)
+		return err == nil, fmt.Sprint(err)
+	})
+
+	if err := cluster.Client.CoreV1().Services(ns).Delete(ctx, "first", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "the deleted Service to be gone (finalizer removed)", func(ctx context.Context) (bool, string) {
+		_, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "first", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	eventually(t, ctx, 10*time.Second, "the listener on "+ip+" to close", func(context.Context) (bool, string) {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "80"), 500*time.Millisecond)
+		if err != nil {
+			return true, ""
+		}
+		c.Close()
+		return false, "still accepting"
+	})
+
+	// The freed address can be asked for by the next Service.
+	second := lbService(ns, "second", ebbClass)
+	second.Spec.Selector = map[string]string{"app": "app"}
+	second.Annotations = map[string]string{"lb.ebb.dev/load-balancer-ips": ip}
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, second, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitAddress(t, ctx, ns, "second"); got != ip {
+		t.Fatalf("second Service got %s, asked for the freed %s", got, ip)
+	}
+	eventually(t, ctx, 30*time.Second, "traffic through the reused address", func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, url)
+		return err == nil, fmt.Sprint(err)
+	})
+
+	// Type LoadBalancer -> ClusterIP releases it the same way.
+	cur, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "second", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Type = corev1.ServiceTypeClusterIP
+	cur.Spec.LoadBalancerClass = nil
+	cur.Spec.AllocateLoadBalancerNodePorts = nil
+	cur.Spec.ExternalTrafficPolicy = ""
+	for i := range cur.Spec.Ports {
+		cur.Spec.Ports[i].NodePort = 0
+	}
+	if _, err := cluster.Client.CoreV1().Services(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "status and finalizer cleared after the type change", func(ctx context.Context) (bool, string) {
+		s, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "second", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(s.Status.LoadBalancer.Ingress) == 0 && len(s.Finalizers) == 0, fmt.Sprintf("status %+v finalizers %v", s.Status.LoadBalancer, s.Finalizers)
+	})
+	eventually(t, ctx, 10*time.Second, "the listener to close after the type change", func(context.Context) (bool, string) {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "80"), 500*time.Millisecond)
+		if err != nil {
+			return true, ""
+		}
+		c.Close()
+		return false, "still accepting"
+	})
+}
+
+// With allocateLoadBalancerNodePorts false the Service has no node ports
+// and traffic goes straight to the pods; scaling changes the backends.
+func TestPodModeWithoutNodePorts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "direct", 1)
+	svc := lbService(ns, "direct", ebbClass)
+	svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	created, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range created.Spec.Ports {
+		if p.NodePort != 0 {
+			t.Fatalf("port %s has node port %d", p.Name, p.NodePort)
+		}
+	}
+	ip := waitAddress(t, ctx, ns, "direct")
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
+	eventually(t, ctx, 30*time.Second, "traffic straight to the pod", func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, url)
+		return err == nil, fmt.Sprint(err)
+	})
+
+	dep, err := cluster.Client.AppsV1().Deployments(ns).Get(ctx, "direct", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep.Spec.Replicas = ptr.To[int32](3)
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Update(ctx, dep, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "direct", 3, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "traffic to all 3 pods after scaling up", func(ctx context.Context) (bool, string) {
+		seen := map[string]bool{}
+		for range 30 {
+			id, err := get(ctx, url)
+			if err != nil {
+				return false, err.Error()
+			}
+			seen[id.Pod] = true
+		}
+		return len(seen) == 3, fmt.Sprintf("reached %v", seen)
+	})
+}
+
+// An SCTP port is refused with a Warning event that says what to change,
+// and no address is written.
+func TestUnsupportedProtocolIsReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	svc := lbService(ns, "sctp", ebbClass)
+	svc.Spec.Ports = []corev1.ServicePort{{Name: "sig", Port: 3868, Protocol: corev1.ProtocolSCTP}}
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "a SyncLoadBalancerFailed event", func(ctx context.Context) (bool, string) {
+		list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=sctp"})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range list.Items {
+			if e.Reason == "SyncLoadBalancerFailed" && e.Type == corev1.EventTypeWarning {
+				return true, e.Note
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(list.Items))
+	})
+	got, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "sctp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.LoadBalancer.Ingress) != 0 {
+		t.Errorf("an SCTP Service got an address: %+v", got.Status.LoadBalancer)
+	}
+}
