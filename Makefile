@@ -34,12 +34,15 @@ lint: tools
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
-## generate: regenerate generated files (none yet: the API types land with NodeMaintenance)
+## generate: regenerate RBAC from the +kubebuilder:rbac markers (and, later, CRDs and deepcopy)
 generate: tools
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
 
 ## verify: regenerate, fail if anything generated is out of date, and lint
 verify: generate lint
 	@git diff --exit-code -- . || { echo "generated files are out of date: run 'make generate' and commit"; exit 1; }
+	$(TOOLS_BIN)/kubectl kustomize config/default >/dev/null
 	$(GO) mod tidy -diff
 
 ## demo: start the local cluster with a sample app and show it serving

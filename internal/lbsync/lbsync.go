@@ -27,6 +27,9 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
+// +kubebuilder:rbac:groups="",resources=services;nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+
 // resync recomputes everything periodically, so anything missed heals.
 const resync = 5 * time.Minute
 

@@ -1,0 +1,166 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+func lbSvc(name string, mutate ...func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(lbmodel.ClassL4),
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	for _, m := range mutate {
+		m(s)
+	}
+	return s
+}
+
+func withStatus(ip string) func(*corev1.Service) {
+	return func(s *corev1.Service) {
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip}}
+		s.Finalizers = []string{lbmodel.CleanupFinalizer}
+	}
+}
+
+func newReconciler(t *testing.T, objs ...client.Object) (*Reconciler, *events.FakeRecorder) {
+	t.Helper()
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).WithStatusSubresource(&corev1.Service{}).Build()
+	ipam, err := NewAllocator([]string{"10.96.255.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := events.NewFakeRecorder(20)
+	return &Reconciler{Client: c, Recorder: rec, Class: lbmodel.ClassL4, IPAM: ipam}, rec
+}
+
+func reconcile(t *testing.T, r *Reconciler, name string) (ctrl.Result, *corev1.Service) {
+	t.Helper()
+	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &corev1.Service{}
+	if err := r.Client.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, svc); err != nil {
+		t.Fatal(err)
+	}
+	return res, svc
+}
+
+func drain(rec *events.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+// After a restart, the addresses in the Services' status are claimed
+// before anything is allocated, so a new Service never gets one of them.
+func TestAllocationsSurviveRestart(t *testing.T) {
+	r, _ := newReconciler(t,
+		lbSvc("old-a", withStatus("10.96.255.1")),
+		lbSvc("old-b", withStatus("10.96.255.2")),
+		lbSvc("new"),
+	)
+	_, svc := reconcile(t, r, "new")
+	if got := svc.Status.LoadBalancer.Ingress; len(got) != 1 || got[0].IP != "10.96.255.3" {
+		t.Fatalf("new Service got %+v, want 10.96.255.3 (.1 and .2 are taken)", got)
+	}
+	_, old := reconcile(t, r, "old-a")
+	if got := old.Status.LoadBalancer.Ingress; len(got) != 1 || got[0].IP != "10.96.255.1" {
+		t.Errorf("an existing Service's address changed: %+v", got)
+	}
+}
+
+func TestBadRequestsGetAWarningAndNoStatus(t *testing.T) {
+	tests := []struct {
+		name      string
+		svc       *corev1.Service
+		wantEvent string
+		requeue   bool
+	}{{
+		name:      "address outside every pool",
+		svc:       lbSvc("outside", func(s *corev1.Service) { s.Annotations = map[string]string{RequestedIPsAnnotation: "192.0.2.10"} }),
+		wantEvent: "outside every pool", requeue: true,
+	}, {
+		name:      "address taken",
+		svc:       lbSvc("taken", func(s *corev1.Service) { s.Spec.LoadBalancerIP = "10.96.255.1" }),
+		wantEvent: "is used by ns/holder", requeue: true,
+	}, {
+		name:      "not an address",
+		svc:       lbSvc("typo", func(s *corev1.Service) { s.Annotations = map[string]string{RequestedIPsAnnotation: "10.96.255.x"} }),
+		wantEvent: `requested address "10.96.255.x" is not an IP address`, requeue: true,
+	}, {
+		name:      "SCTP",
+		svc:       lbSvc("sctp", func(s *corev1.Service) { s.Spec.Ports[0].Protocol = corev1.ProtocolSCTP }),
+		wantEvent: "change them to TCP or UDP",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, rec := newReconciler(t, lbSvc("holder", withStatus("10.96.255.1")), tt.svc)
+			res, svc := reconcile(t, r, tt.svc.Name)
+			if len(svc.Status.LoadBalancer.Ingress) != 0 {
+				t.Errorf("status written: %+v", svc.Status.LoadBalancer)
+			}
+			evs := drain(rec)
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning SyncLoadBalancerFailed") || !strings.Contains(evs[0], tt.wantEvent) {
+				t.Errorf("events %q, want one Warning SyncLoadBalancerFailed containing %q", evs, tt.wantEvent)
+			}
+			if (res.RequeueAfter > 0) != tt.requeue {
+				t.Errorf("requeue after %s, want a retry: %v", res.RequeueAfter, tt.requeue)
+			}
+		})
+	}
+}
+
+func TestOtherClassesAndClasslessServices(t *testing.T) {
+	other := lbSvc("other", func(s *corev1.Service) { s.Spec.LoadBalancerClass = ptr.To("example.com/lb") })
+	classless := lbSvc("classless", func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil })
+	r, rec := newReconciler(t, other, classless)
+	for _, name := range []string{"other", "classless"} {
+		_, svc := reconcile(t, r, name)
+		if len(svc.Finalizers) != 0 || len(svc.Status.LoadBalancer.Ingress) != 0 {
+			t.Errorf("%s was touched: %+v %+v", name, svc.Finalizers, svc.Status)
+		}
+	}
+	if evs := drain(rec); len(evs) != 0 {
+		t.Errorf("events about Services of other classes: %q", evs)
+	}
+	r.DefaultLoadBalancer = true
+	if _, svc := reconcile(t, r, "classless"); len(svc.Status.LoadBalancer.Ingress) != 1 {
+		t.Errorf("with --default-load-balancer a classless Service is served: %+v", svc.Status)
+	}
+}
+
+func TestDualStackGetsOneAddressPerFamily(t *testing.T) {
+	r, _ := newReconciler(t, lbSvc("dual", func(s *corev1.Service) {
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	}))
+	r.IPAM, _ = NewAllocator([]string{"10.96.255.0/24", "fd00:96::/120"})
+	_, svc := reconcile(t, r, "dual")
+	got := svc.Status.LoadBalancer.Ingress
+	if len(got) != 2 || got[0].IP != "10.96.255.1" || got[1].IP != "fd00:96::" {
+		t.Errorf("ingress %+v, want one IPv4 and one IPv6 address", got)
+	}
+}

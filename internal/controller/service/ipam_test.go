@@ -1,0 +1,84 @@
+package service
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func TestAllocator(t *testing.T) {
+	a, err := NewAllocator([]string{"10.96.255.0/30", "fd00:96::/127"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, two := types.NamespacedName{Namespace: "ns", Name: "one"}, types.NamespacedName{Namespace: "ns", Name: "two"}
+	tests := []struct {
+		name string
+		do   func() (netip.Addr, error)
+		want string
+		err  error
+	}{
+		{"first IPv4 address", func() (netip.Addr, error) { return a.Allocate(one, false) }, "10.96.255.0", nil},
+		{"next one", func() (netip.Addr, error) { return a.Allocate(two, false) }, "10.96.255.1", nil},
+		{"claim a free one", func() (netip.Addr, error) {
+			return netip.MustParseAddr("10.96.255.3"), a.Claim(netip.MustParseAddr("10.96.255.3"), two)
+		}, "10.96.255.3", nil},
+		{"claim one of another Service", func() (netip.Addr, error) {
+			return netip.Addr{}, a.Claim(netip.MustParseAddr("10.96.255.0"), two)
+		}, "", ErrAddressTaken},
+		{"claim outside the pools", func() (netip.Addr, error) {
+			return netip.Addr{}, a.Claim(netip.MustParseAddr("192.0.2.1"), two)
+		}, "", ErrOutsidePools},
+		{"IPv6", func() (netip.Addr, error) { return a.Allocate(one, true) }, "fd00:96::", nil},
+		{"last IPv4 address", func() (netip.Addr, error) { return a.Allocate(one, false) }, "10.96.255.2", nil},
+		{"exhausted", func() (netip.Addr, error) { return a.Allocate(two, false) }, "", ErrPoolExhausted},
+	}
+	for _, tt := range tests {
+		got, err := tt.do()
+		if !errors.Is(err, tt.err) {
+			t.Fatalf("%s: error %v, want %v", tt.name, err, tt.err)
+		}
+		if tt.want != "" && got.String() != tt.want {
+			t.Fatalf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	a.Release(one)
+	if got := a.Owned(one); len(got) != 0 {
+		t.Errorf("released Service still owns %v", got)
+	}
+	if got, err := a.Allocate(two, false); err != nil || got.String() != "10.96.255.0" {
+		t.Errorf("after release: %s, %v", got, err)
+	}
+}
+
+func TestAllocatorSkipsNetworkAndBroadcast(t *testing.T) {
+	a, err := NewAllocator([]string{"10.96.255.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := a.Allocate(types.NamespacedName{Name: "a"}, false)
+	if first.String() != "10.96.255.1" {
+		t.Errorf("first address of a /24: %s, want 10.96.255.1", first)
+	}
+	for i := 0; i < 253; i++ {
+		if _, err := a.Allocate(types.NamespacedName{Name: "b"}, false); err != nil {
+			t.Fatalf("address %d: %v", i+2, err)
+		}
+	}
+	if _, err := a.Allocate(types.NamespacedName{Name: "c"}, false); !errors.Is(err, ErrPoolExhausted) {
+		t.Errorf("the broadcast address was handed out: %v", err)
+	}
+	if _, err := a.Allocate(types.NamespacedName{Name: "c"}, true); !errors.Is(err, ErrNoPoolOfFamily) {
+		t.Errorf("IPv6 without an IPv6 pool: %v", err)
+	}
+}
+
+func TestNewAllocatorRejectsBadPools(t *testing.T) {
+	for _, pools := range [][]string{nil, {"10.96.255.0"}, {"nonsense"}} {
+		if _, err := NewAllocator(pools); err == nil {
+			t.Errorf("pools %q accepted", pools)
+		}
+	}
+}
