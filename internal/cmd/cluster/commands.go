@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,12 +15,52 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
+
+// StartEbb runs `ebb controller` and `ebb lb` of the ebb binary bin against
+// a local cluster, as processes in its namespace (logs in the cluster's
+// logs/), waits until the load balancer is ready, and returns a function
+// that stops them.
+func StartEbb(c *localcluster.Cluster, bin string) (func(), error) {
+	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
+		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false",
+		"--metrics-bind-address", "127.0.0.1:18080", "--health-probe-bind-address", "127.0.0.1:18081")
+	if err != nil {
+		return nil, err
+	}
+	stopLB, err := c.StartProcess("ebb-lb", bin, "lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", "127.0.0.1:19464")
+	if err != nil {
+		_ = stopController()
+		return nil, err
+	}
+	stop := func() {
+		_ = stopLB()
+		_ = stopController()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		if resp, err := http.Get("http://127.0.0.1:19464/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return stop, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			stop()
+			return nil, fmt.Errorf("ebb lb did not become ready (logs in %s): %w", filepath.Join(c.Dir(), "logs"), ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
 
 func newUpCommand(o *Options) *cobra.Command {
 	var nodes int
 	var timeout time.Duration
+	var withEbb bool
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local cluster in the background and wait until it is ready",
@@ -31,15 +72,16 @@ func newUpCommand(o *Options) *cobra.Command {
 			if nodes < 1 || nodes > 250 {
 				return fmt.Errorf("--nodes must be between 1 and 250, not %d", nodes)
 			}
-			return o.up(cmd.Context(), nodes, timeout)
+			return o.up(cmd.Context(), nodes, timeout, withEbb)
 		},
 	}
+	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "also run ebb's controller and load balancer against the cluster, with the VIP pool "+localcluster.VIPCIDR.String())
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the cluster to be ready (building the tools first is not counted)")
 	return cmd
 }
 
-func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration) error {
+func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, withEbb bool) error {
 	if pid, err := o.runningPID(); err != nil {
 		return err
 	} else if pid != 0 {
@@ -66,7 +108,7 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration) erro
 		return fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	serve := exec.Command(self, "cluster", "serve", "--name", o.Name, "--state-dir", o.StateRoot,
-		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir)
+		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--with-ebb="+strconv.FormatBool(withEbb))
 	serve.Stdout, serve.Stderr = logFile, logFile
 	localcluster.NamespaceCommand(serve)
 	start := time.Now()
@@ -99,6 +141,9 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration) erro
 			if _, err := os.Stat(filepath.Join(dir, readyFile)); err == nil {
 				fmt.Printf("Cluster %q is up in %s: %d nodes.\n", o.Name, time.Since(start).Round(100*time.Millisecond), nodes)
 				fmt.Printf("  ebb cluster exec --name %s -- kubectl get nodes -o wide\n", o.Name)
+				if withEbb {
+					fmt.Printf("  ebb cluster exec --name %s -- kubectl get services -A   # type LoadBalancer, loadBalancerClass %s\n", o.Name, lbmodel.ClassL4)
+				}
 				fmt.Printf("  ebb cluster down --name %s\n", o.Name)
 				return nil
 			}
@@ -122,6 +167,7 @@ func tail(path string, n int) string {
 func newServeCommand(o *Options) *cobra.Command {
 	var nodes int
 	var binDir string
+	var withEbb bool
 	cmd := &cobra.Command{
 		Use:    "serve",
 		Short:  "Run a cluster in the foreground inside its namespace (started by `ebb cluster up`)",
@@ -131,17 +177,18 @@ func newServeCommand(o *Options) *cobra.Command {
 			if err := o.validate(); err != nil {
 				return err
 			}
-			return o.serve(cmd.Context(), nodes, binDir)
+			return o.serve(cmd.Context(), nodes, binDir, withEbb)
 		},
 	}
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "directory of the pinned binaries")
+	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "also run ebb's controller and load balancer")
 	return cmd
 }
 
 // serve runs the cluster until SIGTERM or SIGINT. It is the init process of
 // the cluster's PID namespace, so when it ends every component ends.
-func (o *Options) serve(ctx context.Context, nodes int, binDir string) error {
+func (o *Options) serve(ctx context.Context, nodes int, binDir string, withEbb bool) error {
 	if !localcluster.InNamespace() {
 		return errors.New("`ebb cluster serve` runs only inside the namespace `ebb cluster up` makes")
 	}
@@ -152,6 +199,17 @@ func (o *Options) serve(ctx context.Context, nodes int, binDir string) error {
 	c, err := localcluster.Start(ctx, localcluster.Options{Name: o.Name, Nodes: nodes, Dir: dir, BinDir: binDir, Progress: os.Stdout})
 	if err != nil {
 		return err
+	}
+	if withEbb {
+		self, err := os.Executable()
+		if err != nil {
+			return errors.Join(fmt.Errorf("finding the ebb binary: %w", err), c.Stop())
+		}
+		stop, err := StartEbb(c, self)
+		if err != nil {
+			return errors.Join(err, c.Stop())
+		}
+		defer stop()
 	}
 	if err := os.WriteFile(filepath.Join(dir, binDirFile), []byte(c.BinDir+"\n"), 0o644); err != nil {
 		return errors.Join(fmt.Errorf("writing the tools directory: %w", err), c.Stop())

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
@@ -37,35 +38,7 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 	if bin == "" {
 		return nil, errors.New("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
 	}
-	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
-		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false",
-		"--metrics-bind-address", "127.0.0.1:18080", "--health-probe-bind-address", "127.0.0.1:18081")
-	if err != nil {
-		return nil, err
-	}
-	stopLB, err := c.StartProcess("ebb-lb", bin, "lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", "127.0.0.1:19464")
-	if err != nil {
-		_ = stopController()
-		return nil, err
-	}
-	cleanup := func() {
-		_ = stopLB()
-		_ = stopController()
-	}
-	// Ready: the load balancer has synced its caches and applied.
-	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		resp, err := http.Get("http://127.0.0.1:19464/readyz")
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		cleanup()
-		return nil, fmt.Errorf("ebb lb did not become ready (logs in %s/logs): %w", c.Dir(), err)
-	}
-	return cleanup, nil
+	return clustercmd.StartEbb(c, bin)
 }
 
 func newNamespace(t *testing.T, ctx context.Context) string {

@@ -1,0 +1,112 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// externalTrafficPolicy Local sends traffic only to nodes with a local
+// endpoint: every request succeeds (a node without one would reset it, as
+// its proxy forwards only to its own pods) and is served on that node.
+// (Cluster, every eligible node, is TestServiceOfOurClassServesTraffic...)
+func TestExternalTrafficPolicy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	onlyNode := cluster.Nodes[1]
+	dep := localcluster.EchoDeployment(ns, "pinned", 2)
+	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: onlyNode.Name}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "pinned", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	svc := lbService(ns, "pinned", ebbClass)
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ip := waitAddress(t, ctx, ns, "pinned")
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "pinned", 2, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
+	eventually(t, ctx, 30*time.Second, "traffic with policy Local", func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	// Every request succeeds: the nodes without a local endpoint are not
+	// backends at all, so none is refused.
+	for i := range 40 {
+		id, err := get(ctx, url)
+		if err != nil {
+			t.Fatalf("request %d with policy Local: %v", i, err)
+		}
+		if id.Node != onlyNode.Name {
+			t.Fatalf("answered on %s, want %s", id.Node, onlyNode.Name)
+		}
+	}
+}
+
+// TCP and UDP ports on one Service are both served, and session affinity
+// keeps a client on one pod (in pod mode the load balancer picks the pod).
+func TestTCPAndUDPWithSessionAffinity(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "sticky", 3)
+	svc := lbService(ns, "sticky", ebbClass)
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ip := waitAddress(t, ctx, ns, "sticky")
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "sticky", 3, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
+	var first string
+	eventually(t, ctx, 30*time.Second, "traffic with session affinity", func(ctx context.Context) (bool, string) {
+		id, err := get(ctx, url)
+		first = id.Pod
+		return err == nil, fmt.Sprint(err)
+	})
+	for i := range 30 {
+		id, err := get(ctx, url)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if id.Pod != first {
+			t.Fatalf("request %d went to %s; session affinity pinned the client to %s", i, id.Pod, first)
+		}
+	}
+
+	conn, err := net.Dial("udp", net.JoinHostPort(ip, "81"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	buf := make([]byte, 64)
+	eventually(t, ctx, 20*time.Second, "a UDP echo through the load balancer", func(context.Context) (bool, string) {
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			return false, err.Error()
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			return false, err.Error()
+		}
+		return string(buf[:n]) == "ping", fmt.Sprintf("answer %q", buf[:n])
+	})
+}
