@@ -157,7 +157,9 @@ func TestFrontends(t *testing.T) {
 		svc: service(func(s *corev1.Service) {
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "fd00:96::1"}}
 		}),
-		nodes:        []*corev1.Node{node("n1", "10.0.0.1", func(n *corev1.Node) { n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "fd00::1"}) }), node("n2", "10.0.0.2")},
+		nodes: []*corev1.Node{node("n1", "10.0.0.1", func(n *corev1.Node) {
+			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "fd00::1"})
+		}), node("n2", "10.0.0.2")},
 		wantBackends: []dataplane.Backend{be("fd00::1", 30080, "n1", none)},
 		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 10256},
 	}}
