@@ -31,6 +31,7 @@ e2e: tools build
 
 ## lint: go vet and staticcheck (pinned)
 lint: tools
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
