@@ -9,7 +9,7 @@ GO ?= go
 TOOLS_BIN = $(shell hack/tools.sh --print)
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane clean
+.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service clean
 
 all: build
 
@@ -59,6 +59,11 @@ bench-dataplane: build
 	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
 	$(GO) build -o bin/bench-dataplane ./bench/dataplane
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb
+
+## bench-service: Service create to first request, EndpointSlice change to data plane, on the local cluster
+bench-service: tools build
+	$(GO) build -o bin/bench-service ./bench/service
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -ebb bin/ebb
 
 clean:
 	rm -rf bin

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -45,6 +46,8 @@ type Syncer struct {
 	Class               string
 	DefaultLoadBalancer bool
 	Model               lbmodel.Options
+	// Registerer takes the sync metrics; nil: not registered.
+	Registerer prometheus.Registerer
 
 	ready   atomic.Bool
 	trigger chan struct{}
@@ -58,6 +61,19 @@ func (s *Syncer) Ready() bool { return s.ready.Load() }
 func (s *Syncer) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("lbsync")
 	s.trigger = make(chan struct{}, 1)
+	syncSeconds := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ebb_lbsync_sync_duration_seconds",
+		Help:    "Time to compute the whole load balancer configuration from the cluster and apply it.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+	frontends := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lbsync_frontends", Help: "Frontends served from the cluster's Services."})
+	if s.Registerer != nil {
+		for _, c := range []prometheus.Collector{syncSeconds, frontends} {
+			if err := s.Registerer.Register(c); err != nil {
+				return fmt.Errorf("registering sync metrics: %w", err)
+			}
+		}
+	}
 	factory := informers.NewSharedInformerFactory(s.Client, resync)
 	services := factory.Core().V1().Services()
 	slices := factory.Discovery().V1().EndpointSlices()
@@ -89,12 +105,15 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-s.trigger:
 		case <-retry.C:
 		}
+		start := time.Now()
 		cfg := s.desired(log, services.Lister(), slices.Lister(), nodes.Lister())
 		if err := s.DataPlane.Apply(cfg); err != nil {
 			log.Error(err, "Applying the load balancer configuration; retrying", "frontends", len(cfg.Frontends))
 			retry.Reset(retryAfter)
 			continue
 		}
+		syncSeconds.Observe(time.Since(start).Seconds())
+		frontends.Set(float64(len(cfg.Frontends)))
 		s.ready.Store(true)
 		log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends))
 	}

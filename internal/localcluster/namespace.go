@@ -27,8 +27,9 @@ var (
 	PodCIDR = mustCIDR("10.244.0.0/16")
 	// ServiceCIDR is the kube-apiserver's --service-cluster-ip-range.
 	ServiceCIDR = mustCIDR("10.96.0.0/20")
-	// VIPCIDR is free for load-balancer VIPs (outside ServiceCIDR).
-	VIPCIDR = mustCIDR("10.96.255.0/24")
+	// VIPCIDR is free for load-balancer VIPs (outside ServiceCIDR): 4,096
+	// addresses, 10.96.240.0 to 10.96.255.255.
+	VIPCIDR = mustCIDR("10.96.240.0/20")
 )
 
 func mustCIDR(s string) *net.IPNet {

@@ -33,7 +33,7 @@ func NewCommand() *cobra.Command {
 		Long: `Run a real local Kubernetes cluster for development and experiments.
 
 The cluster runs in its own user and network namespace: node IPs (10.0.0.0/24),
-pod IPs (10.244.0.0/16) and load-balancer VIPs (10.96.255.0/24) exist only
+pod IPs (10.244.0.0/16) and load-balancer VIPs (10.96.240.0/20) exist only
 there. Use "ebb cluster exec" to run commands (kubectl, curl) inside it.`,
 	}
 	cmd.PersistentFlags().StringVar(&o.Name, "name", "ebb", "name of the cluster")

@@ -120,6 +120,7 @@ func (o *Options) Run(ctx context.Context) error {
 		if syncer, err = o.syncer(dp); err != nil {
 			return err
 		}
+		syncer.Registerer = reg
 		ready = syncer.Ready
 	}
 

@@ -1,0 +1,274 @@
+// Command service benchmarks Service load balancers on the local cluster
+// with `ebb controller` and `ebb lb` running as processes: the time from
+// creating a Service to its first successful request, and from an
+// EndpointSlice change to the data plane following it. The last line printed
+// is a JSON summary, also written to bench/results/service.json.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+)
+
+func main() {
+	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
+	services := flag.Int("services", 50, "Services to create for the create-to-first-request figure")
+	updates := flag.Int("updates", 20, "endpoint changes to time")
+	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
+	flag.Parse()
+	if !localcluster.InNamespace() {
+		code, err := localcluster.Reexec()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(code)
+	}
+	if err := run(*ebbBin, *services, *updates, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-service:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ebbBin string, nServices, nUpdates int, out string) error {
+	if err := localcluster.SetupNamespace(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-service", Nodes: 3, Progress: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	bin, err := filepath.Abs(ebbBin)
+	if err != nil {
+		return err
+	}
+	stop, err := clustercmd.StartEbb(c, bin)
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	const ns = metav1.NamespaceDefault
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "app", 3), metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if err := c.WaitDeploymentAvailable(ctx, ns, "app", 2*time.Minute); err != nil {
+		return err
+	}
+
+	var create []time.Duration
+	for i := range nServices {
+		svc := localcluster.EchoService(ns, fmt.Sprintf("svc-%d", i), corev1.ServiceTypeLoadBalancer)
+		svc.Spec.Selector = map[string]string{"app": "app"}
+		svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+		d, _, err := createToFirstRequest(ctx, c, svc)
+		if err != nil {
+			return err
+		}
+		create = append(create, d)
+	}
+	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s\n", nServices, pct(create, 0.5), pct(create, 0.99))
+
+	updatesTimes, err := endpointUpdates(ctx, c, ns, nUpdates)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "EndpointSlice change to data plane over %d changes: p50 %s p99 %s\n", nUpdates, pct(updatesTimes, 0.5), pct(updatesTimes, 0.99))
+
+	syncMs, frontends, err := lbSyncFigures()
+	if err != nil {
+		return err
+	}
+	summary := map[string]any{
+		"date":                           time.Now().UTC().Format(time.RFC3339),
+		"services":                       nServices,
+		"create_to_first_request_ms_p50": ms(pct(create, 0.5)),
+		"create_to_first_request_ms_p99": ms(pct(create, 0.99)),
+		"endpoint_update_ms_p50":         ms(pct(updatesTimes, 0.5)),
+		"endpoint_update_ms_p99":         ms(pct(updatesTimes, 0.99)),
+		"full_resync_ms_mean":            syncMs,
+		"frontends_at_end":               frontends,
+	}
+	line, _ := json.Marshal(summary)
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Println(string(line))
+	return nil
+}
+
+// createToFirstRequest creates a LoadBalancer Service and times until a
+// request through its address succeeds; it returns that time and the URL.
+func createToFirstRequest(ctx context.Context, c *localcluster.Cluster, svc *corev1.Service) (time.Duration, string, error) {
+	ns, name := svc.Namespace, svc.Name
+	start := time.Now()
+	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return 0, "", err
+	}
+	var ip string
+	for ip == "" {
+		if time.Since(start) > time.Minute {
+			return 0, "", fmt.Errorf("%s got no address within a minute", name)
+		}
+		s, err := c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
+			ip = s.Status.LoadBalancer.Ingress[0].IP
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	url := "http://" + net.JoinHostPort(ip, "80") + "/"
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		if resp, err := client.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return time.Since(start), url, nil
+			}
+		}
+		if time.Since(start) > time.Minute {
+			return 0, "", fmt.Errorf("no answer through %s within a minute", url)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// endpointUpdates times, n times, from the moment the EndpointSlice of a
+// single-pod Service (pod mode) lists a replacement pod as ready to the
+// first request through the load balancer that the new pod answers.
+func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n int) ([]time.Duration, error) {
+	const name = "moving"
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, 1), metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	if err := c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	svc := localcluster.EchoService(ns, name, corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	_, url, err := createToFirstRequest(ctx, c, svc)
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var out []time.Duration
+	for range n {
+		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err != nil || len(pods.Items) == 0 {
+			return nil, fmt.Errorf("listing the pod: %v", err)
+		}
+		// Pod IPs are recycled, so pods are told apart by name.
+		old := map[string]bool{}
+		for _, p := range pods.Items {
+			old[p.Name] = true
+			if err := c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](1)}); err != nil {
+				return nil, err
+			}
+		}
+		// Wait for the slice to list a new ready endpoint.
+		var newPod string
+		var sliceAt time.Time
+		for deadline := time.Now().Add(time.Minute); newPod == ""; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("no replacement endpoint within a minute")
+			}
+			slices, err := c.Client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+			if err != nil {
+				continue
+			}
+			for _, sl := range slices.Items {
+				for _, ep := range sl.Endpoints {
+					if ep.TargetRef != nil && !old[ep.TargetRef.Name] && ptr.Deref(ep.Conditions.Ready, true) {
+						newPod, sliceAt = ep.TargetRef.Name, time.Now()
+					}
+				}
+			}
+		}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("the load balancer never sent traffic to the new pod %s", newPod)
+			}
+			resp, err := client.Get(url)
+			if err != nil {
+				continue
+			}
+			var id podserver.Identity
+			_ = json.NewDecoder(resp.Body).Decode(&id)
+			resp.Body.Close()
+			if id.Pod == newPod {
+				out = append(out, time.Since(sliceAt))
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// lbSyncFigures reads ebb lb's mean full-sync time and frontend count.
+func lbSyncFigures() (float64, float64, error) {
+	resp, err := http.Get("http://127.0.0.1:19464/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	var body strings.Builder
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		body.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	get := func(name string) float64 {
+		for _, l := range strings.Split(body.String(), "\n") {
+			if strings.HasPrefix(l, name+" ") {
+				v, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
+				return v
+			}
+		}
+		return 0
+	}
+	sum, count := get("ebb_lbsync_sync_duration_seconds_sum"), get("ebb_lbsync_sync_duration_seconds_count")
+	mean := 0.0
+	if count > 0 {
+		mean = sum / count * 1000
+	}
+	return mean, get("ebb_lbsync_frontends"), nil
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
