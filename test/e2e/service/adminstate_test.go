@@ -1,0 +1,179 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// A node tainted ebb.dev/draining gets no new connection from the load
+// balancer, while a connection established through it keeps working
+// byte-exact; removing the taint puts the node back in rotation. Cordon
+// alone changes nothing.
+func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "drain", 3)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "drain", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ip := waitAddress(t, ctx, ns, "drain")
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "drain", 3, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(ip, "80")
+	url := "http://" + addr + "/"
+
+	// A long-lived raw TCP connection through the load balancer; the pod's
+	// echo answers it byte for byte.
+	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	echo := func(msg string) error {
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			return err
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(conn, got); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, []byte(msg)) {
+			return fmt.Errorf("echo %q, want %q", got, msg)
+		}
+		return nil
+	}
+	if err := echo("before the taint"); err != nil {
+		t.Fatal(err)
+	}
+
+	// In node mode a pod's answer does not say which node the load
+	// balancer chose (the node forwards to any pod), so the load
+	// balancer's own per-node connection counter tells.
+	node := cluster.Nodes[0].Name
+	setTaint(t, ctx, node, true)
+	eventually(t, ctx, 10*time.Second, "the node's backends to turn admin Down", func(context.Context) (bool, string) {
+		return adminDown(t, node), "not Down yet"
+	})
+	start := nodeConnections(t, node)
+	for i := range 30 {
+		if _, err := get(ctx, url); err != nil {
+			t.Fatalf("request %d while %s drains: %v", i, node, err)
+		}
+	}
+	if got := nodeConnections(t, node) - start; got != 0 {
+		t.Errorf("%.0f new connections went to draining node %s", got, node)
+	}
+	if err := echo("during the drain"); err != nil {
+		t.Errorf("the established connection broke when the node was tainted: %v", err)
+	}
+
+	setTaint(t, ctx, node, false)
+	eventually(t, ctx, 10*time.Second, "the node to take new connections again", func(ctx context.Context) (bool, string) {
+		n := nodeConnections(t, node)
+		for range 10 {
+			_, _ = get(ctx, url)
+		}
+		return nodeConnections(t, node) > n, "no new connection to the node"
+	})
+
+	// Cordon is not a trigger.
+	setUnschedulable(t, ctx, node, true)
+	defer setUnschedulable(t, context.Background(), node, false)
+	time.Sleep(500 * time.Millisecond)
+	if adminDown(t, node) {
+		t.Error("cordoning the node set its backends Down")
+	}
+}
+
+func setTaint(t *testing.T, ctx context.Context, name string, on bool) {
+	t.Helper()
+	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taints []corev1.Taint
+	for _, tn := range n.Spec.Taints {
+		if tn.Key != lbmodel.TaintDraining {
+			taints = append(taints, tn)
+		}
+	}
+	if on {
+		taints = append(taints, corev1.Taint{Key: lbmodel.TaintDraining, Value: "maintenance", Effect: corev1.TaintEffectNoSchedule})
+	}
+	n.Spec.Taints = taints
+	if _, err := cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
+	t.Helper()
+	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Unschedulable = on
+	if _, err := cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lbMetrics scrapes ebb lb's metrics (the e2e setup serves them there).
+func lbMetrics(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get("http://127.0.0.1:19464/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+// nodeConnections sums the connections the load balancer sent to a node's
+// backends, over every frontend.
+func nodeConnections(t *testing.T, node string) float64 {
+	t.Helper()
+	total := 0.0
+	for _, l := range strings.Split(lbMetrics(t), "\n") {
+		if strings.HasPrefix(l, "ebb_dataplane_connections_total{") && strings.Contains(l, `owner="`+node+`"`) {
+			v, _ := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+			total += v
+		}
+	}
+	return total
+}
+
+// adminDown reports whether every backend of the node is admin Down.
+func adminDown(t *testing.T, node string) bool {
+	t.Helper()
+	down, seen := 0, 0
+	for _, l := range strings.Split(lbMetrics(t), "\n") {
+		if strings.HasPrefix(l, "ebb_dataplane_backend_admin_state{") && strings.Contains(l, `owner="`+node+`"`) && strings.Contains(l, `state="Down"`) {
+			seen++
+			if strings.HasSuffix(l, " 1") {
+				down++
+			}
+		}
+	}
+	return seen > 0 && down == seen
+}
