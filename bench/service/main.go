@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -34,6 +35,7 @@ func main() {
 	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
 	services := flag.Int("services", 50, "Services to create for the create-to-first-request figure")
 	updates := flag.Int("updates", 20, "endpoint changes to time")
+	scaleN := flag.Int("scale", 1000, "Services (3 ports, 20 endpoints each) for the memory and resync figures; 0 skips")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
 	if !localcluster.InNamespace() {
@@ -43,13 +45,13 @@ func main() {
 		}
 		os.Exit(code)
 	}
-	if err := run(*ebbBin, *services, *updates, *out); err != nil {
+	if err := run(*ebbBin, *services, *updates, *scaleN, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-service:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ebbBin string, nServices, nUpdates int, out string) error {
+func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 	if err := localcluster.SetupNamespace(); err != nil {
 		return err
 	}
@@ -100,6 +102,15 @@ func run(ebbBin string, nServices, nUpdates int, out string) error {
 	if err != nil {
 		return err
 	}
+	var sc scaleResult
+	if nScale > 0 {
+		fmt.Fprintf(os.Stderr, "creating %d Services of 3 ports with 20 endpoints each\n", nScale)
+		if sc, err = scale(ctx, c, ns, nScale, 20, frontends); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "ebb lb with %d Services and %d endpoints: %.0f MiB resident, full resync %.1f ms, all served %s after the first create\n",
+			sc.services, sc.endpoints, sc.memoryMiB, sc.fullResyncMs, sc.readyAfter.Round(time.Second))
+	}
 	summary := map[string]any{
 		"date":                           time.Now().UTC().Format(time.RFC3339),
 		"services":                       nServices,
@@ -107,8 +118,12 @@ func run(ebbBin string, nServices, nUpdates int, out string) error {
 		"create_to_first_request_ms_p99": ms(pct(create, 0.99)),
 		"endpoint_update_ms_p50":         ms(pct(updatesTimes, 0.5)),
 		"endpoint_update_ms_p99":         ms(pct(updatesTimes, 0.99)),
-		"full_resync_ms_mean":            syncMs,
-		"frontends_at_end":               frontends,
+		"sync_ms_mean_small":             syncMs,
+		"scale_services":                 sc.services,
+		"scale_endpoints":                sc.endpoints,
+		"lb_memory_mib_1000_services":    sc.memoryMiB,
+		"full_resync_ms":                 sc.fullResyncMs,
+		"scale_all_served_s":             sc.readyAfter.Seconds(),
 	}
 	line, _ := json.Marshal(summary)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
@@ -229,37 +244,34 @@ func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n 
 	return out, nil
 }
 
-// lbSyncFigures reads ebb lb's mean full-sync time and frontend count.
-func lbSyncFigures() (float64, float64, error) {
+// metricValue reads one unlabelled series of ebb lb's metrics (0 if absent).
+func metricValue(name string) float64 {
 	resp, err := http.Get("http://127.0.0.1:19464/metrics")
 	if err != nil {
-		return 0, 0, err
-	}
-	defer resp.Body.Close()
-	var body strings.Builder
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := resp.Body.Read(buf)
-		body.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	get := func(name string) float64 {
-		for _, l := range strings.Split(body.String(), "\n") {
-			if strings.HasPrefix(l, name+" ") {
-				v, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
-				return v
-			}
-		}
 		return 0
 	}
-	sum, count := get("ebb_lbsync_sync_duration_seconds_sum"), get("ebb_lbsync_sync_duration_seconds_count")
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, name+" ") {
+			v, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// lbSyncFigures reads ebb lb's mean full-sync time and frontend count.
+func lbSyncFigures() (float64, float64, error) {
+	if _, err := http.Get("http://127.0.0.1:19464/metrics"); err != nil {
+		return 0, 0, err
+	}
+	sum, count := metricValue("ebb_lbsync_sync_duration_seconds_sum"), metricValue("ebb_lbsync_sync_duration_seconds_count")
 	mean := 0.0
 	if count > 0 {
 		mean = sum / count * 1000
 	}
-	return mean, get("ebb_lbsync_frontends"), nil
+	return mean, metricValue("ebb_lbsync_frontends"), nil
 }
 
 func pct(d []time.Duration, p float64) time.Duration {

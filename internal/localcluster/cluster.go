@@ -184,7 +184,8 @@ func (c *Cluster) startControlPlane() error {
 		// publish for the kubernetes Service.
 		Set("advertise-address", controlPlaneIP).
 		Set("authorization-mode", "Node,RBAC").
-		Set("service-node-port-range", "30000-32767").
+		// Room for thousands of node ports (bench-service makes 3,000).
+		Set("service-node-port-range", "20000-32767").
 		// envtest turns the ServiceAccount admission plugin off because it
 		// runs no controller manager; this cluster does, so admission stays
 		// as a real cluster has it.

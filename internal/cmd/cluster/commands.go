@@ -25,7 +25,7 @@ import (
 // that stops them.
 func StartEbb(c *localcluster.Cluster, bin string) (func(), error) {
 	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
-		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false",
+		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
 		"--metrics-bind-address", "127.0.0.1:18080", "--health-probe-bind-address", "127.0.0.1:18081")
 	if err != nil {
 		return nil, err

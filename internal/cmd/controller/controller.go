@@ -32,6 +32,9 @@ type Options struct {
 	LeaderElectionNS    string
 	MetricsAddress      string
 	HealthAddress       string
+	// QPS and Burst bound the requests to the apiserver.
+	QPS   float32
+	Burst int
 }
 
 // NewCommand returns `ebb controller`.
@@ -60,6 +63,8 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
+	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
+	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
 	f.AddGoFlagSet(logFlags)
@@ -88,6 +93,10 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	ctrl.SetLogger(logr.FromContextOrDiscard(ctx))
+	cfg = rest.CopyConfig(cfg)
+	if o.QPS > 0 {
+		cfg.QPS, cfg.Burst = o.QPS, o.Burst
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
 		HealthProbeBindAddress:  o.HealthAddress,
