@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,4 +110,87 @@ func TestTCPAndUDPWithSessionAffinity(t *testing.T) {
 		}
 		return string(buf[:n]) == "ping", fmt.Sprintf("answer %q", buf[:n])
 	})
+}
+
+// Switching a Service between pod mode and node mode at runtime
+// (allocateLoadBalancerNodePorts false <-> true) drops no request.
+func TestBackendModeSwitchWithoutDowntime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "switch", 3)
+	svc := lbService(ns, "switch", ebbClass)
+	svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ip := waitAddress(t, ctx, ns, "switch")
+	if err := cluster.WaitServiceEndpoints(ctx, ns, "switch", 3, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(ip, "80"))
+	eventually(t, ctx, 30*time.Second, "traffic in pod mode", func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, url)
+		return err == nil, fmt.Sprint(err)
+	})
+
+	// Requests on new connections, all through both switches.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var sent, failed int
+	var firstErr error
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			sent++
+			if _, err := get(ctx, url); err != nil {
+				failed++
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	setNodePorts := func(on bool) {
+		t.Helper()
+		cur, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "switch", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.AllocateLoadBalancerNodePorts = ptr.To(on)
+		if _, err := cluster.Client.CoreV1().Services(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodeBackends := func() bool {
+		for _, l := range strings.Split(lbMetrics(t), "\n") {
+			if strings.HasPrefix(l, "ebb_dataplane_backend_admin_state{") && strings.Contains(l, `backend="10.0.0.`) && strings.Contains(l, `frontend="`+ns+`/switch:http`) {
+				return true
+			}
+		}
+		return false
+	}
+	time.Sleep(300 * time.Millisecond)
+	setNodePorts(true)
+	eventually(t, ctx, 10*time.Second, "node backends after node ports were turned on", func(context.Context) (bool, string) {
+		return nodeBackends(), "still pod backends"
+	})
+	time.Sleep(500 * time.Millisecond)
+	setNodePorts(false)
+	eventually(t, ctx, 10*time.Second, "pod backends after node ports were turned off", func(context.Context) (bool, string) {
+		return !nodeBackends(), "still node backends"
+	})
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	<-done
+	t.Logf("%d requests across two switches, %d failed", sent, failed)
+	if failed != 0 {
+		t.Errorf("%d of %d requests failed while switching modes; first: %v", failed, sent, firstErr)
+	}
 }
