@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ebbdev/ebb/internal/controller/service"
@@ -107,9 +108,13 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
+	m, err := service.NewMetrics(metrics.Registry, ipam)
+	if err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	r := &service.Reconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-service-controller"),
-		Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, IPAM: ipam,
+		Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, IPAM: ipam, Metrics: m,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the service controller: %w", err)

@@ -56,6 +56,8 @@ type Reconciler struct {
 	// DefaultLoadBalancer also serves Services without a class.
 	DefaultLoadBalancer bool
 	IPAM                *Allocator
+	// Metrics may be nil.
+	Metrics *Metrics
 
 	initOnce sync.Once
 	initErr  error
@@ -144,6 +146,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	logger := log.FromContext(ctx).WithValues("service", klog.KObj(svc))
 	if err := unsupportedPorts(svc); err != nil {
 		r.Recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonSyncFailed, "Ensure", "%v", err)
+		r.Metrics.failed("unsupported_protocol")
 		return ctrl.Result{}, nil // the Service must change first
 	}
 	if !controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) {
@@ -157,6 +160,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if err != nil {
 		r.Recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonSyncFailed, "Ensure", "Error allocating an address: %v", err)
 		logger.Info("Cannot allocate an address", "err", err.Error())
+		r.Metrics.failed("allocation")
 		// The cause (a pool full, an address taken) may clear.
 		return ctrl.Result{RequeueAfter: retryAfterBadRequest}, nil
 	}

@@ -3,8 +3,11 @@ package service_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,5 +282,14 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 	}
 	if len(got.Status.LoadBalancer.Ingress) != 0 {
 		t.Errorf("an SCTP Service got an address: %+v", got.Status.LoadBalancer)
+	}
+	resp, err := http.Get("http://127.0.0.1:18080/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `ebb_service_lb_sync_failures_total{reason="unsupported_protocol"}`) {
+		t.Error("the controller's metrics do not count the failure")
 	}
 }
