@@ -3,6 +3,7 @@ package localcluster
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -73,9 +74,42 @@ func (c *Cluster) WaitDeploymentAvailable(ctx context.Context, namespace, name s
 			d.Status.AvailableReplicas == want && d.Status.Replicas == want, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for deployment %s/%s (%s): %w", namespace, name, last, err)
+		return fmt.Errorf("waiting for deployment %s/%s (%s; %s): %w", namespace, name, last, c.diagnose(namespace, name), err)
 	}
 	return nil
+}
+
+// diagnose describes a Deployment's pods and the nodes, for a timeout's
+// error message.
+func (c *Cluster) diagnose(namespace, app string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var b strings.Builder
+	pods, err := c.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err == nil {
+		for _, p := range pods.Items {
+			fmt.Fprintf(&b, "pod %s on %q %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+			for _, cond := range p.Status.Conditions {
+				if cond.Status != corev1.ConditionTrue && cond.Message != "" {
+					fmt.Fprintf(&b, " (%s: %s)", cond.Type, cond.Message)
+				}
+			}
+			b.WriteString("; ")
+		}
+	}
+	nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, n := range nodes.Items {
+			ready := "unknown"
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady {
+					ready = string(cond.Status)
+				}
+			}
+			fmt.Fprintf(&b, "node %s Ready=%s unschedulable=%v taints=%v; ", n.Name, ready, n.Spec.Unschedulable, n.Spec.Taints)
+		}
+	}
+	return b.String()
 }
 
 // WaitServiceEndpoints waits until a Service's EndpointSlices list want

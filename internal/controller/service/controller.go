@@ -16,7 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -128,7 +127,7 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 			}
 			for _, ing := range svc.Status.LoadBalancer.Ingress {
 				if addr, err := netip.ParseAddr(ing.IP); err == nil {
-					_ = r.IPAM.Claim(addr, client.ObjectKeyFromObject(svc))
+					_ = r.IPAM.Claim(addr, holderOf(svc))
 				}
 			}
 		}
@@ -204,17 +203,18 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 // ones it holds, or new ones, one per IP family it uses.
 func (r *Reconciler) allocate(svc *corev1.Service) ([]netip.Addr, error) {
 	key := client.ObjectKeyFromObject(svc)
+	holder := holderOf(svc)
 	requested, err := requestedAddrs(svc)
 	if err != nil {
 		return nil, err
 	}
 	if len(requested) > 0 {
 		for _, addr := range requested {
-			if err := r.IPAM.Claim(addr, key); err != nil {
+			if err := r.IPAM.Claim(addr, holder); err != nil {
 				return nil, fmt.Errorf("%w; ask for a free address of the pools or remove the request", err)
 			}
 		}
-		r.releaseExcept(key, requested)
+		r.releaseExcept(holder, requested)
 		return requested, nil
 	}
 	var out []netip.Addr
@@ -227,27 +227,36 @@ func (r *Reconciler) allocate(svc *corev1.Service) ([]netip.Addr, error) {
 			}
 		}
 		if !have.IsValid() {
-			if have, err = r.IPAM.Allocate(key, ipv6); err != nil {
+			if have, err = r.IPAM.Allocate(holder, ipv6); err != nil {
 				return nil, fmt.Errorf("%w: add a pool or free an address", err)
 			}
 		}
 		out = append(out, have)
 	}
-	r.releaseExcept(key, out)
+	r.releaseExcept(holder, out)
 	return out, nil
 }
 
-// releaseExcept frees the Service's addresses that it no longer uses.
-func (r *Reconciler) releaseExcept(key types.NamespacedName, keep []netip.Addr) {
-	owned := r.IPAM.Owned(key)
-	r.IPAM.Release(key)
-	for _, a := range owned {
-		for _, k := range keep {
-			if a == k {
-				_ = r.IPAM.Claim(a, key)
-			}
-		}
+// releaseExcept frees the Service's addresses that it no longer uses, and
+// refreshes its ports on the ones it keeps.
+func (r *Reconciler) releaseExcept(h Holder, keep []netip.Addr) {
+	r.IPAM.Release(h.Service)
+	for _, k := range keep {
+		_ = r.IPAM.Claim(k, h)
 	}
+}
+
+// holderOf describes a Service to the allocator.
+func holderOf(svc *corev1.Service) Holder {
+	h := Holder{Service: client.ObjectKeyFromObject(svc), ShareKey: svc.Annotations[ShareAnnotation]}
+	for _, p := range svc.Spec.Ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = corev1.ProtocolTCP
+		}
+		h.Ports = append(h.Ports, fmt.Sprintf("%s/%d", proto, p.Port))
+	}
+	return h
 }
 
 // requestedAddrs reads spec.loadBalancerIP and the annotation.

@@ -21,19 +21,52 @@ var (
 )
 
 // Allocator hands out load-balancer addresses from pools and remembers
-// which Service holds each. It is rebuilt from the Services' status when
+// which Services hold each. It is rebuilt from the Services' status when
 // the controller starts, so allocations survive restarts and are never
-// given twice.
+// given twice. Services may share an address only when all of them ask to
+// share with the same key and their ports do not collide.
 type Allocator struct {
 	pools []netip.Prefix
 
-	mu    sync.Mutex
-	owner map[netip.Addr]types.NamespacedName
+	mu      sync.Mutex
+	holders map[netip.Addr][]Holder
 }
+
+// Holder is a Service holding an address: its name, its sharing key (empty:
+// it shares with nobody) and its ports ("TCP/80").
+type Holder struct {
+	Service  types.NamespacedName
+	ShareKey string
+	Ports    []string
+}
+
+// canShareWith reports whether h may hold an address the others hold.
+func (h Holder) canShareWith(others []Holder) error {
+	for _, o := range others {
+		if o.Service == h.Service {
+			continue
+		}
+		if h.ShareKey == "" || o.ShareKey != h.ShareKey {
+			return fmt.Errorf("used by %s: %w (to share it, give both Services the annotation %s with the same value)", o.Service, ErrAddressTaken, ShareAnnotation)
+		}
+		for _, p := range h.Ports {
+			for _, q := range o.Ports {
+				if p == q {
+					return fmt.Errorf("port %s is used by %s at that address: %w", p, o.Service, ErrAddressTaken)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// ShareAnnotation lets Services with the same value share an address when
+// their ports do not collide.
+const ShareAnnotation = "lb.ebb.dev/allow-shared-ip"
 
 // NewAllocator returns an allocator over the given CIDR pools.
 func NewAllocator(pools []string) (*Allocator, error) {
-	a := &Allocator{owner: map[netip.Addr]types.NamespacedName{}}
+	a := &Allocator{holders: map[netip.Addr][]Holder{}}
 	if len(pools) == 0 {
 		return nil, errors.New("no address pool: give at least one --vip-pool, like 10.96.255.0/24")
 	}
@@ -56,28 +89,52 @@ func (a *Allocator) inPools(addr netip.Addr) bool {
 	return false
 }
 
-// Claim gives addr to svc: it must lie in a pool and be free or already
-// svc's.
-func (a *Allocator) Claim(addr netip.Addr, svc types.NamespacedName) error {
+// Claim gives addr to h: it must lie in a pool and be free, already h's,
+// or shareable with its holders.
+func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
 	addr = addr.Unmap()
 	if !a.inPools(addr) {
 		return fmt.Errorf("%s: %w", addr, ErrOutsidePools)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if o, ok := a.owner[addr]; ok && o != svc {
-		return fmt.Errorf("%s is used by %s: %w", addr, o, ErrAddressTaken)
+	if err := h.canShareWith(a.holders[addr]); err != nil {
+		return fmt.Errorf("%s is %w", addr, err)
 	}
-	a.owner[addr] = svc
+	a.holdLocked(addr, h)
 	return nil
 }
 
-// Allocate gives svc the first free address of a pool of the family
-// (IPv4 when ipv6 is false), skipping a /24-or-larger IPv4 pool's network
-// and broadcast addresses.
-func (a *Allocator) Allocate(svc types.NamespacedName, ipv6 bool) (netip.Addr, error) {
+// holdLocked records h at addr, replacing an older record of its Service.
+func (a *Allocator) holdLocked(addr netip.Addr, h Holder) {
+	hs := a.holders[addr][:0:0]
+	for _, o := range a.holders[addr] {
+		if o.Service != h.Service {
+			hs = append(hs, o)
+		}
+	}
+	a.holders[addr] = append(hs, h)
+}
+
+// Allocate gives h an address of the family (IPv4 when ipv6 is false): one
+// it can share if it asks to share, else the first free one, skipping a
+// /24-or-larger IPv4 pool's network and broadcast addresses.
+func (a *Allocator) Allocate(h Holder, ipv6 bool) (netip.Addr, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if h.ShareKey != "" {
+		var shared []netip.Addr
+		for addr, hs := range a.holders {
+			if addr.Is6() == ipv6 && len(hs) > 0 && h.canShareWith(hs) == nil {
+				shared = append(shared, addr)
+			}
+		}
+		if len(shared) > 0 {
+			sort.Slice(shared, func(i, j int) bool { return shared[i].Less(shared[j]) })
+			a.holdLocked(shared[0], h)
+			return shared[0], nil
+		}
+	}
 	found := false
 	for _, p := range a.pools {
 		if p.Addr().Is6() != ipv6 {
@@ -88,8 +145,8 @@ func (a *Allocator) Allocate(svc types.NamespacedName, ipv6 bool) (netip.Addr, e
 			if !ipv6 && p.Bits() <= 24 && (addr == p.Addr() || isBroadcast(p, addr)) {
 				continue
 			}
-			if _, used := a.owner[addr]; !used {
-				a.owner[addr] = svc
+			if len(a.holders[addr]) == 0 {
+				a.holdLocked(addr, h)
 				return addr, nil
 			}
 		}
@@ -105,13 +162,21 @@ func isBroadcast(p netip.Prefix, addr netip.Addr) bool {
 	return !next.IsValid() || !p.Contains(next)
 }
 
-// Release frees every address of svc.
+// Release frees svc's hold on every address.
 func (a *Allocator) Release(svc types.NamespacedName) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for addr, o := range a.owner {
-		if o == svc {
-			delete(a.owner, addr)
+	for addr, hs := range a.holders {
+		kept := hs[:0:0]
+		for _, h := range hs {
+			if h.Service != svc {
+				kept = append(kept, h)
+			}
+		}
+		if len(kept) == 0 {
+			delete(a.holders, addr)
+		} else {
+			a.holders[addr] = kept
 		}
 	}
 }
@@ -121,9 +186,11 @@ func (a *Allocator) Owned(svc types.NamespacedName) []netip.Addr {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []netip.Addr
-	for addr, o := range a.owner {
-		if o == svc {
-			out = append(out, addr)
+	for addr, hs := range a.holders {
+		for _, h := range hs {
+			if h.Service == svc {
+				out = append(out, addr)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
@@ -134,5 +201,5 @@ func (a *Allocator) Owned(svc types.NamespacedName) []netip.Addr {
 func (a *Allocator) InUse() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.owner)
+	return len(a.holders)
 }

@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -13,7 +14,8 @@ func TestAllocator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	one, two := types.NamespacedName{Namespace: "ns", Name: "one"}, types.NamespacedName{Namespace: "ns", Name: "two"}
+	one := Holder{Service: types.NamespacedName{Namespace: "ns", Name: "one"}, Ports: []string{"TCP/80"}}
+	two := Holder{Service: types.NamespacedName{Namespace: "ns", Name: "two"}, Ports: []string{"TCP/80"}}
 	tests := []struct {
 		name string
 		do   func() (netip.Addr, error)
@@ -44,8 +46,8 @@ func TestAllocator(t *testing.T) {
 			t.Fatalf("%s: %s, want %s", tt.name, got, tt.want)
 		}
 	}
-	a.Release(one)
-	if got := a.Owned(one); len(got) != 0 {
+	a.Release(one.Service)
+	if got := a.Owned(one.Service); len(got) != 0 {
 		t.Errorf("released Service still owns %v", got)
 	}
 	if got, err := a.Allocate(two, false); err != nil || got.String() != "10.96.255.0" {
@@ -58,19 +60,19 @@ func TestAllocatorSkipsNetworkAndBroadcast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, _ := a.Allocate(types.NamespacedName{Name: "a"}, false)
+	first, _ := a.Allocate(Holder{Service: types.NamespacedName{Name: "a"}}, false)
 	if first.String() != "10.96.255.1" {
 		t.Errorf("first address of a /24: %s, want 10.96.255.1", first)
 	}
 	for i := 0; i < 253; i++ {
-		if _, err := a.Allocate(types.NamespacedName{Name: "b"}, false); err != nil {
+		if _, err := a.Allocate(Holder{Service: types.NamespacedName{Name: "b"}}, false); err != nil {
 			t.Fatalf("address %d: %v", i+2, err)
 		}
 	}
-	if _, err := a.Allocate(types.NamespacedName{Name: "c"}, false); !errors.Is(err, ErrPoolExhausted) {
+	if _, err := a.Allocate(Holder{Service: types.NamespacedName{Name: "c"}}, false); !errors.Is(err, ErrPoolExhausted) {
 		t.Errorf("the broadcast address was handed out: %v", err)
 	}
-	if _, err := a.Allocate(types.NamespacedName{Name: "c"}, true); !errors.Is(err, ErrNoPoolOfFamily) {
+	if _, err := a.Allocate(Holder{Service: types.NamespacedName{Name: "c"}}, true); !errors.Is(err, ErrNoPoolOfFamily) {
 		t.Errorf("IPv6 without an IPv6 pool: %v", err)
 	}
 }
@@ -80,5 +82,47 @@ func TestNewAllocatorRejectsBadPools(t *testing.T) {
 		if _, err := NewAllocator(pools); err == nil {
 			t.Errorf("pools %q accepted", pools)
 		}
+	}
+}
+
+// Services share an address only when both ask with the same key and their
+// ports do not collide.
+func TestAllocatorSharing(t *testing.T) {
+	a, err := NewAllocator([]string{"10.96.255.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := func(name, key string, ports ...string) Holder {
+		return Holder{Service: types.NamespacedName{Namespace: "ns", Name: name}, ShareKey: key, Ports: ports}
+	}
+	web, _ := a.Allocate(svc("web", "front", "TCP/80"), false)
+	tests := []struct {
+		name string
+		h    Holder
+		same bool
+	}{
+		{"same key, other port: shares", svc("dns", "front", "UDP/53"), true},
+		{"same key, colliding port: does not", svc("web2", "front", "TCP/80"), false},
+		{"other key: does not", svc("api", "back", "TCP/443"), false},
+		{"no key: does not", svc("plain", "", "TCP/8443"), false},
+	}
+	for _, tt := range tests {
+		got, err := a.Allocate(tt.h, false)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if (got == web) != tt.same {
+			t.Errorf("%s: got %s, web has %s", tt.name, got, web)
+		}
+	}
+	if err := a.Claim(web, svc("intruder", "front", "TCP/80")); !errors.Is(err, ErrAddressTaken) || !strings.Contains(err.Error(), "port TCP/80") {
+		t.Errorf("claiming a shared address on a colliding port: %v", err)
+	}
+	if err := a.Claim(web, svc("unshared", "", "TCP/9")); !errors.Is(err, ErrAddressTaken) || !strings.Contains(err.Error(), ShareAnnotation) {
+		t.Errorf("claiming a shared address without the annotation: %v", err)
+	}
+	a.Release(types.NamespacedName{Namespace: "ns", Name: "web"})
+	if got := a.Owned(types.NamespacedName{Namespace: "ns", Name: "dns"}); len(got) != 1 || got[0] != web {
+		t.Errorf("releasing one sharer freed the address of the other: %v", got)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -291,5 +292,34 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(body), `ebb_service_lb_sync_failures_total{reason="unsupported_protocol"}`) {
 		t.Error("the controller's metrics do not count the failure")
+	}
+}
+
+// Two Services that ask to share (the same lb.ebb.dev/allow-shared-ip) and
+// whose ports do not collide get one address, and both serve through it.
+func TestServicesShareAnAddress(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "shared", 1)
+	for name, port := range map[string]int32{"shared-a": 80, "shared-b": 8080} {
+		svc := lbService(ns, name, ebbClass)
+		svc.Spec.Selector = map[string]string{"app": "shared"}
+		svc.Annotations = map[string]string{"lb.ebb.dev/allow-shared-ip": "team-a"}
+		svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: port, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}
+		if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := waitAddress(t, ctx, ns, "shared-a"), waitAddress(t, ctx, ns, "shared-b")
+	if a != b {
+		t.Fatalf("shared-a got %s and shared-b %s; want one shared address", a, b)
+	}
+	for _, port := range []string{"80", "8080"} {
+		url := fmt.Sprintf("http://%s/", net.JoinHostPort(a, port))
+		eventually(t, ctx, 30*time.Second, "traffic through "+url, func(ctx context.Context) (bool, string) {
+			_, err := get(ctx, url)
+			return err == nil, fmt.Sprint(err)
+		})
 	}
 }
