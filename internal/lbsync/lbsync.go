@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,19 @@ const resync = 5 * time.Minute
 // retryAfter is how soon a failed apply is tried again.
 const retryAfter = time.Second
 
+// modeSwitchOverlap is how long a Service that switched between node and
+// pod mode keeps its old backends next to the new ones (make before
+// break): the new path (a node port that kube-proxy opens, or endpoints
+// reached directly) may not be ready the instant the switch is seen, and a
+// dial that fails moves on to another backend.
+const modeSwitchOverlap = 5 * time.Second
+
+// transition is a Service's switch between backend modes.
+type transition struct {
+	old   map[string][]dataplane.Backend // frontend name -> backends before
+	until time.Time
+}
+
 // Syncer drives a data plane from the cluster.
 type Syncer struct {
 	Client    kubernetes.Interface
@@ -51,6 +65,12 @@ type Syncer struct {
 
 	ready   atomic.Bool
 	trigger chan struct{}
+
+	// Only Run's goroutine uses these.
+	modes       map[string]lbmodel.BackendMode
+	last        map[string][]dataplane.Frontend
+	transitions map[string]transition
+	now         func() time.Time
 }
 
 // Ready reports whether the caches have synced and a configuration has
@@ -61,6 +81,10 @@ func (s *Syncer) Ready() bool { return s.ready.Load() }
 func (s *Syncer) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("lbsync")
 	s.trigger = make(chan struct{}, 1)
+	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
+	if s.now == nil {
+		s.now = time.Now
+	}
 	syncSeconds := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ebb_lbsync_sync_duration_seconds",
 		Help:    "Time to compute the whole load balancer configuration from the cluster and apply it.",
@@ -113,6 +137,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 			continue
 		}
 		syncSeconds.Observe(time.Since(start).Seconds())
+		if next, ok := s.nextTransitionEnd(); ok {
+			retry.Reset(time.Until(next))
+		}
 		frontends.Set(float64(len(cfg.Frontends)))
 		s.ready.Store(true)
 		log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends))
@@ -152,15 +179,88 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 	}
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Namespace+"/"+svcs[i].Name < svcs[j].Namespace+"/"+svcs[j].Name })
 	var cfg dataplane.Config
+	seen := map[string]bool{}
 	for _, svc := range svcs {
 		if !s.serves(svc) {
 			continue
 		}
-		fes, err := lbmodel.Frontends(svc, byService[svc.Namespace+"/"+svc.Name], nodes, s.Model)
+		key := svc.Namespace + "/" + svc.Name
+		fes, err := lbmodel.Frontends(svc, byService[key], nodes, s.Model)
 		if err != nil {
 			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
 		}
-		cfg.Frontends = append(cfg.Frontends, fes...)
+		cfg.Frontends = append(cfg.Frontends, s.overlap(log, svc, key, fes)...)
+		seen[key] = true
+	}
+	for key := range s.modes {
+		if !seen[key] {
+			delete(s.modes, key)
+			delete(s.last, key)
+			delete(s.transitions, key)
+		}
 	}
 	return cfg
+}
+
+// overlap records a Service's frontends and, while it switches between
+// backend modes, adds its previous backends to the new ones.
+func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes []dataplane.Frontend) []dataplane.Frontend {
+	mode := lbmodel.ModeOf(svc)
+	if prev, ok := s.modes[key]; ok && prev != mode {
+		old := map[string][]dataplane.Backend{}
+		for _, fe := range s.last[key] {
+			old[fe.Name] = fe.Backends
+		}
+		s.transitions[key] = transition{old: old, until: s.now().Add(modeSwitchOverlap)}
+		log.Info("Service switches backend mode; keeping the old backends for a moment", "service", klog.KObj(svc), "from", prev, "to", mode, "overlap", modeSwitchOverlap)
+	}
+	s.modes[key], s.last[key] = mode, fes
+	t, ok := s.transitions[key]
+	if !ok {
+		return fes
+	}
+	if !s.now().Before(t.until) {
+		delete(s.transitions, key)
+		return fes
+	}
+	out := make([]dataplane.Frontend, len(fes))
+	for i, fe := range fes {
+		have := map[string]bool{}
+		for _, b := range fe.Backends {
+			have[b.Address+":"+strconv.Itoa(int(b.Port))] = true
+		}
+		var old []dataplane.Backend
+		for _, b := range t.old[fe.Name] {
+			if !have[b.Address+":"+strconv.Itoa(int(b.Port))] {
+				old = append(old, b)
+			}
+		}
+		// Interleave new and old, so that a connection whose first dial
+		// fails (the new path not ready yet) tries an old backend next.
+		merged := make([]dataplane.Backend, 0, len(fe.Backends)+len(old))
+		for j := 0; j < max(len(fe.Backends), len(old)); j++ {
+			if j < len(fe.Backends) {
+				merged = append(merged, fe.Backends[j])
+			}
+			if j < len(old) {
+				merged = append(merged, old[j])
+			}
+		}
+		fe.Backends = merged
+		// The old and new modes probe differently; during the overlap the
+		// new mode's health check applies to all.
+		out[i] = fe
+	}
+	return out
+}
+
+// nextTransitionEnd returns when the earliest overlap ends.
+func (s *Syncer) nextTransitionEnd() (time.Time, bool) {
+	var next time.Time
+	for _, t := range s.transitions {
+		if next.IsZero() || t.until.Before(next) {
+			next = t.until
+		}
+	}
+	return next, !next.IsZero()
 }

@@ -65,11 +65,10 @@ func (c *Cluster) WaitDeploymentAvailable(ctx context.Context, namespace, name s
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		d, err := c.Client.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			last = err.Error()
-			return false, nil
+			return false, nil // keep the last status seen for the message
 		}
 		want := ptr.Deref(d.Spec.Replicas, 1)
-		last = fmt.Sprintf("%d of %d replicas available", d.Status.AvailableReplicas, want)
+		last = fmt.Sprintf("%d of %d replicas available, %d updated, observed generation %d of %d", d.Status.AvailableReplicas, want, d.Status.UpdatedReplicas, d.Status.ObservedGeneration, d.Generation)
 		return d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == want &&
 			d.Status.AvailableReplicas == want && d.Status.Replicas == want, nil
 	})
@@ -90,8 +89,8 @@ func (c *Cluster) diagnose(namespace, app string) string {
 		for _, p := range pods.Items {
 			fmt.Fprintf(&b, "pod %s on %q %s", p.Name, p.Spec.NodeName, p.Status.Phase)
 			for _, cond := range p.Status.Conditions {
-				if cond.Status != corev1.ConditionTrue && cond.Message != "" {
-					fmt.Fprintf(&b, " (%s: %s)", cond.Type, cond.Message)
+				if cond.Status != corev1.ConditionTrue {
+					fmt.Fprintf(&b, " (%s=%s %s)", cond.Type, cond.Status, cond.Message)
 				}
 			}
 			b.WriteString("; ")

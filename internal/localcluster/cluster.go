@@ -285,7 +285,15 @@ func (c *Cluster) startComponents() error {
 			// Every controller that makes sense without a cloud; node IPAM is
 			// off because the nodes come with their pod CIDRs.
 			"--controllers=*,-nodeipam",
+			// The default 20 requests per second starve the deployment and
+			// replica set controllers while namespaces of finished tests
+			// are being deleted.
+			"--kube-api-qps=200",
+			"--kube-api-burst=400",
 			"--cluster-name=" + c.opts.Name,
+			// kwok's simulated heartbeats can lapse on a busy 2-core
+			// machine; a longer grace keeps nodes from flapping NotReady.
+			"--node-monitor-grace-period=2m",
 		}},
 		{"kube-scheduler", []string{
 			"--kubeconfig=" + schedConfig,
@@ -294,6 +302,8 @@ func (c *Cluster) startComponents() error {
 			"--leader-elect=false",
 			"--bind-address=127.0.0.1",
 			fmt.Sprintf("--secure-port=%d", schedulerPort),
+			"--kube-api-qps=200",
+			"--kube-api-burst=400",
 		}},
 		{"kwok", kwokArgs},
 	}

@@ -21,9 +21,11 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -51,9 +53,14 @@ func (s *Server) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("podserver")
 	factory := informers.NewSharedInformerFactory(s.client, resync)
 	inf := factory.Core().V1().Pods().Informer()
+	nodes := factory.Core().V1().Nodes().Lister()
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.sync(log, obj.(*corev1.Pod)) },
-		UpdateFunc: func(_, obj any) { s.sync(log, obj.(*corev1.Pod)) },
+		AddFunc: func(obj any) { s.sync(log, obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) {
+			pod := obj.(*corev1.Pod)
+			s.sync(log, pod)
+			s.restoreReadiness(ctx, log, pod, nodes)
+		},
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -76,6 +83,49 @@ func (s *Server) Run(ctx context.Context) error {
 		delete(s.pods, uid)
 	}
 	return nil
+}
+
+// restoreReadiness does what a kubelet does after its node was briefly
+// NotReady: the node lifecycle controller marked the node's pods not ready,
+// and once the node is Ready again the kubelet reports its running
+// containers ready again. kwok does not, so a busy machine whose simulated
+// heartbeats lapse would otherwise leave pods unready for good.
+func (s *Server) restoreReadiness(ctx context.Context, log logr.Logger, pod *corev1.Pod, nodes corelisters.NodeLister) {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Spec.NodeName == "" || len(pod.Spec.ReadinessGates) > 0 {
+		return
+	}
+	notReady := false
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionFalse {
+			notReady = true
+		}
+	}
+	if !notReady {
+		return
+	}
+	node, err := nodes.Get(pod.Spec.NodeName)
+	if err != nil {
+		return
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			return
+		}
+	}
+	updated := pod.DeepCopy()
+	now := metav1.Now()
+	for i, c := range updated.Status.Conditions {
+		if c.Type == corev1.PodReady || c.Type == corev1.ContainersReady {
+			updated.Status.Conditions[i].Status = corev1.ConditionTrue
+			updated.Status.Conditions[i].LastTransitionTime = now
+		}
+	}
+	for i := range updated.Status.ContainerStatuses {
+		updated.Status.ContainerStatuses[i].Ready = true
+	}
+	if _, err := s.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		log.V(4).Info("Restoring pod readiness", "pod", klog.KObj(pod), "err", err.Error())
+	}
 }
 
 // sync starts, keeps or begins terminating the servers of one pod.
