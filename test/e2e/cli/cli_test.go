@@ -52,7 +52,7 @@ func TestClusterUpExecDown(t *testing.T) {
 	t.Cleanup(func() { _, _ = ebb(context.Background(), t, state, "cluster", "down", "--name", name) })
 
 	start := time.Now()
-	out, err := ebb(ctx, t, state, "cluster", "up", "--name", name, "--nodes", "2")
+	out, err := ebb(ctx, t, state, "cluster", "up", "--name", name, "--nodes", "2", "--with-ebb")
 	if err != nil {
 		t.Fatalf("ebb cluster up: %v\n%s", err, out)
 	}
@@ -80,6 +80,27 @@ func TestClusterUpExecDown(t *testing.T) {
 	if err != nil || !strings.Contains(out, "10.0.0.0/24") {
 		t.Errorf("exec does not run in the cluster's network namespace: %v\n%s", err, out)
 	}
+	// With --with-ebb, a LoadBalancer Service applied with kubectl gets an
+	// address that curl reaches from inside the cluster.
+	manifest := filepath.Join(t.TempDir(), "hello.yaml")
+	if err := os.WriteFile(manifest, []byte(helloManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "kubectl", "apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	var answer string
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		answer, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c",
+			`curl -sS -m 2 "http://$(kubectl get service hello -o jsonpath='{.status.loadBalancer.ingress[0].ip}')/"`)
+		if err == nil && strings.Contains(answer, `"pod":"hello-`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("curl through the Service's load-balancer address: %v\n%s", err, answer)
+		}
+	}
+
 	// An exit code is passed on.
 	if _, err := ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c", "exit 7"); err == nil {
 		t.Error("exit 7 inside the cluster: ebb exited 0")
@@ -108,3 +129,25 @@ func TestClusterUpExecDown(t *testing.T) {
 		t.Errorf("exec on a stopped cluster should say it is not running; got %v:\n%s", err, out)
 	}
 }
+
+const helloManifest = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: hello}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: hello}}
+  template:
+    metadata: {labels: {app: hello}}
+    spec:
+      containers:
+      - {name: hello, image: hello, ports: [{containerPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello}
+spec:
+  type: LoadBalancer
+  loadBalancerClass: ebb.dev/l4
+  selector: {app: hello}
+  ports: [{port: 80, targetPort: 8080}]
+`
