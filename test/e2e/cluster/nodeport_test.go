@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // A Deployment of 3 replicas behind a NodePort Service: every node's
@@ -75,23 +76,7 @@ func TestNodePortReachesEveryPodThroughEveryNode(t *testing.T) {
 	}
 
 	// UDP through a node port reaches a pod's UDP echo.
-	conn, err := net.Dial("udp", net.JoinHostPort(cluster.Nodes[0].IP, fmt.Sprint(svc.Spec.Ports[1].NodePort)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	buf := make([]byte, 64)
-	eventually(t, ctx, 20*time.Second, "a UDP echo through the node port", func(context.Context) (bool, string) {
-		if _, err := conn.Write([]byte("ping")); err != nil {
-			return false, err.Error()
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-		n, err := conn.Read(buf)
-		if err != nil {
-			return false, err.Error()
-		}
-		return string(buf[:n]) == "ping", fmt.Sprintf("answer %q", buf[:n])
-	})
+	e2eutil.ExpectUDPEcho(t, ctx, net.JoinHostPort(cluster.Nodes[0].IP, fmt.Sprint(svc.Spec.Ports[1].NodePort)))
 }
 
 // With externalTrafficPolicy Local, a node without a local endpoint refuses

@@ -16,13 +16,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 var cluster *localcluster.Cluster
@@ -41,33 +41,16 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 	return clustercmd.StartEbb(c, bin)
 }
 
+// newNamespace creates a namespace for one test and deletes it afterwards.
 func newNamespace(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	ns, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
-	eventually(t, ctx, 30*time.Second, "the namespace's default service account", func(ctx context.Context) (bool, string) {
-		_, err := cluster.Client.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
-	return ns.Name
+	return e2eutil.NewNamespace(t, ctx, cluster)
 }
 
+// eventually polls cond until it holds or timeout passes.
 func eventually(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
 	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, reason := cond(ctx)
-		last = reason
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("%s: not within %s: %s", what, timeout, last)
-	}
+	e2eutil.Eventually(t, ctx, timeout, what, cond)
 }
 
 // lbService is EchoService as a LoadBalancer of the given class (nil: none).

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // externalTrafficPolicy Local sends traffic only to nodes with a local
@@ -93,23 +94,7 @@ func TestTCPAndUDPWithSessionAffinity(t *testing.T) {
 		}
 	}
 
-	conn, err := net.Dial("udp", net.JoinHostPort(ip, "81"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	buf := make([]byte, 64)
-	eventually(t, ctx, 20*time.Second, "a UDP echo through the load balancer", func(context.Context) (bool, string) {
-		if _, err := conn.Write([]byte("ping")); err != nil {
-			return false, err.Error()
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-		n, err := conn.Read(buf)
-		if err != nil {
-			return false, err.Error()
-		}
-		return string(buf[:n]) == "ping", fmt.Sprintf("answer %q", buf[:n])
-	})
+	e2eutil.ExpectUDPEcho(t, ctx, net.JoinHostPort(ip, "81"))
 }
 
 // Switching a Service between pod mode and node mode at runtime

@@ -1,0 +1,72 @@
+// Package e2eutil holds the helpers the end-to-end test packages share.
+package e2eutil
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// NewNamespace creates a namespace for one test, waits for its default
+// service account (ServiceAccount admission is on, and the controller
+// manager creates it), and deletes the namespace after the test.
+func NewNamespace(t *testing.T, ctx context.Context, c *localcluster.Cluster) string {
+	t.Helper()
+	ns, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating a namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	Eventually(t, ctx, 30*time.Second, "the default service account of "+ns.Name, func(ctx context.Context) (bool, string) {
+		_, err := c.Client.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	return ns.Name
+}
+
+// Eventually polls cond until it holds or timeout passes, then fails the
+// test with the last reason cond gave.
+func Eventually(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		ok, reason := cond(ctx)
+		last = reason
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: not within %s: %s", what, timeout, last)
+	}
+}
+
+// ExpectUDPEcho waits until a datagram sent to addr comes back unchanged.
+func ExpectUDPEcho(t *testing.T, ctx context.Context, addr string) {
+	t.Helper()
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	buf := make([]byte, 64)
+	Eventually(t, ctx, 20*time.Second, "a UDP echo from "+addr, func(context.Context) (bool, string) {
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			return false, err.Error()
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			return false, err.Error()
+		}
+		return string(buf[:n]) == "ping", fmt.Sprintf("answer %q", buf[:n])
+	})
+}
