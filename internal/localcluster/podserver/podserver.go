@@ -139,7 +139,7 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 	switch {
 	case pod.DeletionTimestamp != nil:
 		if running {
-			p.terminate(s.clock, pod.DeletionTimestamp.Time)
+			p.terminate(s.clock, s.gracefulDeadline(pod))
 		}
 	case pod.Status.Phase != corev1.PodRunning:
 		if running {
@@ -158,6 +158,18 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 	}
 }
 
+// gracefulDeadline is when a deleted pod's containers stop: its grace
+// period counted from now, when the deletion is seen, as a kubelet counts it
+// (the deletion timestamp has whole seconds only). Without a grace period,
+// now.
+func (s *Server) gracefulDeadline(pod *corev1.Pod) time.Time {
+	now := s.clock.Now()
+	if pod.DeletionGracePeriodSeconds == nil {
+		return now
+	}
+	return now.Add(time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second)
+}
+
 // deleted handles a pod that is gone from the API: its servers finish their
 // grace period if one was running, else they close now.
 func (s *Server) deleted(pod *corev1.Pod) {
@@ -167,11 +179,7 @@ func (s *Server) deleted(pod *corev1.Pod) {
 	if !ok {
 		return
 	}
-	deadline := s.clock.Now()
-	if pod.DeletionTimestamp != nil {
-		deadline = pod.DeletionTimestamp.Time
-	}
-	p.terminate(s.clock, deadline)
+	p.terminate(s.clock, s.gracefulDeadline(pod))
 	// Forget it now; its timer closes what is left.
 	delete(s.pods, pod.UID)
 }
