@@ -91,8 +91,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
 	frontends := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lbsync_frontends", Help: "Frontends served from the cluster's Services."})
+	fast := newAdminFastPath(s.DataPlane, s.Model)
 	if s.Registerer != nil {
-		for _, c := range []prometheus.Collector{syncSeconds, frontends} {
+		for _, c := range append([]prometheus.Collector{syncSeconds, frontends}, fast.collectors()...) {
 			if err := s.Registerer.Register(c); err != nil {
 				return fmt.Errorf("registering sync metrics: %w", err)
 			}
@@ -107,11 +108,39 @@ func (s *Syncer) Run(ctx context.Context) error {
 		UpdateFunc: func(any, any) { s.kick() },
 		DeleteFunc: func(any) { s.kick() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{services.Informer(), slices.Informer(), nodes.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{services.Informer(), slices.Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return fmt.Errorf("watching the cluster: %w", err)
 		}
 	}
+	// Nodes feed the admin-state fast path first, then the full sync.
+	_, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if n, ok := obj.(*corev1.Node); ok {
+				fast.observe(n)
+			}
+			s.kick()
+		},
+		UpdateFunc: func(_, obj any) {
+			if n, ok := obj.(*corev1.Node); ok {
+				fast.observe(n)
+			}
+			s.kick()
+		},
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if n, ok := obj.(*corev1.Node); ok {
+				fast.forget(n)
+			}
+			s.kick()
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watching nodes: %w", err)
+	}
+	go fast.run(ctx, log.WithName("adminstate"))
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {

@@ -70,6 +70,9 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	eventually(t, ctx, 10*time.Second, "the node's backends to turn admin Down", func(context.Context) (bool, string) {
 		return adminDown(t, node), "not Down yet"
 	})
+	if !strings.Contains(lbMetrics(t), `ebb_lb_admin_state_transitions_total{state="Down"}`) {
+		t.Error("the admin-state fast path recorded no transition to Down")
+	}
 	start := nodeConnections(t, node)
 	for i := range 30 {
 		if _, err := get(ctx, url); err != nil {

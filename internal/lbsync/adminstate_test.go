@@ -1,0 +1,104 @@
+package lbsync
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+func node(name string, uid types.UID, taints ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, UID: uid}}
+	for _, k := range taints {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: k, Effect: corev1.TaintEffectNoSchedule})
+	}
+	return n
+}
+
+// The fast path sets a tainted node's backends Down at once, does nothing
+// when nothing changed, restores None when the taint goes, and does not
+// carry Down over to a replacement node of the same name.
+func TestAdminFastPath(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	dp, err := dataplane.New(dataplane.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	err = dp.Apply(dataplane.Config{Frontends: []dataplane.Frontend{{
+		Name: "fe", Address: at.Addr().String(), Port: at.Port(),
+		Backends: []dataplane.Backend{{Address: "10.0.0.1", Port: 30080, Owner: "n1"}, {Address: "10.0.0.2", Port: 30080, Owner: "n2"}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast := newAdminFastPath(dp, lbmodel.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go fast.run(ctx, logr.Discard())
+	stateOf := func(owner string) dataplane.AdminState {
+		for _, s := range dp.Status() {
+			if s.Owner == owner {
+				return s.AdminState
+			}
+		}
+		return ""
+	}
+	waitState := func(owner string, want dataplane.AdminState) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for stateOf(owner) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s is %s, want %s", owner, stateOf(owner), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	transitions := func() float64 {
+		return testutil.ToFloat64(fast.transitions.WithLabelValues("Down")) + testutil.ToFloat64(fast.transitions.WithLabelValues("None"))
+	}
+
+	fast.observe(node("n1", "uid-1"))
+	fast.observe(node("n2", "uid-2"))
+	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining))
+	waitState("n1", dataplane.AdminDown)
+	if stateOf("n2") != dataplane.AdminNone {
+		t.Error("an untainted node changed")
+	}
+	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining, "unrelated"))
+	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining))
+	time.Sleep(20 * time.Millisecond)
+	if got := transitions(); got != 1 {
+		t.Errorf("%v transitions for one change, want 1 (updates without a change are ignored)", got)
+	}
+	fast.observe(node("n1", "uid-1"))
+	waitState("n1", dataplane.AdminNone)
+
+	// The node is replaced: the new one (another UID) is healthy, though
+	// the old one was last seen Down.
+	fast.observe(node("n2", "uid-2", lbmodel.TaintOutOfService))
+	waitState("n2", dataplane.AdminDown)
+	fast.forget(node("n2", "uid-2"))
+	fast.observe(node("n2", "uid-2b"))
+	waitState("n2", dataplane.AdminNone)
+	if fast.states["uid-2"] != "" || fast.states["uid-2b"] != dataplane.AdminNone {
+		t.Errorf("states by UID: %v", fast.states)
+	}
+	if got := testutil.ToFloat64(fast.transitions.WithLabelValues("Down")); got != 2 {
+		t.Errorf("%v transitions to Down, want 2", got)
+	}
+}
