@@ -39,6 +39,7 @@ lint: tools
 generate: tools
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
 
 ## verify: regenerate, fail if anything generated is out of date, and lint
 verify: generate lint

@@ -8,6 +8,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/controller"
 	"github.com/ebbdev/ebb/internal/cmd/demo"
 	"github.com/ebbdev/ebb/internal/cmd/lb"
+	"github.com/ebbdev/ebb/internal/cmd/nodeagent"
 )
 
 // NewCommand returns the ebb root command with its subcommands.
@@ -21,6 +22,6 @@ declarative node maintenance that drains the load balancer before the pods.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(cluster.NewCommand(), controller.NewCommand(), demo.NewCommand(), lb.NewCommand())
+	cmd.AddCommand(cluster.NewCommand(), controller.NewCommand(), demo.NewCommand(), lb.NewCommand(), nodeagent.NewCommand())
 	return cmd
 }

@@ -23,13 +23,15 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/ebbdev/ebb/internal/nodehealth"
 )
 
 // kwokNodeAnnotation marks the simulated nodes; only those are proxied.
 const kwokNodeAnnotation = "kwok.x-k8s.io/node"
 
 // NodeHealthPort is where each simulated node answers kube-proxy's /healthz.
-const NodeHealthPort = 10256
+const NodeHealthPort = nodehealth.DefaultPort
 
 // resync re-reconciles periodically so a port that could not be bound is
 // retried.
@@ -216,20 +218,11 @@ func (p *Proxy) reconcile(log logr.Logger, want map[listenKey]target) {
 	}
 }
 
-// nodeHealthy answers kube-proxy's /healthz question for a node (KEP-3836):
-// unhealthy once the node is being deleted or tainted
-// ToBeDeletedByClusterAutoscaler.
+// nodeHealthy answers kube-proxy's /healthz question for a node with the
+// KEP-3836 rule of internal/nodehealth.
 func (p *Proxy) nodeHealthy(name string) bool {
 	n, err := p.nodes.Get(name)
-	if err != nil || n.DeletionTimestamp != nil {
-		return false
-	}
-	for _, t := range n.Spec.Taints {
-		if t.Key == "ToBeDeletedByClusterAutoscaler" {
-			return false
-		}
-	}
-	return true
+	return err == nil && nodehealth.Eligible(n)
 }
 
 // endpointSlices lists a Service's EndpointSlices from the cache.

@@ -1,0 +1,135 @@
+// Package nodeagent implements `ebb node-agent`: the KEP-3836 node health
+// server for one node, run as a DaemonSet where kube-proxy does not serve
+// it (or to serve it on another port).
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/ebbdev/ebb/internal/nodehealth"
+)
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+
+// Options are `ebb node-agent`'s flags.
+type Options struct {
+	Kubeconfig     string
+	NodeName       string
+	BindAddress    string
+	MetricsAddress string
+}
+
+// NewCommand returns `ebb node-agent`.
+func NewCommand() *cobra.Command {
+	o := &Options{}
+	zapOpts := zap.Options{}
+	cmd := &cobra.Command{
+		Use:   "node-agent",
+		Short: "Serve a node's /healthz and /livez for load-balancer health checks (KEP-3836)",
+		Long: `Serve KEP-3836's node health endpoints for one node: GET /healthz answers
+503 once the node is being deleted or tainted ToBeDeletedByClusterAutoscaler,
+so load balancers stop sending it new connections first; GET /livez answers
+200 while the process runs. The last known node state stays when the API
+cannot be read.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.NodeName == "" {
+				return errors.New("--node-name is required (in a DaemonSet, from the downward API: spec.nodeName)")
+			}
+			ctx := logr.NewContext(cmd.Context(), zap.New(zap.UseFlagOptions(&zapOpts)))
+			return o.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	f.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node to answer for (default $NODE_NAME)")
+	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.DefaultPort), "address serving /healthz and /livez")
+	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":9465", "address serving /metrics (empty: off)")
+	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
+	zapOpts.BindFlags(logFlags)
+	f.AddGoFlagSet(logFlags)
+	return cmd
+}
+
+// Run serves until ctx is done.
+func (o *Options) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx)
+	var cfg *rest.Config
+	var err error
+	if o.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	} else {
+		cfg, err = ctrl.GetConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("loading the cluster configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating a client: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := nodehealth.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	srv := nodehealth.New(m, nil)
+
+	// Watch only this node; the informer keeps the last state across watch
+	// errors, which is what KEP-3836 asks.
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.NodeName).String() }))
+	_, err = factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { srv.SetNode(obj.(*corev1.Node)) },
+		UpdateFunc: func(_, obj any) { srv.SetNode(obj.(*corev1.Node)) },
+		DeleteFunc: func(any) { srv.SetNode(nil) },
+	})
+	if err != nil {
+		return fmt.Errorf("watching node %s: %w", o.NodeName, err)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+
+	servers := []*http.Server{{Addr: o.BindAddress, Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}}
+	if o.MetricsAddress != "" {
+		servers = append(servers, &http.Server{Addr: o.MetricsAddress, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second})
+	}
+	errs := make(chan error, len(servers))
+	for _, s := range servers {
+		ln, err := net.Listen("tcp", s.Addr)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", s.Addr, err)
+		}
+		go func() { errs <- s.Serve(ln) }()
+		defer s.Close()
+	}
+	log.Info("Serving node health", "node", o.NodeName, "address", o.BindAddress)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errs:
+		return fmt.Errorf("serving: %w", err)
+	}
+}

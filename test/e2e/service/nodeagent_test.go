@@ -1,0 +1,76 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/internal/nodehealth"
+)
+
+// `ebb node-agent` answers /healthz 200 for a healthy node and 503 once the
+// cluster autoscaler taints it for deletion, while /livez stays 200
+// (KEP-3836).
+func TestNodeAgentHealthz(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	node := cluster.Nodes[2].Name
+	stop, err := cluster.StartProcess("ebb-node-agent", os.Getenv("EBB_BIN"), "node-agent", "--kubeconfig", cluster.Kubeconfig,
+		"--node-name", node, "--bind-address", "127.0.0.1:20256", "--metrics-bind-address", "127.0.0.1:29465")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stop() }()
+	status := func(path string) int {
+		resp, err := http.Get("http://127.0.0.1:20256" + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually(t, ctx, 30*time.Second, "/healthz 200 for a healthy node", func(context.Context) (bool, string) {
+		code := status("/healthz")
+		return code == http.StatusOK, fmt.Sprint(code)
+	})
+	taint := func(on bool) {
+		t.Helper()
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var taints []corev1.Taint
+		for _, tn := range n.Spec.Taints {
+			if tn.Key != nodehealth.TaintToBeDeleted {
+				taints = append(taints, tn)
+			}
+		}
+		if on {
+			taints = append(taints, corev1.Taint{Key: nodehealth.TaintToBeDeleted, Value: "1732233600", Effect: corev1.TaintEffectNoSchedule})
+		}
+		n.Spec.Taints = taints
+		if _, err := cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taint(true)
+	defer taint(false)
+	eventually(t, ctx, 10*time.Second, "/healthz 503 once the autoscaler taints the node", func(context.Context) (bool, string) {
+		code := status("/healthz")
+		return code == http.StatusServiceUnavailable, fmt.Sprint(code)
+	})
+	if code := status("/livez"); code != http.StatusOK {
+		t.Errorf("/livez: %d, want 200", code)
+	}
+	taint(false)
+	eventually(t, ctx, 10*time.Second, "/healthz 200 again once the taint is gone", func(context.Context) (bool, string) {
+		code := status("/healthz")
+		return code == http.StatusOK, fmt.Sprint(code)
+	})
+}
