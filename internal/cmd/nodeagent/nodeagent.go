@@ -100,7 +100,9 @@ func (o *Options) Run(ctx context.Context) error {
 	// Watch only this node; the informer keeps the last state across watch
 	// errors, which is what KEP-3836 asks.
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.NodeName).String() }))
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.NodeName).String()
+		}))
 	_, err = factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { srv.SetNode(obj.(*corev1.Node)) },
 		UpdateFunc: func(_, obj any) { srv.SetNode(obj.(*corev1.Node)) },
