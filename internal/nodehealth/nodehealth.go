@@ -24,8 +24,13 @@ import (
 // TaintToBeDeleted is the cluster autoscaler's taint.
 const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
 
-// DefaultPort is kube-proxy's health port.
-const DefaultPort = 10256
+// KubeProxyPort is kube-proxy's health port, which load balancers probe by
+// default.
+const KubeProxyPort = 10256
+
+// AgentPort is `ebb node-agent`'s default: one no Kubernetes component
+// uses, so it runs beside kube-proxy.
+const AgentPort = 10266
 
 // Server answers one node's health questions.
 type Server struct {

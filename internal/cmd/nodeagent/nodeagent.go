@@ -65,7 +65,7 @@ cannot be read.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node to answer for (default $NODE_NAME)")
-	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.DefaultPort), "address serving /healthz and /livez")
+	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.AgentPort), "address serving /healthz and /livez")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":9465", "address serving /metrics (empty: off)")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -103,7 +103,15 @@ func (o *Options) Run(ctx context.Context) error {
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.NodeName).String()
 		}))
-	_, err = factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	inf := factory.Core().V1().Nodes().Informer()
+	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		// The last known state stays: an API outage must not fail every
+		// node's health check at once.
+		log.Error(err, "Watching the node failed; keeping its last known state", "node", o.NodeName)
+	}); err != nil {
+		return fmt.Errorf("setting the watch error handler: %w", err)
+	}
+	_, err = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { srv.SetNode(obj.(*corev1.Node)) },
 		UpdateFunc: func(_, obj any) { srv.SetNode(obj.(*corev1.Node)) },
 		DeleteFunc: func(any) { srv.SetNode(nil) },

@@ -31,7 +31,7 @@ import (
 const kwokNodeAnnotation = "kwok.x-k8s.io/node"
 
 // NodeHealthPort is where each simulated node answers kube-proxy's /healthz.
-const NodeHealthPort = nodehealth.DefaultPort
+const NodeHealthPort = nodehealth.KubeProxyPort
 
 // resync re-reconciles periodically so a port that could not be bound is
 // retried.
