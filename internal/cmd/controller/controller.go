@@ -11,15 +11,20 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ebbdev/ebb/internal/controller/service"
+	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -33,6 +38,9 @@ type Options struct {
 	LeaderElectionNS    string
 	MetricsAddress      string
 	HealthAddress       string
+	// SpotTaintKey is the draining taint a spot preemption adds; empty
+	// turns the spot controller off.
+	SpotTaintKey string
 	// QPS and Burst bound the requests to the apiserver.
 	QPS   float32
 	Burst int
@@ -44,7 +52,7 @@ func NewCommand() *cobra.Command {
 	zapOpts := zap.Options{}
 	cmd := &cobra.Command{
 		Use:   "controller",
-		Short: "Run ebb's controllers (the Service load-balancer controller)",
+		Short: "Run ebb's controllers (Service load balancers, the spot preemption signal)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := restConfig(o.Kubeconfig)
@@ -64,6 +72,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
+	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added to a node on its first PreemptScheduled event (cloudprovider.azure.microsoft.com/draining on Azure); empty turns this off")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
@@ -104,6 +113,11 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        "ebb-controller",
 		LeaderElectionNamespace: o.LeaderElectionNS,
+		// Only the spot preemption signal matters among Events: do not
+		// cache the others.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Event{}: {Field: fields.OneTermEqualSelector("reason", spot.ReasonPreemptScheduled)},
+		}},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
@@ -118,6 +132,12 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the service controller: %w", err)
+	}
+	if o.SpotTaintKey != "" {
+		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), TaintKey: o.SpotTaintKey}
+		if err := sr.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the spot preemption controller: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err

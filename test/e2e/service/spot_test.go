@@ -1,0 +1,74 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/internal/controller/spot"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// A PreemptScheduled Event about a node (as a cloud emits it before a spot
+// eviction) taints the node ebb.dev/draining=spot-eviction once, and the
+// load balancer sets the node's backends Down; with the taint cleared, the
+// same Event does not taint it again.
+func TestSpotPreemptionEventDrainsTheNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "spot", 3)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "spot", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitAddress(t, ctx, ns, "spot")
+	name := cluster.Nodes[1].Name
+	node, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "preempt-"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: node.UID, APIVersion: "v1"},
+		Reason:         spot.ReasonPreemptScheduled,
+		Message:        "Preemption is scheduled",
+		Type:           corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "cloud"},
+		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
+	}
+	if _, err := cluster.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer setTaint(t, context.Background(), name, false)
+	taintValue := func() string {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return ""
+		}
+		for _, tn := range n.Spec.Taints {
+			if tn.Key == lbmodel.TaintDraining {
+				return tn.Value + ":" + string(tn.Effect)
+			}
+		}
+		return ""
+	}
+	eventually(t, ctx, 20*time.Second, "the spot-eviction taint", func(context.Context) (bool, string) {
+		v := taintValue()
+		return v == "spot-eviction:NoSchedule", fmt.Sprintf("taint %q", v)
+	})
+	eventually(t, ctx, 10*time.Second, "the node's backends to turn admin Down", func(context.Context) (bool, string) {
+		return adminDown(t, name), "not Down yet"
+	})
+
+	// The operator clears the taint: the Event, already acted on, does not
+	// put it back.
+	setTaint(t, ctx, name, false)
+	time.Sleep(time.Second)
+	if v := taintValue(); v != "" {
+		t.Errorf("the handled Event tainted the node again: %q", v)
+	}
+}
