@@ -11,6 +11,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -93,15 +94,19 @@ func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perServic
 		return res, err
 	}
 	for i := range 10 {
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, c.Nodes[0].Name, metav1.GetOptions{})
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			node, err := c.Client.CoreV1().Nodes().Get(ctx, c.Nodes[0].Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if node.Annotations == nil {
+				node.Annotations = map[string]string{}
+			}
+			node.Annotations["bench.ebb.dev/touch"] = fmt.Sprint(i)
+			_, err = c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+			return err
+		})
 		if err != nil {
-			return res, err
-		}
-		if node.Annotations == nil {
-			node.Annotations = map[string]string{}
-		}
-		node.Annotations["bench.ebb.dev/touch"] = fmt.Sprint(i)
-		if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 			return res, err
 		}
 		time.Sleep(300 * time.Millisecond)

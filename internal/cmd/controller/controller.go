@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -41,6 +42,8 @@ type Options struct {
 	// SpotTaintKey is the draining taint a spot preemption adds; empty
 	// turns the spot controller off.
 	SpotTaintKey string
+	// Model holds the admin-state rules (the same flags as `ebb lb`).
+	Model lbmodel.Options
 	// QPS and Burst bound the requests to the apiserver.
 	QPS   float32
 	Burst int
@@ -73,6 +76,8 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
 	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added to a node on its first PreemptScheduled event (cloudprovider.azure.microsoft.com/draining on Azure); empty turns this off")
+	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
+	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
@@ -138,6 +143,10 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		if err := sr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the spot preemption controller: %w", err)
 		}
+	}
+	ar := &adminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-adminstate-controller"), Model: o.Model}
+	if err := ar.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the admin state events: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err

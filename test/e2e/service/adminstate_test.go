@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -66,6 +67,7 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	// balancer chose (the node forwards to any pod), so the load
 	// balancer's own per-node connection counter tells.
 	node := cluster.Nodes[0].Name
+	downEvents, noneEvents := nodeEvents(t, ctx, node, "LoadBalancerAdminStateDown"), nodeEvents(t, ctx, node, "LoadBalancerAdminStateNone")
 	setTaint(t, ctx, node, true)
 	eventually(t, ctx, 10*time.Second, "the node's backends to turn admin Down", func(context.Context) (bool, string) {
 		return adminDown(t, node), "not Down yet"
@@ -86,7 +88,16 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 		t.Errorf("the established connection broke when the node was tainted: %v", err)
 	}
 
+	eventually(t, ctx, 10*time.Second, "one LoadBalancerAdminStateDown event on the node", func(ctx context.Context) (bool, string) {
+		n := nodeEvents(t, ctx, node, "LoadBalancerAdminStateDown")
+		return n == downEvents+1, fmt.Sprintf("%d new events", n-downEvents)
+	})
+
 	setTaint(t, ctx, node, false)
+	eventually(t, ctx, 10*time.Second, "one LoadBalancerAdminStateNone event on the node", func(ctx context.Context) (bool, string) {
+		n := nodeEvents(t, ctx, node, "LoadBalancerAdminStateNone")
+		return n == noneEvents+1, fmt.Sprintf("%d new events", n-noneEvents)
+	})
 	eventually(t, ctx, 10*time.Second, "the node to take new connections again", func(ctx context.Context) (bool, string) {
 		n := nodeConnections(t, node)
 		for range 10 {
@@ -104,37 +115,49 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	}
 }
 
+// updateNode changes a node as kubectl would, retrying on conflicts (ebb's
+// controllers write to nodes too).
+func updateNode(t *testing.T, ctx context.Context, name string, change func(*corev1.Node)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(n)
+		_, err = cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("updating node %s: %v", name, err)
+	}
+}
+
+// setTaintKey adds (on) or removes a NoSchedule taint.
+func setTaintKey(t *testing.T, ctx context.Context, name, key, value string, on bool) {
+	t.Helper()
+	updateNode(t, ctx, name, func(n *corev1.Node) {
+		var taints []corev1.Taint
+		for _, tn := range n.Spec.Taints {
+			if tn.Key != key {
+				taints = append(taints, tn)
+			}
+		}
+		if on {
+			taints = append(taints, corev1.Taint{Key: key, Value: value, Effect: corev1.TaintEffectNoSchedule})
+		}
+		n.Spec.Taints = taints
+	})
+}
+
 func setTaint(t *testing.T, ctx context.Context, name string, on bool) {
 	t.Helper()
-	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var taints []corev1.Taint
-	for _, tn := range n.Spec.Taints {
-		if tn.Key != lbmodel.TaintDraining {
-			taints = append(taints, tn)
-		}
-	}
-	if on {
-		taints = append(taints, corev1.Taint{Key: lbmodel.TaintDraining, Value: "maintenance", Effect: corev1.TaintEffectNoSchedule})
-	}
-	n.Spec.Taints = taints
-	if _, err := cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setTaintKey(t, ctx, name, lbmodel.TaintDraining, "maintenance", on)
 }
 
 func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 	t.Helper()
-	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.Spec.Unschedulable = on
-	if _, err := cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	updateNode(t, ctx, name, func(n *corev1.Node) { n.Spec.Unschedulable = on })
 }
 
 // lbMetrics scrapes ebb lb's metrics (the e2e setup serves them there).
@@ -179,4 +202,21 @@ func adminDown(t *testing.T, node string) bool {
 		}
 	}
 	return seen > 0 && down == seen
+}
+
+// nodeEvents counts a node's events of one reason, by their series count.
+func nodeEvents(t *testing.T, ctx context.Context, node, reason string) int {
+	t.Helper()
+	list, err := cluster.Client.EventsV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + node + ",reason=" + reason})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		n++
+		if e.Series != nil {
+			n += int(e.Series.Count) - 1
+		}
+	}
+	return n
 }

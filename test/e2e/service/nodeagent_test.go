@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/ebbdev/ebb/internal/nodehealth"
 )
 
@@ -41,23 +38,7 @@ func TestNodeAgentHealthz(t *testing.T) {
 	})
 	taint := func(on bool) {
 		t.Helper()
-		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var taints []corev1.Taint
-		for _, tn := range n.Spec.Taints {
-			if tn.Key != nodehealth.TaintToBeDeleted {
-				taints = append(taints, tn)
-			}
-		}
-		if on {
-			taints = append(taints, corev1.Taint{Key: nodehealth.TaintToBeDeleted, Value: "1732233600", Effect: corev1.TaintEffectNoSchedule})
-		}
-		n.Spec.Taints = taints
-		if _, err := cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		setTaintKey(t, ctx, node, nodehealth.TaintToBeDeleted, "1732233600", on)
 	}
 	taint(true)
 	defer taint(false)

@@ -1,0 +1,61 @@
+package adminstate
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+func TestEventsOncePerTransition(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(node).Build()
+	rec := events.NewFakeRecorder(10)
+	r := &Reconciler{Client: c, Recorder: rec}
+	step := func(taints ...string) []string {
+		t.Helper()
+		n := &corev1.Node{}
+		if err := c.Get(context.Background(), types.NamespacedName{Name: "n1"}, n); err != nil {
+			t.Fatal(err)
+		}
+		n.Spec.Taints = nil
+		for _, k := range taints {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: k, Effect: corev1.TaintEffectNoSchedule})
+		}
+		if err := c.Update(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: "n1"}}); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for len(rec.Events) > 0 {
+			out = append(out, <-rec.Events)
+		}
+		return out
+	}
+	if evs := step(); len(evs) != 0 {
+		t.Errorf("a healthy node got events: %q", evs)
+	}
+	if evs := step(lbmodel.TaintOutOfService); len(evs) != 1 || !strings.Contains(evs[0], ReasonDown) || !strings.Contains(evs[0], lbmodel.TaintOutOfService) {
+		t.Errorf("taint: events %q", evs)
+	}
+	if evs := step(lbmodel.TaintOutOfService, lbmodel.TaintDraining); len(evs) != 0 {
+		t.Errorf("a second leaving taint repeated the event: %q", evs)
+	}
+	if evs := step(); len(evs) != 1 || !strings.Contains(evs[0], ReasonNone) {
+		t.Errorf("untaint: events %q", evs)
+	}
+	if evs := step(corev1.TaintNodeUnschedulable); len(evs) != 0 {
+		t.Errorf("cordon reported a transition: %q", evs)
+	}
+}
