@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
@@ -58,7 +58,7 @@ func NewCommand() *cobra.Command {
 		Short: "Run ebb's controllers (Service load balancers, the spot preemption signal)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := restConfig(o.Kubeconfig)
+			cfg, err := kubeconfig.Load(o.Kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -84,18 +84,6 @@ func NewCommand() *cobra.Command {
 	zapOpts.BindFlags(logFlags)
 	f.AddGoFlagSet(logFlags)
 	return cmd
-}
-
-// restConfig loads a kubeconfig file, or the in-cluster or default one.
-func restConfig(path string) (*rest.Config, error) {
-	if path == "" {
-		return ctrl.GetConfig()
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", path)
-	if err != nil {
-		return nil, fmt.Errorf("loading kubeconfig %s: %w", path, err)
-	}
-	return cfg, nil
 }
 
 // Run runs the controllers against cfg until ctx is done.

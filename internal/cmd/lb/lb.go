@@ -22,11 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/lbsync"
@@ -197,15 +195,9 @@ func (o *Options) Run(ctx context.Context) error {
 
 // syncer returns the Kubernetes-driven source of configuration.
 func (o *Options) syncer(dp *dataplane.DataPlane) (*lbsync.Syncer, error) {
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	} else {
-		cfg, err = ctrl.GetConfig()
-	}
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("loading the cluster configuration (give --config FILE to run without a cluster): %w", err)
+		return nil, fmt.Errorf("%w (give --config FILE to run without a cluster)", err)
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -22,12 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/nodehealth"
 )
 
@@ -76,15 +74,9 @@ cannot be read.`,
 // Run serves until ctx is done.
 func (o *Options) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx)
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	} else {
-		cfg, err = ctrl.GetConfig()
-	}
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("loading the cluster configuration: %w", err)
+		return err
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
