@@ -6,7 +6,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/dataplane"
 )
 
@@ -122,15 +122,7 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile bool) e
 		"errors":                           e.errors,
 		"haproxy_errors":                   h.errors,
 	}
-	line, _ := json.Marshal(summary)
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
-		return err
-	}
-	fmt.Println(string(line))
-	return nil
+	return report.WriteSummary(out, summary)
 }
 
 func ratio(a, b float64) float64 {
@@ -186,8 +178,8 @@ func measure(lb *lbProcess, backends []*echoBackend, direct string, d time.Durat
 	if err != nil {
 		return r, err
 	}
-	r.p50 = us(percentile(via, 0.50) - percentile(base, 0.50))
-	r.p99 = us(percentile(via, 0.99) - percentile(base, 0.99))
+	r.p50 = us(report.Percentile(via, 0.50) - report.Percentile(base, 0.50))
+	r.p99 = us(report.Percentile(via, 0.99) - report.Percentile(base, 0.99))
 
 	return r, drain(lb, backends, &r)
 }
@@ -293,7 +285,7 @@ func applyToEffect() (float64, float64, error) {
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 	sort.Slice(owner, func(i, j int) bool { return owner[i] < owner[j] })
-	return us(percentile(times, 0.99)), us(percentile(owner, 0.99)), nil
+	return us(report.Percentile(times, 0.99)), us(report.Percentile(owner, 0.99)), nil
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -90,13 +90,13 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 		}
 		create = append(create, d)
 	}
-	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s\n", nServices, pct(create, 0.5), pct(create, 0.99))
+	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s\n", nServices, report.Percentile(create, 0.5), report.Percentile(create, 0.99))
 
 	updatesTimes, err := endpointUpdates(ctx, c, ns, nUpdates)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "EndpointSlice change to data plane over %d changes: p50 %s p99 %s\n", nUpdates, pct(updatesTimes, 0.5), pct(updatesTimes, 0.99))
+	fmt.Fprintf(os.Stderr, "EndpointSlice change to data plane over %d changes: p50 %s p99 %s\n", nUpdates, report.Percentile(updatesTimes, 0.5), report.Percentile(updatesTimes, 0.99))
 
 	syncMs, frontends, err := lbSyncFigures()
 	if err != nil {
@@ -114,10 +114,10 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 	summary := map[string]any{
 		"date":                           time.Now().UTC().Format(time.RFC3339),
 		"services":                       nServices,
-		"create_to_first_request_ms_p50": ms(pct(create, 0.5)),
-		"create_to_first_request_ms_p99": ms(pct(create, 0.99)),
-		"endpoint_update_ms_p50":         ms(pct(updatesTimes, 0.5)),
-		"endpoint_update_ms_p99":         ms(pct(updatesTimes, 0.99)),
+		"create_to_first_request_ms_p50": ms(report.Percentile(create, 0.5)),
+		"create_to_first_request_ms_p99": ms(report.Percentile(create, 0.99)),
+		"endpoint_update_ms_p50":         ms(report.Percentile(updatesTimes, 0.5)),
+		"endpoint_update_ms_p99":         ms(report.Percentile(updatesTimes, 0.99)),
 		"sync_ms_mean_small":             syncMs,
 		"scale_services":                 sc.services,
 		"scale_endpoints":                sc.endpoints,
@@ -125,15 +125,7 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 		"full_resync_ms":                 sc.fullResyncMs,
 		"scale_all_served_s":             sc.readyAfter.Seconds(),
 	}
-	line, _ := json.Marshal(summary)
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
-		return err
-	}
-	fmt.Println(string(line))
-	return nil
+	return report.WriteSummary(out, summary)
 }
 
 // createToFirstRequest creates a LoadBalancer Service and times until a
@@ -244,43 +236,39 @@ func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n 
 	return out, nil
 }
 
-// metricValue reads one unlabelled series of ebb lb's metrics (0 if absent).
-func metricValue(name string) float64 {
-	resp, err := http.Get("http://127.0.0.1:19464/metrics")
+// lbMetrics scrapes ebb lb's unlabelled series once.
+func lbMetrics() (map[string]float64, error) {
+	resp, err := http.Get("http://" + clustercmd.LBMetricsAddress + "/metrics")
 	if err != nil {
-		return 0
+		return nil, err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
 	for _, l := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(l, name+" ") {
-			v, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
-			return v
+		if f := strings.Fields(l); len(f) == 2 && !strings.HasPrefix(l, "#") && !strings.Contains(f[0], "{") {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			out[f[0]] = v
 		}
 	}
-	return 0
+	return out, nil
 }
 
 // lbSyncFigures reads ebb lb's mean full-sync time and frontend count.
 func lbSyncFigures() (float64, float64, error) {
-	if _, err := http.Get("http://127.0.0.1:19464/metrics"); err != nil {
+	m, err := lbMetrics()
+	if err != nil {
 		return 0, 0, err
 	}
-	sum, count := metricValue("ebb_lbsync_sync_duration_seconds_sum"), metricValue("ebb_lbsync_sync_duration_seconds_count")
+	sum, count := m["ebb_lbsync_sync_duration_seconds_sum"], m["ebb_lbsync_sync_duration_seconds_count"]
 	mean := 0.0
 	if count > 0 {
 		mean = sum / count * 1000
 	}
-	return mean, metricValue("ebb_lbsync_frontends"), nil
-}
-
-func pct(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[min(len(s)-1, int(p*float64(len(s))))]
+	return mean, m["ebb_lbsync_frontends"], nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"time"
 
@@ -89,10 +88,11 @@ func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perServic
 
 	// Full resyncs at this size: each node change recomputes and applies
 	// everything.
-	sum0, count0, err := syncSumCount()
+	before0, err := lbMetrics()
 	if err != nil {
 		return res, err
 	}
+	sum0, count0 := before0["ebb_lbsync_sync_duration_seconds_sum"], before0["ebb_lbsync_sync_duration_seconds_count"]
 	for i := range 10 {
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			node, err := c.Client.CoreV1().Nodes().Get(ctx, c.Nodes[0].Name, metav1.GetOptions{})
@@ -112,20 +112,14 @@ func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perServic
 		time.Sleep(300 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	sum1, count1, err := syncSumCount()
+	after, err := lbMetrics()
 	if err != nil {
 		return res, err
 	}
+	sum1, count1 := after["ebb_lbsync_sync_duration_seconds_sum"], after["ebb_lbsync_sync_duration_seconds_count"]
 	if count1 > count0 {
 		res.fullResyncMs = (sum1 - sum0) / (count1 - count0) * 1000
 	}
-	res.memoryMiB = metricValue("process_resident_memory_bytes") / (1 << 20)
+	res.memoryMiB = after["process_resident_memory_bytes"] / (1 << 20)
 	return res, nil
-}
-
-func syncSumCount() (float64, float64, error) {
-	if _, err := http.Get("http://127.0.0.1:19464/metrics"); err != nil {
-		return 0, 0, err
-	}
-	return metricValue("ebb_lbsync_sync_duration_seconds_sum"), metricValue("ebb_lbsync_sync_duration_seconds_count"), nil
 }

@@ -19,10 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
-)
 
-// TaintToBeDeleted is the cluster autoscaler's taint.
-const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
 
 // KubeProxyPort is kube-proxy's health port, which load balancers probe by
 // default.
@@ -83,7 +82,7 @@ func Eligible(node *corev1.Node) bool {
 		return false
 	}
 	for _, t := range node.Spec.Taints {
-		if t.Key == TaintToBeDeleted {
+		if t.Key == lbmodel.TaintToBeDeleted {
 			return false
 		}
 	}

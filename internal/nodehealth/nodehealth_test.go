@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 func get(t *testing.T, s *Server, path string) (int, answer) {
@@ -26,7 +28,7 @@ func get(t *testing.T, s *Server, path string) (int, answer) {
 }
 
 func TestHealthz(t *testing.T) {
-	tainted := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}}}
+	tainted := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: lbmodel.TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}}}
 	deleting := &corev1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{}}}
 	cordoned := &corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true}}
 	tests := []struct {

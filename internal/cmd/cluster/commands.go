@@ -19,6 +19,14 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
+// Addresses, inside the cluster's namespace, where StartEbb's components
+// serve their metrics (and the load balancer its /readyz).
+const (
+	ControllerMetricsAddress = "127.0.0.1:18080"
+	controllerHealthAddress  = "127.0.0.1:18081"
+	LBMetricsAddress         = "127.0.0.1:19464"
+)
+
 // StartEbb runs `ebb controller` and `ebb lb` of the ebb binary bin against
 // a local cluster, as processes in its namespace (logs in the cluster's
 // logs/), waits until the load balancer is ready, and returns a function
@@ -26,11 +34,11 @@ import (
 func StartEbb(c *localcluster.Cluster, bin string) (func(), error) {
 	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
 		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
-		"--metrics-bind-address", "127.0.0.1:18080", "--health-probe-bind-address", "127.0.0.1:18081")
+		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress)
 	if err != nil {
 		return nil, err
 	}
-	stopLB, err := c.StartProcess("ebb-lb", bin, "lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", "127.0.0.1:19464")
+	stopLB, err := c.StartProcess("ebb-lb", bin, "lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", LBMetricsAddress)
 	if err != nil {
 		_ = stopController()
 		return nil, err
@@ -42,7 +50,7 @@ func StartEbb(c *localcluster.Cluster, bin string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
-		if resp, err := http.Get("http://127.0.0.1:19464/readyz"); err == nil {
+		if resp, err := http.Get("http://" + LBMetricsAddress + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return stop, nil

@@ -248,7 +248,9 @@ type healthAnswer struct {
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
-func listenHealth(addr string, t target, slices slicesFunc) (*healthListener, error) {
+// serveHealth serves answer on addr; answer reads the listener's current
+// target, so retargeting needs no rebinding.
+func serveHealth(addr string, t target, answer func(w http.ResponseWriter, t *target)) (*healthListener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -256,21 +258,27 @@ func listenHealth(addr string, t target, slices slicesFunc) (*healthListener, er
 	l := &healthListener{}
 	l.target.Store(&t)
 	l.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		t := l.target.Load()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		answer(w, l.target.Load())
+	})}
+	go func() { _ = l.srv.Serve(ln) }()
+	return l, nil
+}
+
+// listenHealth serves a Local Service's healthCheckNodePort.
+func listenHealth(addr string, t target, slices slicesFunc) (*healthListener, error) {
+	return serveHealth(addr, t, func(w http.ResponseWriter, t *target) {
 		var a healthAnswer
 		a.Service.Namespace, a.Service.Name = t.namespace, t.service
 		a.LocalEndpoints = readyLocalEndpoints(slices(t.namespace, t.service), t.node)
 		a.ServiceProxyHealthy = true
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(a.LocalEndpoints))
 		if a.LocalEndpoints == 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		_ = json.NewEncoder(w).Encode(a)
-	})}
-	go func() { _ = l.srv.Serve(ln) }()
-	return l, nil
+	})
 }
 
 func (l *healthListener) setTarget(t target) { l.target.Store(&t) }
@@ -280,20 +288,12 @@ func (l *healthListener) close() { _ = l.srv.Close() }
 // listenNodeHealth serves kube-proxy's node /healthz: 200 while the node is
 // healthy, 503 once it is being deleted or tainted for deletion.
 func listenNodeHealth(addr string, t target, healthy func(node string) bool) (*healthListener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	l := &healthListener{}
-	l.target.Store(&t)
-	l.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return serveHealth(addr, t, func(w http.ResponseWriter, t *target) {
 		now := time.Now().UTC().Format(time.RFC3339Nano)
-		w.Header().Set("Content-Type", "application/json")
-		if !healthy(l.target.Load().node) {
+		eligible := healthy(t.node)
+		if !eligible {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"lastUpdated": now, "currentTime": now, "nodeEligible": healthy(l.target.Load().node)})
-	})}
-	go func() { _ = l.srv.Serve(ln) }()
-	return l, nil
+		_ = json.NewEncoder(w).Encode(map[string]any{"lastUpdated": now, "currentTime": now, "nodeEligible": eligible})
+	})
 }

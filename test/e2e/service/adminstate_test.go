@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -163,7 +164,7 @@ func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 // lbMetrics scrapes ebb lb's metrics (the e2e setup serves them there).
 func lbMetrics(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get("http://127.0.0.1:19464/metrics")
+	resp, err := http.Get("http://" + clustercmd.LBMetricsAddress + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ebbdev/ebb/internal/nodehealth"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 // `ebb node-agent` answers /healthz 200 for a healthy node and 503 once the
@@ -38,7 +38,7 @@ func TestNodeAgentHealthz(t *testing.T) {
 	})
 	taint := func(on bool) {
 		t.Helper()
-		setTaintKey(t, ctx, node, nodehealth.TaintToBeDeleted, "1732233600", on)
+		setTaintKey(t, ctx, node, lbmodel.TaintToBeDeleted, "1732233600", on)
 	}
 	taint(true)
 	defer taint(false)

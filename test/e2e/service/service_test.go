@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
@@ -284,7 +285,7 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 	if len(got.Status.LoadBalancer.Ingress) != 0 {
 		t.Errorf("an SCTP Service got an address: %+v", got.Status.LoadBalancer)
 	}
-	resp, err := http.Get("http://127.0.0.1:18080/metrics")
+	resp, err := http.Get("http://" + clustercmd.ControllerMetricsAddress + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
