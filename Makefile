@@ -9,7 +9,7 @@ GO ?= go
 TOOLS_BIN = $(shell hack/tools.sh --print)
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service clean
+.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover clean
 
 all: build
 
@@ -65,6 +65,11 @@ bench-dataplane: build
 bench-service: tools build
 	$(GO) build -o bin/bench-service ./bench/service
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -ebb bin/ebb
+
+## bench-cutover: leaving node -> last new connection (admin state vs probes only), spot eviction failures, on the local cluster
+bench-cutover: tools build
+	$(GO) build -o bin/bench-cutover ./bench/cutover
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -ebb bin/ebb
 
 clean:
 	rm -rf bin

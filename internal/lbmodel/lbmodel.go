@@ -46,6 +46,16 @@ const (
 	TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
 )
 
+// Node event reasons of the admin-state design (seed 000). Down and None
+// are reported once per transition by the leader-elected controller;
+// UpdateFailed by whichever load balancer could not apply a change (a
+// failure is local to it).
+const (
+	ReasonAdminStateDown         = "LoadBalancerAdminStateDown"
+	ReasonAdminStateNone         = "LoadBalancerAdminStateNone"
+	ReasonAdminStateUpdateFailed = "LoadBalancerAdminStateUpdateFailed"
+)
+
 // Options tune the rules.
 type Options struct {
 	// NodeHealthPort is probed for externalTrafficPolicy Cluster in node

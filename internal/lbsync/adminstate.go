@@ -9,55 +9,73 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// adminStateSetter is the part of the data plane the fast path drives.
+type adminStateSetter interface {
+	SetOwnerAdminState(owner string, state dataplane.AdminState) (int, error)
+}
+
 // adminFastPath applies a node's admin state to the data plane the moment
 // its taints change, from the Node informer, on a queue of its own: it does
 // not wait for the whole configuration to be recomputed (which follows and
 // agrees, since lbmodel derives both from the same taints). It keeps the
 // last state per node UID, so that a replacement node with the same name
-// does not inherit Down, and does nothing when nothing changed.
+// does not inherit Down, and does nothing when nothing changed. A change
+// that fails is retried with exponential backoff and reported once as a
+// Node event.
 type adminFastPath struct {
-	dp    *dataplane.DataPlane
-	model lbmodel.Options
+	dp       adminStateSetter
+	model    lbmodel.Options
+	recorder events.EventRecorder // nil: no events
 
 	mu sync.Mutex
 	// states is the draining set: each node's state by UID.
 	states map[types.UID]dataplane.AdminState
-	// applied is the last state queued for each node name, which is what
-	// the data plane's backends of that name carry.
-	applied map[string]dataplane.AdminState
-	queue   chan adminChange
+	// want is the state each node name's backends should carry, with when
+	// that was observed and the node it was observed on.
+	want map[string]wantedState
+	// failed is the state whose failure was last reported per node name,
+	// so a retrying failure makes one event, not one per attempt.
+	failed map[string]dataplane.AdminState
+	queue  workqueue.TypedRateLimitingInterface[string]
 
 	transitions *prometheus.CounterVec
 	errors      prometheus.Counter
 	latency     prometheus.Histogram
 }
 
-// adminChange is one node's new admin state, and when it was observed.
-type adminChange struct {
-	node     string
+// wantedState is one node's desired admin state.
+type wantedState struct {
 	state    dataplane.AdminState
 	observed time.Time
+	node     *corev1.Node
 }
 
-func newAdminFastPath(dp *dataplane.DataPlane, model lbmodel.Options) *adminFastPath {
+func newAdminFastPath(dp adminStateSetter, model lbmodel.Options, recorder events.EventRecorder) *adminFastPath {
 	return &adminFastPath{
-		dp: dp, model: model,
-		states:  map[types.UID]dataplane.AdminState{},
-		applied: map[string]dataplane.AdminState{},
-		queue:   make(chan adminChange, 1024),
+		dp: dp, model: model, recorder: recorder,
+		states: map[types.UID]dataplane.AdminState{},
+		want:   map[string]wantedState{},
+		failed: map[string]dataplane.AdminState{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "adminstate"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ebb_lb_admin_state_transitions_total",
 			Help: "Admin state changes applied to a node's backends by the fast path; state is Down or None.",
 		}, []string{"state"}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ebb_lb_admin_state_errors_total",
-			Help: "Admin state changes the fast path could not apply.",
+			Help: "Admin state changes the fast path could not apply (each attempt).",
 		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ebb_lb_admin_state_apply_seconds",
@@ -71,25 +89,29 @@ func (a *adminFastPath) collectors() []prometheus.Collector {
 	return []prometheus.Collector{a.transitions, a.errors, a.latency}
 }
 
-// observe is called with every added or updated node. It queues a change
-// only when the node's state differs from what its backends carry, so
+// observe is called with every added or updated node. It queues the node
+// only when its state differs from what its backends should carry, so
 // updates that change nothing cost nothing, and a replacement node (a new
 // UID under the old name) gets its own state, not its predecessor's.
 func (a *adminFastPath) observe(node *corev1.Node) {
 	state := lbmodel.AdminState(node, a.model)
 	a.mu.Lock()
 	a.states[node.UID] = state
-	last, ok := a.applied[node.Name]
+	last, ok := a.want[node.Name]
 	if !ok {
-		last = dataplane.AdminNone // backends start None
+		last.state = dataplane.AdminNone // backends start None
 	}
-	if state == last {
+	if state == last.state {
+		last.node = node
+		if ok {
+			a.want[node.Name] = last
+		}
 		a.mu.Unlock()
 		return
 	}
-	a.applied[node.Name] = state
+	a.want[node.Name] = wantedState{state: state, observed: time.Now(), node: node}
 	a.mu.Unlock()
-	a.queue <- adminChange{node: node.Name, state: state, observed: time.Now()}
+	a.queue.Add(node.Name)
 }
 
 // forget drops a deleted node from the draining set; its backends go with
@@ -100,22 +122,47 @@ func (a *adminFastPath) forget(node *corev1.Node) {
 	a.mu.Unlock()
 }
 
-// run applies queued changes in order until ctx is done.
+// run applies queued changes until ctx is done.
 func (a *adminFastPath) run(ctx context.Context, log logr.Logger) {
+	go func() {
+		<-ctx.Done()
+		a.queue.ShutDown()
+	}()
 	for {
-		select {
-		case <-ctx.Done():
+		name, shutdown := a.queue.Get()
+		if shutdown {
 			return
-		case ch := <-a.queue:
-			n, err := a.dp.SetOwnerAdminState(ch.node, ch.state)
-			if err != nil {
-				a.errors.Inc()
-				log.Error(err, "Setting a node's admin state", "node", klog.KRef("", ch.node), "state", ch.state)
-				continue
-			}
-			a.latency.Observe(time.Since(ch.observed).Seconds())
-			a.transitions.WithLabelValues(string(ch.state)).Inc()
-			log.Info("Applied a node's admin state", "node", klog.KRef("", ch.node), "state", ch.state, "backends", n, "latency", time.Since(ch.observed))
 		}
+		a.apply(log, name)
+		a.queue.Done(name)
 	}
+}
+
+// apply sets one node's backends to the state last wanted for it.
+func (a *adminFastPath) apply(log logr.Logger, name string) {
+	a.mu.Lock()
+	w := a.want[name]
+	a.mu.Unlock()
+	n, err := a.dp.SetOwnerAdminState(name, w.state)
+	if err != nil {
+		a.errors.Inc()
+		log.Error(err, "Setting a node's admin state; retrying", "node", klog.KRef("", name), "state", w.state)
+		a.mu.Lock()
+		first := a.failed[name] != w.state
+		a.failed[name] = w.state
+		a.mu.Unlock()
+		if first && a.recorder != nil && w.node != nil {
+			a.recorder.Eventf(w.node, nil, corev1.EventTypeWarning, lbmodel.ReasonAdminStateUpdateFailed, "AdminState",
+				"Could not set this node's load-balancer backends to admin state %s: %v (retrying)", w.state, err)
+		}
+		a.queue.AddRateLimited(name)
+		return
+	}
+	a.queue.Forget(name)
+	a.mu.Lock()
+	delete(a.failed, name)
+	a.mu.Unlock()
+	a.latency.Observe(time.Since(w.observed).Seconds())
+	a.transitions.WithLabelValues(string(w.state)).Inc()
+	log.Info("Applied a node's admin state", "node", klog.KRef("", name), "state", w.state, "backends", n, "latency", time.Since(w.observed))
 }

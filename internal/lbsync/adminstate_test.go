@@ -2,7 +2,10 @@ package lbsync
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -46,7 +50,7 @@ func TestAdminFastPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fast := newAdminFastPath(dp, lbmodel.Options{})
+	fast := newAdminFastPath(dp, lbmodel.Options{}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go fast.run(ctx, logr.Discard())
@@ -100,5 +104,68 @@ func TestAdminFastPath(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(fast.transitions.WithLabelValues("Down")); got != 2 {
 		t.Errorf("%v transitions to Down, want 2", got)
+	}
+}
+
+// failingSetter fails until told otherwise.
+type failingSetter struct {
+	mu    sync.Mutex
+	fail  bool
+	calls int
+	state dataplane.AdminState
+}
+
+func (f *failingSetter) SetOwnerAdminState(_ string, state dataplane.AdminState) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.fail {
+		return 0, errors.New("backend pool is busy")
+	}
+	f.state = state
+	return 1, nil
+}
+
+// A change that cannot be applied is retried with backoff until it is, and
+// reported as one Warning event however many attempts fail.
+func TestAdminFastPathRetriesAndReportsFailure(t *testing.T) {
+	setter := &failingSetter{fail: true}
+	recorder := events.NewFakeRecorder(10)
+	fast := newAdminFastPath(setter, lbmodel.Options{}, recorder)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go fast.run(ctx, logr.Discard())
+
+	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining))
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(fast.errors) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v failed attempts, want at least 3 (retries)", testutil.ToFloat64(fast.errors))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	setter.mu.Lock()
+	setter.fail = false
+	setter.mu.Unlock()
+	for {
+		setter.mu.Lock()
+		state := setter.state
+		setter.mu.Unlock()
+		if state == dataplane.AdminDown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the change was never applied after the failures stopped")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := len(recorder.Events); got != 1 {
+		t.Fatalf("%d events, want 1 for one failing transition", got)
+	}
+	if ev := <-recorder.Events; !strings.Contains(ev, "Warning "+lbmodel.ReasonAdminStateUpdateFailed) || !strings.Contains(ev, "backend pool is busy") {
+		t.Errorf("event %q", ev)
+	}
+	if got := testutil.ToFloat64(fast.transitions.WithLabelValues("Down")); got != 1 {
+		t.Errorf("%v transitions to Down, want 1", got)
 	}
 }

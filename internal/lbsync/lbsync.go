@@ -23,6 +23,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
@@ -62,6 +63,9 @@ type Syncer struct {
 	Model               lbmodel.Options
 	// Registerer takes the sync metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// Recorder reports admin-state changes this replica could not apply
+	// as Node events; nil: none.
+	Recorder events.EventRecorder
 
 	ready   atomic.Bool
 	trigger chan struct{}
@@ -91,7 +95,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
 	frontends := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lbsync_frontends", Help: "Frontends served from the cluster's Services."})
-	fast := newAdminFastPath(s.DataPlane, s.Model)
+	fast := newAdminFastPath(s.DataPlane, s.Model, s.Recorder)
 	if s.Registerer != nil {
 		for _, c := range append([]prometheus.Collector{syncSeconds, frontends}, fast.collectors()...) {
 			if err := s.Registerer.Register(c); err != nil {

@@ -80,6 +80,9 @@ type Cluster struct {
 	BinDir string
 	// Nodes are the simulated nodes, in order.
 	Nodes []Node
+	// NodeProxy is the simulated nodes' kube-proxy; benchmarks kill a
+	// node's data path and read its accept times through it.
+	NodeProxy *nodeproxy.Proxy
 
 	opts     Options
 	ownsDir  bool
@@ -371,6 +374,7 @@ func (c *Cluster) startSimulators() {
 	c.simsDone = make(chan struct{})
 	pods := podserver.New(c.Client)
 	proxies := nodeproxy.New(c.Client)
+	c.NodeProxy = proxies
 	go func() {
 		defer close(c.simsDone)
 		done := make(chan struct{})

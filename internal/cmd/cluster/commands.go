@@ -30,15 +30,15 @@ const (
 // StartEbb runs `ebb controller` and `ebb lb` of the ebb binary bin against
 // a local cluster, as processes in its namespace (logs in the cluster's
 // logs/), waits until the load balancer is ready, and returns a function
-// that stops them.
-func StartEbb(c *localcluster.Cluster, bin string) (func(), error) {
+// that stops them. lbArgs are added to ebb lb's flags.
+func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), error) {
 	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
 		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
 		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress)
 	if err != nil {
 		return nil, err
 	}
-	stopLB, err := c.StartProcess("ebb-lb", bin, "lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", LBMetricsAddress)
+	stopLB, err := c.StartProcess("ebb-lb", bin, append([]string{"lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", LBMetricsAddress}, lbArgs...)...)
 	if err != nil {
 		_ = stopController()
 		return nil, err

@@ -22,6 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
@@ -119,6 +121,10 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 		syncer.Registerer = reg
+		broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: syncer.Client.EventsV1()})
+		broadcaster.StartRecordingToSink(ctx.Done())
+		defer broadcaster.Shutdown()
+		syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
 		ready = syncer.Ready
 	}
 

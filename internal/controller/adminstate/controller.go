@@ -21,8 +21,8 @@ import (
 
 // Event reasons of the admin-state design (seed 000).
 const (
-	ReasonDown = "LoadBalancerAdminStateDown"
-	ReasonNone = "LoadBalancerAdminStateNone"
+	ReasonDown = lbmodel.ReasonAdminStateDown
+	ReasonNone = lbmodel.ReasonAdminStateNone
 )
 
 // ReportedAnnotation records on the node the admin state last reported.

@@ -28,17 +28,18 @@ type tcpListener struct {
 	ln     net.Listener
 	target atomic.Pointer[target]
 	slices slicesFunc
+	faults *faults
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 }
 
-func listenTCP(addr string, t target, slices slicesFunc) (*tcpListener, error) {
+func listenTCP(addr string, t target, slices slicesFunc, f *faults) (*tcpListener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	l := &tcpListener{ln: ln, slices: slices, conns: map[net.Conn]struct{}{}}
+	l := &tcpListener{ln: ln, slices: slices, faults: f, conns: map[net.Conn]struct{}{}}
 	l.target.Store(&t)
 	go l.acceptLoop()
 	return l, nil
@@ -64,6 +65,13 @@ func (l *tcpListener) acceptLoop() {
 // connections to a Service without endpoints.
 func (l *tcpListener) forward(client *net.TCPConn) {
 	t := l.target.Load()
+	dead, killed := l.faults.accepted(t.node)
+	if dead {
+		l.track(client)
+		defer l.untrack(client)
+		blackhole(client)
+		return
+	}
 	eps := endpointsFor(l.slices(t.namespace, t.service), t.portName, t.protocol, t.node, t.local)
 	if len(eps) == 0 {
 		reset(client)
@@ -80,6 +88,14 @@ func (l *tcpListener) forward(client *net.TCPConn) {
 	go func() {
 		proxyCopy(upstream.(*net.TCPConn), client)
 		close(done)
+	}()
+	go func() {
+		select {
+		case <-killed: // the node vanished: its connections go with it
+			_ = client.Close()
+			_ = upstream.Close()
+		case <-done:
+		}
 	}()
 	proxyCopy(client, upstream.(*net.TCPConn))
 	<-done
@@ -133,17 +149,18 @@ type udpListener struct {
 	pc     net.PacketConn
 	target atomic.Pointer[target]
 	slices slicesFunc
+	faults *faults
 
 	mu    sync.Mutex
 	flows map[string]*net.UDPConn
 }
 
-func listenUDP(addr string, t target, slices slicesFunc) (*udpListener, error) {
+func listenUDP(addr string, t target, slices slicesFunc, f *faults) (*udpListener, error) {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return nil, err
 	}
-	l := &udpListener{pc: pc, slices: slices, flows: map[string]*net.UDPConn{}}
+	l := &udpListener{pc: pc, slices: slices, faults: f, flows: map[string]*net.UDPConn{}}
 	l.target.Store(&t)
 	go l.readLoop()
 	return l, nil
@@ -159,6 +176,9 @@ func (l *udpListener) readLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			continue
+		}
+		if l.faults.isDead(l.target.Load().node) {
 			continue
 		}
 		flow := l.flow(from)
@@ -250,14 +270,18 @@ type healthAnswer struct {
 
 // serveHealth serves answer on addr; answer reads the listener's current
 // target, so retargeting needs no rebinding.
-func serveHealth(addr string, t target, answer func(w http.ResponseWriter, t *target)) (*healthListener, error) {
+func serveHealth(addr string, t target, f *faults, answer func(w http.ResponseWriter, t *target)) (*healthListener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	l := &healthListener{}
 	l.target.Store(&t)
-	l.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	l.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f.isDead(l.target.Load().node) {
+			<-r.Context().Done() // a vanished node never answers
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		answer(w, l.target.Load())
@@ -267,8 +291,8 @@ func serveHealth(addr string, t target, answer func(w http.ResponseWriter, t *ta
 }
 
 // listenHealth serves a Local Service's healthCheckNodePort.
-func listenHealth(addr string, t target, slices slicesFunc) (*healthListener, error) {
-	return serveHealth(addr, t, func(w http.ResponseWriter, t *target) {
+func listenHealth(addr string, t target, slices slicesFunc, f *faults) (*healthListener, error) {
+	return serveHealth(addr, t, f, func(w http.ResponseWriter, t *target) {
 		var a healthAnswer
 		a.Service.Namespace, a.Service.Name = t.namespace, t.service
 		a.LocalEndpoints = readyLocalEndpoints(slices(t.namespace, t.service), t.node)
@@ -287,8 +311,8 @@ func (l *healthListener) close() { _ = l.srv.Close() }
 
 // listenNodeHealth serves kube-proxy's node /healthz: 200 while the node is
 // healthy, 503 once it is being deleted or tainted for deletion.
-func listenNodeHealth(addr string, t target, healthy func(node string) bool) (*healthListener, error) {
-	return serveHealth(addr, t, func(w http.ResponseWriter, t *target) {
+func listenNodeHealth(addr string, t target, healthy func(node string) bool, f *faults) (*healthListener, error) {
+	return serveHealth(addr, t, f, func(w http.ResponseWriter, t *target) {
 		now := time.Now().UTC().Format(time.RFC3339Nano)
 		eligible := healthy(t.node)
 		if !eligible {

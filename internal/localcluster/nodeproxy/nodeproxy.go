@@ -45,13 +45,15 @@ type Proxy struct {
 	nodes   corelisters.NodeLister
 	trigger chan struct{}
 
+	faults *faults
+
 	mu        sync.Mutex
 	listeners map[listenKey]listener
 }
 
 // New returns a Proxy for the cluster client talks to.
 func New(client kubernetes.Interface) *Proxy {
-	return &Proxy{client: client, trigger: make(chan struct{}, 1), listeners: map[listenKey]listener{}}
+	return &Proxy{client: client, trigger: make(chan struct{}, 1), faults: newFaults(), listeners: map[listenKey]listener{}}
 }
 
 // listenKey is one socket: a node IP, a protocol ("TCP", "UDP", "health"
@@ -200,13 +202,13 @@ func (p *Proxy) reconcile(log logr.Logger, want map[listenKey]target) {
 		)
 		switch k.proto {
 		case "health":
-			l, err = listenHealth(addr, t, p.endpointSlices)
+			l, err = listenHealth(addr, t, p.endpointSlices, p.faults)
 		case "nodehealth":
-			l, err = listenNodeHealth(addr, t, p.nodeHealthy)
+			l, err = listenNodeHealth(addr, t, p.nodeHealthy, p.faults)
 		case string(corev1.ProtocolUDP):
-			l, err = listenUDP(addr, t, p.endpointSlices)
+			l, err = listenUDP(addr, t, p.endpointSlices, p.faults)
 		case string(corev1.ProtocolTCP):
-			l, err = listenTCP(addr, t, p.endpointSlices)
+			l, err = listenTCP(addr, t, p.endpointSlices, p.faults)
 		default:
 			continue // SCTP is not simulated
 		}

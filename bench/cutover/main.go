@@ -1,0 +1,171 @@
+// Command cutover measures how fast a leaving node stops getting new
+// connections, on the local cluster with `ebb controller` and `ebb lb` as
+// processes and a client opening new connections at a constant rate through
+// a node-mode LoadBalancer Service:
+//
+//   - cutover: the out-of-service taint is added at t0; the figure is the
+//     time of the last new connection the node accepted, minus t0;
+//   - spot eviction: a PreemptScheduled Event is created at t0 and the
+//     node's data path is killed at t0 + 2 s; the figure is the number of
+//     failed requests. The same runs with admin state switched off
+//     (`ebb lb --disable-admin-state`: only the probes decide, every 5 s,
+//     2 failures) are the baseline, and give the probe-only cutover.
+//
+// The last line printed is a JSON summary, also written to
+// bench/results/cutover.json.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/bench/internal/report"
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+func main() {
+	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
+	runs := flag.Int("runs", 20, "cutover runs (the out-of-service taint)")
+	spotRuns := flag.Int("spot-runs", 3, "spot-eviction runs, each with ebb and with the probe-only baseline")
+	rate := flag.Int("rate", 500, "new connections per second")
+	out := flag.String("out", "bench/results/cutover.json", "where to write the JSON summary")
+	flag.Parse()
+	if !localcluster.InNamespace() {
+		code, err := localcluster.Reexec()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(code)
+	}
+	if err := run(*ebbBin, *runs, *spotRuns, *rate, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-cutover:", err)
+		os.Exit(1)
+	}
+}
+
+const ns = metav1.NamespaceDefault
+
+func run(ebbBin string, runs, spotRuns, rate int, out string) error {
+	if err := localcluster.SetupNamespace(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-cutover", Nodes: 3, Progress: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	bin, err := filepath.Abs(ebbBin)
+	if err != nil {
+		return err
+	}
+	stop, err := clustercmd.StartEbb(c, bin)
+	if err != nil {
+		return err
+	}
+	url, err := deploy(ctx, c)
+	if err != nil {
+		stop()
+		return err
+	}
+	b := &bench{c: c, load: startLoad(url, rate)}
+	defer b.load.stop()
+
+	cutovers, err := b.cutovers(ctx, runs)
+	if err != nil {
+		stop()
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "cutover over %d runs at %d conn/s: p50 %s p99 %s\n", runs, rate, report.Percentile(cutovers, 0.5), report.Percentile(cutovers, 0.99))
+	spotFailed, _, err := b.spotRuns(ctx, spotRuns)
+	stop()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "spot eviction with ebb: %d failed requests over %d runs\n", spotFailed, spotRuns)
+
+	stop, err = clustercmd.StartEbb(c, bin, "--disable-admin-state")
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := b.waitAllNodesServe(ctx); err != nil {
+		return err
+	}
+	baseFailed, probeCutovers, err := b.spotRuns(ctx, spotRuns)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "spot eviction, probe-only baseline: %d failed requests over %d runs; cutover p50 %s\n", baseFailed, spotRuns, report.Percentile(probeCutovers, 0.5))
+
+	p50, probeP50 := report.Percentile(cutovers, 0.5), report.Percentile(probeCutovers, 0.5)
+	speedup := 0.0
+	if p50 > 0 {
+		speedup = float64(probeP50) / float64(p50)
+	}
+	sent, _ := b.load.counts()
+	summary := map[string]any{
+		"date":                          time.Now().UTC().Format(time.RFC3339),
+		"runs":                          runs,
+		"spot_runs":                     spotRuns,
+		"rate_per_second":               rate,
+		"requests_sent":                 sent,
+		"cutover_ms_p50":                ms(p50),
+		"cutover_ms_p99":                ms(report.Percentile(cutovers, 0.99)),
+		"probe_only_cutover_ms_p50":     ms(probeP50),
+		"cutover_speedup_vs_probe":      float64(int(speedup*10)) / 10,
+		"spot_failed_requests":          spotFailed,
+		"baseline_spot_failed_requests": baseFailed,
+	}
+	return report.WriteSummary(out, summary)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// deploy creates the echo app (3 replicas, tolerating the out-of-service
+// taint so the measurement is about the load balancer, not pod churn) and
+// its node-mode LoadBalancer Service, and returns the Service's URL once it
+// answers.
+func deploy(ctx context.Context, c *localcluster.Cluster) (string, error) {
+	dep := localcluster.EchoDeployment(ns, "app", 3)
+	dep.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: lbmodel.TaintOutOfService, Operator: corev1.TolerationOpExists}}
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		return "", err
+	}
+	if err := c.WaitDeploymentAvailable(ctx, ns, "app", 2*time.Minute); err != nil {
+		return "", err
+	}
+	svc := localcluster.EchoService(ns, "app", corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return "", err
+	}
+	if err := c.WaitServiceEndpoints(ctx, ns, "app", 3, time.Minute); err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		s, err := c.Client.CoreV1().Services(ns).Get(ctx, "app", metav1.GetOptions{})
+		if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
+			url := "http://" + net.JoinHostPort(s.Status.LoadBalancer.Ingress[0].IP, "80") + "/"
+			if request(url) == nil {
+				return url, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the Service did not answer within a minute")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/ebbdev/ebb/internal/controller/spot"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// requestTimeout is how long a client waits for an answer before counting
+// the request as failed.
+const requestTimeout = 3 * time.Second
+
+var client = &http.Client{Timeout: requestTimeout, Transport: &http.Transport{DisableKeepAlives: true, MaxIdleConns: -1}}
+
+// request sends one GET on a new connection.
+func request(url string) error {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// load opens new connections at a constant rate, each in its own goroutine
+// so a slow one does not slow the rate.
+type load struct {
+	sent, failed atomic.Int64
+	done         chan struct{}
+	wg           sync.WaitGroup
+}
+
+func startLoad(url string, rate int) *load {
+	l := &load{done: make(chan struct{})}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for {
+			select {
+			case <-l.done:
+				return
+			case <-tick.C:
+			}
+			l.sent.Add(1)
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				if err := request(url); err != nil {
+					l.failed.Add(1)
+				}
+			}()
+		}
+	}()
+	return l
+}
+
+func (l *load) counts() (sent, failed int64) { return l.sent.Load(), l.failed.Load() }
+
+func (l *load) stop() {
+	close(l.done)
+	l.wg.Wait()
+}
+
+type bench struct {
+	c    *localcluster.Cluster
+	load *load
+}
+
+// cutovers taints each node in turn with out-of-service and measures the
+// time to its last accepted new connection.
+func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error) {
+	oos := corev1.Taint{Key: lbmodel.TaintOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}
+	var out []time.Duration
+	for i := range runs {
+		node := b.c.Nodes[i%len(b.c.Nodes)].Name
+		if err := b.waitServes(ctx, node, time.Now()); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		if err := b.setTaint(ctx, node, &oos); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Second)
+		cut := max(b.c.NodeProxy.LastAccepted(node).Sub(t0), 0)
+		out = append(out, cut)
+		if err := b.setTaint(ctx, node, nil); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(os.Stderr, "cutover run %d (%s): %s\n", i+1, node, cut)
+	}
+	return out, nil
+}
+
+// spotRuns announces a spot eviction of each node in turn, kills its data
+// path 2 s later, and counts the requests that failed; it also returns the
+// time from the kill to the node's last accepted connection (the
+// probe-only cutover, when admin state is off).
+func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration, error) {
+	var failed int64
+	var cutovers []time.Duration
+	for i := range runs {
+		node := b.c.Nodes[i%len(b.c.Nodes)].Name
+		if err := b.waitServes(ctx, node, time.Now()); err != nil {
+			return 0, nil, err
+		}
+		_, before := b.load.counts()
+		if err := preemptScheduled(ctx, b.c, node); err != nil {
+			return 0, nil, err
+		}
+		time.Sleep(2 * time.Second)
+		killed := time.Now()
+		b.c.NodeProxy.Kill(node)
+		// Two probe failures at 5 s intervals, each waiting out its
+		// timeout, then the last blackholed requests time out.
+		time.Sleep(15*time.Second + requestTimeout)
+		_, after := b.load.counts()
+		cut := max(b.c.NodeProxy.LastAccepted(node).Sub(killed), 0)
+		cutovers = append(cutovers, cut)
+		failed += after - before
+		fmt.Fprintf(os.Stderr, "spot run %d (%s): %d failed requests, last connection %s after the kill\n", i+1, node, after-before, cut.Round(time.Millisecond))
+		b.c.NodeProxy.Revive(node)
+		if err := b.setTaint(ctx, node, nil); err != nil {
+			return 0, nil, err
+		}
+	}
+	return failed, cutovers, nil
+}
+
+// preemptScheduled creates the Event a cloud emits before a spot eviction.
+func preemptScheduled(ctx context.Context, c *localcluster.Cluster, name string) error {
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "preempt-"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: node.UID, APIVersion: "v1"},
+		Reason:         spot.ReasonPreemptScheduled,
+		Message:        "Preemption is scheduled",
+		Type:           corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "bench-cutover"},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	_, err = c.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
+
+// setTaint replaces the node's leaving taints with taint (nil: none).
+func (b *bench) setTaint(ctx context.Context, name string, taint *corev1.Taint) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := b.c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var taints []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key != lbmodel.TaintOutOfService && t.Key != lbmodel.TaintDraining {
+				taints = append(taints, t)
+			}
+		}
+		if taint != nil {
+			taints = append(taints, *taint)
+		}
+		n.Spec.Taints = taints
+		_, err = b.c.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// waitServes waits until node accepts a connection after since: it is in
+// rotation again.
+func (b *bench) waitServes(ctx context.Context, node string, since time.Time) error {
+	deadline := time.Now().Add(time.Minute)
+	for !b.c.NodeProxy.LastAccepted(node).After(since) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node %s took no new connection for a minute", node)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func (b *bench) waitAllNodesServe(ctx context.Context) error {
+	since := time.Now()
+	for _, n := range b.c.Nodes {
+		if err := b.waitServes(ctx, n.Name, since); err != nil {
+			return err
+		}
+	}
+	return nil
+}
