@@ -1,0 +1,20 @@
+// Package v1alpha1 is ebb's node maintenance API, group
+// maintenance.ebb.dev: NodeMaintenance and Evacuation after KEP-4212, with
+// the KEP's field names.
+// +kubebuilder:object:generate=true
+// +groupName=maintenance.ebb.dev
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
+)
+
+// GroupVersion is the API's group and version.
+var GroupVersion = schema.GroupVersion{Group: "maintenance.ebb.dev", Version: "v1alpha1"}
+
+// SchemeBuilder registers the API's types; AddToScheme adds them to a scheme.
+var (
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	AddToScheme   = SchemeBuilder.AddToScheme
+)

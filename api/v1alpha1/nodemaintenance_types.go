@@ -1,0 +1,188 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeMaintenanceStage is a stage of a maintenance. The order is
+// Idle -> Cordon -> Drain -> Complete; Cordon and Drain can be skipped.
+// +kubebuilder:validation:Enum=Idle;Cordon;Drain;Complete
+type NodeMaintenanceStage string
+
+const (
+	// Idle does not interact with the cluster (a planned maintenance).
+	Idle NodeMaintenanceStage = "Idle"
+	// Cordon makes every selected node unschedulable.
+	Cordon NodeMaintenanceStage = "Cordon"
+	// Drain cordons every selected node and evacuates its pods, in the
+	// order of the drain plan.
+	Drain NodeMaintenanceStage = "Drain"
+	// Complete removes this maintenance's Evacuations and makes the nodes
+	// schedulable again, unless another maintenance still covers them.
+	Complete NodeMaintenanceStage = "Complete"
+)
+
+// PodType selects pods by what runs them.
+// +kubebuilder:validation:Enum=Default;DaemonSet;Static
+type PodType string
+
+const (
+	// Default selects all pods except DaemonSet and static pods.
+	Default PodType = "Default"
+	// DaemonSet selects pods owned by a DaemonSet.
+	DaemonSet PodType = "DaemonSet"
+	// Static selects static (mirror) pods.
+	Static PodType = "Static"
+)
+
+// Finalizers and condition names.
+const (
+	// MaintenanceCompletionFinalizer keeps a maintenance that left Idle
+	// until its Complete stage has run.
+	MaintenanceCompletionFinalizer = "maintenance.ebb.dev/maintenance-completion"
+	// InstigatorFinalizerPrefix + an instigator's name is the finalizer
+	// an instigator holds on an Evacuation.
+	InstigatorFinalizerPrefix = "maintenance.ebb.dev/instigator_"
+	// NodeMaintenanceInstigator is the node maintenance controller's
+	// instigator name.
+	NodeMaintenanceInstigator = "nodemaintenance"
+	// EvacuatorAnnotationPrefix + an evacuator class, on a pod, registers
+	// an evacuator: "<priority>/<role>".
+	EvacuatorAnnotationPrefix = "maintenance.ebb.dev/evacuator-priority_"
+
+	// DrainedCondition is True once every targeted pod on every selected
+	// node has terminated during the Drain stage.
+	DrainedCondition = "Drained"
+
+	// Node conditions published during a maintenance (KEP-5683's names).
+	NodeConditionMaintenanceInProgress = "MaintenanceInProgress"
+	NodeConditionDrainInProgress       = "DrainInProgress"
+	NodeConditionDrained               = "Drained"
+)
+
+// DrainPlanEntry selects pods to evacuate.
+type DrainPlanEntry struct {
+	// PodSelector selects pods by their labels; it can make some pods of
+	// the same priority leave before others.
+	// +optional
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
+	// PodPriority: pods with a priority less than or equal to it are
+	// selected.
+	PodPriority int32 `json:"podPriority"`
+	// PodType selects pods by type: Default (all but DaemonSet and static
+	// pods), DaemonSet or Static.
+	// +kubebuilder:default=Default
+	PodType PodType `json:"podType"`
+}
+
+// NodeMaintenanceSpec is the desired maintenance.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.drainPlan) || (has(self.drainPlan) && self.drainPlan == oldSelf.drainPlan)",message="spec.drainPlan is immutable: create a new NodeMaintenance for another plan"
+// +kubebuilder:validation:XValidation:rule="oldSelf.stage == self.stage || oldSelf.stage == 'Idle' || (oldSelf.stage == 'Cordon' && self.stage in ['Drain', 'Complete']) || (oldSelf.stage == 'Drain' && self.stage == 'Complete')",message="spec.stage can only move forward: Idle -> Cordon | Drain | Complete, Cordon -> Drain | Complete, Drain -> Complete; Complete is final"
+type NodeMaintenanceSpec struct {
+	// NodeSelector selects the nodes under maintenance.
+	// +required
+	NodeSelector *corev1.NodeSelector `json:"nodeSelector"`
+	// Stage of the maintenance: Idle (planned), Cordon, Drain or Complete.
+	// Stages only move forward; Cordon and Drain can be skipped; deleting
+	// a maintenance that left Idle moves it to Complete first.
+	// +kubebuilder:default=Idle
+	// +optional
+	Stage NodeMaintenanceStage `json:"stage,omitempty"`
+	// DrainPlan is executed from the first entry to the last during the
+	// Drain stage. Entries are ordered by podType (Default, DaemonSet,
+	// Static) and by ascending podPriority within a type; no duplicates.
+	// Admission adds the default entries (priorities 1000000000,
+	// 2000000000, 2000001000 and 2147483647 of each type) when missing.
+	// Immutable.
+	// +kubebuilder:validation:MaxItems=100
+	// +listType=atomic
+	// +optional
+	DrainPlan []DrainPlanEntry `json:"drainPlan,omitempty"`
+	// Reason for the maintenance, for people.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Reason string `json:"reason,omitempty"`
+}
+
+// StageStatus records when a stage started.
+type StageStatus struct {
+	// Name of the stage.
+	Name NodeMaintenanceStage `json:"name"`
+	// StartTimestamp is when the stage started.
+	StartTimestamp *metav1.Time `json:"startTimestamp,omitempty"`
+}
+
+// NodeReference names a node.
+type NodeReference struct {
+	// Name of the node.
+	Name string `json:"name"`
+}
+
+// NodeMaintenanceNodeStatus is the maintenance of one node.
+type NodeMaintenanceNodeStatus struct {
+	// NodeRef is the node.
+	NodeRef NodeReference `json:"nodeRef"`
+	// DrainTargets are the pods of this node currently targeted for
+	// evacuation. They only move forward; with several maintenances on a
+	// node, the least advanced targets among them apply.
+	// +optional
+	DrainTargets []DrainPlanEntry `json:"drainTargets,omitempty"`
+	// DrainMessage says how the drain of this node goes and why the
+	// targets are what they are.
+	// +optional
+	DrainMessage string `json:"drainMessage,omitempty"`
+	// PodsPendingEvacuation counts pods that have not started evacuation.
+	PodsPendingEvacuation int32 `json:"podsPendingEvacuation"`
+	// PodsEvacuating counts pods with an Evacuation.
+	PodsEvacuating int32 `json:"podsEvacuating"`
+}
+
+// NodeMaintenanceStatus is the observed maintenance.
+type NodeMaintenanceStatus struct {
+	// StageStatuses records the stages started, in order.
+	// +optional
+	StageStatuses []StageStatus `json:"stageStatuses,omitempty"`
+	// NodeStatuses is one entry per selected node, sorted by name.
+	// +optional
+	NodeStatuses []NodeMaintenanceNodeStatus `json:"nodeStatuses,omitempty"`
+	// DrainPlanIndex is the entry of spec.drainPlan this maintenance has
+	// reached (ebb's addition to the KEP: it keeps the progress across
+	// restarts, since drain targets never move backwards).
+	// +optional
+	DrainPlanIndex int32 `json:"drainPlanIndex,omitempty"`
+	// Conditions: Drained.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeMaintenance is a request to cordon and drain a set of nodes.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=nm
+// +kubebuilder:printcolumn:name="Stage",type=string,JSONPath=`.spec.stage`
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodeStatuses[*].nodeRef.name`
+// +kubebuilder:printcolumn:name="Drained",type=string,JSONPath=`.status.conditions[?(@.type=="Drained")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.spec.reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NodeMaintenance struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   NodeMaintenanceSpec   `json:"spec"`
+	Status NodeMaintenanceStatus `json:"status,omitempty"`
+}
+
+// NodeMaintenanceList is a list of NodeMaintenances.
+// +kubebuilder:object:root=true
+type NodeMaintenanceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeMaintenance `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NodeMaintenance{}, &NodeMaintenanceList{})
+}

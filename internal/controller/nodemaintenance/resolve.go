@@ -1,0 +1,231 @@
+package nodemaintenance
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+// drainState is one maintenance in the Drain stage, as resolution sees it.
+type drainState struct {
+	Name    string
+	Created time.Time
+	Plan    []v1alpha1.DrainPlanEntry
+	// Index is the plan entry reached.
+	Index int
+	// Nodes it selects, sorted.
+	Nodes []string
+	// Recorded is the drain targets its status shows per node: targets
+	// never move backwards, so they are a floor for every maintenance on
+	// that node.
+	Recorded map[string][]v1alpha1.DrainPlanEntry
+}
+
+func (d *drainState) own() []v1alpha1.DrainPlanEntry { return drainplan.TargetsAt(d.Plan, d.Index) }
+func (d *drainState) level() drainplan.Level       { return drainplan.LevelAt(d.Plan, d.Index) }
+func (d *drainState) last() bool                   { return d.Index >= len(d.Plan)-1 }
+
+// older orders maintenances by age, then name.
+func older(a, b *drainState) bool {
+	if !a.Created.Equal(b.Created) {
+		return a.Created.Before(b.Created)
+	}
+	return a.Name < b.Name
+}
+
+// nodeTargets is what applies on one node: the targets, the level, and
+// which maintenance they come from.
+type nodeTargets struct {
+	Targets []v1alpha1.DrainPlanEntry
+	Level   drainplan.Level
+	// From is the maintenance whose targets apply.
+	From string
+	// Floor is set when the targets come from an earlier step recorded in
+	// a status (they never move backwards) rather than from a plan.
+	Floor bool
+}
+
+// remainingFunc counts the pods on a node that the targets select and
+// that still exist (static pods excluded: they cannot be evacuated
+// through the API).
+type remainingFunc func(node string, targets []v1alpha1.DrainPlanEntry) int
+
+// resolution is the outcome for every maintenance in Drain.
+type resolution struct {
+	maintenances map[string]*drainState
+	nodes        map[string]nodeTargets
+	remaining    map[string]int
+}
+
+// resolve computes the drain targets of every node under a maintenance in
+// Drain, following KEP-4212: on a node covered by several maintenances the
+// least advanced one's targets apply; targets never move backwards (a
+// newer maintenance is fast-forwarded); a maintenance moves to its next
+// plan entry only when every one of its nodes has no pod left for targets
+// that reach its own entry. Advancing is repeated until nothing can move,
+// so empty steps pass at once. The maintenances' Index fields are updated.
+func resolve(states []*drainState, remaining remainingFunc) *resolution {
+	r := &resolution{maintenances: map[string]*drainState{}}
+	for _, s := range states {
+		r.maintenances[s.Name] = s
+	}
+	for {
+		r.computeNodes(remaining)
+		moved := false
+		for _, s := range r.sorted() {
+			if !s.last() && r.finished(s) {
+				s.Index++
+				moved = true
+			}
+		}
+		if !moved {
+			return r
+		}
+	}
+}
+
+func (r *resolution) sorted() []*drainState {
+	out := make([]*drainState, 0, len(r.maintenances))
+	for _, s := range r.maintenances {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return older(out[i], out[j]) })
+	return out
+}
+
+// covering returns the maintenances selecting node, oldest first.
+func (r *resolution) covering(node string) []*drainState {
+	var out []*drainState
+	for _, s := range r.sorted() {
+		if slices.Contains(s.Nodes, node) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (r *resolution) computeNodes(remaining remainingFunc) {
+	r.nodes, r.remaining = map[string]nodeTargets{}, map[string]int{}
+	for _, s := range r.sorted() {
+		for _, node := range s.Nodes {
+			if _, done := r.nodes[node]; done {
+				continue
+			}
+			t := r.least(node)
+			for _, c := range r.covering(node) {
+				rec, ok := c.Recorded[node]
+				if l := drainplan.LevelOf(rec); ok && t.Level.Less(l) {
+					t = nodeTargets{Targets: rec, Level: l, From: c.Name, Floor: true}
+				}
+			}
+			r.nodes[node] = t
+			r.remaining[node] = remaining(node, t.Targets)
+		}
+	}
+}
+
+// least returns the targets of the least advanced maintenance on node. A
+// maintenance at its last entry has no order left to keep, so it limits
+// no one; when all are there, the most advanced one's targets apply.
+func (r *resolution) least(node string) nodeTargets {
+	var t nodeTargets
+	found := false
+	for _, c := range r.covering(node) {
+		if l := c.level(); !c.last() && (!found || l.Less(t.Level)) {
+			t, found = nodeTargets{Targets: c.own(), Level: l, From: c.Name}, true
+		}
+	}
+	if found {
+		return t
+	}
+	for i, c := range r.covering(node) {
+		if l := c.level(); i == 0 || t.Level.Less(l) {
+			t = nodeTargets{Targets: c.own(), Level: l, From: c.Name}
+		}
+	}
+	return t
+}
+
+// finished reports whether every node of s has no pod left for targets
+// that reach s's own plan entry.
+func (r *resolution) finished(s *drainState) bool {
+	return r.blocker(s) == ""
+}
+
+// blocker returns the first node of s that keeps it from its next entry.
+func (r *resolution) blocker(s *drainState) string {
+	for _, node := range s.Nodes {
+		t := r.nodes[node]
+		if r.remaining[node] > 0 || t.Level.Less(s.level()) {
+			return node
+		}
+	}
+	return ""
+}
+
+// drained reports whether s has reached its last entry with nothing left.
+func (r *resolution) drained(s *drainState) bool { return s.last() && r.finished(s) }
+
+// message explains one node's drain in maintenance s, in the KEP's words.
+func (r *resolution) message(s *drainState, node string) string {
+	t := r.nodes[node]
+	if r.remaining[node] > 0 {
+		switch own := s.level(); {
+		case t.Level.Less(own):
+			return fmt.Sprintf("Evacuating (limited by %s)", r.limiter(node, t))
+		case own.Less(t.Level):
+			return fmt.Sprintf("Evacuating (fast-forwarded by older %s)", r.limiter(node, t))
+		default:
+			return "Evacuating"
+		}
+	}
+	if r.drained(s) {
+		return "Drained"
+	}
+	if r.finished(s) {
+		return "Evacuating"
+	}
+	return r.waiting(s, node, map[string]bool{})
+}
+
+// limiter names the maintenance whose progress holds a node back: the
+// oldest one on it whose own entry is at the node's level.
+func (r *resolution) limiter(node string, t nodeTargets) string {
+	for _, c := range r.covering(node) {
+		if c.level() == t.Level {
+			return c.Name
+		}
+	}
+	return t.From
+}
+
+// waiting says which node, of which maintenance, s is waiting for.
+func (r *resolution) waiting(s *drainState, node string, seen map[string]bool) string {
+	seen[s.Name] = true
+	b := r.blocker(s)
+	if b == "" {
+		return "Evacuating"
+	}
+	t := r.nodes[b]
+	if r.remaining[b] > 0 || !t.Level.Less(s.level()) {
+		if b == node {
+			return "Evacuating"
+		}
+		return fmt.Sprintf("Waiting for node %s.", b)
+	}
+	// b is done but held back by another maintenance: name what that one
+	// waits for.
+	other := r.maintenances[r.limiter(b, t)]
+	if other == nil || seen[other.Name] {
+		return fmt.Sprintf("Waiting for node %s.", b)
+	}
+	ob := r.blocker(other)
+	if ob == "" {
+		return fmt.Sprintf("Waiting for %s.", other.Name)
+	}
+	return fmt.Sprintf("Waiting for node %s (%s).", ob, other.Name)
+}

@@ -1,0 +1,196 @@
+package nodemaintenance
+
+import (
+	"testing"
+	"time"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+func plan(entries ...any) []v1alpha1.DrainPlanEntry {
+	var out []v1alpha1.DrainPlanEntry
+	for i := 0; i < len(entries); i += 2 {
+		out = append(out, v1alpha1.DrainPlanEntry{PodPriority: int32(entries[i].(int)), PodType: entries[i+1].(v1alpha1.PodType)})
+	}
+	return out
+}
+
+// cluster holds pods by node, as Default priorities.
+type cluster map[string][]int32
+
+func (c cluster) remaining(node string, targets []v1alpha1.DrainPlanEntry) int {
+	n := 0
+	for _, p := range c[node] {
+		for _, t := range targets {
+			if t.PodType == v1alpha1.Default && p <= t.PodPriority {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// evacuate removes the pods of node the targets select.
+func (c cluster) evacuate(node string, targets []v1alpha1.DrainPlanEntry) {
+	var left []int32
+	for _, p := range c[node] {
+		if !selected(p, targets) {
+			left = append(left, p)
+		}
+	}
+	c[node] = left
+}
+
+func selected(p int32, targets []v1alpha1.DrainPlanEntry) bool {
+	for _, t := range targets {
+		if t.PodType == v1alpha1.Default && p <= t.PodPriority {
+			return true
+		}
+	}
+	return false
+}
+
+type want struct {
+	maintenance, node string
+	priority          int32
+	message           string
+}
+
+func check(t *testing.T, step string, r *resolution, wants []want) {
+	t.Helper()
+	for _, w := range wants {
+		s := r.maintenances[w.maintenance]
+		got := r.nodes[w.node]
+		if lvl := drainplan.LevelOf(got.Targets); lvl.Priority != w.priority || lvl.Rank != 0 {
+			t.Errorf("%s: %s node %s targets %v, want Default <= %d", step, w.maintenance, w.node, got.Targets, w.priority)
+		}
+		if msg := r.message(s, w.node); msg != w.message {
+			t.Errorf("%s: %s node %s message %q, want %q", step, w.maintenance, w.node, msg, w.message)
+		}
+	}
+}
+
+// record stores what the statuses would show after a reconcile.
+func record(r *resolution) {
+	for _, s := range r.maintenances {
+		s.Recorded = map[string][]v1alpha1.DrainPlanEntry{}
+		for _, n := range s.Nodes {
+			s.Recorded[n] = r.nodes[n].Targets
+		}
+	}
+}
+
+// The "Pod Selection and DrainTargets Example" of KEP-4212, step by step.
+func TestResolveFollowsTheKEPExample(t *testing.T) {
+	t0 := time.Now()
+	a := &drainState{Name: "maintenance-a", Created: t0, Plan: plan(5000, v1alpha1.Default, 15000, v1alpha1.Default, 3000, v1alpha1.DaemonSet), Nodes: []string{"one", "two"}}
+	b := &drainState{Name: "maintenance-b", Created: t0.Add(time.Second), Plan: plan(10000, v1alpha1.Default, 15000, v1alpha1.Default, 4000, v1alpha1.DaemonSet), Nodes: []string{"one", "three"}}
+	pods := cluster{
+		"one":   {1000, 5000, 8000, 12000},
+		"two":   {1000, 12000},
+		"three": {1000, 9000, 12000},
+		"four":  {1000, 3000},
+	}
+	states := []*drainState{a, b}
+	r := resolve(states, pods.remaining)
+	check(t, "start", r, []want{
+		{"maintenance-a", "one", 5000, "Evacuating"},
+		{"maintenance-a", "two", 5000, "Evacuating"},
+		{"maintenance-b", "one", 5000, "Evacuating (limited by maintenance-a)"},
+		{"maintenance-b", "three", 10000, "Evacuating"},
+	})
+	record(r)
+
+	// Node three drains: it waits for node one.
+	pods["three"] = []int32{12000}
+	r = resolve(states, pods.remaining)
+	check(t, "three drained", r, []want{{"maintenance-b", "three", 10000, "Waiting for node one."}})
+	record(r)
+
+	// Node one drains to 5000: a waits for node two, b waits for a.
+	pods["one"] = []int32{8000, 12000}
+	r = resolve(states, pods.remaining)
+	check(t, "one drained", r, []want{
+		{"maintenance-a", "one", 5000, "Waiting for node two."},
+		{"maintenance-a", "two", 5000, "Evacuating"},
+		{"maintenance-b", "one", 5000, "Waiting for node two (maintenance-a)."},
+		{"maintenance-b", "three", 10000, "Waiting for node two (maintenance-a)."},
+	})
+	if a.Index != 0 || b.Index != 0 {
+		t.Fatalf("indexes %d %d moved too early", a.Index, b.Index)
+	}
+	record(r)
+
+	// Node two drains: a moves to 15000, node one is now limited by b.
+	pods["two"] = []int32{12000}
+	r = resolve(states, pods.remaining)
+	if a.Index != 1 || b.Index != 0 {
+		t.Fatalf("indexes %d %d, want 1 0", a.Index, b.Index)
+	}
+	check(t, "two drained", r, []want{
+		{"maintenance-a", "one", 10000, "Evacuating (limited by maintenance-b)"},
+		{"maintenance-a", "two", 15000, "Evacuating"},
+		{"maintenance-b", "one", 10000, "Evacuating"},
+		{"maintenance-b", "three", 10000, "Waiting for node one."},
+	})
+	record(r)
+
+	// A newer maintenance-c is fast-forwarded on node one; node four
+	// follows its own plan.
+	c := &drainState{Name: "maintenance-c", Created: t0.Add(time.Minute), Plan: plan(2000, v1alpha1.Default, 15000, v1alpha1.Default), Nodes: []string{"four", "one"}}
+	states = append(states, c)
+	r = resolve(states, pods.remaining)
+	check(t, "c created", r, []want{
+		{"maintenance-c", "one", 10000, "Evacuating (fast-forwarded by older maintenance-b)"},
+		{"maintenance-c", "four", 2000, "Evacuating"},
+		{"maintenance-a", "one", 10000, "Evacuating (limited by maintenance-b)"},
+	})
+	record(r)
+
+	// Everything drains: every maintenance reaches its last entry.
+	for n := range pods {
+		pods[n] = nil
+	}
+	r = resolve(states, pods.remaining)
+	for _, s := range states {
+		if !r.drained(s) {
+			t.Errorf("%s not drained at index %d", s.Name, s.Index)
+		}
+		for _, n := range s.Nodes {
+			if msg := r.message(s, n); msg != "Drained" {
+				t.Errorf("%s node %s: %q", s.Name, n, msg)
+			}
+		}
+	}
+}
+
+// Targets never move backwards: a pod appearing later that an earlier
+// step selected is targeted again without the index going back; and a
+// node joining an advanced maintenance starts at the maintenance's level.
+func TestResolveNeverBacktracks(t *testing.T) {
+	a := &drainState{Name: "a", Plan: plan(100, v1alpha1.Default, 200, v1alpha1.Default, 300, v1alpha1.Default), Nodes: []string{"n1"}}
+	pods := cluster{"n1": {100, 300}, "n2": {50, 250}}
+	r := resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 0 {
+		t.Fatalf("index %d", a.Index)
+	}
+	pods["n1"] = []int32{300}
+	r = resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 2 || r.message(a, "n1") != "Evacuating" {
+		t.Fatalf("index %d message %q, want 2 (200 had nothing to do)", a.Index, r.message(a, "n1"))
+	}
+	pods["n1"] = []int32{100} // a new low-priority pod
+	a.Nodes = []string{"n1", "n2"}
+	r = resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 2 || r.remaining["n1"] != 1 || r.remaining["n2"] != 2 {
+		t.Fatalf("index %d remaining %v", a.Index, r.remaining)
+	}
+	// Ties: two maintenances at the same level; the older one is named.
+	b := &drainState{Name: "b", Created: time.Now(), Plan: plan(300, v1alpha1.Default), Nodes: []string{"n1"}}
+	r = resolve([]*drainState{a, b}, pods.remaining)
+	if got := r.message(b, "n1"); got != "Evacuating" {
+		t.Errorf("equal levels: %q", got)
+	}
+}
