@@ -35,9 +35,12 @@ lint: tools
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
-## generate: regenerate RBAC from the +kubebuilder:rbac markers (and, later, CRDs and deepcopy)
+## generate: regenerate deepcopy, CRDs, webhook configurations and RBAC from the markers
 generate: tools
-	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
+	$(TOOLS_BIN)/controller-gen object paths=./api/...
+	$(TOOLS_BIN)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(TOOLS_BIN)/controller-gen webhook paths=./internal/webhook/... output:webhook:artifacts:config=config/webhook
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...}" output:rbac:artifacts:config=config/rbac/controller
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
 
@@ -45,6 +48,7 @@ generate: tools
 verify: generate lint
 	@git diff --exit-code -- . || { echo "generated files are out of date: run 'make generate' and commit"; exit 1; }
 	$(TOOLS_BIN)/kubectl kustomize config/default >/dev/null
+	$(TOOLS_BIN)/kubectl kustomize config/cert-manager >/dev/null
 	$(GO) mod tidy -diff
 
 ## demo: start the local cluster with a sample app and show it serving

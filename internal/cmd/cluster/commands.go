@@ -32,9 +32,17 @@ const (
 // logs/), waits until the load balancer is ready, and returns a function
 // that stops them. lbArgs are added to ebb lb's flags.
 func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), error) {
+	setup, cancelSetup := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelSetup()
+	if err := InstallAPI(setup, c); err != nil {
+		return nil, fmt.Errorf("installing ebb's API: %w", err)
+	}
+	host, port, _ := strings.Cut(WebhookAddress, ":")
 	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
 		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
-		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress)
+		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress,
+		"--webhook-port", port, "--webhook-bind-host", host, "--webhook-ip-address", host,
+		"--webhook-cert-dir", filepath.Join(c.Dir(), "webhook-certs"))
 	if err != nil {
 		return nil, err
 	}
@@ -49,17 +57,27 @@ func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	for _, ready := range []struct{ what, address string }{{"ebb lb", LBMetricsAddress}, {"ebb controller", controllerHealthAddress}} {
+		if err := waitReady(ctx, ready.address); err != nil {
+			stop()
+			return nil, fmt.Errorf("%s did not become ready (logs in %s): %w", ready.what, filepath.Join(c.Dir(), "logs"), err)
+		}
+	}
+	return stop, nil
+}
+
+// waitReady polls a component's /readyz until it answers 200.
+func waitReady(ctx context.Context, address string) error {
 	for {
-		if resp, err := http.Get("http://" + LBMetricsAddress + "/readyz"); err == nil {
+		if resp, err := http.Get("http://" + address + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return stop, nil
+				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			stop()
-			return nil, fmt.Errorf("ebb lb did not become ready (logs in %s): %w", filepath.Join(c.Dir(), "logs"), ctx.Err())
+			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

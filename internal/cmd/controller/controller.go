@@ -1,6 +1,6 @@
-// Package controller implements `ebb controller`: today the Service
-// load-balancer controller; the spot, node maintenance and evacuation
-// controllers join it in later issues.
+// Package controller implements `ebb controller`: the Service
+// load-balancer, spot, admin-state event and node maintenance controllers
+// and the admission webhooks.
 package controller
 
 import (
@@ -8,11 +8,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -21,12 +27,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
+	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	ebbwebhook "github.com/ebbdev/ebb/internal/webhook"
 )
 
 // Options are `ebb controller`'s flags.
@@ -47,6 +57,23 @@ type Options struct {
 	// QPS and Burst bound the requests to the apiserver.
 	QPS   float32
 	Burst int
+	// Webhook serves admission; Port 0 turns it off.
+	Webhook WebhookOptions
+}
+
+// WebhookOptions configure the admission webhook server.
+type WebhookOptions struct {
+	Port    int
+	Host    string
+	CertDir string
+	// CertSecret ("namespace/name") holds a self-managed CA and serving
+	// certificate; empty: the certificate is provided in CertDir (e.g. by
+	// cert-manager).
+	CertSecret string
+	DNSNames   []string
+	IPs        []string
+	Mutating   []string
+	Validating []string
 }
 
 // NewCommand returns `ebb controller`.
@@ -55,7 +82,7 @@ func NewCommand() *cobra.Command {
 	zapOpts := zap.Options{}
 	cmd := &cobra.Command{
 		Use:   "controller",
-		Short: "Run ebb's controllers (Service load balancers, the spot preemption signal)",
+		Short: "Run ebb's controllers (Service load balancers, the spot preemption signal, node maintenance) and admission webhooks",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := kubeconfig.Load(o.Kubeconfig)
@@ -80,6 +107,14 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
+	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
+	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
+	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
+	f.StringVar(&o.Webhook.CertSecret, "webhook-cert-secret", "ebb-system/ebb-webhook-cert", "Secret (namespace/name) in which ebb keeps a self-signed CA and serving certificate and injects the CA into the webhook configurations; empty when cert-manager (or you) put the certificate in --webhook-cert-dir")
+	f.StringSliceVar(&o.Webhook.DNSNames, "webhook-dns-name", []string{"ebb-webhook-service.ebb-system.svc", "ebb-webhook-service.ebb-system.svc.cluster.local"}, "DNS names of the self-signed serving certificate")
+	f.StringSliceVar(&o.Webhook.IPs, "webhook-ip-address", nil, "IP addresses of the self-signed serving certificate")
+	f.StringSliceVar(&o.Webhook.Mutating, "webhook-mutating-configuration", []string{"ebb-mutating-webhook-configuration"}, "MutatingWebhookConfigurations to inject the self-signed CA into")
+	f.StringSliceVar(&o.Webhook.Validating, "webhook-validating-configuration", []string{"ebb-validating-webhook-configuration"}, "ValidatingWebhookConfigurations to inject the self-signed CA into")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
 	f.AddGoFlagSet(logFlags)
@@ -100,7 +135,15 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	if o.QPS > 0 {
 		cfg.QPS, cfg.Burst = o.QPS, o.Burst
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgrOpts := ctrl.Options{
+		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
 		HealthProbeBindAddress:  o.HealthAddress,
 		LeaderElection:          o.LeaderElect,
@@ -111,7 +154,14 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Event{}: {Field: fields.OneTermEqualSelector("reason", spot.ReasonPreemptScheduled)},
 		}},
-	})
+	}
+	if o.Webhook.Port != 0 {
+		if err := o.ensureWebhookCerts(ctx, cfg, scheme); err != nil {
+			return err
+		}
+		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir})
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
@@ -132,6 +182,19 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 			return fmt.Errorf("setting up the spot preemption controller: %w", err)
 		}
 	}
+	nmMetrics, err := nodemaintenance.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics}
+	if err := nmr.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the node maintenance controller: %w", err)
+	}
+	if o.Webhook.Port != 0 {
+		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the NodeMaintenance webhook: %w", err)
+		}
+	}
 	ar := &adminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-adminstate-controller"), Model: o.Model}
 	if err := ar.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the admin state events: %w", err)
@@ -142,5 +205,42 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	if o.Webhook.Port != 0 {
+		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			return err
+		}
+	}
 	return mgr.Start(ctx)
+}
+
+// ensureWebhookCerts provides the serving certificate in self-managed
+// mode (a no-op when another tool provides it).
+func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) error {
+	if o.Webhook.CertSecret == "" {
+		return nil
+	}
+	ns, name, ok := strings.Cut(o.Webhook.CertSecret, "/")
+	if !ok || ns == "" || name == "" {
+		return fmt.Errorf("--webhook-cert-secret %q: want namespace/name", o.Webhook.CertSecret)
+	}
+	var ips []net.IP
+	for _, s := range o.Webhook.IPs {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return fmt.Errorf("--webhook-ip-address %q is not an IP address", s)
+		}
+		ips = append(ips, ip)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating a client for the webhook certificate: %w", err)
+	}
+	certs := &ebbwebhook.SelfSignedCerts{
+		Client: c, Secret: client.ObjectKey{Namespace: ns, Name: name}, DNSNames: o.Webhook.DNSNames, IPs: ips,
+		CertDir: o.Webhook.CertDir, Mutating: o.Webhook.Mutating, Validating: o.Webhook.Validating,
+	}
+	if err := certs.Ensure(ctx); err != nil {
+		return fmt.Errorf("providing the webhook certificate: %w", err)
+	}
+	return nil
 }

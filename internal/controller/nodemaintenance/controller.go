@@ -1,0 +1,245 @@
+// Package nodemaintenance is the NodeMaintenance controller (KEP-4212):
+// it cordons the selected nodes, taints them draining (which turns their
+// load-balancer backends Down), creates Evacuations for their pods in the
+// order of the drain plans of every maintenance on them, reports progress
+// in the status and on the nodes, and undoes its own changes on Complete.
+package nodemaintenance
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+// podNodeIndex indexes pods by spec.nodeName.
+const podNodeIndex = "spec.nodeName"
+
+// drainResync re-checks a maintenance in Drain this often, in case a
+// change was missed.
+const drainResync = 30 * time.Second
+
+// Reconciler reconciles NodeMaintenances.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+	Metrics  *Metrics
+}
+
+// SetupWithManager registers the controller, its pod index and watches:
+// nodes, pods and Evacuations wake every maintenance that is not Idle
+// (maintenances are few; drain targets depend on all of them).
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, podNodeIndex, func(o client.Object) []string {
+		if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+			return []string{p.Spec.NodeName}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("indexing pods by node: %w", err)
+	}
+	wakeAll := handler.EnqueueRequestsFromMapFunc(r.activeMaintenances)
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nodemaintenance").
+		For(&v1alpha1.NodeMaintenance{}).
+		Watches(&v1alpha1.NodeMaintenance{}, wakeAll).
+		Watches(&corev1.Node{}, wakeAll).
+		Watches(&corev1.Pod{}, wakeAll).
+		Watches(&v1alpha1.Evacuation{}, wakeAll).
+		Complete(r)
+}
+
+func (r *Reconciler) activeMaintenances(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list v1alpha1.NodeMaintenanceList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, nm := range list.Items {
+		if nm.Spec.Stage != v1alpha1.Idle || nm.DeletionTimestamp != nil {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&nm)})
+		}
+	}
+	return out
+}
+
+// world is what one reconcile reads from the caches.
+type world struct {
+	maintenances []v1alpha1.NodeMaintenance
+	nodes        []corev1.Node
+	// selected are each maintenance's nodes, sorted by name.
+	selected map[string][]string
+}
+
+// covering returns the maintenances other than self in one of stages that
+// select node.
+func (w *world) covering(node, self string, stages ...v1alpha1.NodeMaintenanceStage) []string {
+	var out []string
+	for _, nm := range w.maintenances {
+		if nm.Name != self && slices.Contains(stages, nm.Spec.Stage) && slices.Contains(w.selected[nm.Name], node) {
+			out = append(out, nm.Name)
+		}
+	}
+	return out
+}
+
+func (w *world) node(name string) *corev1.Node {
+	for i := range w.nodes {
+		if w.nodes[i].Name == name {
+			return &w.nodes[i]
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) read(ctx context.Context) (*world, error) {
+	w := &world{selected: map[string][]string{}}
+	var nms v1alpha1.NodeMaintenanceList
+	if err := r.Client.List(ctx, &nms); err != nil {
+		return nil, fmt.Errorf("listing NodeMaintenances: %w", err)
+	}
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	w.maintenances, w.nodes = nms.Items, nodes.Items
+	for _, nm := range w.maintenances {
+		sel, err := nodeaffinity.NewNodeSelector(nm.Spec.NodeSelector)
+		if err != nil {
+			continue // admission rejects these; an old object selects nothing
+		}
+		for i := range w.nodes {
+			if sel.Match(&w.nodes[i]) {
+				w.selected[nm.Name] = append(w.selected[nm.Name], w.nodes[i].Name)
+			}
+		}
+		sort.Strings(w.selected[nm.Name])
+	}
+	return w, nil
+}
+
+// Reconcile moves one maintenance towards its stage.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	nm := &v1alpha1.NodeMaintenance{}
+	if err := r.Client.Get(ctx, req.NamespacedName, nm); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	logger := log.FromContext(ctx).WithValues("nodemaintenance", klog.KObj(nm))
+	ctx = log.IntoContext(ctx, logger)
+
+	// Deletion moves a maintenance that left Idle to Complete first.
+	if nm.DeletionTimestamp != nil {
+		if !controllerutil.ContainsFinalizer(nm, v1alpha1.MaintenanceCompletionFinalizer) {
+			return ctrl.Result{}, nil
+		}
+		if nm.Spec.Stage != v1alpha1.Complete && nm.Spec.Stage != v1alpha1.Idle {
+			nm.Spec.Stage = v1alpha1.Complete
+			if err := r.Client.Update(ctx, nm); err != nil {
+				return ctrl.Result{}, fmt.Errorf("moving %s to Complete on deletion: %w", nm.Name, err)
+			}
+			logger.Info("Deleted: moving to Complete first")
+			return ctrl.Result{}, nil
+		}
+	} else if nm.Spec.Stage != v1alpha1.Idle && !controllerutil.ContainsFinalizer(nm, v1alpha1.MaintenanceCompletionFinalizer) {
+		controllerutil.AddFinalizer(nm, v1alpha1.MaintenanceCompletionFinalizer)
+		if err := r.Client.Update(ctx, nm); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding the completion finalizer to %s: %w", nm.Name, err)
+		}
+		return ctrl.Result{}, nil
+	}
+
+	w, err := r.read(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Metrics.observeStages(w.maintenances)
+	var result ctrl.Result
+	var drain *drainResult
+	switch nm.Spec.Stage {
+	case v1alpha1.Cordon:
+		err = r.cordon(ctx, nm, w)
+	case v1alpha1.Drain:
+		if err = r.cordon(ctx, nm, w); err == nil {
+			err = r.taint(ctx, nm, w)
+		}
+		if err == nil {
+			drain, err = r.drain(ctx, nm, w)
+			result.RequeueAfter = drainResync
+		}
+	case v1alpha1.Complete:
+		err = r.complete(ctx, nm, w)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.updateStatus(ctx, nm, w, drain); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.publishNodeConditions(ctx, w, drain, nm); err != nil {
+		return ctrl.Result{}, err
+	}
+	if nm.DeletionTimestamp != nil && (nm.Spec.Stage == v1alpha1.Complete || nm.Spec.Stage == v1alpha1.Idle) {
+		controllerutil.RemoveFinalizer(nm, v1alpha1.MaintenanceCompletionFinalizer)
+		if err := r.Client.Update(ctx, nm); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("removing the completion finalizer from %s: %w", nm.Name, err)
+		}
+		r.Metrics.forget(nm.Name)
+		logger.Info("Completed and released")
+	}
+	return result, nil
+}
+
+// drainStates builds the resolution input of every maintenance in Drain.
+func drainStates(w *world) []*drainState {
+	var out []*drainState
+	for _, nm := range w.maintenances {
+		if nm.Spec.Stage != v1alpha1.Drain || len(nm.Spec.DrainPlan) == 0 {
+			continue
+		}
+		s := &drainState{
+			Name: nm.Name, Created: nm.CreationTimestamp.Time, Plan: nm.Spec.DrainPlan,
+			Index: min(int(nm.Status.DrainPlanIndex), len(nm.Spec.DrainPlan)-1), Nodes: w.selected[nm.Name],
+			Recorded: map[string][]v1alpha1.DrainPlanEntry{},
+		}
+		for _, ns := range nm.Status.NodeStatuses {
+			if len(ns.DrainTargets) > 0 {
+				s.Recorded[ns.NodeRef.Name] = ns.DrainTargets
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// static reports whether a pod is a static pod's mirror: it cannot be
+// evacuated through the API.
+func static(p *corev1.Pod) bool { return drainplan.TypeOf(p) == v1alpha1.Static }

@@ -1,0 +1,269 @@
+package nodemaintenance
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+// InstigatorFinalizer is the node maintenance controller's finalizer on
+// the Evacuations it requests.
+const InstigatorFinalizer = v1alpha1.InstigatorFinalizerPrefix + v1alpha1.NodeMaintenanceInstigator
+
+// NodeLabel on an Evacuation names the pod's node.
+const NodeLabel = "maintenance.ebb.dev/node"
+
+// drainResult is the drain of one maintenance after a reconcile.
+type drainResult struct {
+	res   *resolution
+	self  *drainState
+	nodes map[string]*nodeDrain
+}
+
+// nodeDrain counts one node's pods.
+type nodeDrain struct {
+	pending, evacuating, static int
+}
+
+// nodeDrained reports whether nothing is left on node: every pod but
+// static ones is gone at targets that select everything (or this
+// maintenance is drained).
+func (d *drainResult) nodeDrained(node string) bool {
+	if d == nil || d.self == nil || d.res.remaining[node] > 0 {
+		return false
+	}
+	return d.res.drained(d.self) || !d.res.nodes[node].Level.Less(finalLevel)
+}
+
+// finalLevel targets every pod.
+var finalLevel = drainplan.Level{Rank: drainplan.TypeRank(v1alpha1.Static), Priority: math.MaxInt32}
+
+// EvacuationName is an Evacuation's name for a pod: <pod UID>-<pod name>,
+// cut to a valid object name.
+func EvacuationName(pod *corev1.Pod) string {
+	name := string(pod.UID) + "-" + pod.Name
+	if len(name) > validation.DNS1123SubdomainMaxLength {
+		name = strings.TrimRight(name[:validation.DNS1123SubdomainMaxLength], "-.")
+	}
+	return name
+}
+
+// drain resolves the drain targets across maintenances, moves this one's
+// plan forward when it can, and makes sure an Evacuation exists for every
+// pod its nodes' targets select.
+func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) (*drainResult, error) {
+	pods := map[string][]*corev1.Pod{}
+	for _, name := range nodesOfDrains(w) {
+		var list corev1.PodList
+		if err := r.Client.List(ctx, &list, client.MatchingFields{podNodeIndex: name}); err != nil {
+			return nil, fmt.Errorf("listing the pods of node %s: %w", name, err)
+		}
+		for i := range list.Items {
+			p := &list.Items[i]
+			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+				pods[name] = append(pods[name], p)
+			}
+		}
+	}
+	remaining := func(node string, targets []v1alpha1.DrainPlanEntry) int {
+		n := 0
+		for _, p := range pods[node] {
+			if !static(p) && drainplan.Matches(targets, p) {
+				n++
+			}
+		}
+		return n
+	}
+	states := drainStates(w)
+	res := resolve(states, remaining)
+	self := res.maintenances[nm.Name]
+	out := &drainResult{res: res, self: self, nodes: map[string]*nodeDrain{}}
+	if self == nil {
+		return out, nil
+	}
+	var evacs v1alpha1.EvacuationList
+	if err := r.Client.List(ctx, &evacs); err != nil {
+		return nil, fmt.Errorf("listing Evacuations: %w", err)
+	}
+	existing := map[string]*v1alpha1.Evacuation{}
+	for i := range evacs.Items {
+		e := &evacs.Items[i]
+		existing[e.Namespace+"/"+e.Name] = e
+	}
+	for _, node := range self.Nodes {
+		nd := &nodeDrain{}
+		out.nodes[node] = nd
+		targets := res.nodes[node].Targets
+		for _, p := range pods[node] {
+			if static(p) {
+				nd.static++
+				continue
+			}
+			e := existing[p.Namespace+"/"+EvacuationName(p)]
+			if e != nil && e.Spec.PodRef.UID == p.UID {
+				nd.evacuating++
+				if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
+					patch := client.MergeFrom(e.DeepCopy())
+					controllerutil.AddFinalizer(e, InstigatorFinalizer)
+					if err := r.Client.Patch(ctx, e, patch); err != nil {
+						return nil, fmt.Errorf("adding our finalizer to Evacuation %s: %w", klog.KObj(e), err)
+					}
+				}
+				continue
+			}
+			if !drainplan.Matches(targets, p) {
+				nd.pending++
+				continue
+			}
+			if err := r.createEvacuation(ctx, p, node); err != nil {
+				return nil, err
+			}
+			nd.evacuating++
+		}
+	}
+	return out, r.forgetGoneEvacuations(ctx, evacs.Items)
+}
+
+// nodesOfDrains lists every node under a maintenance in Drain.
+func nodesOfDrains(w *world) []string {
+	var out []string
+	for _, nm := range w.maintenances {
+		if nm.Spec.Stage == v1alpha1.Drain {
+			for _, n := range w.selected[nm.Name] {
+				if !slices.Contains(out, n) {
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// createEvacuation requests the evacuation of pod, with the evacuators the
+// pod registered in its annotations.
+func (r *Reconciler) createEvacuation(ctx context.Context, p *corev1.Pod, node string) error {
+	labels := map[string]string{NodeLabel: node}
+	for k, v := range p.Labels {
+		labels[k] = v
+	}
+	e := &v1alpha1.Evacuation{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: p.Namespace, Name: EvacuationName(p), Labels: labels,
+			Finalizers: []string{InstigatorFinalizer},
+		},
+		Spec: v1alpha1.EvacuationSpec{
+			PodRef:                  v1alpha1.PodReference{Name: p.Name, UID: p.UID},
+			ProgressDeadlineSeconds: v1alpha1.DefaultProgressDeadlineSeconds,
+			Evacuators:              Evacuators(p),
+		},
+	}
+	if err := r.Client.Create(ctx, e); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating the Evacuation of pod %s: %w", klog.KObj(p), err)
+	}
+	log.FromContext(ctx).Info("Requested evacuation", "pod", klog.KObj(p), "node", node)
+	return nil
+}
+
+// Evacuators reads a pod's evacuator annotations
+// (maintenance.ebb.dev/evacuator-priority_<class>: "<priority>/<role>"),
+// highest priority first; malformed ones are skipped.
+func Evacuators(p *corev1.Pod) []v1alpha1.Evacuator {
+	var out []v1alpha1.Evacuator
+	for k, v := range p.Annotations {
+		class, ok := strings.CutPrefix(k, v1alpha1.EvacuatorAnnotationPrefix)
+		if !ok || class == "" {
+			continue
+		}
+		prio, role, _ := strings.Cut(v, "/")
+		n, err := strconv.ParseInt(prio, 10, 32)
+		if err != nil {
+			continue
+		}
+		out = append(out, v1alpha1.Evacuator{EvacuatorClass: class, Priority: int32(n), Role: v1alpha1.EvacuatorRole(role)})
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.Evacuator) int {
+		if a.Priority != b.Priority {
+			return int(b.Priority - a.Priority)
+		}
+		return strings.Compare(a.EvacuatorClass, b.EvacuatorClass)
+	})
+	return out
+}
+
+// forgetGoneEvacuations withdraws our finalizer from Evacuations whose pod
+// is gone (or was replaced under the same name): nothing is left to do.
+func (r *Reconciler) forgetGoneEvacuations(ctx context.Context, evacs []v1alpha1.Evacuation) error {
+	for i := range evacs {
+		e := &evacs[i]
+		if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) {
+			continue
+		}
+		var p corev1.Pod
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: e.Namespace, Name: e.Spec.PodRef.Name}, &p)
+		if err == nil && p.UID == e.Spec.PodRef.UID {
+			continue
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("reading the pod of Evacuation %s: %w", klog.KObj(e), err)
+		}
+		if err := r.withdraw(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// withdraw removes our finalizer from an Evacuation and deletes it (other
+// instigators' finalizers keep it until they withdraw too).
+func (r *Reconciler) withdraw(ctx context.Context, e *v1alpha1.Evacuation) error {
+	patch := client.MergeFrom(e.DeepCopy())
+	controllerutil.RemoveFinalizer(e, InstigatorFinalizer)
+	if err := r.Client.Patch(ctx, e, patch); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("withdrawing from Evacuation %s: %w", klog.KObj(e), err)
+	}
+	if e.DeletionTimestamp == nil {
+		if err := r.Client.Delete(ctx, e); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting Evacuation %s: %w", klog.KObj(e), err)
+		}
+	}
+	return nil
+}
+
+// releaseEvacuations withdraws, on Complete, from the Evacuations of pods
+// on this maintenance's nodes that no other maintenance in Drain covers,
+// except those whose evacuator forbids cancellation.
+func (r *Reconciler) releaseEvacuations(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) error {
+	var evacs v1alpha1.EvacuationList
+	if err := r.Client.List(ctx, &evacs); err != nil {
+		return fmt.Errorf("listing Evacuations: %w", err)
+	}
+	for i := range evacs.Items {
+		e := &evacs.Items[i]
+		node := e.Labels[NodeLabel]
+		if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) || !slices.Contains(w.selected[nm.Name], node) {
+			continue
+		}
+		if len(w.covering(node, nm.Name, v1alpha1.Drain)) > 0 || e.Status.EvacuationCancellationPolicy == v1alpha1.CancellationForbid {
+			continue
+		}
+		if err := r.withdraw(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,205 @@
+package nodemaintenance
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// CordonAnnotation records on a node who cordoned it for maintenance:
+// "ebb" when a maintenance did, "preexisting" when it was already
+// unschedulable. Complete only uncordons what ebb cordoned.
+const CordonAnnotation = "maintenance.ebb.dev/cordon"
+
+const (
+	cordonedByEbb = "ebb"
+	cordonedByUser = "preexisting"
+)
+
+// DrainingTaintValue is the value of ebb.dev/draining during a drain.
+const DrainingTaintValue = "maintenance"
+
+// Event reasons.
+const (
+	ReasonStageStarted  = "StageStarted"
+	ReasonRecordoned    = "Recordoned"
+	ReasonDrained       = "Drained"
+	ReasonFastForwarded = "FastForwarded"
+	ReasonNodeReleased  = "NodeReleased"
+)
+
+// cordon makes every selected node unschedulable and keeps it so.
+func (r *Reconciler) cordon(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) error {
+	for _, name := range w.selected[nm.Name] {
+		node := w.node(name)
+		if node.Spec.Unschedulable && node.Annotations[CordonAnnotation] != "" {
+			continue
+		}
+		patch := client.MergeFrom(node.DeepCopy())
+		if node.Annotations == nil {
+			node.Annotations = map[string]string{}
+		}
+		switch {
+		case node.Spec.Unschedulable:
+			node.Annotations[CordonAnnotation] = cordonedByUser
+		case node.Annotations[CordonAnnotation] != "":
+			// Someone uncordoned a node under maintenance.
+			node.Spec.Unschedulable = true
+			node.Annotations[CordonAnnotation] = cordonedByEbb
+			r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, ReasonRecordoned, "Cordon",
+				"Node %s was made schedulable during maintenance %s; cordoned it again", name, nm.Name)
+		default:
+			node.Spec.Unschedulable = true
+			node.Annotations[CordonAnnotation] = cordonedByEbb
+		}
+		if err := r.Client.Patch(ctx, node, patch); err != nil {
+			return fmt.Errorf("cordoning node %s: %w", name, err)
+		}
+		log.FromContext(ctx).Info("Cordoned", "node", klog.KObj(node))
+	}
+	return nil
+}
+
+// taint adds ebb.dev/draining=maintenance:NoSchedule to every selected
+// node (unless it carries the key already, e.g. from a spot eviction): the
+// load balancers stop sending it new connections, and the DaemonSet
+// controller stops recreating evicted daemon pods there.
+func (r *Reconciler) taint(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) error {
+	for _, name := range w.selected[nm.Name] {
+		node := w.node(name)
+		if hasTaint(node, lbmodel.TaintDraining) {
+			continue
+		}
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: lbmodel.TaintDraining, Value: DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule})
+		if err := r.Client.Patch(ctx, node, patch); err != nil {
+			return fmt.Errorf("tainting node %s draining: %w", name, err)
+		}
+		log.FromContext(ctx).Info("Tainted draining", "node", klog.KObj(node))
+	}
+	return nil
+}
+
+func hasTaint(n *corev1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// complete removes this maintenance's Evacuations and, on nodes no other
+// maintenance still holds, its draining taint and its cordon.
+func (r *Reconciler) complete(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) error {
+	if err := r.releaseEvacuations(ctx, nm, w); err != nil {
+		return err
+	}
+	for _, name := range w.selected[nm.Name] {
+		node := w.node(name)
+		active := w.covering(name, nm.Name, v1alpha1.Cordon, v1alpha1.Drain)
+		draining := w.covering(name, nm.Name, v1alpha1.Drain)
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		changed := false
+		if len(draining) == 0 {
+			var kept []corev1.Taint
+			for _, t := range node.Spec.Taints {
+				if t.Key == lbmodel.TaintDraining && t.Value == DrainingTaintValue {
+					changed = true
+					continue
+				}
+				kept = append(kept, t)
+			}
+			node.Spec.Taints = kept
+		}
+		if len(active) == 0 && node.Annotations[CordonAnnotation] != "" {
+			if node.Annotations[CordonAnnotation] == cordonedByEbb {
+				node.Spec.Unschedulable = false
+			}
+			delete(node.Annotations, CordonAnnotation)
+			changed = true
+		}
+		if !changed {
+			continue
+		}
+		if err := r.Client.Patch(ctx, node, patch); err != nil {
+			return fmt.Errorf("releasing node %s: %w", name, err)
+		}
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonNodeReleased, "Complete", "Released node %s from maintenance %s", name, nm.Name)
+		log.FromContext(ctx).Info("Released", "node", klog.KObj(node), "uncordoned", !node.Spec.Unschedulable)
+	}
+	return nil
+}
+
+// publishNodeConditions sets MaintenanceInProgress, DrainInProgress and
+// Drained on the nodes of this maintenance from every maintenance on them.
+func (r *Reconciler) publishNodeConditions(ctx context.Context, w *world, drain *drainResult, nm *v1alpha1.NodeMaintenance) error {
+	for _, name := range w.selected[nm.Name] {
+		node := w.node(name)
+		active := w.covering(name, "", v1alpha1.Cordon, v1alpha1.Drain)
+		draining := w.covering(name, "", v1alpha1.Drain)
+		drained := drain != nil && drain.nodeDrained(name)
+		want := []corev1.NodeCondition{
+			condition(v1alpha1.NodeConditionMaintenanceInProgress, len(active) > 0, "MaintenanceActive", "NoMaintenance", fmt.Sprintf("NodeMaintenance %v", active)),
+			condition(v1alpha1.NodeConditionDrainInProgress, len(draining) > 0 && !drained, "Draining", "NotDraining", fmt.Sprintf("NodeMaintenance %v", draining)),
+			condition(v1alpha1.NodeConditionDrained, len(draining) > 0 && drained, "Drained", "NotDrained", fmt.Sprintf("NodeMaintenance %v", draining)),
+		}
+		orig := node.DeepCopy()
+		changed := false
+		for _, c := range want {
+			if setNodeCondition(node, c, metav1.NewTime(r.Clock.Now())) {
+				changed = true
+			}
+		}
+		if !changed {
+			continue
+		}
+		if err := r.Client.Status().Patch(ctx, node, client.StrategicMergeFrom(orig)); err != nil {
+			return fmt.Errorf("publishing maintenance conditions on node %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func condition(typ string, on bool, yes, no, msg string) corev1.NodeCondition {
+	c := corev1.NodeCondition{Type: corev1.NodeConditionType(typ), Status: corev1.ConditionFalse, Reason: no}
+	if on {
+		c.Status, c.Reason, c.Message = corev1.ConditionTrue, yes, msg
+	}
+	return c
+}
+
+// setNodeCondition sets c on node, keeping the transition time when the
+// status did not change; it reports whether anything changed. A condition
+// that would be False and is absent is not added.
+func setNodeCondition(node *corev1.Node, c corev1.NodeCondition, now metav1.Time) bool {
+	for i, old := range node.Status.Conditions {
+		if old.Type != c.Type {
+			continue
+		}
+		if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+			return false
+		}
+		c.LastTransitionTime = old.LastTransitionTime
+		if old.Status != c.Status {
+			c.LastTransitionTime = now
+		}
+		c.LastHeartbeatTime = now
+		node.Status.Conditions[i] = c
+		return true
+	}
+	if c.Status == corev1.ConditionFalse {
+		return false
+	}
+	c.LastTransitionTime, c.LastHeartbeatTime = now, now
+	node.Status.Conditions = append(node.Status.Conditions, c)
+	return true
+}

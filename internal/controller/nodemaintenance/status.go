@@ -1,0 +1,142 @@
+package nodemaintenance
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+)
+
+// updateStatus records the stage started, each node's drain and the
+// Drained condition, and emits events for what changed.
+func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world, drain *drainResult) error {
+	orig := nm.DeepCopy()
+	now := metav1.NewTime(r.Clock.Now())
+	st := &nm.Status
+	if n := len(st.StageStatuses); n == 0 || st.StageStatuses[n-1].Name != nm.Spec.Stage {
+		if n > 0 && st.StageStatuses[n-1].StartTimestamp != nil {
+			r.Metrics.stageSeconds.WithLabelValues(string(st.StageStatuses[n-1].Name)).Observe(now.Sub(st.StageStatuses[n-1].StartTimestamp.Time).Seconds())
+		}
+		st.StageStatuses = append(st.StageStatuses, v1alpha1.StageStatus{Name: nm.Spec.Stage, StartTimestamp: &now})
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
+	}
+
+	var statuses []v1alpha1.NodeMaintenanceNodeStatus
+	for _, name := range w.selected[nm.Name] {
+		ns := v1alpha1.NodeMaintenanceNodeStatus{NodeRef: v1alpha1.NodeReference{Name: name}}
+		if drain != nil && drain.self != nil {
+			d := drain.nodes[name]
+			ns.DrainTargets = drain.res.nodes[name].Targets
+			ns.DrainMessage = drain.res.message(drain.self, name)
+			ns.PodsPendingEvacuation, ns.PodsEvacuating = int32(d.pending), int32(d.evacuating)
+			if d.static > 0 {
+				ns.DrainMessage += fmt.Sprintf("; %d static pod(s) cannot be evacuated through the API: stop them on the node", d.static)
+			}
+			if old := oldNodeStatus(orig, name); old != nil && !isFastForward(old.DrainMessage) && isFastForward(ns.DrainMessage) {
+				r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonFastForwarded, "Drain",
+					"Node %s: %s; pods this plan would have kept until later may already be gone", name, ns.DrainMessage)
+			}
+		}
+		statuses = append(statuses, ns)
+	}
+	st.NodeStatuses = statuses
+	if drain != nil && drain.self != nil {
+		st.DrainPlanIndex = int32(drain.self.Index)
+		r.Metrics.setPods(nm.Name, statuses)
+	}
+
+	switch {
+	case nm.Spec.Stage == v1alpha1.Drain && drain != nil && drain.self != nil && drain.res.drained(drain.self):
+		if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.DrainedCondition) {
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(statuses))
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionTrue, Reason: "PodsEvacuated",
+			Message: "every targeted pod on every selected node has terminated", ObservedGeneration: nm.Generation})
+	case nm.Spec.Stage == v1alpha1.Drain:
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "Evacuating",
+			Message: "pods are being evacuated", ObservedGeneration: nm.Generation})
+	case nm.Spec.Stage == v1alpha1.Complete:
+		// Drained keeps its last value: it says whether the drain finished.
+	default:
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "NotDraining",
+			Message: fmt.Sprintf("stage %s does not drain", nm.Spec.Stage), ObservedGeneration: nm.Generation})
+	}
+	if apiequality.Semantic.DeepEqual(orig.Status, nm.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Update(ctx, nm); err != nil {
+		return fmt.Errorf("updating the status of %s: %w", nm.Name, err)
+	}
+	return nil
+}
+
+func oldNodeStatus(nm *v1alpha1.NodeMaintenance, node string) *v1alpha1.NodeMaintenanceNodeStatus {
+	i := slices.IndexFunc(nm.Status.NodeStatuses, func(s v1alpha1.NodeMaintenanceNodeStatus) bool { return s.NodeRef.Name == node })
+	if i < 0 {
+		return nil
+	}
+	return &nm.Status.NodeStatuses[i]
+}
+
+func isFastForward(msg string) bool { return strings.Contains(msg, "fast-forwarded") }
+
+// Metrics are the controller's Prometheus metrics.
+type Metrics struct {
+	maintenances *prometheus.GaugeVec
+	pods         *prometheus.GaugeVec
+	stageSeconds *prometheus.HistogramVec
+}
+
+// NewMetrics registers the metrics with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		maintenances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_nodemaintenance_maintenances", Help: "NodeMaintenances by stage.",
+		}, []string{"stage"}),
+		pods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_nodemaintenance_pods", Help: "Pods on a maintenance's nodes: state is pending (no Evacuation yet) or evacuating.",
+		}, []string{"nodemaintenance", "state"}),
+		stageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ebb_nodemaintenance_stage_duration_seconds", Help: "How long a maintenance stayed in a stage.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}, []string{"stage"}),
+	}
+	for _, c := range []prometheus.Collector{m.maintenances, m.pods, m.stageSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering node maintenance metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) observeStages(nms []v1alpha1.NodeMaintenance) {
+	counts := map[v1alpha1.NodeMaintenanceStage]float64{v1alpha1.Idle: 0, v1alpha1.Cordon: 0, v1alpha1.Drain: 0, v1alpha1.Complete: 0}
+	for _, nm := range nms {
+		counts[nm.Spec.Stage]++
+	}
+	for s, n := range counts {
+		m.maintenances.WithLabelValues(string(s)).Set(n)
+	}
+}
+
+func (m *Metrics) setPods(name string, statuses []v1alpha1.NodeMaintenanceNodeStatus) {
+	var pending, evacuating int32
+	for _, s := range statuses {
+		pending += s.PodsPendingEvacuation
+		evacuating += s.PodsEvacuating
+	}
+	m.pods.WithLabelValues(name, "pending").Set(float64(pending))
+	m.pods.WithLabelValues(name, "evacuating").Set(float64(evacuating))
+}
+
+func (m *Metrics) forget(name string) {
+	m.pods.DeletePartialMatch(prometheus.Labels{"nodemaintenance": name})
+}

@@ -1,0 +1,230 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// +kubebuilder:rbac:groups="",namespace=ebb-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;list;watch;patch
+
+// Keys of the certificate Secret.
+const (
+	caCertKey  = "ca.crt"
+	certKey    = corev1.TLSCertKey
+	privKeyKey = corev1.TLSPrivateKeyKey
+)
+
+// renewBefore: a certificate closer than this to its end is replaced.
+const renewBefore = 30 * 24 * time.Hour
+
+// SelfSignedCerts manages the webhook's serving certificate without
+// cert-manager: a CA and a serving certificate kept in a Secret (so every
+// replica serves the same one), written to CertDir, with the CA injected
+// into the webhook configurations.
+type SelfSignedCerts struct {
+	// Client must not be a cached one: this runs before caches start.
+	Client client.Client
+	Secret types.NamespacedName
+	// DNSNames and IPs the serving certificate is valid for.
+	DNSNames []string
+	IPs      []net.IP
+	CertDir  string
+	// Mutating and Validating name the webhook configurations to inject
+	// the CA into.
+	Mutating, Validating []string
+	Now                  func() time.Time
+}
+
+// Ensure makes sure a valid certificate exists, is on disk and is trusted
+// by the webhook configurations.
+func (s *SelfSignedCerts) Ensure(ctx context.Context) error {
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	data, err := s.secret(ctx)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.CertDir, 0o700); err != nil {
+		return fmt.Errorf("creating the webhook certificate directory: %w", err)
+	}
+	for _, k := range []string{certKey, privKeyKey} {
+		if err := os.WriteFile(filepath.Join(s.CertDir, k), data[k], 0o600); err != nil {
+			return fmt.Errorf("writing the webhook certificate: %w", err)
+		}
+	}
+	return s.inject(ctx, data[caCertKey])
+}
+
+// secret returns the Secret's data, creating or renewing it when needed.
+func (s *SelfSignedCerts) secret(ctx context.Context) (map[string][]byte, error) {
+	for attempt := 0; ; attempt++ {
+		var sec corev1.Secret
+		err := s.Client.Get(ctx, s.Secret, &sec)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("reading the webhook certificate Secret %s: %w", s.Secret, err)
+		}
+		exists := err == nil
+		if exists && s.valid(sec.Data) {
+			return sec.Data, nil
+		}
+		data, genErr := s.generate()
+		if genErr != nil {
+			return nil, genErr
+		}
+		sec.Data, sec.Type = data, corev1.SecretTypeTLS
+		if exists {
+			err = s.Client.Update(ctx, &sec)
+		} else {
+			sec.ObjectMeta = metav1.ObjectMeta{Namespace: s.Secret.Namespace, Name: s.Secret.Name, Labels: map[string]string{"app.kubernetes.io/managed-by": "ebb"}}
+			err = s.Client.Create(ctx, &sec)
+		}
+		switch {
+		case err == nil:
+			return data, nil
+		case (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) && attempt < 3:
+			continue // another replica wrote it first: use theirs
+		default:
+			return nil, fmt.Errorf("writing the webhook certificate Secret %s: %w", s.Secret, err)
+		}
+	}
+}
+
+// valid reports whether data holds a key pair that is not near its end and
+// covers every name.
+func (s *SelfSignedCerts) valid(data map[string][]byte) bool {
+	if len(data[caCertKey]) == 0 {
+		return false
+	}
+	pair, err := tls.X509KeyPair(data[certKey], data[privKeyKey])
+	if err != nil {
+		return false
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil || s.Now().Add(renewBefore).After(cert.NotAfter) {
+		return false
+	}
+	for _, n := range s.DNSNames {
+		if !slices.Contains(cert.DNSNames, n) {
+			return false
+		}
+	}
+	for _, ip := range s.IPs {
+		if !slices.ContainsFunc(cert.IPAddresses, ip.Equal) {
+			return false
+		}
+	}
+	return true
+}
+
+// generate makes a CA (10 years) and a serving certificate (1 year).
+func (s *SelfSignedCerts) generate() (map[string][]byte, error) {
+	now := s.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating the webhook CA key: %w", err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: "ebb-webhook-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing the webhook CA: %w", err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating the webhook key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(now.UnixNano() + 1), Subject: pkix.Name{CommonName: firstOr(s.DNSNames, "ebb-webhook")},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames: s.DNSNames, IPAddresses: s.IPs,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing the webhook certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the webhook key: %w", err)
+	}
+	return map[string][]byte{
+		caCertKey:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		certKey:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		privKeyKey: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	}, nil
+}
+
+func firstOr(names []string, def string) string {
+	if len(names) > 0 {
+		return names[0]
+	}
+	return def
+}
+
+// inject sets caBundle on every webhook of the named configurations.
+func (s *SelfSignedCerts) inject(ctx context.Context, ca []byte) error {
+	for _, name := range s.Mutating {
+		var cfg admissionregistrationv1.MutatingWebhookConfiguration
+		if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, &cfg); err != nil {
+			return fmt.Errorf("reading MutatingWebhookConfiguration %s to inject the CA: %w", name, err)
+		}
+		patch := client.MergeFromWithOptions(cfg.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		changed := false
+		for i := range cfg.Webhooks {
+			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, ca) {
+				cfg.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+			}
+		}
+		if changed {
+			if err := s.Client.Patch(ctx, &cfg, patch); err != nil {
+				return fmt.Errorf("injecting the CA into MutatingWebhookConfiguration %s: %w", name, err)
+			}
+		}
+	}
+	for _, name := range s.Validating {
+		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, &cfg); err != nil {
+			return fmt.Errorf("reading ValidatingWebhookConfiguration %s to inject the CA: %w", name, err)
+		}
+		patch := client.MergeFromWithOptions(cfg.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		changed := false
+		for i := range cfg.Webhooks {
+			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, ca) {
+				cfg.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+			}
+		}
+		if changed {
+			if err := s.Client.Patch(ctx, &cfg, patch); err != nil {
+				return fmt.Errorf("injecting the CA into ValidatingWebhookConfiguration %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}

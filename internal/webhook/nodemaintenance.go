@@ -1,0 +1,214 @@
+// Package webhook is ebb's admission: defaulting and validation of
+// NodeMaintenance (KEP-4212's nodemaintenance admission plugin, as a
+// webhook), and the serving certificates.
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+// +kubebuilder:webhook:path=/mutate-maintenance-ebb-dev-v1alpha1-nodemaintenance,mutating=true,failurePolicy=fail,sideEffects=None,groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=create;update,versions=v1alpha1,name=mnodemaintenance.maintenance.ebb.dev,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-maintenance-ebb-dev-v1alpha1-nodemaintenance,mutating=false,failurePolicy=fail,sideEffects=None,groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=create;update;delete,versions=v1alpha1,name=vnodemaintenance.maintenance.ebb.dev,admissionReviewVersions=v1
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// NodeMaintenance defaults and validates NodeMaintenances.
+type NodeMaintenance struct {
+	// Client reads nodes (from a cache) and creates SubjectAccessReviews.
+	Client client.Client
+}
+
+var nmKind = v1alpha1.GroupVersion.WithKind("NodeMaintenance").GroupKind()
+
+// SetupWithManager registers both webhooks on the manager's server.
+func (w *NodeMaintenance) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.NodeMaintenance{}).WithDefaulter(w).WithValidator(w).Complete()
+}
+
+// Default adds the drain plan's missing default entries and the Idle
+// stage.
+func (w *NodeMaintenance) Default(_ context.Context, nm *v1alpha1.NodeMaintenance) error {
+	if nm.Spec.Stage == "" {
+		nm.Spec.Stage = v1alpha1.Idle
+	}
+	nm.Spec.DrainPlan = drainplan.WithDefaults(nm.Spec.DrainPlan)
+	return nil
+}
+
+// ValidateCreate checks the spec, warns when every node is selected, and
+// requires that the user may delete every selected node.
+func (w *NodeMaintenance) ValidateCreate(ctx context.Context, nm *v1alpha1.NodeMaintenance) (admission.Warnings, error) {
+	sel, err := validateSpec(nm)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := w.nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	selected := matching(sel, nodes)
+	if err := w.authorize(ctx, nm.Name, "create", selected); err != nil {
+		return nil, err
+	}
+	return allNodesWarning(selected, nodes), nil
+}
+
+// ValidateUpdate checks the spec and, if the selection grows, that the
+// user may delete the nodes it adds.
+func (w *NodeMaintenance) ValidateUpdate(ctx context.Context, old, nm *v1alpha1.NodeMaintenance) (admission.Warnings, error) {
+	sel, err := validateSpec(nm)
+	if err != nil {
+		return nil, err
+	}
+	oldSel, err := nodeaffinity.NewNodeSelector(old.Spec.NodeSelector)
+	if err != nil {
+		oldSel = nil // a selector stored before validation existed: treat everything as new
+	}
+	nodes, err := w.nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var added []string
+	selected := matching(sel, nodes)
+	for _, n := range nodes {
+		if sel.Match(n) && (oldSel == nil || !oldSel.Match(n)) {
+			added = append(added, n.Name)
+		}
+	}
+	if err := w.authorize(ctx, nm.Name, "widen", added); err != nil {
+		return nil, err
+	}
+	return allNodesWarning(selected, nodes), nil
+}
+
+// ValidateDelete requires that the user may delete every selected node.
+func (w *NodeMaintenance) ValidateDelete(ctx context.Context, nm *v1alpha1.NodeMaintenance) (admission.Warnings, error) {
+	sel, err := nodeaffinity.NewNodeSelector(nm.Spec.NodeSelector)
+	if err != nil {
+		return nil, nil // nothing can be matched by an invalid selector
+	}
+	nodes, err := w.nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return nil, w.authorize(ctx, nm.Name, "delete", matching(sel, nodes))
+}
+
+// validateSpec checks what the CRD's schema cannot: the node selector and
+// the drain plan's order.
+func validateSpec(nm *v1alpha1.NodeMaintenance) (*nodeaffinity.NodeSelector, error) {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	var sel *nodeaffinity.NodeSelector
+	switch ns := nm.Spec.NodeSelector; {
+	case ns == nil:
+		errs = append(errs, field.Required(spec.Child("nodeSelector"), "select the nodes to maintain, e.g. nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: In, values: [NODE]}]}]"))
+	case len(ns.NodeSelectorTerms) == 0:
+		errs = append(errs, field.Required(spec.Child("nodeSelector", "nodeSelectorTerms"), "give at least one term; a term without requirements selects every node"))
+	default:
+		var err error
+		if sel, err = nodeaffinity.NewNodeSelector(ns, field.WithPath(spec.Child("nodeSelector"))); err != nil {
+			errs = append(errs, field.Invalid(spec.Child("nodeSelector"), "", err.Error()))
+		}
+	}
+	errs = append(errs, drainplan.Validate(nm.Spec.DrainPlan, spec.Child("drainPlan"))...)
+	if len(errs) > 0 {
+		return nil, apierrors.NewInvalid(nmKind, nm.Name, errs)
+	}
+	return sel, nil
+}
+
+func (w *NodeMaintenance) nodes(ctx context.Context) ([]*corev1.Node, error) {
+	var list corev1.NodeList
+	if err := w.Client.List(ctx, &list); err != nil {
+		return nil, apierrors.NewInternalError(fmt.Errorf("listing nodes: %w", err))
+	}
+	out := make([]*corev1.Node, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out, nil
+}
+
+func matching(sel *nodeaffinity.NodeSelector, nodes []*corev1.Node) []string {
+	var out []string
+	for _, n := range nodes {
+		if sel.Match(n) {
+			out = append(out, n.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func allNodesWarning(selected []string, nodes []*corev1.Node) admission.Warnings {
+	if len(nodes) == 0 || len(selected) < len(nodes) {
+		return nil
+	}
+	return admission.Warnings{fmt.Sprintf(
+		"spec.nodeSelector selects all %d nodes of the cluster: maintaining every node at once may leave the cluster degraded and unable to recover", len(nodes))}
+}
+
+// authorize checks, with SubjectAccessReviews, that the requesting user
+// may delete each node: a maintenance can take nodes out of service, so
+// only someone who could delete them may start, widen or end one.
+func (w *NodeMaintenance) authorize(ctx context.Context, name, what string, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("reading the admission request: %w", err))
+	}
+	user := req.UserInfo
+	review := func(node string) (bool, error) {
+		extra := map[string]authorizationv1.ExtraValue{}
+		for k, v := range user.Extra {
+			extra[k] = authorizationv1.ExtraValue(v)
+		}
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "delete", Resource: "nodes", Version: "v1", Name: node},
+		}}
+		if err := w.Client.Create(ctx, sar); err != nil {
+			return false, apierrors.NewInternalError(fmt.Errorf("checking whether %s may delete nodes: %w", user.Username, err))
+		}
+		return sar.Status.Allowed, nil
+	}
+	// One review for all nodes covers the common case (an administrator).
+	if ok, err := review(""); err != nil || ok {
+		return err
+	}
+	var denied []string
+	for _, n := range nodes {
+		ok, err := review(n)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			denied = append(denied, n)
+		}
+	}
+	if len(denied) == 0 {
+		return nil
+	}
+	return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("nodemaintenances").GroupResource(), name, fmt.Errorf(
+		"user %q may not delete node(s) %s, and only someone who may delete every node a NodeMaintenance selects may %s it: ask for the 'delete' permission on these nodes, or narrow spec.nodeSelector",
+		user.Username, strings.Join(denied, ", "), what))
+}
