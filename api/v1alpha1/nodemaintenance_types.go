@@ -81,8 +81,8 @@ type DrainPlanEntry struct {
 // +kubebuilder:validation:XValidation:rule="oldSelf.stage == self.stage || oldSelf.stage == 'Idle' || (oldSelf.stage == 'Cordon' && self.stage in ['Drain', 'Complete']) || (oldSelf.stage == 'Drain' && self.stage == 'Complete')",message="spec.stage can only move forward: Idle -> Cordon | Drain | Complete, Cordon -> Drain | Complete, Drain -> Complete; Complete is final"
 type NodeMaintenanceSpec struct {
 	// NodeSelector selects the nodes under maintenance.
-	// +required
-	NodeSelector *corev1.NodeSelector `json:"nodeSelector"`
+	// +kubebuilder:validation:Required
+	NodeSelector *corev1.NodeSelector `json:"nodeSelector,omitempty"`
 	// Stage of the maintenance: Idle (planned), Cordon, Drain or Complete.
 	// Stages only move forward; Cordon and Drain can be skipped; deleting
 	// a maintenance that left Idle moves it to Complete first.

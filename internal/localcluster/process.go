@@ -24,7 +24,7 @@ type process struct {
 // startProcess starts path with args, its output going to logDir/name.log.
 func startProcess(name, path string, args []string, logDir string) (*process, error) {
 	logPath := filepath.Join(logDir, name+".log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // a restarted component keeps its earlier log
 	if err != nil {
 		return nil, fmt.Errorf("opening log for %s: %w", name, err)
 	}

@@ -124,7 +124,7 @@ func validateSpec(nm *v1alpha1.NodeMaintenance) (*nodeaffinity.NodeSelector, err
 	default:
 		var err error
 		if sel, err = nodeaffinity.NewNodeSelector(ns, field.WithPath(spec.Child("nodeSelector"))); err != nil {
-			errs = append(errs, field.Invalid(spec.Child("nodeSelector"), "", err.Error()))
+			errs = append(errs, field.Invalid(spec.Child("nodeSelector"), field.OmitValueType{}, err.Error()))
 		}
 	}
 	errs = append(errs, drainplan.Validate(nm.Spec.DrainPlan, spec.Child("drainPlan"))...)

@@ -29,16 +29,35 @@ const (
 
 // StartEbb runs `ebb controller` and `ebb lb` of the ebb binary bin against
 // a local cluster, as processes in its namespace (logs in the cluster's
-// logs/), waits until the load balancer is ready, and returns a function
-// that stops them. lbArgs are added to ebb lb's flags.
+// logs/), waits until both are ready, and returns a function that stops
+// them. lbArgs are added to ebb lb's flags.
 func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), error) {
-	setup, cancelSetup := context.WithTimeout(context.Background(), time.Minute)
-	defer cancelSetup()
-	if err := InstallAPI(setup, c); err != nil {
+	stopController, err := StartController(c, bin)
+	if err != nil {
+		return nil, err
+	}
+	stopLB, err := StartLB(c, bin, lbArgs...)
+	if err != nil {
+		stopController()
+		return nil, err
+	}
+	return func() {
+		stopLB()
+		stopController()
+	}, nil
+}
+
+// StartController installs ebb's API (CRDs, webhook configurations) and
+// runs `ebb controller` with its webhooks on WebhookAddress; it returns
+// once the controller is ready.
+func StartController(c *localcluster.Cluster, bin string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := InstallAPI(ctx, c); err != nil {
 		return nil, fmt.Errorf("installing ebb's API: %w", err)
 	}
 	host, port, _ := strings.Cut(WebhookAddress, ":")
-	stopController, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
+	stop, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
 		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
 		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress,
 		"--webhook-port", port, "--webhook-bind-host", host, "--webhook-ip-address", host,
@@ -46,24 +65,27 @@ func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), er
 	if err != nil {
 		return nil, err
 	}
-	stopLB, err := c.StartProcess("ebb-lb", bin, append([]string{"lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", LBMetricsAddress}, lbArgs...)...)
-	if err != nil {
-		_ = stopController()
-		return nil, err
+	if err := waitReady(ctx, controllerHealthAddress); err != nil {
+		_ = stop()
+		return nil, fmt.Errorf("ebb controller did not become ready (logs in %s): %w", filepath.Join(c.Dir(), "logs"), err)
 	}
-	stop := func() {
-		_ = stopLB()
-		_ = stopController()
-	}
+	return func() { _ = stop() }, nil
+}
+
+// StartLB runs `ebb lb` (with extra flags args) and returns once it has
+// applied its first configuration.
+func StartLB(c *localcluster.Cluster, bin string, args ...string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, ready := range []struct{ what, address string }{{"ebb lb", LBMetricsAddress}, {"ebb controller", controllerHealthAddress}} {
-		if err := waitReady(ctx, ready.address); err != nil {
-			stop()
-			return nil, fmt.Errorf("%s did not become ready (logs in %s): %w", ready.what, filepath.Join(c.Dir(), "logs"), err)
-		}
+	stop, err := c.StartProcess("ebb-lb", bin, append([]string{"lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", LBMetricsAddress}, args...)...)
+	if err != nil {
+		return nil, err
 	}
-	return stop, nil
+	if err := waitReady(ctx, LBMetricsAddress); err != nil {
+		_ = stop()
+		return nil, fmt.Errorf("ebb lb did not become ready (logs in %s): %w", filepath.Join(c.Dir(), "logs"), err)
+	}
+	return func() { _ = stop() }, nil
 }
 
 // waitReady polls a component's /readyz until it answers 200.
