@@ -117,7 +117,3 @@ type EvacuationList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Evacuation `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&Evacuation{}, &EvacuationList{})
-}

@@ -6,8 +6,9 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 // GroupVersion is the API's group and version.
@@ -15,6 +16,12 @@ var GroupVersion = schema.GroupVersion{Group: "maintenance.ebb.dev", Version: "v
 
 // SchemeBuilder registers the API's types; AddToScheme adds them to a scheme.
 var (
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 	AddToScheme   = SchemeBuilder.AddToScheme
 )
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &NodeMaintenance{}, &NodeMaintenanceList{}, &Evacuation{}, &EvacuationList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

@@ -154,4 +154,3 @@ func waitEstablished(ctx context.Context, cl client.Client, name string) error {
 	}
 	return nil
 }
-

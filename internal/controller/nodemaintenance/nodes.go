@@ -20,7 +20,7 @@ import (
 const CordonAnnotation = "maintenance.ebb.dev/cordon"
 
 const (
-	cordonedByEbb = "ebb"
+	cordonedByEbb  = "ebb"
 	cordonedByUser = "preexisting"
 )
 

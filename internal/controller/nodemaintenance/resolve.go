@@ -26,8 +26,8 @@ type drainState struct {
 }
 
 func (d *drainState) own() []v1alpha1.DrainPlanEntry { return drainplan.TargetsAt(d.Plan, d.Index) }
-func (d *drainState) level() drainplan.Level       { return drainplan.LevelAt(d.Plan, d.Index) }
-func (d *drainState) last() bool                   { return d.Index >= len(d.Plan)-1 }
+func (d *drainState) level() drainplan.Level         { return drainplan.LevelAt(d.Plan, d.Index) }
+func (d *drainState) last() bool                     { return d.Index >= len(d.Plan)-1 }
 
 // older orders maintenances by age, then name.
 func older(a, b *drainState) bool {
@@ -59,6 +59,7 @@ type resolution struct {
 	maintenances map[string]*drainState
 	nodes        map[string]nodeTargets
 	remaining    map[string]int
+	count        remainingFunc
 }
 
 // resolve computes the drain targets of every node under a maintenance in
@@ -69,7 +70,7 @@ type resolution struct {
 // that reach its own entry. Advancing is repeated until nothing can move,
 // so empty steps pass at once. The maintenances' Index fields are updated.
 func resolve(states []*drainState, remaining remainingFunc) *resolution {
-	r := &resolution{maintenances: map[string]*drainState{}}
+	r := &resolution{maintenances: map[string]*drainState{}, count: remaining}
 	for _, s := range states {
 		r.maintenances[s.Name] = s
 	}
@@ -156,11 +157,15 @@ func (r *resolution) finished(s *drainState) bool {
 	return r.blocker(s) == ""
 }
 
-// blocker returns the first node of s that keeps it from its next entry.
+// blocker returns the first node of s that keeps it from its next entry:
+// one whose targets do not reach s's own entry yet, or that still has pods
+// s's own targets select. (A node fast-forwarded beyond s's entry only
+// needs the pods of s's entry gone.)
 func (r *resolution) blocker(s *drainState) string {
+	own := s.own()
 	for _, node := range s.Nodes {
 		t := r.nodes[node]
-		if r.remaining[node] > 0 || t.Level.Less(s.level()) {
+		if t.Level.Less(s.level()) || r.count(node, own) > 0 {
 			return node
 		}
 	}

@@ -32,26 +32,6 @@ func (c cluster) remaining(node string, targets []v1alpha1.DrainPlanEntry) int {
 	return n
 }
 
-// evacuate removes the pods of node the targets select.
-func (c cluster) evacuate(node string, targets []v1alpha1.DrainPlanEntry) {
-	var left []int32
-	for _, p := range c[node] {
-		if !selected(p, targets) {
-			left = append(left, p)
-		}
-	}
-	c[node] = left
-}
-
-func selected(p int32, targets []v1alpha1.DrainPlanEntry) bool {
-	for _, t := range targets {
-		if t.PodType == v1alpha1.Default && p <= t.PodPriority {
-			return true
-		}
-	}
-	return false
-}
-
 type want struct {
 	maintenance, node string
 	priority          int32
@@ -172,12 +152,12 @@ func TestResolveFollowsTheKEPExample(t *testing.T) {
 func TestResolveNeverBacktracks(t *testing.T) {
 	a := &drainState{Name: "a", Plan: plan(100, v1alpha1.Default, 200, v1alpha1.Default, 300, v1alpha1.Default), Nodes: []string{"n1"}}
 	pods := cluster{"n1": {100, 300}, "n2": {50, 250}}
-	r := resolve([]*drainState{a}, pods.remaining)
+	resolve([]*drainState{a}, pods.remaining)
 	if a.Index != 0 {
 		t.Fatalf("index %d", a.Index)
 	}
 	pods["n1"] = []int32{300}
-	r = resolve([]*drainState{a}, pods.remaining)
+	r := resolve([]*drainState{a}, pods.remaining)
 	if a.Index != 2 || r.message(a, "n1") != "Evacuating" {
 		t.Fatalf("index %d message %q, want 2 (200 had nothing to do)", a.Index, r.message(a, "n1"))
 	}
@@ -192,5 +172,23 @@ func TestResolveNeverBacktracks(t *testing.T) {
 	r = resolve([]*drainState{a, b}, pods.remaining)
 	if got := r.message(b, "n1"); got != "Evacuating" {
 		t.Errorf("equal levels: %q", got)
+	}
+}
+
+// A maintenance whose node was fast-forwarded by another's recorded
+// targets still moves on once the pods of its own entry are gone, even
+// while the fast-forwarded targets have pods left.
+func TestResolveAdvancesBehindAFloor(t *testing.T) {
+	a := &drainState{Name: "a", Plan: plan(100, v1alpha1.Default, 1000000000, v1alpha1.Default), Nodes: []string{"x"},
+		Recorded: map[string][]v1alpha1.DrainPlanEntry{}}
+	b := &drainState{Name: "b", Created: time.Now(), Plan: plan(1000, v1alpha1.Default, 1000000000, v1alpha1.Default), Nodes: []string{"x"},
+		Recorded: map[string][]v1alpha1.DrainPlanEntry{"x": drainplan.TargetsAt(plan(1000, v1alpha1.Default), 0)}}
+	pods := cluster{"x": {1000}}
+	r := resolve([]*drainState{a, b}, pods.remaining)
+	if a.Index != 1 {
+		t.Fatalf("a at index %d, want 1: its own entry (<= 100) has no pod left", a.Index)
+	}
+	if got := r.message(a, "x"); got != "Evacuating (limited by b)" {
+		t.Errorf("message %q", got)
 	}
 }

@@ -1,0 +1,215 @@
+package maintenance_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// Cordon keeps the nodes unschedulable, cordoning again (with an event)
+// when someone uncordons one; Complete uncordons only what ebb cordoned.
+func TestCordonFightsBackAndCompleteUncordonsOnlyItsOwn(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	mine, users := cluster.Nodes[2].Name, cluster.Nodes[1].Name
+	setUnschedulable(t, ctx, users, true)
+	defer setUnschedulable(t, context.Background(), users, false)
+
+	create(t, ctx, admin, maintenance("cordon", v1alpha1.Cordon, byName(mine, users)))
+	eventually(t, ctx, 20*time.Second, "both nodes cordoned for maintenance", func(ctx context.Context) (bool, string) {
+		a, b := getNode(t, ctx, mine), getNode(t, ctx, users)
+		return a.Spec.Unschedulable && a.Annotations[nodemaintenance.CordonAnnotation] == "ebb" &&
+				b.Spec.Unschedulable && b.Annotations[nodemaintenance.CordonAnnotation] == "preexisting" &&
+				nodeCondition(a, v1alpha1.NodeConditionMaintenanceInProgress) == corev1.ConditionTrue,
+			fmt.Sprintf("%s: %v %v; %s: %v %v", mine, a.Spec.Unschedulable, a.Annotations, users, b.Spec.Unschedulable, b.Annotations)
+	})
+
+	setUnschedulable(t, ctx, mine, false)
+	eventually(t, ctx, 20*time.Second, "the uncordoned node cordoned again, with an event", func(ctx context.Context) (bool, string) {
+		n := getNode(t, ctx, mine)
+		return n.Spec.Unschedulable && slices.Contains(maintenanceEvents(t, ctx, "cordon"), nodemaintenance.ReasonRecordoned), fmt.Sprintf("unschedulable %v", n.Spec.Unschedulable)
+	})
+
+	if err := setStage(ctx, admin, "cordon", v1alpha1.Complete); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 20*time.Second, "ebb's cordon lifted, the user's kept", func(ctx context.Context) (bool, string) {
+		a, b := getNode(t, ctx, mine), getNode(t, ctx, users)
+		return !a.Spec.Unschedulable && b.Spec.Unschedulable && a.Annotations[nodemaintenance.CordonAnnotation] == "" &&
+				nodeCondition(a, v1alpha1.NodeConditionMaintenanceInProgress) == corev1.ConditionFalse,
+			fmt.Sprintf("%s unschedulable %v, %s unschedulable %v", mine, a.Spec.Unschedulable, users, b.Spec.Unschedulable)
+	})
+}
+
+// Drain cordons and taints the node, creates an Evacuation for each of its
+// pods; once they leave (here the test is the evacuator and uses the
+// Eviction API) the maintenance and the node say Drained. Deleting the
+// maintenance completes it: taint and cordon go, Evacuations are
+// withdrawn, and the finalizer lets it go.
+func TestDrainThenDeleteCompletes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[0].Name
+	pinnedApp(t, ctx, ns, "web", node, "", 2)
+
+	nm := maintenance("drain", v1alpha1.Drain, byName(node))
+	if err := admin.Create(ctx, nm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 20*time.Second, "the node cordoned and tainted draining, an Evacuation per pod", func(ctx context.Context) (bool, string) {
+		n := getNode(t, ctx, node)
+		evs := evacuations(t, ctx, ns)
+		return n.Spec.Unschedulable && hasTaint(n, lbmodel.TaintDraining, "maintenance") && len(evs) == 2,
+			fmt.Sprintf("unschedulable %v, taints %v, %d Evacuations", n.Spec.Unschedulable, n.Spec.Taints, len(evs))
+	})
+	for _, e := range evacuations(t, ctx, ns) {
+		if !slices.Contains(e.Finalizers, nodemaintenance.InstigatorFinalizer) || e.Spec.ProgressDeadlineSeconds != 1800 || e.Labels["app"] != "web" {
+			t.Errorf("Evacuation %s: finalizers %v, deadline %d, labels %v", e.Name, e.Finalizers, e.Spec.ProgressDeadlineSeconds, e.Labels)
+		}
+	}
+	got := getNM(t, ctx, "drain")
+	if s := nodeStatus(got, node); s.PodsEvacuating != 2 || len(s.DrainTargets) == 0 || s.DrainMessage != "Evacuating" {
+		t.Errorf("node status %+v", s)
+	}
+	if meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition) {
+		t.Error("Drained before any pod left")
+	}
+
+	evacuate(t, ctx, ns)
+	podsGoneFrom(t, ctx, ns, "web", node)
+	eventually(t, ctx, 30*time.Second, "Drained on the maintenance and the node", func(ctx context.Context) (bool, string) {
+		nm := getNM(t, ctx, "drain")
+		n := getNode(t, ctx, node)
+		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition) &&
+				nodeCondition(n, v1alpha1.NodeConditionDrained) == corev1.ConditionTrue &&
+				nodeCondition(n, v1alpha1.NodeConditionDrainInProgress) == corev1.ConditionFalse &&
+				nodeStatus(nm, node).DrainMessage == "Drained",
+			fmt.Sprintf("conditions %v, node status %+v", nm.Status.Conditions, nodeStatus(nm, node))
+	})
+	stages := getNM(t, ctx, "drain").Status.StageStatuses
+	if len(stages) != 1 || stages[0].Name != v1alpha1.Drain || stages[0].StartTimestamp == nil {
+		t.Errorf("stage statuses %+v", stages)
+	}
+
+	deleteAndWait(t, ctx, "drain")
+	n := getNode(t, ctx, node)
+	if n.Spec.Unschedulable || hasTaint(n, lbmodel.TaintDraining, "maintenance") || nodeCondition(n, v1alpha1.NodeConditionMaintenanceInProgress) == corev1.ConditionTrue {
+		t.Errorf("after completion: unschedulable %v, taints %v, conditions %v", n.Spec.Unschedulable, n.Spec.Taints, n.Status.Conditions)
+	}
+	eventually(t, ctx, 20*time.Second, "the Evacuations withdrawn", func(ctx context.Context) (bool, string) {
+		evs := evacuations(t, ctx, ns)
+		return len(evs) == 0, fmt.Sprintf("%d left", len(evs))
+	})
+}
+
+// Two maintenances on one node: the least advanced plan limits the node
+// (KEP-4212's drain targets), so higher-priority pods are not evacuated
+// until the lower ones are gone, and the statuses say why.
+func TestOverlappingMaintenances(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	x, y := cluster.Nodes[0].Name, cluster.Nodes[1].Name
+	priorityClass(t, ctx, "e2e-low", 100)
+	priorityClass(t, ctx, "e2e-high", 1000)
+	pinnedApp(t, ctx, ns, "low", x, "e2e-low", 1)
+	pinnedApp(t, ctx, ns, "high", x, "e2e-high", 1)
+
+	a := maintenance("overlap-a", v1alpha1.Drain, byName(x))
+	a.Spec.DrainPlan = []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}}
+	create(t, ctx, admin, a)
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have whole seconds: b is newer
+	b := maintenance("overlap-b", v1alpha1.Drain, byName(x, y))
+	b.Spec.DrainPlan = []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 1000}}
+	create(t, ctx, admin, b)
+
+	eventually(t, ctx, 20*time.Second, "only the low-priority pod evacuated, b limited by a on "+x, func(ctx context.Context) (bool, string) {
+		evs := evacuations(t, ctx, ns)
+		s := nodeStatus(getNM(t, ctx, "overlap-b"), x)
+		return len(evs) == 1 && evs[appPods(t, ctx, ns, "low")[0].Name].Name != "" && s.DrainMessage == "Evacuating (limited by overlap-a)",
+			fmt.Sprintf("%d Evacuations, b on %s: %q", len(evs), x, s.DrainMessage)
+	})
+	time.Sleep(time.Second)
+	if evs := evacuations(t, ctx, ns); len(evs) != 1 {
+		t.Fatalf("%d Evacuations while the low-priority pod is still there, want 1", len(evs))
+	}
+
+	evacuate(t, ctx, ns)
+	podsGoneFrom(t, ctx, ns, "low", x)
+	eventually(t, ctx, 30*time.Second, "the high-priority pod evacuated next, a limited by b", func(ctx context.Context) (bool, string) {
+		evs := evacuations(t, ctx, ns)
+		s := nodeStatus(getNM(t, ctx, "overlap-a"), x)
+		_, high := evs[appPods(t, ctx, ns, "high")[0].Name]
+		return high && s.DrainMessage == "Evacuating (limited by overlap-b)", fmt.Sprintf("high evacuating %v, a on %s: %q", high, x, s.DrainMessage)
+	})
+	evacuate(t, ctx, ns)
+	podsGoneFrom(t, ctx, ns, "high", x)
+	eventually(t, ctx, 30*time.Second, "both maintenances Drained", func(ctx context.Context) (bool, string) {
+		na, nb := getNM(t, ctx, "overlap-a"), getNM(t, ctx, "overlap-b")
+		return meta.IsStatusConditionTrue(na.Status.Conditions, v1alpha1.DrainedCondition) && meta.IsStatusConditionTrue(nb.Status.Conditions, v1alpha1.DrainedCondition),
+			fmt.Sprintf("a %v / b %v", na.Status.NodeStatuses, nb.Status.NodeStatuses)
+	})
+}
+
+// A controller restarted in the middle of a drain resumes where it
+// stopped: no duplicate Evacuation, the plan does not go back, the stage
+// is not started twice.
+func TestControllerRestartMidDrain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[2].Name
+	priorityClass(t, ctx, "e2e-low", 100)
+	priorityClass(t, ctx, "e2e-high", 1000)
+	pinnedApp(t, ctx, ns, "low", node, "e2e-low", 2)
+	pinnedApp(t, ctx, ns, "high", node, "e2e-high", 1)
+
+	nm := maintenance("restart", v1alpha1.Drain, byName(node))
+	nm.Spec.DrainPlan = []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}}
+	create(t, ctx, admin, nm)
+	eventually(t, ctx, 20*time.Second, "Evacuations of the two low-priority pods", func(ctx context.Context) (bool, string) {
+		evs := evacuations(t, ctx, ns)
+		return len(evs) == 2, fmt.Sprintf("%d", len(evs))
+	})
+
+	stopController()
+	evacuate(t, ctx, ns)
+	podsGoneFrom(t, ctx, ns, "low", node)
+	restartController(t)
+
+	eventually(t, ctx, 30*time.Second, "the drain resumed: the high-priority pod's Evacuation, the old ones withdrawn", func(ctx context.Context) (bool, string) {
+		evs := evacuations(t, ctx, ns)
+		_, high := evs[appPods(t, ctx, ns, "high")[0].Name]
+		return high && len(evs) == 1, fmt.Sprintf("%d Evacuations, high %v", len(evs), high)
+	})
+	got := getNM(t, ctx, "restart")
+	if got.Status.DrainPlanIndex < 1 {
+		t.Errorf("drain plan index %d after the low-priority step finished", got.Status.DrainPlanIndex)
+	}
+	if n := len(got.Status.StageStatuses); n != 1 {
+		t.Errorf("%d stage statuses, want Drain once: %+v", n, got.Status.StageStatuses)
+	}
+	var all v1alpha1.EvacuationList
+	if err := admin.List(ctx, &all, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(all.Items) != 1 {
+		t.Errorf("%d Evacuations, want 1", len(all.Items))
+	}
+}
