@@ -136,7 +136,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 			nd.evacuating++
 		}
 	}
-	return out, r.forgetGoneEvacuations(ctx, evacs.Items)
+	return out, r.forgetGoneEvacuations(ctx, evacs.Items, nodesOfDrains(w))
 }
 
 // nodesOfDrains lists every node under a maintenance in Drain.
@@ -206,11 +206,19 @@ func Evacuators(p *corev1.Pod) []v1alpha1.Evacuator {
 }
 
 // forgetGoneEvacuations withdraws our finalizer from Evacuations whose pod
-// is gone (or was replaced under the same name): nothing is left to do.
-func (r *Reconciler) forgetGoneEvacuations(ctx context.Context, evacs []v1alpha1.Evacuation) error {
+// is gone (or was replaced under the same name): nothing is left to do;
+// and from those of pods on nodes no maintenance drains any more (the node
+// left every selector), unless their evacuator forbids cancellation.
+func (r *Reconciler) forgetGoneEvacuations(ctx context.Context, evacs []v1alpha1.Evacuation, draining []string) error {
 	for i := range evacs {
 		e := &evacs[i]
 		if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) {
+			continue
+		}
+		if node := e.Labels[NodeLabel]; node != "" && !slices.Contains(draining, node) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+			if err := r.withdraw(ctx, e); err != nil {
+				return err
+			}
 			continue
 		}
 		var p corev1.Pod

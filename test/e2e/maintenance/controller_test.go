@@ -3,7 +3,13 @@ package maintenance_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -87,6 +94,13 @@ func TestDrainThenDeleteCompletes(t *testing.T) {
 	}
 	if meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition) {
 		t.Error("Drained before any pod left")
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), "--kubeconfig", cluster.Kubeconfig, "get", "nm", "drain").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "STAGE") || !strings.Contains(string(out), "DRAINED") || !regexp.MustCompile(`drain\s+Drain\s+`+node+`\s+False\s+e2e drain`).Match(out) {
+		t.Errorf("kubectl get nm: %v\n%s", err, out)
+	}
+	if m := controllerMetrics(t); !strings.Contains(m, `ebb_nodemaintenance_maintenances{stage="Drain"} 1`) || !strings.Contains(m, `ebb_nodemaintenance_pods{nodemaintenance="drain",state="evacuating"} 2`) {
+		t.Errorf("controller metrics lack the maintenance:\n%s", grepLines(m, "ebb_nodemaintenance"))
 	}
 
 	evacuate(t, ctx, ns)
@@ -212,4 +226,29 @@ func TestControllerRestartMidDrain(t *testing.T) {
 	if len(all.Items) != 1 {
 		t.Errorf("%d Evacuations, want 1", len(all.Items))
 	}
+}
+
+// controllerMetrics scrapes ebb controller's metrics.
+func controllerMetrics(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get("http://" + clustercmd.ControllerMetricsAddress + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,0 +1,95 @@
+package maintenance_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// The default drain plan evacuates ordinary pods first, DaemonSet pods
+// only once they are gone (and the draining taint keeps the DaemonSet
+// controller from putting them back), and reports static pods, which the
+// API cannot stop, without waiting for them.
+func TestDrainOrderByPodType(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[1].Name
+	pinnedApp(t, ctx, ns, "web", node, "", 1)
+
+	tmpl := localcluster.EchoDeployment(ns, "agent", 1).Spec.Template
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
+		Spec:       appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}}, Template: tmpl},
+	}
+	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agentOn := func(ctx context.Context) int {
+		n := 0
+		for _, p := range appPods(t, ctx, ns, "agent") {
+			if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, ctx, time.Minute, "the DaemonSet's pod on "+node, func(ctx context.Context) (bool, string) {
+		return agentOn(ctx) == 1, fmt.Sprintf("%d", agentOn(ctx))
+	})
+	// A static pod's mirror, as a kubelet would create it.
+	mirror := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "static-" + node, Labels: map[string]string{"app": "static"},
+			Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "e2e"}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "ebb.dev/echo:local"}}},
+	}
+	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, mirror, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	create(t, ctx, admin, maintenance("podtypes", v1alpha1.Drain, byName(node)))
+	webPod := appPods(t, ctx, ns, "web")[0].Name
+	eventually(t, ctx, 20*time.Second, "an Evacuation of the ordinary pod only", func(ctx context.Context) (bool, string) {
+		evs := evacuations(t, ctx, ns)
+		_, web := evs[webPod]
+		return web && len(evs) == 1, fmt.Sprintf("%d Evacuations", len(evs))
+	})
+	time.Sleep(time.Second)
+	if evs := evacuations(t, ctx, ns); len(evs) != 1 {
+		t.Fatalf("%d Evacuations while the ordinary pod is there, want 1 (DaemonSet pods go last)", len(evs))
+	}
+
+	evacuate(t, ctx, ns)
+	podsGoneFrom(t, ctx, ns, "web", node)
+	eventually(t, ctx, 30*time.Second, "the DaemonSet pod's Evacuation next", func(ctx context.Context) (bool, string) {
+		for _, e := range evacuations(t, ctx, ns) {
+			if strings.HasPrefix(e.Spec.PodRef.Name, "agent-") {
+				return true, ""
+			}
+		}
+		return false, "none"
+	})
+	evacuate(t, ctx, ns)
+	eventually(t, ctx, time.Minute, "Drained, with the static pod reported", func(ctx context.Context) (bool, string) {
+		nm := getNM(t, ctx, "podtypes")
+		msg := nodeStatus(nm, node).DrainMessage
+		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition) && strings.Contains(msg, "1 static pod(s) cannot be evacuated through the API"),
+			fmt.Sprintf("message %q", msg)
+	})
+	time.Sleep(2 * time.Second)
+	if n := agentOn(ctx); n != 0 {
+		t.Errorf("the DaemonSet controller put %d pod(s) back on the draining node", n)
+	}
+}
