@@ -167,6 +167,14 @@ func TestResolveNeverBacktracks(t *testing.T) {
 	if a.Index != 2 || r.remaining["n1"] != 1 || r.remaining["n2"] != 2 {
 		t.Fatalf("index %d remaining %v", a.Index, r.remaining)
 	}
+	// A node leaving the selector drops out of the resolution; the
+	// maintenance goes on with the rest.
+	a.Nodes = []string{"n2"}
+	r = resolve([]*drainState{a}, pods.remaining)
+	if _, ok := r.nodes["n1"]; ok || a.Index != 2 {
+		t.Fatalf("after n1 left: nodes %v, index %d", r.nodes, a.Index)
+	}
+	a.Nodes = []string{"n1", "n2"}
 	// Ties: two maintenances at the same level; the older one is named.
 	b := &drainState{Name: "b", Created: time.Now(), Plan: plan(300, v1alpha1.Default), Nodes: []string{"n1"}}
 	r = resolve([]*drainState{a, b}, pods.remaining)
