@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"strings"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -116,4 +118,14 @@ type EvacuationList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Evacuation `json:"items"`
+}
+
+// EvacuationName is the name of a pod's Evacuation: <pod UID>-<pod name>,
+// cut to the longest valid object name.
+func EvacuationName(podUID types.UID, podName string) string {
+	name := string(podUID) + "-" + podName
+	if len(name) > 253 {
+		name = strings.TrimRight(name[:253], "-.")
+	}
+	return name
 }

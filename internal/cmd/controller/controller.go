@@ -32,6 +32,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
+	"github.com/ebbdev/ebb/internal/controller/evacuation"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
@@ -57,6 +58,8 @@ type Options struct {
 	// QPS and Burst bound the requests to the apiserver.
 	QPS   float32
 	Burst int
+	// MaxEvictionsInFlight bounds concurrent Evacuation reconciles.
+	MaxEvictionsInFlight int
 	// Webhook serves admission; Port 0 turns it off.
 	Webhook WebhookOptions
 }
@@ -107,6 +110,7 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
+	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
@@ -189,6 +193,14 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics}
 	if err := nmr.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the node maintenance controller: %w", err)
+	}
+	evMetrics, err := evacuation.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	er := &evacuation.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-evacuation-controller"), Metrics: evMetrics, MaxEvictionsInFlight: o.MaxEvictionsInFlight}
+	if err := er.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the evacuation controller: %w", err)
 	}
 	if o.Webhook.Port != 0 {
 		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -52,16 +51,6 @@ func (d *drainResult) nodeDrained(node string) bool {
 
 // finalLevel targets every pod.
 var finalLevel = drainplan.Level{Rank: drainplan.TypeRank(v1alpha1.Static), Priority: math.MaxInt32}
-
-// EvacuationName is an Evacuation's name for a pod: <pod UID>-<pod name>,
-// cut to a valid object name.
-func EvacuationName(pod *corev1.Pod) string {
-	name := string(pod.UID) + "-" + pod.Name
-	if len(name) > validation.DNS1123SubdomainMaxLength {
-		name = strings.TrimRight(name[:validation.DNS1123SubdomainMaxLength], "-.")
-	}
-	return name
-}
 
 // drain resolves the drain targets across maintenances, moves this one's
 // plan forward when it can, and makes sure an Evacuation exists for every
@@ -114,7 +103,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 				nd.static++
 				continue
 			}
-			e := existing[p.Namespace+"/"+EvacuationName(p)]
+			e := existing[p.Namespace+"/"+v1alpha1.EvacuationName(p.UID, p.Name)]
 			if e != nil && e.Spec.PodRef.UID == p.UID {
 				nd.evacuating++
 				if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
@@ -163,7 +152,7 @@ func (r *Reconciler) createEvacuation(ctx context.Context, p *corev1.Pod, node s
 	}
 	e := &v1alpha1.Evacuation{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: p.Namespace, Name: EvacuationName(p), Labels: labels,
+			Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name), Labels: labels,
 			Finalizers: []string{InstigatorFinalizer},
 		},
 		Spec: v1alpha1.EvacuationSpec{

@@ -12,6 +12,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -158,4 +159,29 @@ func maintenanceEvents(t *testing.T, ctx context.Context, name string) []string 
 		out = append(out, e.Reason)
 	}
 	return out
+}
+
+// pdb protects an app with a PodDisruptionBudget of minAvailable and
+// returns a function that deletes it.
+func pdb(t *testing.T, ctx context.Context, ns, app string, minAvailable int32) func() {
+	t.Helper()
+	min := intstr.FromInt32(minAvailable)
+	b := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: app},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &min, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}},
+	}
+	if _, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The disruption controller must have seen it, or evictions get 429
+	// for a budget "still being processed".
+	eventually(t, ctx, 30*time.Second, "PodDisruptionBudget "+app+" observed", func(ctx context.Context) (bool, string) {
+		got, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, app, metav1.GetOptions{})
+		return err == nil && got.Status.ObservedGeneration >= got.Generation, fmt.Sprint(err)
+	})
+	return func() {
+		if err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Delete(context.Background(), app, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting PodDisruptionBudget %s: %v", app, err)
+		}
+	}
 }

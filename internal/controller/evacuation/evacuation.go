@@ -1,0 +1,319 @@
+// Package evacuation is the Evacuation controller: it hands an Evacuation
+// to its evacuators one after the other, highest priority first, moving
+// on when the active one reports completion or makes no progress within
+// the progress deadline, and, with none left, evicts the pod through the
+// Eviction API (PodDisruptionBudgets respected). It never waits on a pod's
+// termination inside a reconcile: pod events bring it back.
+package evacuation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Condition types and reasons on an Evacuation.
+const (
+	// ConditionEvicting is True once the controller fell back to the
+	// Eviction API (no evacuator, or none left).
+	ConditionEvicting = "Evicting"
+
+	ReasonEvacuatorSelected = "EvacuatorSelected"
+	ReasonEvacuatorExpired  = "EvacuatorDeadlineExceeded"
+	ReasonEvictionBlocked   = "EvictionBlocked"
+	ReasonEvicted           = "Evicted"
+)
+
+// Phases reported by the metrics.
+const (
+	PhasePending    = "Pending"
+	PhaseEvacuating = "Evacuating"
+	PhaseEvicting   = "Evicting"
+)
+
+// Backoff of blocked evictions: doubled per failure, capped.
+const (
+	backoffBase = 2 * time.Second
+	backoffMax  = 2 * time.Minute
+)
+
+// Reconciler reconciles Evacuations.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+	Metrics  *Metrics
+	// MaxEvictionsInFlight bounds concurrent reconciles, hence evictions.
+	MaxEvictionsInFlight int
+}
+
+// SetupWithManager registers the controller; a pod's changes wake its
+// Evacuation (named after the pod's UID and name).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.MaxEvictionsInFlight <= 0 {
+		r.MaxEvictionsInFlight = 5
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("evacuation").
+		For(&v1alpha1.Evacuation{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			p, ok := o.(*corev1.Pod)
+			if !ok {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name)}}}
+		})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.MaxEvictionsInFlight}).
+		Complete(r)
+}
+
+// Reconcile moves one Evacuation forward.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	e := &v1alpha1.Evacuation{}
+	if err := r.Client.Get(ctx, req.NamespacedName, e); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	logger := log.FromContext(ctx).WithValues("evacuation", klog.KObj(e))
+	ctx = log.IntoContext(ctx, logger)
+	defer r.Metrics.refresh(ctx, r.Client)
+
+	pod := &corev1.Pod{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: e.Namespace, Name: e.Spec.PodRef.Name}, pod)
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && pod.UID != e.Spec.PodRef.UID:
+		return ctrl.Result{}, r.finish(ctx, e, "the pod is gone")
+	case err != nil:
+		return ctrl.Result{}, fmt.Errorf("reading pod %s: %w", e.Spec.PodRef.Name, err)
+	}
+
+	// Every instigator withdrew: the request is cancelled when allowed.
+	if !hasInstigator(e) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+		if e.DeletionTimestamp == nil {
+			logger.Info("Every instigator withdrew: cancelling")
+			return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, e))
+		}
+		return ctrl.Result{}, nil
+	}
+	if e.DeletionTimestamp != nil && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+		return ctrl.Result{}, nil // being cancelled
+	}
+
+	orig := e.DeepCopy()
+	result, err := r.step(ctx, e, pod)
+	if !equalStatus(orig, e) {
+		if uerr := r.Client.Status().Update(ctx, e); uerr != nil {
+			return ctrl.Result{}, errors.Join(err, fmt.Errorf("updating the status of %s: %w", klog.KObj(e), uerr))
+		}
+	}
+	return result, err
+}
+
+// step decides what to do for a pod that still exists.
+func (r *Reconciler) step(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod) (ctrl.Result, error) {
+	now := r.Clock.Now()
+	if pod.DeletionTimestamp != nil {
+		e.Status.Message = "The pod is terminating"
+		return ctrl.Result{}, nil
+	}
+	if drainplan.TypeOf(pod) == v1alpha1.Static {
+		e.Status.Message = "A static pod cannot be evicted through the API: stop it on its node"
+		return ctrl.Result{}, nil
+	}
+	if !meta.IsStatusConditionTrue(e.Status.Conditions, ConditionEvicting) {
+		next, wait := r.handOff(ctx, e, now)
+		if !next {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+	}
+	return r.evict(ctx, e, pod)
+}
+
+// handOff keeps the active evacuator or moves to the next one; it returns
+// true when no evacuator is left (evict), or how long until the active
+// one's deadline.
+func (r *Reconciler) handOff(ctx context.Context, e *v1alpha1.Evacuation, now time.Time) (bool, time.Duration) {
+	deadline := time.Duration(e.Spec.ProgressDeadlineSeconds) * time.Second
+	if deadline <= 0 {
+		deadline = v1alpha1.DefaultProgressDeadlineSeconds * time.Second
+	}
+	st := &e.Status
+	if st.ActiveEvacuatorClass != "" {
+		last := st.EvacuationProgressTimestamp
+		expired := last != nil && now.Sub(last.Time) >= deadline
+		if !st.ActiveEvacuatorCompleted && !expired {
+			wait := deadline
+			if last != nil {
+				wait = deadline - now.Sub(last.Time)
+			}
+			return false, wait
+		}
+		if expired && !st.ActiveEvacuatorCompleted {
+			r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonEvacuatorExpired, "HandOff",
+				"Evacuator %s made no progress for %s; moving on", st.ActiveEvacuatorClass, deadline)
+		}
+	}
+	next := nextEvacuator(e.Spec.Evacuators, st.ActiveEvacuatorClass)
+	if next == "" {
+		st.ActiveEvacuatorClass, st.ActiveEvacuatorCompleted = "", false
+		return true, 0
+	}
+	ts := metav1.NewTime(now)
+	st.ActiveEvacuatorClass, st.ActiveEvacuatorCompleted, st.EvacuationProgressTimestamp = next, false, &ts
+	st.ExpectedEvacuationFinishTime = nil
+	st.Message = fmt.Sprintf("Waiting for evacuator %s", next)
+	r.Recorder.Eventf(e, nil, corev1.EventTypeNormal, ReasonEvacuatorSelected, "HandOff", "Evacuator %s is now in charge", next)
+	log.FromContext(ctx).Info("Evacuator selected", "class", next)
+	return false, deadline
+}
+
+// nextEvacuator is the evacuator after current by descending priority
+// ("" when none is left); with current "", the first one.
+func nextEvacuator(evacuators []v1alpha1.Evacuator, current string) string {
+	sorted := slices.Clone(evacuators)
+	slices.SortStableFunc(sorted, func(a, b v1alpha1.Evacuator) int { return int(b.Priority) - int(a.Priority) })
+	i := 0
+	if current != "" {
+		i = slices.IndexFunc(sorted, func(ev v1alpha1.Evacuator) bool { return ev.EvacuatorClass == current }) + 1
+		if i == 0 {
+			return "" // the active one is no longer listed: fall back
+		}
+	}
+	if i >= len(sorted) {
+		return ""
+	}
+	return sorted[i].EvacuatorClass
+}
+
+// evict asks the Eviction API to remove the pod, with a UID precondition.
+func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod) (ctrl.Result, error) {
+	reason := "NoEvacuator"
+	if len(e.Spec.Evacuators) > 0 {
+		reason = "EvacuatorsExhausted"
+	}
+	meta.SetStatusCondition(&e.Status.Conditions, metav1.Condition{Type: ConditionEvicting, Status: metav1.ConditionTrue, Reason: reason,
+		Message: "evicting the pod through the Eviction API", ObservedGeneration: e.Generation})
+	uid := pod.UID
+	eviction := &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
+	}
+	err := r.Client.SubResource("eviction").Create(ctx, pod, eviction)
+	switch {
+	case err == nil:
+		r.Metrics.evictions.WithLabelValues("evicted").Inc()
+		e.Status.Message = "Evicted; waiting for the pod to terminate"
+		r.Recorder.Eventf(e, pod, corev1.EventTypeNormal, ReasonEvicted, "Evict", "Evicted pod %s", pod.Name)
+		return ctrl.Result{}, nil
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		// Gone, or replaced (the UID precondition failed): done.
+		r.Metrics.evictions.WithLabelValues("gone").Inc()
+		return ctrl.Result{}, nil
+	case apierrors.IsTooManyRequests(err):
+		r.Metrics.evictions.WithLabelValues("blocked").Inc()
+		e.Status.FailedEvictionCounter++
+		e.Status.Message = blockedMessage(err)
+		r.Recorder.Eventf(e, pod, corev1.EventTypeWarning, ReasonEvictionBlocked, "Evict", "%s (attempt %d)", e.Status.Message, e.Status.FailedEvictionCounter)
+		return ctrl.Result{RequeueAfter: backoff(e.Status.FailedEvictionCounter)}, nil
+	default:
+		r.Metrics.evictions.WithLabelValues("error").Inc()
+		e.Status.Message = fmt.Sprintf("Eviction failed: %v", err)
+		return ctrl.Result{}, fmt.Errorf("evicting pod %s: %w", klog.KObj(pod), err)
+	}
+}
+
+// blockedMessage names the PodDisruptionBudget and why it refused.
+func blockedMessage(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Details != nil {
+		for _, c := range status.Status().Details.Causes {
+			if c.Type == policyv1.DisruptionBudgetCause && c.Message != "" {
+				return "Eviction blocked: " + c.Message
+			}
+		}
+	}
+	return "Eviction blocked: " + err.Error()
+}
+
+func backoff(failures int32) time.Duration {
+	d := backoffBase
+	for i := int32(1); i < failures && d < backoffMax; i++ {
+		d *= 2
+	}
+	return min(d, backoffMax)
+}
+
+// finish ends an Evacuation whose pod is gone: the instigators' finalizers
+// are fulfilled, so they are removed with the object.
+func (r *Reconciler) finish(ctx context.Context, e *v1alpha1.Evacuation, why string) error {
+	var kept []string
+	for _, f := range e.Finalizers {
+		if !strings.HasPrefix(f, v1alpha1.InstigatorFinalizerPrefix) {
+			kept = append(kept, f)
+		}
+	}
+	if len(kept) != len(e.Finalizers) {
+		patch := client.MergeFrom(e.DeepCopy())
+		e.Finalizers = kept
+		if err := r.Client.Patch(ctx, e, patch); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	if e.DeletionTimestamp == nil {
+		if err := r.Client.Delete(ctx, e); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting Evacuation %s: %w", klog.KObj(e), err)
+		}
+	}
+	log.FromContext(ctx).Info("Evacuation finished", "why", why)
+	return nil
+}
+
+func hasInstigator(e *v1alpha1.Evacuation) bool {
+	return slices.ContainsFunc(e.Finalizers, func(f string) bool { return strings.HasPrefix(f, v1alpha1.InstigatorFinalizerPrefix) })
+}
+
+func equalStatus(a, b *v1alpha1.Evacuation) bool {
+	return apiequality.Semantic.DeepEqual(a.Status, b.Status)
+}
+
+// Phase is an Evacuation's phase for people and metrics.
+func Phase(e *v1alpha1.Evacuation) string {
+	switch {
+	case meta.IsStatusConditionTrue(e.Status.Conditions, ConditionEvicting):
+		return PhaseEvicting
+	case e.Status.ActiveEvacuatorClass != "":
+		return PhaseEvacuating
+	default:
+		return PhasePending
+	}
+}

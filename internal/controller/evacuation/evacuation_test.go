@@ -1,0 +1,169 @@
+package evacuation
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+)
+
+const instigator = v1alpha1.InstigatorFinalizerPrefix + "test"
+
+func setup(t *testing.T, pod *corev1.Pod, evacuators ...v1alpha1.Evacuator) (*Reconciler, client.Client, *clocktesting.FakeClock, ctrl.Request) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	e := &v1alpha1.Evacuation{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: v1alpha1.EvacuationName(pod.UID, pod.Name), Finalizers: []string{instigator}},
+		Spec:       v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: pod.Name, UID: pod.UID}, ProgressDeadlineSeconds: 600, Evacuators: evacuators},
+	}
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pod, e).WithStatusSubresource(&v1alpha1.Evacuation{}).Build()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	r := &Reconciler{Client: cl, Recorder: events.NewFakeRecorder(100), Clock: clk, Metrics: m}
+	return r, cl, clk, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}
+}
+
+func get(t *testing.T, cl client.Client, req ctrl.Request) *v1alpha1.Evacuation {
+	t.Helper()
+	e := &v1alpha1.Evacuation{}
+	if err := cl.Get(context.Background(), req.NamespacedName, e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func reconcileOnce(t *testing.T, r *Reconciler, req ctrl.Request) ctrl.Result {
+	t.Helper()
+	res, err := r.Reconcile(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func testPod() *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "uid-1"}}
+}
+
+// Evacuators take turns by priority: the next one on completion or after
+// the progress deadline without progress; with none left, the pod is
+// evicted; once it is gone the Evacuation goes too.
+func TestHandOffDeadlineAndEvictionFallback(t *testing.T) {
+	pod := testPod()
+	r, cl, clk, req := setup(t, pod,
+		v1alpha1.Evacuator{EvacuatorClass: "low.example", Priority: 100},
+		v1alpha1.Evacuator{EvacuatorClass: "high.example", Priority: 200, Role: "controller"})
+	ctx := context.Background()
+
+	res := reconcileOnce(t, r, req)
+	e := get(t, cl, req)
+	if e.Status.ActiveEvacuatorClass != "high.example" || res.RequeueAfter != 600*time.Second {
+		t.Fatalf("active %q requeue %s, want high.example and the 600 s deadline", e.Status.ActiveEvacuatorClass, res.RequeueAfter)
+	}
+
+	clk.Step(100 * time.Second)
+	res = reconcileOnce(t, r, req)
+	if e = get(t, cl, req); e.Status.ActiveEvacuatorClass != "high.example" || res.RequeueAfter != 500*time.Second {
+		t.Fatalf("before the deadline: active %q requeue %s", e.Status.ActiveEvacuatorClass, res.RequeueAfter)
+	}
+	// The evacuator reports completion (it did its part; the pod stays).
+	e.Status.ActiveEvacuatorCompleted = true
+	if err := cl.Status().Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, r, req)
+	if e = get(t, cl, req); e.Status.ActiveEvacuatorClass != "low.example" || e.Status.ActiveEvacuatorCompleted {
+		t.Fatalf("after completion: active %q completed %v", e.Status.ActiveEvacuatorClass, e.Status.ActiveEvacuatorCompleted)
+	}
+
+	// low.example makes no progress for the whole deadline.
+	clk.Step(600 * time.Second)
+	reconcileOnce(t, r, req)
+	e = get(t, cl, req)
+	if e.Status.ActiveEvacuatorClass != "" || !meta.IsStatusConditionTrue(e.Status.Conditions, ConditionEvicting) {
+		t.Fatalf("after the deadline: active %q conditions %v, want eviction", e.Status.ActiveEvacuatorClass, e.Status.Conditions)
+	}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the pod was not evicted: %v", err)
+	}
+	reconcileOnce(t, r, req)
+	if err := cl.Get(ctx, req.NamespacedName, &v1alpha1.Evacuation{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the Evacuation of a gone pod is still there: %v", err)
+	}
+}
+
+// Without evacuators the pod is evicted at once; a static pod never is.
+func TestEvictionWithoutEvacuatorAndStaticPods(t *testing.T) {
+	r, cl, _, req := setup(t, testPod())
+	reconcileOnce(t, r, req)
+	if err := cl.Get(context.Background(), client.ObjectKeyFromObject(testPod()), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("not evicted: %v", err)
+	}
+
+	static := testPod()
+	static.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"}
+	r, cl, _, req = setup(t, static)
+	reconcileOnce(t, r, req)
+	if err := cl.Get(context.Background(), client.ObjectKeyFromObject(static), &corev1.Pod{}); err != nil {
+		t.Fatalf("a static pod was evicted: %v", err)
+	}
+	if e := get(t, cl, req); e.Status.Message == "" {
+		t.Error("no message for the static pod")
+	}
+}
+
+// When every instigator has withdrawn the Evacuation is cancelled, unless
+// its evacuator forbids cancellation.
+func TestCancellation(t *testing.T) {
+	for _, policy := range []v1alpha1.EvacuationCancellationPolicy{v1alpha1.CancellationAllow, v1alpha1.CancellationForbid} {
+		r, cl, _, req := setup(t, testPod(), v1alpha1.Evacuator{EvacuatorClass: "x", Priority: 1})
+		e := get(t, cl, req)
+		e.Finalizers = nil
+		if err := cl.Update(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+		e = get(t, cl, req)
+		e.Status.EvacuationCancellationPolicy = policy
+		if err := cl.Status().Update(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+		reconcileOnce(t, r, req)
+		err := cl.Get(context.Background(), req.NamespacedName, &v1alpha1.Evacuation{})
+		if policy == v1alpha1.CancellationAllow && !apierrors.IsNotFound(err) {
+			t.Errorf("Allow: not cancelled (%v)", err)
+		}
+		if policy == v1alpha1.CancellationForbid && err != nil {
+			t.Errorf("Forbid: cancelled (%v)", err)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	for _, tt := range []struct {
+		failures int32
+		want     time.Duration
+	}{{1, 2 * time.Second}, {2, 4 * time.Second}, {5, 32 * time.Second}, {20, 2 * time.Minute}} {
+		if got := backoff(tt.failures); got != tt.want {
+			t.Errorf("backoff(%d) = %s, want %s", tt.failures, got, tt.want)
+		}
+	}
+}
