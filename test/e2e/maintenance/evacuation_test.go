@@ -1,0 +1,177 @@
+package maintenance_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	policyv1 "k8s.io/api/policy/v1"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// A PodDisruptionBudget that allows one disruption at a time: the pods
+// leave one by one, the refused evictions are counted and explained, and
+// the drain finishes.
+func TestDrainRespectsABudgetOfOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[0].Name
+	// All three start on node: the others are cordoned meanwhile, so
+	// replacements can go elsewhere later.
+	for _, other := range cluster.Nodes[1:] {
+		setUnschedulable(t, ctx, other.Name, true)
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 3), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute)
+	for _, other := range cluster.Nodes[1:] {
+		setUnschedulable(t, ctx, other.Name, false)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range appPods(t, ctx, ns, "web") {
+		if p.Spec.NodeName != node {
+			t.Fatalf("%s is on %s, not %s", p.Name, p.Spec.NodeName, node)
+		}
+	}
+	one := intstr.FromInt32(1)
+	b := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &one, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
+	if _, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "the budget observed", func(ctx context.Context) (bool, string) {
+		got, err := cluster.Client.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "web", metav1.GetOptions{})
+		return err == nil && got.Status.ObservedGeneration >= got.Generation && got.Status.DisruptionsAllowed == 1, fmt.Sprint(err)
+	})
+
+	create(t, ctx, admin, maintenance("budget", v1alpha1.Drain, byName(node)))
+	maxTerminating, blocked := 0, int32(0)
+	eventually(t, ctx, 2*time.Minute, "the drain to finish one pod at a time", func(ctx context.Context) (bool, string) {
+		terminating := 0
+		for _, p := range appPods(t, ctx, ns, "web") {
+			if p.DeletionTimestamp != nil {
+				terminating++
+			}
+		}
+		maxTerminating = max(maxTerminating, terminating)
+		for _, e := range evacuations(t, ctx, ns) {
+			blocked = max(blocked, e.Status.FailedEvictionCounter)
+		}
+		nm := getNM(t, ctx, "budget")
+		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition), fmt.Sprint(nm.Status.NodeStatuses)
+	})
+	if maxTerminating > 1 {
+		t.Errorf("%d pods were terminating at once under a budget of one", maxTerminating)
+	}
+	if blocked == 0 {
+		t.Error("no eviction was refused by the budget: the pods did not leave one by one")
+	}
+}
+
+// Evacuators take turns by priority; when the last one is done without
+// removing the pod, the Eviction API does.
+func TestEvacuatorHandOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[1].Name
+	dep := localcluster.EchoDeployment(ns, "handoff", 1)
+	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+	dep.Spec.Template.Annotations = map[string]string{
+		v1alpha1.EvacuatorAnnotationPrefix + "first.example.com":  "200/controller",
+		v1alpha1.EvacuatorAnnotationPrefix + "second.example.com": "100/",
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "handoff", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pod := appPods(t, ctx, ns, "handoff")[0]
+	create(t, ctx, admin, maintenance("handoff", v1alpha1.Drain, byName(node)))
+
+	for _, class := range []string{"first.example.com", "second.example.com"} {
+		eventually(t, ctx, 20*time.Second, class+" in charge", func(ctx context.Context) (bool, string) {
+			e := evacuations(t, ctx, ns)[pod.Name]
+			return e.Status.ActiveEvacuatorClass == class, fmt.Sprintf("active %q", e.Status.ActiveEvacuatorClass)
+		})
+		if len(evacuations(t, ctx, ns)[pod.Name].Spec.Evacuators) != 2 {
+			t.Fatalf("evacuators %v", evacuations(t, ctx, ns)[pod.Name].Spec.Evacuators)
+		}
+		completeAs(t, ctx, admin, ns, pod.Name)
+	}
+	eventually(t, ctx, 30*time.Second, "the pod evicted after the evacuators", func(ctx context.Context) (bool, string) {
+		err := admin.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Pod{})
+		return client.IgnoreNotFound(err) == nil && err != nil, "still there"
+	})
+}
+
+// completeAs reports, as the active evacuator, that it is done.
+func completeAs(t *testing.T, ctx context.Context, c client.Client, ns, pod string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		e := evacuations(t, ctx, ns)[pod]
+		e.Status.ActiveEvacuatorCompleted = true
+		now := metav1.Now()
+		e.Status.EvacuationProgressTimestamp = &now
+		return c.Status().Update(ctx, &e)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Complete cancels the Evacuations that have not finished: the pod whose
+// evacuator has not acted yet stays.
+func TestCompleteCancelsPendingEvacuations(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[2].Name
+	dep := localcluster.EchoDeployment(ns, "slow", 1)
+	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+	dep.Spec.Template.Annotations = map[string]string{v1alpha1.EvacuatorAnnotationPrefix + "slow.example.com": "100/controller"}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "slow", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pod := appPods(t, ctx, ns, "slow")[0]
+	create(t, ctx, admin, maintenance("cancel", v1alpha1.Drain, byName(node)))
+	eventually(t, ctx, 20*time.Second, "the evacuator in charge", func(ctx context.Context) (bool, string) {
+		e := evacuations(t, ctx, ns)[pod.Name]
+		return e.Status.ActiveEvacuatorClass == "slow.example.com", fmt.Sprintf("active %q", e.Status.ActiveEvacuatorClass)
+	})
+	if err := setStage(ctx, admin, "cancel", v1alpha1.Complete); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 20*time.Second, "the Evacuation cancelled", func(ctx context.Context) (bool, string) {
+		n := len(evacuations(t, ctx, ns))
+		return n == 0, fmt.Sprintf("%d left", n)
+	})
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Pod{}); err != nil {
+		t.Errorf("the pod did not stay: %v", err)
+	}
+	if n := getNode(t, ctx, node); n.Spec.Unschedulable {
+		t.Error("the node is still cordoned after Complete")
+	}
+}
