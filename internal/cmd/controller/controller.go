@@ -36,6 +36,7 @@ import (
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
+	"github.com/ebbdev/ebb/internal/controller/surge"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	ebbwebhook "github.com/ebbdev/ebb/internal/webhook"
 )
@@ -58,6 +59,9 @@ type Options struct {
 	// QPS and Burst bound the requests to the apiserver.
 	QPS   float32
 	Burst int
+	// SurgeEvacuator runs ebb's surge-first evacuator for opted-in
+	// Deployments.
+	SurgeEvacuator bool
 	// MaxEvictionsInFlight bounds concurrent Evacuation reconciles.
 	MaxEvictionsInFlight int
 	// Webhook serves admission; Port 0 turns it off.
@@ -110,6 +114,7 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
+	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+surge.OptInAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
@@ -201,6 +206,12 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	er := &evacuation.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-evacuation-controller"), Metrics: evMetrics, MaxEvictionsInFlight: o.MaxEvictionsInFlight}
 	if err := er.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the evacuation controller: %w", err)
+	}
+	if o.SurgeEvacuator {
+		sv := &surge.Evacuator{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-surge-evacuator")}
+		if err := sv.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the surge evacuator: %w", err)
+		}
 	}
 	if o.Webhook.Port != 0 {
 		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {

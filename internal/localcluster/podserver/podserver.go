@@ -4,7 +4,8 @@
 // when the client does not speak HTTP), on a UDP port a UDP echo.
 //
 // Deleting a pod behaves like a graceful shutdown: its listeners close at
-// once (new connections are refused), established connections keep working
+// once, or after the containers' preStop sleep if they have one (new
+// connections are refused from then on), established connections keep working
 // until the pod's deletion timestamp (the end of its grace period), then
 // they are closed.
 package podserver
@@ -139,7 +140,7 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 	switch {
 	case pod.DeletionTimestamp != nil:
 		if running {
-			p.terminate(s.clock, s.gracefulDeadline(pod))
+			p.terminate(s.clock, s.clock.Now().Add(preStopSleep(pod)), s.gracefulDeadline(pod))
 		}
 	case pod.Status.Phase != corev1.PodRunning:
 		if running {
@@ -170,6 +171,20 @@ func (s *Server) gracefulDeadline(pod *corev1.Pod) time.Time {
 	return now.Add(time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second)
 }
 
+// preStopSleep is the longest preStop sleep of the pod's containers: a
+// kubelet runs it before stopping the container, so the server keeps
+// accepting connections meanwhile (how applications ride out the moment
+// before every proxy has seen the endpoint go).
+func preStopSleep(pod *corev1.Pod) time.Duration {
+	var d time.Duration
+	for _, c := range pod.Spec.Containers {
+		if c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Sleep != nil {
+			d = max(d, time.Duration(c.Lifecycle.PreStop.Sleep.Seconds)*time.Second)
+		}
+	}
+	return d
+}
+
 // deleted handles a pod that is gone from the API: its servers finish their
 // grace period if one was running, else they close now.
 func (s *Server) deleted(pod *corev1.Pod) {
@@ -179,7 +194,7 @@ func (s *Server) deleted(pod *corev1.Pod) {
 	if !ok {
 		return
 	}
-	p.terminate(s.clock, s.gracefulDeadline(pod))
+	p.terminate(s.clock, s.clock.Now(), s.gracefulDeadline(pod))
 	// Forget it now; its timer closes what is left.
 	delete(s.pods, pod.UID)
 }
@@ -284,9 +299,9 @@ func (p *podServer) untrack(c net.Conn) {
 	_ = c.Close()
 }
 
-// terminate starts a graceful shutdown: no new connections from now on, the
-// established ones are closed at deadline.
-func (p *podServer) terminate(clk clock.WithDelayedExecution, deadline time.Time) {
+// terminate starts a graceful shutdown: no new connections from stopAccepting
+// on (after the preStop hook), the established ones are closed at deadline.
+func (p *podServer) terminate(clk clock.WithDelayedExecution, stopAccepting, deadline time.Time) {
 	p.mu.Lock()
 	if p.terminating || p.closed {
 		p.mu.Unlock()
@@ -294,8 +309,15 @@ func (p *podServer) terminate(clk clock.WithDelayedExecution, deadline time.Time
 	}
 	p.terminating = true
 	p.mu.Unlock()
-	for _, ln := range p.listeners {
-		_ = ln.Close()
+	closeListeners := func() {
+		for _, ln := range p.listeners {
+			_ = ln.Close()
+		}
+	}
+	if wait := min(stopAccepting.Sub(clk.Now()), deadline.Sub(clk.Now())); wait > 0 {
+		clk.AfterFunc(wait, closeListeners)
+	} else {
+		closeListeners()
 	}
 	clk.AfterFunc(deadline.Sub(clk.Now()), p.closeAll)
 }

@@ -116,7 +116,7 @@ func TestTerminateRefusesNewConnectionsAndKeepsEstablishedOnesUntilDeadline(t *t
 		t.Fatal(err)
 	}
 	clk := testingclock.NewFakeClock(time.Now())
-	p.terminate(clk, clk.Now().Add(30*time.Second))
+	p.terminate(clk, clk.Now(), clk.Now().Add(30*time.Second))
 	if c, err := net.Dial("tcp", addr); err == nil {
 		c.Close()
 		t.Fatal("a terminating pod accepted a new connection")
@@ -132,5 +132,29 @@ func TestTerminateRefusesNewConnectionsAndKeepsEstablishedOnesUntilDeadline(t *t
 			t.Fatal("established connection still works after the deadline")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// With a preStop sleep the pod keeps accepting new connections until the
+// sleep ends, then refuses them.
+func TestPreStopSleepKeepsAcceptingUntilItEnds(t *testing.T) {
+	p, addr := startTestPod(t)
+	clk := testingclock.NewFakeClock(time.Now())
+	p.terminate(clk, clk.Now().Add(3*time.Second), clk.Now().Add(30*time.Second))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("refused during the preStop sleep: %v", err)
+	}
+	c.Close()
+	clk.Step(3 * time.Second)
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("still accepting after the preStop sleep")
+		}
 	}
 }

@@ -1,0 +1,431 @@
+// Package surge is ebb's own evacuator for Deployment pods: instead of
+// evicting the pod (downtime for a single replica, a drain blocked forever
+// by a PodDisruptionBudget that protects it), it surges first. It marks
+// the pod as the cheapest to delete, scales the Deployment up by one,
+// waits until the new pod is Ready elsewhere, then scales back so that the
+// ReplicaSet removes the marked pod. Any failure or cancellation restores
+// the original replica count.
+//
+// Opt in with the annotation maintenance.ebb.dev/surge-evacuation: "true"
+// on a Deployment (ebb then registers the evacuator on its pods) or with
+// the evacuator annotation in the pod template.
+package surge
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apps,resources=deployments;replicasets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=patch;update
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+
+// Names of the surge evacuator.
+const (
+	// Class is the evacuator class.
+	Class = "surge.maintenance.ebb.dev"
+	// OptInAnnotation on a Deployment asks for surge evacuation.
+	OptInAnnotation = "maintenance.ebb.dev/surge-evacuation"
+	// Priority and role registered on opted-in pods.
+	Registration = "10000/controller"
+	// LockAnnotation on a Deployment: "<evacuation>/<phase>" while one of
+	// its pods is being moved (one at a time).
+	LockAnnotation = "maintenance.ebb.dev/surge-lock"
+	// OriginalReplicasAnnotation on a Deployment: the count to restore.
+	OriginalReplicasAnnotation = "maintenance.ebb.dev/surge-original-replicas"
+	// DeletionCostAnnotation makes the ReplicaSet remove the marked pod
+	// first when scaling down.
+	DeletionCostAnnotation = "controller.kubernetes.io/pod-deletion-cost"
+)
+
+// Phases of a surge, in the lock annotation.
+const (
+	phaseSurging   = "surging"
+	phaseReleasing = "releasing"
+)
+
+// recheck is how often a surge in progress is looked at.
+const recheck = time.Second
+
+// Evacuator moves opted-in Deployment pods by surging.
+type Evacuator struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Clock    clock.PassiveClock
+}
+
+// SetupWithManager registers the evacuator and the registrar.
+func (s *Evacuator) SetupWithManager(mgr ctrl.Manager) error {
+	if s.Clock == nil {
+		s.Clock = clock.RealClock{}
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("surge-evacuator").For(&v1alpha1.Evacuation{}).Complete(s); err != nil {
+		return err
+	}
+	// A Deployment opting in wakes its pods.
+	podsOf := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		dep, ok := o.(*appsv1.Deployment)
+		if !ok || dep.Annotations[OptInAnnotation] == "" {
+			return nil
+		}
+		sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+		if err != nil {
+			return nil
+		}
+		var pods corev1.PodList
+		if err := mgr.GetClient().List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(pods.Items))
+		for _, p := range pods.Items {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+		}
+		return out
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("surge-registrar").For(&corev1.Pod{}).
+		Watches(&appsv1.Deployment{}, podsOf).
+		Complete(&registrar{client: mgr.GetClient()})
+}
+
+// Reconcile moves one Evacuation's surge forward.
+func (s *Evacuator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	e := &v1alpha1.Evacuation{}
+	err := s.Client.Get(ctx, req.NamespacedName, e)
+	if apierrors.IsNotFound(err) {
+		return ctrl.Result{}, s.releaseLocks(ctx, req.Namespace, req.Name)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	active := e.Status.ActiveEvacuatorClass == Class && !e.Status.ActiveEvacuatorCompleted && e.DeletionTimestamp == nil
+	if !active {
+		// Handed on, completed, or cancelled: undo a surge of ours.
+		return ctrl.Result{}, s.releaseLocks(ctx, e.Namespace, e.Name)
+	}
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("evacuation", klog.KObj(e)))
+	pod := &corev1.Pod{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: e.Namespace, Name: e.Spec.PodRef.Name}, pod); err != nil || pod.UID != e.Spec.PodRef.UID {
+		return ctrl.Result{}, client.IgnoreNotFound(err) // gone: the Evacuation controller ends it
+	}
+	dep, why, err := s.deploymentOf(ctx, pod)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if dep == nil {
+		return ctrl.Result{}, s.handOn(ctx, e, why)
+	}
+	return s.advance(ctx, e, pod, dep)
+}
+
+// deploymentOf finds the pod's Deployment; without one (or when an HPA
+// owns its scale) it says why the surge does not apply.
+func (s *Evacuator) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment, string, error) {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "ReplicaSet" {
+		return nil, "the pod is not managed by a Deployment", nil
+	}
+	rs := &appsv1.ReplicaSet{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, rs); err != nil {
+		return nil, "", client.IgnoreNotFound(err)
+	}
+	dref := metav1.GetControllerOf(rs)
+	if dref == nil || dref.Kind != "Deployment" {
+		return nil, "the pod's ReplicaSet is not managed by a Deployment", nil
+	}
+	dep := &appsv1.Deployment{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: dref.Name}, dep); err != nil {
+		return nil, "", client.IgnoreNotFound(err)
+	}
+	var hpas autoscalingv2.HorizontalPodAutoscalerList
+	if err := s.Client.List(ctx, &hpas, client.InNamespace(pod.Namespace)); err != nil {
+		return nil, "", fmt.Errorf("listing HorizontalPodAutoscalers: %w", err)
+	}
+	for _, h := range hpas.Items {
+		if h.Spec.ScaleTargetRef.Kind == "Deployment" && h.Spec.ScaleTargetRef.Name == dep.Name {
+			return nil, fmt.Sprintf("HorizontalPodAutoscaler %s owns the scale of Deployment %s", h.Name, dep.Name), nil
+		}
+	}
+	return dep, "", nil
+}
+
+// advance runs one step of the surge.
+func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod, dep *appsv1.Deployment) (ctrl.Result, error) {
+	owner, phase := lockOf(dep)
+	switch {
+	case owner != "" && owner != e.Name:
+		return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, fmt.Sprintf("Waiting: another pod of Deployment %s is being moved", dep.Name), false)
+	case owner == "":
+		return ctrl.Result{RequeueAfter: recheck}, s.start(ctx, e, pod, dep)
+	case phase == phaseSurging:
+		original, _ := strconv.Atoi(dep.Annotations[OriginalReplicasAnnotation])
+		if ptr.Deref(dep.Spec.Replicas, 1) != int32(original)+1 {
+			return ctrl.Result{}, s.fail(ctx, e, dep, fmt.Sprintf("Deployment %s was scaled to %d during the surge", dep.Name, ptr.Deref(dep.Spec.Replicas, 1)))
+		}
+		ready, err := s.readyPeers(ctx, dep, pod)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if ready < original {
+			return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, fmt.Sprintf("Surged Deployment %s to %d replicas; waiting for a new pod to be Ready elsewhere (%d of %d other pods Ready)", dep.Name, original+1, ready, original), false)
+		}
+		if blocked, err := s.budgetBlocks(ctx, pod); err != nil || blocked != "" {
+			if err == nil {
+				err = s.report(ctx, e, "New pod Ready; waiting: "+blocked, false)
+			}
+			return ctrl.Result{RequeueAfter: recheck}, err
+		}
+		patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		dep.Spec.Replicas = ptr.To(int32(original))
+		dep.Annotations[LockAnnotation] = e.Name + "/" + phaseReleasing
+		if err := s.Client.Patch(ctx, dep, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("scaling Deployment %s back to %d: %w", dep.Name, original, err)
+		}
+		log.FromContext(ctx).Info("New pod Ready; scaled back", "deployment", klog.KObj(dep), "replicas", original)
+		return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, fmt.Sprintf("New pod Ready; scaled Deployment %s back to %d so its ReplicaSet removes this pod", dep.Name, original), true)
+	default: // releasing: the ReplicaSet removes the pod; its deletion ends the Evacuation
+		return ctrl.Result{RequeueAfter: recheck}, nil
+	}
+}
+
+// start marks the pod, records the replica count and surges by one.
+func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod, dep *appsv1.Deployment) error {
+	if blocked := dep.Spec.Paused; blocked {
+		return s.handOn(ctx, e, fmt.Sprintf("Deployment %s is paused", dep.Name))
+	}
+	podPatch := client.MergeFrom(pod.DeepCopy())
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[DeletionCostAnnotation] = strconv.Itoa(math.MinInt32)
+	if err := s.Client.Patch(ctx, pod, podPatch); err != nil {
+		return fmt.Errorf("marking pod %s as the cheapest to delete: %w", pod.Name, err)
+	}
+	original := ptr.Deref(dep.Spec.Replicas, 1)
+	patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if dep.Annotations == nil {
+		dep.Annotations = map[string]string{}
+	}
+	dep.Annotations[LockAnnotation] = e.Name + "/" + phaseSurging
+	dep.Annotations[OriginalReplicasAnnotation] = strconv.Itoa(int(original))
+	dep.Spec.Replicas = ptr.To(original + 1)
+	if err := s.Client.Patch(ctx, dep, patch); err != nil {
+		return fmt.Errorf("surging Deployment %s to %d: %w", dep.Name, original+1, err)
+	}
+	e.Status.EvacuationCancellationPolicy = v1alpha1.CancellationAllow
+	s.Recorder.Eventf(e, dep, corev1.EventTypeNormal, "Surging", "Surge", "Scaled Deployment %s from %d to %d to move pod %s", dep.Name, original, original+1, pod.Name)
+	log.FromContext(ctx).Info("Surging", "deployment", klog.KObj(dep), "from", original)
+	return s.report(ctx, e, fmt.Sprintf("Surged Deployment %s to %d replicas", dep.Name, original+1), true)
+}
+
+// readyPeers counts the Deployment's Ready pods other than pod.
+func (s *Evacuator) readyPeers(ctx context.Context, dep *appsv1.Deployment, pod *corev1.Pod) (int, error) {
+	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	if err != nil {
+		return 0, err
+	}
+	var pods corev1.PodList
+	if err := s.Client.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pods.Items {
+		if p.UID != pod.UID && p.DeletionTimestamp == nil && podReady(&p) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// budgetBlocks says which PodDisruptionBudget would not allow removing the
+// pod now ("" if none).
+func (s *Evacuator) budgetBlocks(ctx context.Context, pod *corev1.Pod) (string, error) {
+	var pdbs policyv1.PodDisruptionBudgetList
+	if err := s.Client.List(ctx, &pdbs, client.InNamespace(pod.Namespace)); err != nil {
+		return "", fmt.Errorf("listing PodDisruptionBudgets: %w", err)
+	}
+	for _, b := range pdbs.Items {
+		sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+		if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		if b.Status.ObservedGeneration < b.Generation || b.Status.DisruptionsAllowed < 1 {
+			return fmt.Sprintf("PodDisruptionBudget %s allows %d disruptions (%d healthy, %d needed)", b.Name, b.Status.DisruptionsAllowed, b.Status.CurrentHealthy, b.Status.DesiredHealthy), nil
+		}
+	}
+	return "", nil
+}
+
+// report records progress in the Evacuation status.
+func (s *Evacuator) report(ctx context.Context, e *v1alpha1.Evacuation, msg string, progress bool) error {
+	if e.Status.Message == msg && !progress {
+		return nil
+	}
+	e.Status.Message = msg
+	if progress || e.Status.EvacuationProgressTimestamp == nil {
+		now := metav1.NewTime(s.Clock.Now())
+		e.Status.EvacuationProgressTimestamp = &now
+	}
+	if err := s.Client.Status().Update(ctx, e); err != nil {
+		return fmt.Errorf("reporting on Evacuation %s: %w", klog.KObj(e), err)
+	}
+	return nil
+}
+
+// handOn reports that the surge does not apply, so the next evacuator (or
+// eviction) takes over.
+func (s *Evacuator) handOn(ctx context.Context, e *v1alpha1.Evacuation, why string) error {
+	e.Status.ActiveEvacuatorCompleted = true
+	e.Status.Message = "Surge evacuation does not apply: " + why
+	s.Recorder.Eventf(e, nil, corev1.EventTypeNormal, "SurgeSkipped", "Surge", "%s; handing on", why)
+	if err := s.Client.Status().Update(ctx, e); err != nil {
+		return fmt.Errorf("handing on Evacuation %s: %w", klog.KObj(e), err)
+	}
+	return nil
+}
+
+// fail restores the Deployment and hands on.
+func (s *Evacuator) fail(ctx context.Context, e *v1alpha1.Evacuation, dep *appsv1.Deployment, why string) error {
+	if err := s.restore(ctx, dep, e.Name); err != nil {
+		return err
+	}
+	return s.handOn(ctx, e, why)
+}
+
+// releaseLocks undoes the surges this Evacuation holds in its namespace.
+func (s *Evacuator) releaseLocks(ctx context.Context, ns, evacuation string) error {
+	var deps appsv1.DeploymentList
+	if err := s.Client.List(ctx, &deps, client.InNamespace(ns)); err != nil {
+		return fmt.Errorf("listing Deployments: %w", err)
+	}
+	for i := range deps.Items {
+		if owner, _ := lockOf(&deps.Items[i]); owner == evacuation {
+			if err := s.restore(ctx, &deps.Items[i], evacuation); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// restore unmarks the pod (first, so that scaling down does not pick it),
+// puts back the replica count of a surge still in its surging phase (a
+// finished one already did), and removes the lock.
+func (s *Evacuator) restore(ctx context.Context, dep *appsv1.Deployment, evacuation string) error {
+	var pods corev1.PodList
+	if err := s.Client.List(ctx, &pods, client.InNamespace(dep.Namespace)); err != nil {
+		return err
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp == nil && p.Annotations[DeletionCostAnnotation] == strconv.Itoa(math.MinInt32) && strings.HasPrefix(evacuation, string(p.UID)) {
+			pp := client.MergeFrom(p.DeepCopy())
+			delete(p.Annotations, DeletionCostAnnotation)
+			if err := s.Client.Patch(ctx, p, pp); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("unmarking pod %s: %w", p.Name, err)
+			}
+		}
+	}
+	_, phase := lockOf(dep)
+	patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if original, err := strconv.Atoi(dep.Annotations[OriginalReplicasAnnotation]); err == nil && phase == phaseSurging && ptr.Deref(dep.Spec.Replicas, 1) == int32(original)+1 {
+		dep.Spec.Replicas = ptr.To(int32(original))
+	}
+	delete(dep.Annotations, LockAnnotation)
+	delete(dep.Annotations, OriginalReplicasAnnotation)
+	if err := s.Client.Patch(ctx, dep, patch); err != nil {
+		return fmt.Errorf("restoring Deployment %s: %w", dep.Name, err)
+	}
+	log.FromContext(ctx).Info("Surge released", "deployment", klog.KObj(dep), "phase", phase)
+	return nil
+}
+
+func lockOf(dep *appsv1.Deployment) (owner, phase string) {
+	v := dep.Annotations[LockAnnotation]
+	i := strings.LastIndex(v, "/")
+	if i < 0 {
+		return v, ""
+	}
+	return v[:i], v[i+1:]
+}
+
+// registrar adds the surge evacuator's annotation to the pods of opted-in
+// Deployments, so their Evacuations list it.
+type registrar struct {
+	client client.Client
+}
+
+func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pod := &corev1.Pod{}
+	if err := r.client.Get(ctx, req.NamespacedName, pod); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	key := v1alpha1.EvacuatorAnnotationPrefix + Class
+	if _, ok := pod.Annotations[key]; ok || pod.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "ReplicaSet" {
+		return ctrl.Result{}, nil
+	}
+	rs := &appsv1.ReplicaSet{}
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, rs); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	dref := metav1.GetControllerOf(rs)
+	if dref == nil || dref.Kind != "Deployment" {
+		return ctrl.Result{}, nil
+	}
+	dep := &appsv1.Deployment{}
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: dref.Name}, dep); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !slices.Contains([]string{"true", "True"}, dep.Annotations[OptInAnnotation]) {
+		return ctrl.Result{}, nil
+	}
+	patch := client.MergeFrom(pod.DeepCopy())
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[key] = Registration
+	if err := r.client.Patch(ctx, pod, patch); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	return ctrl.Result{}, nil
+}

@@ -1,0 +1,141 @@
+package maintenance_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/controller/surge"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// The problem users report most: a single-replica Deployment protected by
+// a PodDisruptionBudget blocks every drain, or goes down on it. With the
+// surge evacuator it moves by surging first, and keeps answering through
+// an ebb load balancer the whole time: not one request fails.
+func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	dep := localcluster.EchoDeployment(ns, "single", 1)
+	dep.Annotations = map[string]string{surge.OptInAnnotation: "true"}
+	// The application rides out endpoint propagation as it should.
+	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "single", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pod := appPods(t, ctx, ns, "single")[0]
+	eventually(t, ctx, 20*time.Second, "the surge evacuator registered on the pod", func(ctx context.Context) (bool, string) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		return err == nil && p.Annotations[v1alpha1.EvacuatorAnnotationPrefix+surge.Class] == surge.Registration, fmt.Sprint(err)
+	})
+	defer pdb(t, ctx, ns, "single", 1)()
+
+	svc := localcluster.EchoService(ns, "single", corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var url string
+	eventually(t, ctx, 30*time.Second, "the Service answering through its load balancer", func(ctx context.Context) (bool, string) {
+		s, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "single", metav1.GetOptions{})
+		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
+			return false, "no address"
+		}
+		url = "http://" + net.JoinHostPort(s.Status.LoadBalancer.Ingress[0].IP, "80") + "/"
+		return request(url) == nil, "not answering"
+	})
+
+	var sent, failed atomic.Int64
+	var lastErr atomic.Value
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			sent.Add(1)
+			if err := request(url); err != nil {
+				failed.Add(1)
+				lastErr.Store(err.Error())
+			}
+		}
+	}()
+
+	evictedBefore := metricValue(controllerMetrics(t), `ebb_evacuation_evictions_total{result="evicted"}`)
+	create(t, ctx, admin, maintenance("surge", v1alpha1.Drain, byName(pod.Spec.NodeName)))
+	eventually(t, ctx, 2*time.Minute, "the node drained by surging", func(ctx context.Context) (bool, string) {
+		nm := getNM(t, ctx, "surge")
+		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition), fmt.Sprint(nm.Status.NodeStatuses)
+	})
+	time.Sleep(time.Second)
+	close(stop)
+	<-done
+
+	if failed.Load() != 0 {
+		t.Errorf("%d of %d requests failed while the single replica moved (last: %v)", failed.Load(), sent.Load(), lastErr.Load())
+	}
+	t.Logf("%d requests, %d failed", sent.Load(), failed.Load())
+	pods := appPods(t, ctx, ns, "single")
+	if len(pods) != 1 || pods[0].Spec.NodeName == pod.Spec.NodeName || pods[0].Name == pod.Name {
+		t.Errorf("pods after the drain: %d, on %v", len(pods), pods)
+	}
+	got, err := cluster.Client.AppsV1().Deployments(ns).Get(ctx, "single", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got.Spec.Replicas != 1 || got.Annotations[surge.LockAnnotation] != "" || got.Annotations[surge.OriginalReplicasAnnotation] != "" {
+		t.Errorf("Deployment after the surge: replicas %d, annotations %v", *got.Spec.Replicas, got.Annotations)
+	}
+	if n := metricValue(controllerMetrics(t), `ebb_evacuation_evictions_total{result="evicted"}`) - evictedBefore; n != 0 {
+		t.Errorf("%v pods were evicted rather than surged", n)
+	}
+}
+
+var httpClient = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+func request(url string) error {
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// metricValue reads one series' value from a Prometheus text page (0 if
+// absent).
+func metricValue(page, series string) float64 {
+	for _, l := range strings.Split(page, "\n") {
+		if strings.HasPrefix(l, series+" ") {
+			v, _ := strconv.ParseFloat(strings.TrimPrefix(l, series+" "), 64)
+			return v
+		}
+	}
+	return 0
+}
