@@ -82,11 +82,16 @@ type Evacuator struct {
 	Clock    clock.PassiveClock
 }
 
-// SetupWithManager registers the evacuator and the registrar.
-func (s *Evacuator) SetupWithManager(mgr ctrl.Manager) error {
+// SetupClock defaults the clock to the real one.
+func (s *Evacuator) SetupClock() {
 	if s.Clock == nil {
 		s.Clock = clock.RealClock{}
 	}
+}
+
+// SetupWithManager registers the evacuator and the registrar.
+func (s *Evacuator) SetupWithManager(mgr ctrl.Manager) error {
+	s.SetupClock()
 	if err := ctrl.NewControllerManagedBy(mgr).Named("surge-evacuator").For(&v1alpha1.Evacuation{}).Complete(s); err != nil {
 		return err
 	}

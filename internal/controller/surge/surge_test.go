@@ -1,0 +1,98 @@
+package surge
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+)
+
+// objects: a Deployment of one replica, its ReplicaSet and pod, and the
+// pod's Evacuation with the surge evacuator active.
+func objects() (*appsv1.Deployment, *appsv1.ReplicaSet, *corev1.Pod, *v1alpha1.Evacuation) {
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "d"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "r",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "d", Controller: ptr.To(true)}}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-a", UID: "p", Labels: map[string]string{"app": "web"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-1", UID: "r", Controller: ptr.To(true)}}}}
+	e := &v1alpha1.Evacuation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: v1alpha1.EvacuationName(pod.UID, pod.Name)},
+		Spec:   v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: pod.Name, UID: pod.UID}},
+		Status: v1alpha1.EvacuationStatus{ActiveEvacuatorClass: Class}}
+	return dep, rs, pod, e
+}
+
+func newEvacuator(t *testing.T, objs ...client.Object) (*Evacuator, client.Client) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&v1alpha1.Evacuation{}).Build()
+	return &Evacuator{Client: cl, Recorder: events.NewFakeRecorder(100)}, cl
+}
+
+func TestSurgeStartsAndRestoresOnCancellation(t *testing.T) {
+	dep, rs, pod, e := objects()
+	s, cl := newEvacuator(t, dep, rs, pod, e)
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}
+	s.SetupClock()
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	got := &appsv1.Deployment{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	if *got.Spec.Replicas != 2 || got.Annotations[OriginalReplicasAnnotation] != "1" || !strings.HasPrefix(got.Annotations[LockAnnotation], e.Name+"/") {
+		t.Fatalf("after the start: replicas %d annotations %v", *got.Spec.Replicas, got.Annotations)
+	}
+	p := &corev1.Pod{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
+	if p.Annotations[DeletionCostAnnotation] != "-2147483648" {
+		t.Fatalf("pod not marked: %v", p.Annotations)
+	}
+
+	// Cancelled: the instigators withdrew and the Evacuation is gone.
+	_ = cl.Delete(ctx, e)
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
+	if *got.Spec.Replicas != 1 || got.Annotations[LockAnnotation] != "" || p.Annotations[DeletionCostAnnotation] != "" {
+		t.Errorf("after cancellation: replicas %d, annotations %v, pod %v", *got.Spec.Replicas, got.Annotations, p.Annotations)
+	}
+}
+
+func TestSurgeHandsOnWhenAnHPAOwnsTheScale(t *testing.T) {
+	dep, rs, pod, e := objects()
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{Kind: "Deployment", Name: "web", APIVersion: "apps/v1"}, MaxReplicas: 3}}
+	s, cl := newEvacuator(t, dep, rs, pod, e, hpa)
+	s.SetupClock()
+	if _, err := s.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}); err != nil {
+		t.Fatal(err)
+	}
+	got := &v1alpha1.Evacuation{}
+	_ = cl.Get(context.Background(), client.ObjectKeyFromObject(e), got)
+	if !got.Status.ActiveEvacuatorCompleted || !strings.Contains(got.Status.Message, "HorizontalPodAutoscaler web owns the scale") {
+		t.Errorf("status %+v, want handed on because of the HPA", got.Status)
+	}
+	d := &appsv1.Deployment{}
+	_ = cl.Get(context.Background(), client.ObjectKeyFromObject(dep), d)
+	if *d.Spec.Replicas != 1 {
+		t.Error("scaled a Deployment an HPA owns")
+	}
+}
