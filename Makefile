@@ -15,6 +15,7 @@ all: build
 
 build:
 	$(GO) build -o bin/ebb ./cmd/ebb
+	$(GO) build -o bin/kubectl-maintenance ./cmd/kubectl-maintenance
 
 ## tools: build the pinned tools that are not cached yet (a cold build takes about 10 minutes on 2 cores)
 tools:

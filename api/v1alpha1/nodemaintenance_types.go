@@ -136,6 +136,11 @@ type NodeMaintenanceNodeStatus struct {
 	PodsPendingEvacuation int32 `json:"podsPendingEvacuation"`
 	// PodsEvacuating counts pods with an Evacuation.
 	PodsEvacuating int32 `json:"podsEvacuating"`
+	// PodsTotal is the most pods (static ones excluded) seen on the node
+	// during the drain, so PodsTotal - PodsPendingEvacuation -
+	// PodsEvacuating have left (ebb's addition to the KEP, for progress).
+	// +optional
+	PodsTotal int32 `json:"podsTotal,omitempty"`
 }
 
 // NodeMaintenanceStatus is the observed maintenance.

@@ -37,6 +37,10 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 			ns.DrainTargets = drain.res.nodes[name].Targets
 			ns.DrainMessage = drain.res.message(drain.self, name)
 			ns.PodsPendingEvacuation, ns.PodsEvacuating = int32(d.pending), int32(d.evacuating)
+			ns.PodsTotal = ns.PodsPendingEvacuation + ns.PodsEvacuating
+			if old := oldNodeStatus(orig, name); old != nil {
+				ns.PodsTotal = max(ns.PodsTotal, old.PodsTotal)
+			}
 			if d.static > 0 {
 				ns.DrainMessage += fmt.Sprintf("; %d static pod(s) cannot be evacuated through the API: stop them on the node", d.static)
 			}

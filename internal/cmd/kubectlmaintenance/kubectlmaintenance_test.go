@@ -1,0 +1,77 @@
+package kubectlmaintenance
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
+)
+
+func TestNodeSelector(t *testing.T) {
+	tests := []struct {
+		name     string
+		nodes    []string
+		selector string
+		want     string // the terms, formatted; "" when an error is wanted
+	}{
+		{"names", []string{"a", "b"}, "", "[metadata.name In [a]] [metadata.name In [b]]"},
+		{"labels", nil, "pool=blue,zone!=z1,gpu", "[gpu Exists [] pool In [blue] zone NotIn [z1]]"},
+		{"set", nil, "pool in (a,b)", "[pool In [a b]]"},
+		{"bad", nil, "pool in (a", ""},
+		{"everything", nil, "", ""},
+	}
+	for _, tt := range tests {
+		sel, err := nodeSelector(tt.nodes, tt.selector)
+		if tt.want == "" {
+			if err == nil {
+				t.Errorf("%s: no error", tt.name)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		var terms []string
+		for _, term := range sel.NodeSelectorTerms {
+			var reqs []string
+			for _, r := range append(term.MatchFields, term.MatchExpressions...) {
+				reqs = append(reqs, r.Key+" "+string(r.Operator)+" ["+strings.Join(r.Values, " ")+"]")
+			}
+			terms = append(terms, "["+strings.Join(reqs, " ")+"]")
+		}
+		if got := strings.Join(terms, " "); got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestBlockersAndBar(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	ts := metav1.NewTime(now.Add(-90 * time.Second))
+	evs := []v1alpha1.Evacuation{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{nodemaintenance.NodeLabel: "n1"}},
+			Spec:   v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: "db-0"}},
+			Status: v1alpha1.EvacuationStatus{FailedEvictionCounter: 3, Message: "Eviction blocked: The disruption budget db needs 1 healthy pods and has 1 currently"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{nodemaintenance.NodeLabel: "n1"}},
+			Spec:   v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: "web-1"}},
+			Status: v1alpha1.EvacuationStatus{ActiveEvacuatorClass: "surge.maintenance.ebb.dev", EvacuationProgressTimestamp: &ts, Message: "Surged"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{nodemaintenance.NodeLabel: "n2"}},
+			Spec: v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: "other"}}, Status: v1alpha1.EvacuationStatus{FailedEvictionCounter: 1}},
+	}
+	got := strings.Join(blockers(evs, "n1", now), "\n")
+	want := "shop/db-0: The disruption budget db needs 1 healthy pods and has 1 currently (3 evictions refused)\n" +
+		"shop/web-1: evacuator surge.maintenance.ebb.dev, last progress 90s ago: Surged"
+	if got != want {
+		t.Errorf("blockers:\n%s\nwant:\n%s", got, want)
+	}
+	if b := bar(1, 4, 8); b != "[##------]" {
+		t.Errorf("bar %s", b)
+	}
+	if s := targets([]v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 5, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}}); s != "Default<=5(app=db)" {
+		t.Errorf("targets %s", s)
+	}
+}

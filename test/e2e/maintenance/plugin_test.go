@@ -1,0 +1,86 @@
+package maintenance_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// kubectlMaintenance runs `kubectl maintenance ARGS` the way a user does:
+// kubectl finds the plugin on PATH.
+func kubectlMaintenance(t *testing.T, ctx context.Context, args ...string) (string, error) {
+	t.Helper()
+	bin, err := ebbBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, err := filepath.Abs(filepath.Dir(bin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), append([]string{"maintenance", "--kubeconfig", cluster.Kubeconfig}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+abs+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// The plugin drains a node, lists it, explains what holds it back (a
+// PodDisruptionBudget), watches it to the end and completes it.
+func TestKubectlMaintenancePlugin(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[2].Name
+	pinnedApp(t, ctx, ns, "web", node, "", 2)
+	release := pdb(t, ctx, ns, "web", 2)
+	defer release()
+	t.Cleanup(func() { deleteAndWait(t, context.Background(), "plugin") })
+
+	out, err := kubectlMaintenance(t, ctx, "drain", node, "--reason", "plugin test", "--name", "plugin")
+	if err != nil || !strings.Contains(out, "nodemaintenance/plugin created (stage Drain)") {
+		t.Fatalf("drain: %v\n%s", err, out)
+	}
+	out, err = kubectlMaintenance(t, ctx, "list")
+	if err != nil || !strings.Contains(out, "NAME") || !strings.Contains(out, "plugin") || !strings.Contains(out, node) || !strings.Contains(out, "plugin test") {
+		t.Errorf("list: %v\n%s", err, out)
+	}
+	eventually(t, ctx, 30*time.Second, "status explaining the budget", func(ctx context.Context) (bool, string) {
+		out, _ := kubectlMaintenance(t, ctx, "status", "plugin")
+		return strings.Contains(out, "plugin: stage Drain, drained False") &&
+			strings.Contains(out, "0/2 evacuated") &&
+			strings.Contains(out, "The disruption budget web needs 2 healthy pods and has 2 currently") &&
+			strings.Contains(out, "evictions refused"), out
+	})
+
+	release()
+	out, err = kubectlMaintenance(t, ctx, "status", "plugin", "--watch")
+	if err != nil || !strings.Contains(out, "drained True") || !strings.Contains(out, "2/2 evacuated") || !strings.Contains(out, "[####################]") {
+		t.Errorf("status --watch: %v\n%s", err, out)
+	}
+	out, err = kubectlMaintenance(t, ctx, "status", "plugin", "-o", "json")
+	var nm v1alpha1.NodeMaintenance
+	if err != nil || json.Unmarshal([]byte(out), &nm) != nil || nm.Kind != "NodeMaintenance" || nm.Name != "plugin" {
+		t.Errorf("status -o json: %v\n%s", err, out)
+	}
+	out, err = kubectlMaintenance(t, ctx, "complete", "plugin")
+	if err != nil || !strings.Contains(out, "nodemaintenance/plugin completed") {
+		t.Errorf("complete: %v\n%s", err, out)
+	}
+	if got := getNM(t, ctx, "plugin"); got.Spec.Stage != v1alpha1.Complete {
+		t.Errorf("stage %s after complete", got.Spec.Stage)
+	}
+
+	out, err = kubectlMaintenance(t, ctx, "drain")
+	if err == nil || !strings.Contains(out, "give node names or -l SELECTOR") {
+		t.Errorf("drain without nodes: %v\n%s", err, fmt.Sprint(out))
+	}
+}
