@@ -27,6 +27,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=get;list;watch;update;patch
@@ -238,6 +239,24 @@ func drainStates(w *world) []*drainState {
 		out = append(out, s)
 	}
 	return out
+}
+
+// drainingTaint is the taint a drain puts on its nodes.
+var drainingTaint = corev1.Taint{Key: lbmodel.TaintDraining, Value: DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule}
+
+// toleratesDraining reports whether a DaemonSet pod tolerates the draining
+// taint: the DaemonSet controller would recreate it on the node at once,
+// so it is reported rather than fought.
+func toleratesDraining(p *corev1.Pod) bool {
+	if drainplan.TypeOf(p) != v1alpha1.DaemonSet {
+		return false
+	}
+	for _, t := range p.Spec.Tolerations {
+		if t.ToleratesTaint(klog.Background(), &drainingTaint, false) {
+			return true
+		}
+	}
+	return false
 }
 
 // static reports whether a pod is a static pod's mirror: it cannot be

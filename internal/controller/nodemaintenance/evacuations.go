@@ -37,6 +37,9 @@ type drainResult struct {
 // nodeDrain counts one node's pods.
 type nodeDrain struct {
 	pending, evacuating, static int
+	// tolerating names the DaemonSets whose pods tolerate the draining
+	// taint: evicted, they would come straight back.
+	tolerating []string
 }
 
 // nodeDrained reports whether nothing is left on node: every pod but
@@ -72,7 +75,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 	remaining := func(node string, targets []v1alpha1.DrainPlanEntry) int {
 		n := 0
 		for _, p := range pods[node] {
-			if !static(p) && drainplan.Matches(targets, p) {
+			if !static(p) && !toleratesDraining(p) && drainplan.Matches(targets, p) {
 				n++
 			}
 		}
@@ -101,6 +104,12 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 		for _, p := range pods[node] {
 			if static(p) {
 				nd.static++
+				continue
+			}
+			if toleratesDraining(p) {
+				if ref := metav1.GetControllerOf(p); ref != nil && !slices.Contains(nd.tolerating, ref.Name) {
+					nd.tolerating = append(nd.tolerating, ref.Name)
+				}
 				continue
 			}
 			e := existing[p.Namespace+"/"+v1alpha1.EvacuationName(p.UID, p.Name)]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,10 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 			ns.PodsTotal = ns.PodsPendingEvacuation + ns.PodsEvacuating
 			if old := oldNodeStatus(orig, name); old != nil {
 				ns.PodsTotal = max(ns.PodsTotal, old.PodsTotal)
+			}
+			if len(d.tolerating) > 0 {
+				sort.Strings(d.tolerating)
+				ns.DrainMessage += fmt.Sprintf("; DaemonSet(s) %s tolerate the draining taint: their pods would come back if evicted, so they stay (remove the toleration to drain them)", strings.Join(d.tolerating, ", "))
 			}
 			if d.static > 0 {
 				ns.DrainMessage += fmt.Sprintf("; %d static pod(s) cannot be evacuated through the API: stop them on the node", d.static)

@@ -49,10 +49,10 @@ func TestKubectlMaintenancePlugin(t *testing.T) {
 	if err != nil || !strings.Contains(out, "nodemaintenance/plugin created (stage Drain)") {
 		t.Fatalf("drain: %v\n%s", err, out)
 	}
-	out, err = kubectlMaintenance(t, ctx, "list")
-	if err != nil || !strings.Contains(out, "NAME") || !strings.Contains(out, "plugin") || !strings.Contains(out, node) || !strings.Contains(out, "plugin test") {
-		t.Errorf("list: %v\n%s", err, out)
-	}
+	eventually(t, ctx, 20*time.Second, "the maintenance listed with its node", func(ctx context.Context) (bool, string) {
+		out, err := kubectlMaintenance(t, ctx, "list")
+		return err == nil && strings.Contains(out, "NAME") && strings.Contains(out, "plugin") && strings.Contains(out, node) && strings.Contains(out, "plugin test"), out
+	})
 	eventually(t, ctx, 30*time.Second, "status explaining the budget", func(ctx context.Context) (bool, string) {
 		out, _ := kubectlMaintenance(t, ctx, "status", "plugin")
 		return strings.Contains(out, "plugin: stage Drain, drained False") &&

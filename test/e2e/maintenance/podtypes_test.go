@@ -37,6 +37,16 @@ func TestDrainOrderByPodType(t *testing.T) {
 	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A DaemonSet that tolerates every taint would come straight back:
+	// reported, not fought.
+	tolerant := ds.DeepCopy()
+	tolerant.Name = "tolerant"
+	tolerant.Spec.Selector.MatchLabels = map[string]string{"app": "tolerant"}
+	tolerant.Spec.Template.Labels = map[string]string{"app": "tolerant"}
+	tolerant.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, tolerant, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	agentOn := func(ctx context.Context) int {
 		n := 0
 		for _, p := range appPods(t, ctx, ns, "agent") {
@@ -85,9 +95,15 @@ func TestDrainOrderByPodType(t *testing.T) {
 	eventually(t, ctx, time.Minute, "Drained, with the static pod reported", func(ctx context.Context) (bool, string) {
 		nm := getNM(t, ctx, "podtypes")
 		msg := nodeStatus(nm, node).DrainMessage
-		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition) && strings.Contains(msg, "1 static pod(s) cannot be evacuated through the API"),
+		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition) && strings.Contains(msg, "1 static pod(s) cannot be evacuated through the API") &&
+				strings.Contains(msg, "DaemonSet(s) tolerant tolerate the draining taint"),
 			fmt.Sprintf("message %q", msg)
 	})
+	for _, e := range evacuations(t, ctx, ns) {
+		if strings.HasPrefix(e.Spec.PodRef.Name, "tolerant-") {
+			t.Errorf("the tolerant DaemonSet's pod %s was evacuated", e.Spec.PodRef.Name)
+		}
+	}
 	time.Sleep(2 * time.Second)
 	if n := agentOn(ctx); n != 0 {
 		t.Errorf("the DaemonSet controller put %d pod(s) back on the draining node", n)
