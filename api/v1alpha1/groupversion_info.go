@@ -21,7 +21,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &NodeMaintenance{}, &NodeMaintenanceList{}, &Evacuation{}, &EvacuationList{})
+	s.AddKnownTypes(GroupVersion, &NodeMaintenance{}, &NodeMaintenanceList{}, &Evacuation{}, &EvacuationList{}, &LoadBalancerReport{}, &LoadBalancerReportList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -99,6 +99,14 @@ type NodeMaintenanceSpec struct {
 	// +listType=atomic
 	// +optional
 	DrainPlan []DrainPlanEntry `json:"drainPlan,omitempty"`
+	// TrafficDrainTimeoutSeconds bounds how long, once the node's pods are
+	// gone, Drained waits for the load balancers to report no established
+	// connection through the node (ebb's addition). Default 300.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	// +kubebuilder:default=300
+	// +optional
+	TrafficDrainTimeoutSeconds *int32 `json:"trafficDrainTimeoutSeconds,omitempty"`
 	// Reason for the maintenance, for people.
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
@@ -136,6 +144,14 @@ type NodeMaintenanceNodeStatus struct {
 	PodsPendingEvacuation int32 `json:"podsPendingEvacuation"`
 	// PodsEvacuating counts pods with an Evacuation.
 	PodsEvacuating int32 `json:"podsEvacuating"`
+	// TrafficDrainStartTime is when every load balancer had turned the
+	// node's backends Down (ebb's addition).
+	// +optional
+	TrafficDrainStartTime *metav1.Time `json:"trafficDrainStartTime,omitempty"`
+	// EstablishedConnections the load balancers still report through the
+	// node (ebb's addition).
+	// +optional
+	EstablishedConnections int64 `json:"establishedConnections,omitempty"`
 	// PodsTotal is the most pods (static ones excluded) seen on the node
 	// during the drain, so PodsTotal - PodsPendingEvacuation -
 	// PodsEvacuating have left (ebb's addition to the KEP, for progress).

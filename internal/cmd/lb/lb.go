@@ -13,6 +13,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,11 +22,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -48,6 +52,9 @@ type Options struct {
 	LoadBalancerClass   string
 	DefaultLoadBalancer bool
 	Model               lbmodel.Options
+	// ReportName names this replica's LoadBalancerReport; empty: none.
+	ReportName      string
+	ReportHeartbeat time.Duration
 }
 
 // NewCommand returns `ebb lb`.
@@ -85,6 +92,8 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9464", "address serving Prometheus /metrics (empty: off)")
 	cmd.Flags().StringVar(&o.PprofAddress, "pprof-bind-address", "", "address serving /debug/pprof for profiling (empty: off)")
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
+	cmd.Flags().StringVar(&o.ReportName, "report-name", defaultReportName(), "name of this replica's LoadBalancerReport (per-node admin state and connections, read by NodeMaintenance); empty: no report")
+	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
 	cmd.Flags().AddGoFlagSet(logFlags)
@@ -126,6 +135,13 @@ func (o *Options) Run(ctx context.Context) error {
 		defer broadcaster.Shutdown()
 		syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
 		ready = syncer.Ready
+		if o.ReportName != "" {
+			reporter, err := o.reporter(dp)
+			if err != nil {
+				return err
+			}
+			go reporter.Run(ctx)
+		}
 	}
 
 	if o.MetricsAddress != "" {
@@ -210,6 +226,33 @@ func (o *Options) syncer(dp *dataplane.DataPlane) (*lbsync.Syncer, error) {
 		return nil, fmt.Errorf("creating a client: %w", err)
 	}
 	return &lbsync.Syncer{Client: client, DataPlane: dp, Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, Model: o.Model}, nil
+}
+
+// reporter returns the writer of this replica's LoadBalancerReport.
+func (o *Options) reporter(dp *dataplane.DataPlane) (*lbsync.Reporter, error) {
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		return nil, fmt.Errorf("creating a client for the load balancer report: %w", err)
+	}
+	return &lbsync.Reporter{Client: c, DataPlane: dp, Name: o.ReportName, Heartbeat: o.ReportHeartbeat}, nil
+}
+
+// defaultReportName is the pod's name (POD_NAME, from the downward API) or
+// the host's.
+func defaultReportName() string {
+	if n := os.Getenv("POD_NAME"); n != "" {
+		return n
+	}
+	n, _ := os.Hostname()
+	return strings.ToLower(n)
 }
 
 // load reads, validates and applies the configuration file and returns its

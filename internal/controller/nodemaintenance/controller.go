@@ -76,6 +76,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Watches(&corev1.Node{}, wakeAll).
 		Watches(&corev1.Pod{}, wakeAll).
 		Watches(&v1alpha1.Evacuation{}, wakeAll).
+		Watches(&v1alpha1.LoadBalancerReport{}, wakeAll).
 		Complete(r)
 }
 
@@ -194,7 +195,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		if err == nil {
 			drain, err = r.drain(ctx, nm, w)
-			result.RequeueAfter = drainResync
+			result.RequeueAfter = drain.requeueAfter()
 		}
 	case v1alpha1.Complete:
 		err = r.complete(ctx, nm, w)

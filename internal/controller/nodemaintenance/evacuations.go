@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,13 +41,20 @@ type nodeDrain struct {
 	// tolerating names the DaemonSets whose pods tolerate the draining
 	// taint: evicted, they would come straight back.
 	tolerating []string
+
+	// The traffic drain (see traffic.go).
+	lbDown, lbGateExpired, mayEvacuate bool
+	connections                        int64
+	trafficStart                       *metav1.Time
+	trafficDone, trafficTimedOut       bool
+	trafficLeft                        time.Duration
 }
 
 // nodeDrained reports whether nothing is left on node: every pod but
 // static ones is gone at targets that select everything (or this
 // maintenance is drained).
 func (d *drainResult) nodeDrained(node string) bool {
-	if d == nil || d.self == nil || d.res.remaining[node] > 0 {
+	if d == nil || d.self == nil || d.res.remaining[node] > 0 || d.nodes[node] == nil || !d.nodes[node].trafficDone {
 		return false
 	}
 	return d.res.drained(d.self) || !d.res.nodes[node].Level.Less(finalLevel)
@@ -97,9 +105,14 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 		e := &evacs.Items[i]
 		existing[e.Namespace+"/"+e.Name] = e
 	}
+	views, err := r.loadBalancerViews(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, node := range self.Nodes {
 		nd := &nodeDrain{}
 		out.nodes[node] = nd
+		r.trafficDrain(nm, node, views(node), nd)
 		targets := res.nodes[node].Targets
 		for _, p := range pods[node] {
 			if static(p) {
@@ -124,7 +137,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 				}
 				continue
 			}
-			if !drainplan.Matches(targets, p) {
+			if !drainplan.Matches(targets, p) || !nd.mayEvacuate {
 				nd.pending++
 				continue
 			}
@@ -135,6 +148,38 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 		}
 	}
 	return out, r.forgetGoneEvacuations(ctx, evacs.Items, nodesOfDrains(w))
+}
+
+// drained reports whether this maintenance is drained: every targeted pod
+// gone and every node's traffic drained.
+func (d *drainResult) drained() bool {
+	if d == nil || d.self == nil || !d.res.drained(d.self) {
+		return false
+	}
+	for _, nd := range d.nodes {
+		if !nd.trafficDone {
+			return false
+		}
+	}
+	return true
+}
+
+// requeueAfter is when the drain must be looked at again without an event
+// (a traffic-drain timeout, the load-balancer gate).
+func (d *drainResult) requeueAfter() time.Duration {
+	next := drainResync
+	if d == nil {
+		return next
+	}
+	for _, nd := range d.nodes {
+		if nd.trafficLeft > 0 {
+			next = min(next, nd.trafficLeft)
+		}
+		if !nd.lbDown && !nd.lbGateExpired {
+			next = min(next, time.Second)
+		}
+	}
+	return next
 }
 
 // nodesOfDrains lists every node under a maintenance in Drain.

@@ -98,45 +98,59 @@ func hasTaint(n *corev1.Node, key string) bool {
 }
 
 // complete removes this maintenance's Evacuations and, on nodes no other
-// maintenance still holds, its draining taint and its cordon.
+// maintenance still holds, its cordon and then its draining taint: the
+// node returns to load-balancer rotation only once it is schedulable again
+// (a cordon someone else set stays).
 func (r *Reconciler) complete(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) error {
 	if err := r.releaseEvacuations(ctx, nm, w); err != nil {
 		return err
 	}
 	for _, name := range w.selected[nm.Name] {
 		node := w.node(name)
-		active := w.covering(name, nm.Name, v1alpha1.Cordon, v1alpha1.Drain)
-		draining := w.covering(name, nm.Name, v1alpha1.Drain)
-		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		changed := false
-		if len(draining) == 0 {
-			var kept []corev1.Taint
-			for _, t := range node.Spec.Taints {
-				if t.Key == lbmodel.TaintDraining && t.Value == DrainingTaintValue {
-					changed = true
-					continue
-				}
-				kept = append(kept, t)
-			}
-			node.Spec.Taints = kept
+		if len(w.covering(name, nm.Name, v1alpha1.Cordon, v1alpha1.Drain)) > 0 {
+			continue
 		}
-		if len(active) == 0 && node.Annotations[CordonAnnotation] != "" {
+		released := false
+		if node.Annotations[CordonAnnotation] != "" {
+			patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			if node.Annotations[CordonAnnotation] == cordonedByEbb {
 				node.Spec.Unschedulable = false
 			}
 			delete(node.Annotations, CordonAnnotation)
-			changed = true
+			if err := r.Client.Patch(ctx, node, patch); err != nil {
+				return fmt.Errorf("uncordoning node %s: %w", name, err)
+			}
+			released = true
 		}
-		if !changed {
-			continue
+		if hasTaintValue(node, lbmodel.TaintDraining, DrainingTaintValue) {
+			patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			var kept []corev1.Taint
+			for _, t := range node.Spec.Taints {
+				if t.Key != lbmodel.TaintDraining || t.Value != DrainingTaintValue {
+					kept = append(kept, t)
+				}
+			}
+			node.Spec.Taints = kept
+			if err := r.Client.Patch(ctx, node, patch); err != nil {
+				return fmt.Errorf("removing the draining taint from node %s: %w", name, err)
+			}
+			released = true
 		}
-		if err := r.Client.Patch(ctx, node, patch); err != nil {
-			return fmt.Errorf("releasing node %s: %w", name, err)
+		if released {
+			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonNodeReleased, "Complete", "Released node %s from maintenance %s", name, nm.Name)
+			log.FromContext(ctx).Info("Released", "node", klog.KObj(node), "schedulable", !node.Spec.Unschedulable)
 		}
-		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonNodeReleased, "Complete", "Released node %s from maintenance %s", name, nm.Name)
-		log.FromContext(ctx).Info("Released", "node", klog.KObj(node), "uncordoned", !node.Spec.Unschedulable)
 	}
 	return nil
+}
+
+func hasTaintValue(n *corev1.Node, key, value string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key && t.Value == value {
+			return true
+		}
+	}
+	return false
 }
 
 // publishNodeConditions sets MaintenanceInProgress, DrainInProgress and

@@ -42,6 +42,13 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 			if old := oldNodeStatus(orig, name); old != nil {
 				ns.PodsTotal = max(ns.PodsTotal, old.PodsTotal)
 			}
+			ns.TrafficDrainStartTime, ns.EstablishedConnections = d.trafficStart, d.connections
+			if ns.DrainMessage == "Drained" || ns.DrainMessage == "Evacuating" && drain.res.remaining[name] == 0 || !d.lbDown {
+				if m := trafficMessage(d); m != "" {
+					ns.DrainMessage = m
+				}
+			}
+			r.reportTraffic(orig, name, d)
 			if len(d.tolerating) > 0 {
 				sort.Strings(d.tolerating)
 				ns.DrainMessage += fmt.Sprintf("; DaemonSet(s) %s tolerate the draining taint: their pods would come back if evicted, so they stay (remove the toleration to drain them)", strings.Join(d.tolerating, ", "))
@@ -63,12 +70,12 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 	}
 
 	switch {
-	case nm.Spec.Stage == v1alpha1.Drain && drain != nil && drain.self != nil && drain.res.drained(drain.self):
+	case nm.Spec.Stage == v1alpha1.Drain && drain.drained():
 		if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.DrainedCondition) {
 			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(statuses))
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionTrue, Reason: "PodsEvacuated",
-			Message: "every targeted pod on every selected node has terminated", ObservedGeneration: nm.Generation})
+			Message: "every targeted pod on every selected node has terminated and the load balancers carry no more traffic through them", ObservedGeneration: nm.Generation})
 	case nm.Spec.Stage == v1alpha1.Drain:
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "Evacuating",
 			Message: "pods are being evacuated", ObservedGeneration: nm.Generation})

@@ -1,0 +1,71 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeTraffic is what one load balancer replica sends through one node.
+type NodeTraffic struct {
+	// Name of the node.
+	Name string `json:"name"`
+	// AdminState of the node's backends on this replica: None or Down.
+	AdminState string `json:"adminState"`
+	// Connections counts the established TCP connections and live UDP
+	// flows this replica has through the node's backends (and the pods
+	// on it, in pod mode).
+	Connections int64 `json:"connections"`
+}
+
+// LoadBalancerReportStatus is one replica's report.
+type LoadBalancerReportStatus struct {
+	// Replica is the reporting `ebb lb` (its host or pod name).
+	Replica string `json:"replica,omitempty"`
+	// RenewTime is when the report was last written; a report older than
+	// a few heartbeats is from a replica that is gone and is ignored.
+	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
+	// HeartbeatSeconds is how often the replica renews the report.
+	HeartbeatSeconds int32 `json:"heartbeatSeconds,omitempty"`
+	// Nodes with backends on this replica, sorted by name.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Nodes []NodeTraffic `json:"nodes,omitempty"`
+}
+
+// LoadBalancerReport is written by each `ebb lb` replica: per node, the
+// admin state it applies and how many established connections still go
+// through the node. NodeMaintenance reads them to drain traffic before
+// pods, and to know when a node carries no more traffic.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=lbr
+// +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.replica`
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes[*].name`
+// +kubebuilder:printcolumn:name="Connections",type=string,JSONPath=`.status.nodes[*].connections`
+// +kubebuilder:printcolumn:name="Renewed",type=date,JSONPath=`.status.renewTime`
+type LoadBalancerReport struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Status LoadBalancerReportStatus `json:"status,omitempty"`
+}
+
+// LoadBalancerReportList is a list of LoadBalancerReports.
+// +kubebuilder:object:root=true
+type LoadBalancerReportList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LoadBalancerReport `json:"items"`
+}
+
+// Fresh reports whether the report was renewed within three heartbeats.
+func (r *LoadBalancerReport) Fresh(now metav1.Time) bool {
+	if r.Status.RenewTime == nil {
+		return false
+	}
+	hb := r.Status.HeartbeatSeconds
+	if hb <= 0 {
+		hb = 10
+	}
+	return now.Sub(r.Status.RenewTime.Time).Seconds() <= float64(3*hb)
+}

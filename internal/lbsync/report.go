@@ -1,0 +1,131 @@
+package lbsync
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/dataplane"
+)
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;create
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports/status,verbs=get;update
+
+// Reporter publishes this replica's LoadBalancerReport: per node, the
+// admin state applied and the established connections through it. A
+// change of admin state, or of the connections through a leaving node, is
+// written within a poll interval; everything else at each heartbeat.
+type Reporter struct {
+	Client    client.Client
+	DataPlane *dataplane.DataPlane
+	// Name of the report object and of the replica.
+	Name      string
+	Heartbeat time.Duration
+	Poll      time.Duration
+}
+
+// Run reports until ctx is done.
+func (r *Reporter) Run(ctx context.Context) {
+	log := logr.FromContextOrDiscard(ctx).WithName("report")
+	if r.Heartbeat <= 0 {
+		r.Heartbeat = 10 * time.Second
+	}
+	if r.Poll <= 0 {
+		r.Poll = 100 * time.Millisecond
+	}
+	var last []v1alpha1.NodeTraffic
+	var written time.Time
+	tick := time.NewTicker(r.Poll)
+	defer tick.Stop()
+	for {
+		nodes := NodeTraffic(r.DataPlane.Status())
+		if urgent(last, nodes) || time.Since(written) >= r.Heartbeat {
+			if err := r.write(ctx, nodes); err != nil {
+				log.Error(err, "Writing the load balancer report")
+			} else {
+				last, written = nodes, time.Now()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// NodeTraffic sums the data plane's backends per owning node.
+func NodeTraffic(status []dataplane.BackendStatus) []v1alpha1.NodeTraffic {
+	byNode := map[string]*v1alpha1.NodeTraffic{}
+	for _, b := range status {
+		if b.Owner == "" {
+			continue
+		}
+		n, ok := byNode[b.Owner]
+		if !ok {
+			n = &v1alpha1.NodeTraffic{Name: b.Owner, AdminState: string(dataplane.AdminNone)}
+			byNode[b.Owner] = n
+		}
+		if b.AdminState == dataplane.AdminDown {
+			n.AdminState = string(dataplane.AdminDown)
+		}
+		n.Connections += b.Active
+	}
+	out := make([]v1alpha1.NodeTraffic, 0, len(byNode))
+	for _, n := range byNode {
+		out = append(out, *n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// urgent reports whether a change must be written now: a node appeared,
+// went or changed admin state, or the connections through a leaving node
+// changed.
+func urgent(last, now []v1alpha1.NodeTraffic) bool {
+	if len(last) != len(now) {
+		return true
+	}
+	for i := range now {
+		l, n := last[i], now[i]
+		if l.Name != n.Name || l.AdminState != n.AdminState {
+			return true
+		}
+		if n.AdminState == string(dataplane.AdminDown) && l.Connections != n.Connections {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic) error {
+	report := &v1alpha1.LoadBalancerReport{}
+	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Name}, report)
+	if apierrors.IsNotFound(err) {
+		report = &v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: r.Name, Labels: map[string]string{"app.kubernetes.io/managed-by": "ebb-lb"}}}
+		if err := r.Client.Create(ctx, report); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating LoadBalancerReport %s: %w", r.Name, err)
+		}
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: r.Name}, report); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return fmt.Errorf("reading LoadBalancerReport %s: %w", r.Name, err)
+	}
+	now := metav1.NowMicro()
+	report.Status = v1alpha1.LoadBalancerReportStatus{
+		Replica: r.Name, RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
+	}
+	if err := r.Client.Status().Update(ctx, report); err != nil {
+		return fmt.Errorf("updating LoadBalancerReport %s: %w", r.Name, err)
+	}
+	return nil
+}
