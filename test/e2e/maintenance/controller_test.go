@@ -3,8 +3,6 @@ package maintenance_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -253,16 +251,7 @@ func TestControllerRestartMidDrain(t *testing.T) {
 // controllerMetrics scrapes ebb controller's metrics.
 func controllerMetrics(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get("http://" + clustercmd.ControllerMetricsAddress + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(body)
+	return e2eutil.Scrape(t, clustercmd.ControllerMetricsAddress)
 }
 
 func grepLines(s, sub string) string {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // A node tainted ebb.dev/draining gets no new connection from the load
@@ -164,16 +164,7 @@ func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 // lbMetrics scrapes ebb lb's metrics (the e2e setup serves them there).
 func lbMetrics(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get("http://" + clustercmd.LBMetricsAddress + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(body)
+	return e2eutil.Scrape(t, clustercmd.LBMetricsAddress)
 }
 
 // nodeConnections sums the connections the load balancer sent to a node's
@@ -193,16 +184,7 @@ func nodeConnections(t *testing.T, node string) float64 {
 // adminDown reports whether every backend of the node is admin Down.
 func adminDown(t *testing.T, node string) bool {
 	t.Helper()
-	down, seen := 0, 0
-	for _, l := range strings.Split(lbMetrics(t), "\n") {
-		if strings.HasPrefix(l, "ebb_dataplane_backend_admin_state{") && strings.Contains(l, `owner="`+node+`"`) && strings.Contains(l, `state="Down"`) {
-			seen++
-			if strings.HasSuffix(l, " 1") {
-				down++
-			}
-		}
-	}
-	return seen > 0 && down == seen
+	return e2eutil.AdminDown(lbMetrics(t), node)
 }
 
 // nodeEvents counts a node's events of one reason, by their series count.

@@ -1,0 +1,213 @@
+// Package loadgen drives traffic through a load balancer the way clients
+// do, and counts what they would notice: requests on new connections at a
+// constant rate (each answer names the pod and node that served it), and
+// long-lived connections that must not break. The demo, the drain
+// benchmark and the end-to-end tests share it.
+package loadgen
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Requests sends GETs on new connections at a constant rate.
+type Requests struct {
+	URL     string
+	Rate    int
+	Timeout time.Duration
+
+	client  *http.Client
+	start   time.Time
+	done    chan struct{}
+	wg      sync.WaitGroup
+	sent    atomic.Int64
+	failed  atomic.Int64
+	mu      sync.Mutex
+	samples []Sample
+	lastErr string
+}
+
+// Sample is one request.
+type Sample struct {
+	// At is when it was sent, from the start.
+	At      time.Duration
+	Latency time.Duration
+	// Node served it ("" if it failed).
+	Node   string
+	Failed bool
+}
+
+// Start begins sending.
+func (r *Requests) Start() {
+	if r.Timeout == 0 {
+		r.Timeout = 3 * time.Second
+	}
+	r.client = &http.Client{Timeout: r.Timeout, Transport: &http.Transport{DisableKeepAlives: true, MaxIdleConnsPerHost: -1}}
+	r.done = make(chan struct{})
+	r.start = time.Now()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		tick := time.NewTicker(time.Second / time.Duration(max(r.Rate, 1)))
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.done:
+				return
+			case <-tick.C:
+			}
+			r.sent.Add(1)
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				r.one()
+			}()
+		}
+	}()
+}
+
+// identity is the part of the echo server's answer loadgen reads.
+type identity struct {
+	Node string `json:"node"`
+}
+
+func (r *Requests) one() {
+	at := time.Since(r.start)
+	t0 := time.Now()
+	s := Sample{At: at}
+	resp, err := r.client.Get(r.URL)
+	if err == nil {
+		body, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var id identity
+		switch {
+		case rerr != nil:
+			err = rerr
+		case resp.StatusCode != http.StatusOK:
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		default:
+			_ = json.NewDecoder(bytes.NewReader(body)).Decode(&id)
+			s.Node = id.Node
+		}
+	}
+	s.Latency = time.Since(t0)
+	s.Failed = err != nil
+	r.mu.Lock()
+	r.samples = append(r.samples, s)
+	if err != nil {
+		r.failed.Add(1)
+		r.lastErr = err.Error()
+	}
+	r.mu.Unlock()
+}
+
+// Stop stops sending and waits for the requests in flight.
+func (r *Requests) Stop() {
+	close(r.done)
+	r.wg.Wait()
+}
+
+// Counts returns how many requests were sent and failed so far.
+func (r *Requests) Counts() (sent, failed int64) { return r.sent.Load(), r.failed.Load() }
+
+// LastError is the last failure's text.
+func (r *Requests) LastError() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+// Since returns the time since Start.
+func (r *Requests) Since() time.Duration { return time.Since(r.start) }
+
+// Samples returns the requests finished so far, by send time.
+func (r *Requests) Samples() []Sample {
+	r.mu.Lock()
+	out := append([]Sample(nil), r.samples...)
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].At < out[j].At })
+	return out
+}
+
+// LongLived is one long-lived TCP connection that echoes a message every
+// interval and records whether it ever broke.
+type LongLived struct {
+	conn   net.Conn
+	done   chan struct{}
+	wg     sync.WaitGroup
+	broken atomic.Pointer[string]
+	echoes atomic.Int64
+}
+
+// OpenLongLived dials addr and starts echoing every interval.
+func OpenLongLived(addr string, interval time.Duration) (*LongLived, error) {
+	conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	l := &LongLived{conn: conn, done: make(chan struct{})}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		buf := make([]byte, 64)
+		for i := 0; ; i++ {
+			select {
+			case <-l.done:
+				return
+			case <-time.After(interval):
+			}
+			msg := fmt.Sprintf("long-lived %d\n", i)
+			_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := conn.Write([]byte(msg)); err != nil {
+				l.fail(err)
+				return
+			}
+			if _, err := io.ReadFull(conn, buf[:len(msg)]); err != nil {
+				l.fail(err)
+				return
+			}
+			if string(buf[:len(msg)]) != msg {
+				l.fail(fmt.Errorf("echo %q, want %q", buf[:len(msg)], msg))
+				return
+			}
+			l.echoes.Add(1)
+		}
+	}()
+	return l, nil
+}
+
+func (l *LongLived) fail(err error) {
+	select {
+	case <-l.done:
+		return // closing
+	default:
+	}
+	msg := err.Error()
+	l.broken.Store(&msg)
+}
+
+// Broken returns why the connection broke ("" if it did not).
+func (l *LongLived) Broken() string {
+	if p := l.broken.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Echoes counts the successful round trips.
+func (l *LongLived) Echoes() int64 { return l.echoes.Load() }
+
+// Close ends the connection cleanly.
+func (l *LongLived) Close() {
+	close(l.done)
+	_ = l.conn.Close()
+	l.wg.Wait()
+}
