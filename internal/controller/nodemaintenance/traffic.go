@@ -147,4 +147,3 @@ func (r *Reconciler) reportTraffic(nm *v1alpha1.NodeMaintenance, node string, nd
 			"Node %s: %d established connection(s) still go through it after the traffic-drain timeout; counting it drained", node, nd.connections)
 	}
 }
-
