@@ -125,8 +125,22 @@ func (r *Requests) LastError() string {
 	return r.lastErr
 }
 
-// Since returns the time since Start.
-func (r *Requests) Since() time.Duration { return time.Since(r.start) }
+// Started is when Start was called.
+func (r *Requests) Started() time.Time { return r.start }
+
+// Probe sends one request now (not counted) and returns its error.
+func (r *Requests) Probe() error {
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(r.URL)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
 
 // Samples returns the requests finished so far, by send time.
 func (r *Requests) Samples() []Sample {

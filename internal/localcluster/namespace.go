@@ -49,7 +49,11 @@ func InNamespace() bool { return os.Getenv(envInNamespace) != "" }
 // marker from InNamespace and must call SetupNamespace before starting a
 // cluster. It works unprivileged where the kernel allows user namespaces, and
 // as root. Interrupts are passed on to the child.
-func Reexec() (int, error) {
+func Reexec() (int, error) { return ReexecNotify(nil) }
+
+// ReexecNotify is Reexec that calls started, if not nil, with the child's
+// process ID (as the caller sees it) once it runs.
+func ReexecNotify(started func(pid int)) (int, error) {
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Args[0] = os.Args[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
@@ -61,6 +65,9 @@ func Reexec() (int, error) {
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		return 1, fmt.Errorf("starting %s in a new user and network namespace (does the kernel allow unprivileged user namespaces? see /proc/sys/kernel/unprivileged_userns_clone): %w", os.Args[0], err)
+	}
+	if started != nil {
+		started(cmd.Process.Pid)
 	}
 	go func() {
 		for s := range sigs {

@@ -37,12 +37,12 @@ pod IPs (10.244.0.0/16) and load-balancer VIPs (10.96.240.0/20) exist only
 there. Use "ebb cluster exec" to run commands (kubectl, curl) inside it.`,
 	}
 	cmd.PersistentFlags().StringVar(&o.Name, "name", "ebb", "name of the cluster")
-	cmd.PersistentFlags().StringVar(&o.StateRoot, "state-dir", defaultStateRoot(), "directory holding the clusters' state")
+	cmd.PersistentFlags().StringVar(&o.StateRoot, "state-dir", DefaultStateRoot(), "directory holding the clusters' state")
 	cmd.AddCommand(newUpCommand(o), newDownCommand(o), newExecCommand(o), newServeCommand(o))
 	return cmd
 }
 
-func defaultStateRoot() string {
+func DefaultStateRoot() string {
 	if d := os.Getenv("EBB_STATE_DIR"); d != "" {
 		return d
 	}
@@ -117,4 +117,24 @@ func waitGone(pid int, timeout time.Duration) bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return !alive(pid)
+}
+
+// RegisterPID records pid as the process running cluster name, so that
+// `ebb cluster exec --name NAME` and `down` find it (`ebb demo --keep`).
+func RegisterPID(stateRoot, name string, pid int) error {
+	dir := filepath.Join(stateRoot, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(filepath.Join(dir, readyFile))
+	return os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)+"\n"), 0o644)
+}
+
+// MarkReady records that the cluster in dir serves, with its tools in
+// binDir.
+func MarkReady(dir, binDir string) error {
+	if err := os.WriteFile(filepath.Join(dir, binDirFile), []byte(binDir+"\n"), 0o644); err != nil {
+		return fmt.Errorf("writing the tools directory: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644)
 }

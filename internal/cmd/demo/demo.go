@@ -1,8 +1,8 @@
-// Package demo implements `ebb demo`: ebb's main job shown on the embedded
-// local cluster. Today it starts the cluster with ebb's controller and load
-// balancer, deploys a sample app behind an ebb.dev/l4 LoadBalancer Service
-// and shows traffic through its address reaching every pod on every node;
-// the node maintenance scenario joins it when those controllers land.
+// Package demo implements `ebb demo`, ebb's main job on the embedded local
+// cluster: two apps behind ebb load balancers take constant traffic while
+// a node is drained with a NodeMaintenance, taken down for its maintenance
+// and brought back; the report says what the clients noticed. --baseline
+// runs the same scenario the way clusters do it today, side by side.
 package demo
 
 import (
@@ -10,41 +10,62 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
-	"sort"
-	"text/tabwriter"
+	"os/signal"
+	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
-	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
 // Options are the demo's flags.
 type Options struct {
 	Nodes    int
-	Replicas int32
-	Requests int
+	Scenario demo.Options
+	Baseline bool
+	Short    bool
+	Keep     bool
+	JSON     bool
+	Report   string
+	// StateDir is where --keep leaves the cluster for `ebb cluster exec`.
+	StateDir string
 }
+
+// keepName is the cluster name --keep registers.
+const keepName = "demo"
 
 // NewCommand returns `ebb demo`.
 func NewCommand() *cobra.Command {
-	o := &Options{}
+	o := &Options{Scenario: demo.DefaultOptions()}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Start a local cluster with ebb, deploy a sample app behind an ebb load balancer and show it serving",
-		Args:  cobra.NoArgs,
+		Short: "Drain a node of a local cluster under live traffic with ebb, and report what the clients noticed",
+		Long: `Starts a local cluster (building what is missing), runs ebb's controller and
+load balancer in it, deploys a Deployment of several replicas and a single
+replica that uses the surge evacuator, both behind ebb.dev/l4 LoadBalancer
+Services, sends constant HTTP traffic through their addresses, drains the
+single replica's node with a NodeMaintenance, takes the node down for its
+maintenance, brings it back and completes the maintenance. Prints a report
+and writes a self-contained HTML report. --baseline also runs the scenario
+the way clusters do it today (cordon, kubectl's drain library, a load
+balancer driven by health probes only) and puts both side by side.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Report == "" {
+				o.Report = "ebb-demo-report.html"
+			}
+			abs, err := filepath.Abs(o.Report)
+			if err != nil {
+				return err
+			}
+			o.Report = abs
 			if !localcluster.InNamespace() {
-				code, err := localcluster.Reexec()
+				code, err := localcluster.ReexecNotify(o.outside)
 				if err != nil {
 					return err
 				}
@@ -53,13 +74,33 @@ func NewCommand() *cobra.Command {
 				}
 				return nil
 			}
-			return o.Run(cmd.Context(), os.Stdout)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return o.Run(ctx, os.Stdout)
 		},
 	}
-	cmd.Flags().IntVar(&o.Nodes, "nodes", 3, "number of simulated nodes")
-	cmd.Flags().Int32Var(&o.Replicas, "replicas", 6, "replicas of the sample app")
-	cmd.Flags().IntVar(&o.Requests, "requests", 300, "HTTP requests to send through the load balancer")
+	f := cmd.Flags()
+	f.IntVar(&o.Nodes, "nodes", 3, "number of simulated nodes")
+	f.Int32Var(&o.Scenario.Replicas, "replicas", o.Scenario.Replicas, "replicas of the multi-replica app")
+	f.IntVar(&o.Scenario.Rate, "rate", o.Scenario.Rate, "new connections per second through the load balancers")
+	f.IntVar(&o.Scenario.LongLived, "long-lived", o.Scenario.LongLived, "long-lived connections kept open (each replaced every few seconds)")
+	f.DurationVar(&o.Scenario.Downtime, "downtime", o.Scenario.Downtime, "how long the drained node is down for its maintenance")
+	f.BoolVar(&o.Baseline, "baseline", false, "also run the scenario the way clusters do it today, and compare")
+	f.BoolVar(&o.Short, "short", false, "a quicker, lighter run (for CI)")
+	f.BoolVar(&o.Keep, "keep", false, "leave the cluster up afterwards (until Ctrl-C) and say how to look inside")
+	f.BoolVar(&o.JSON, "json", false, "print a JSON summary as the last line")
+	f.StringVar(&o.Report, "report", "", "where to write the HTML report (default ./ebb-demo-report.html)")
+	f.StringVar(&o.StateDir, "state-dir", cluster.DefaultStateRoot(), "with --keep: the clusters' state directory of `ebb cluster`")
 	return cmd
+}
+
+// outside runs in the calling process once the namespaced child started:
+// with --keep it registers the child so `ebb cluster exec --name demo`
+// finds it.
+func (o *Options) outside(pid int) {
+	if o.Keep {
+		_ = cluster.RegisterPID(o.StateDir, keepName, pid)
+	}
 }
 
 // Run runs the demo inside the private namespace.
@@ -67,13 +108,20 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 	if err := localcluster.SetupNamespace(); err != nil {
 		return err
 	}
+	if o.Short {
+		o.Scenario.Rate, o.Scenario.LongLived, o.Scenario.LongLivedLifetime = 60, 4, 2*time.Second
+		o.Scenario.Settle, o.Scenario.Downtime, o.Scenario.Replicas = time.Second, 4*time.Second, 3
+	}
 	start := time.Now()
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: "demo", Nodes: o.Nodes, Progress: out})
+	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, Progress: out}
+	if o.Keep {
+		copts.Dir = filepath.Join(o.StateDir, keepName)
+	}
+	c, err := localcluster.Start(ctx, copts)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		fmt.Fprintln(out, "[demo] stopping the cluster")
 		if err := c.Stop(); err != nil && retErr == nil {
 			retErr = err
 		}
@@ -83,100 +131,70 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		return fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	fmt.Fprintln(out, "[demo] starting ebb controller and ebb lb")
-	stopEbb, err := cluster.StartEbb(c, self)
+	stopController, err := cluster.StartController(c, self)
 	if err != nil {
 		return err
 	}
-	defer stopEbb()
-	const ns, name = metav1.NamespaceDefault, "echo"
-	fmt.Fprintf(out, "[demo] deploying %s: a Deployment of %d replicas behind a LoadBalancer Service of class %s\n", name, o.Replicas, lbmodel.ClassL4)
-	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, o.Replicas), metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating the sample deployment: %w", err)
-	}
-	svc := localcluster.EchoService(ns, name, corev1.ServiceTypeLoadBalancer)
-	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
-	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating the sample service: %w", err)
-	}
-	if err := c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
-		return err
-	}
-	if err := c.WaitServiceEndpoints(ctx, ns, name, int(o.Replicas), time.Minute); err != nil {
-		return err
-	}
-	vip, err := waitAddress(ctx, c, ns, name)
+	defer stopController()
+	stopLB, err := cluster.StartLB(c, self)
 	if err != nil {
 		return err
 	}
-	url := "http://" + net.JoinHostPort(vip, "80") + "/"
-	// The load balancer picks the Service up within moments of its address.
-	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-		if resp, err := http.Get(url); err == nil {
-			resp.Body.Close()
-			break
+	scenario := o.Scenario
+	scenario.Progress, scenario.Namespace = out, "demo-ebb"
+	ebb, err := demo.Run(ctx, c, scenario)
+	stopLB()
+	if err != nil {
+		return err
+	}
+	results := []*demo.Result{ebb}
+	if o.Baseline {
+		fmt.Fprintln(out, "[demo] baseline: restarting ebb lb with admin state off (health probes only)")
+		if stopLB, err = cluster.StartLB(c, self, "--disable-admin-state"); err != nil {
+			return err
 		}
-		if time.Since(start) > 30*time.Second {
-			return fmt.Errorf("no answer through %s within 30s", url)
+		scenario.Baseline, scenario.Namespace = true, "demo-baseline"
+		base, err := demo.Run(ctx, c, scenario)
+		stopLB()
+		if err != nil {
+			return err
 		}
+		results = append(results, base)
 	}
-	fmt.Fprintf(out, "[demo] the load balancer serves %s at %s; sending %d HTTP requests, each on a new connection\n", name, vip, o.Requests)
-	hits, failed := o.drive(ctx, url)
-	fmt.Fprintf(out, "\nRequests: %d sent, %d failed. Pods that answered:\n", o.Requests, failed)
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tNODE\tREQUESTS")
-	keys := make([]podserver.Identity, 0, len(hits))
-	for id := range hits {
-		keys = append(keys, id)
+
+	fmt.Fprintln(out)
+	demo.WriteText(out, results...)
+	if err := demo.WriteHTML(o.Report, results...); err != nil {
+		return fmt.Errorf("writing the HTML report: %w", err)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Pod < keys[j].Pod })
-	for _, id := range keys {
-		fmt.Fprintf(tw, "%s\t%s\t%d\n", id.Pod, id.Node, hits[id])
+	fmt.Fprintf(out, "\n[demo] HTML report: %s\n[demo] done in %s\n", o.Report, time.Since(start).Round(100*time.Millisecond))
+	if o.Keep {
+		if err := cluster.MarkReady(filepath.Join(o.StateDir, keepName), c.BinDir); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "[demo] the cluster stays up until Ctrl-C. Look inside from another terminal:\n"+
+			"  ebb cluster exec --name %s -- kubectl get nodes,nodemaintenances,evacuations,loadbalancerreports -A\n"+
+			"  ebb cluster exec --name %s -- kubectl get services -n demo-ebb\n", keepName, keepName)
+		<-ctx.Done()
 	}
-	_ = tw.Flush()
-	fmt.Fprintf(out, "\n[demo] done in %s\n", time.Since(start).Round(100*time.Millisecond))
-	if failed > 0 {
-		return fmt.Errorf("%d of %d requests failed", failed, o.Requests)
+	if o.JSON {
+		summary := map[string]any{
+			"requests_sent": ebb.RequestsSent, "requests_failed": ebb.RequestsFailed, "reset_connections": ebb.ResetConnections,
+			"cutover_ms": ebb.CutoverMs, "drain_seconds": round(ebb.DrainSeconds), "p99_ms": ebb.P99Ms, "report_path": o.Report,
+		}
+		if len(results) > 1 {
+			b := results[1]
+			summary["baseline_requests_sent"], summary["baseline_requests_failed"] = b.RequestsSent, b.RequestsFailed
+			summary["baseline_reset_connections"], summary["baseline_cutover_ms"] = b.ResetConnections, b.CutoverMs
+			summary["baseline_drain_seconds"], summary["baseline_p99_ms"] = round(b.DrainSeconds), b.P99Ms
+		}
+		line, _ := json.Marshal(summary)
+		fmt.Fprintln(out, string(line))
+	}
+	if ebb.RequestsFailed > 0 || ebb.ResetConnections > 0 {
+		return fmt.Errorf("ebb let %d requests fail and %d long-lived connections break", ebb.RequestsFailed, ebb.ResetConnections)
 	}
 	return nil
 }
 
-// waitAddress waits for the Service's load-balancer address.
-func waitAddress(ctx context.Context, c *localcluster.Cluster, ns, name string) (string, error) {
-	for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(100 * time.Millisecond) {
-		svc, err := c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-		if err == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
-			return svc.Status.LoadBalancer.Ingress[0].IP, nil
-		}
-	}
-	return "", fmt.Errorf("service %s/%s got no load-balancer address within 30s (logs in %s/logs)", ns, name, c.Dir())
-}
-
-// drive sends the requests and counts the answers per pod.
-func (o *Options) drive(ctx context.Context, url string) (map[podserver.Identity]int, int) {
-	// A new connection per request, so that each one is balanced anew.
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	hits := map[podserver.Identity]int{}
-	failed := 0
-	for range o.Requests {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			failed++
-			continue
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			failed++
-			continue
-		}
-		var id podserver.Identity
-		err = json.NewDecoder(resp.Body).Decode(&id)
-		_ = resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			failed++
-			continue
-		}
-		id.Client, id.Path, id.Port = "", "", 0
-		hits[id]++
-	}
-	return hits, failed
-}
+func round(v float64) float64 { return float64(int(v*10)) / 10 }

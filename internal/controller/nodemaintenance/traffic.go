@@ -82,7 +82,9 @@ func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, vie
 	if old := oldNodeStatus(nm, node); old != nil && old.TrafficDrainStartTime != nil {
 		nd.trafficStart = old.TrafficDrainStartTime
 	} else if view.down {
-		t := metav1.NewTime(now)
+		// The status keeps whole seconds: round up, so that the wait is
+		// never shorter than the timeout.
+		t := metav1.NewTime(now.Truncate(time.Second).Add(time.Second))
 		nd.trafficStart = &t
 	}
 	nd.mayEvacuate = view.down

@@ -227,10 +227,11 @@ func TestControllerRestartMidDrain(t *testing.T) {
 		e, high := evs[highPod]
 		return high && len(evs) == 1 && e.Status.FailedEvictionCounter > 0, fmt.Sprintf("%d Evacuations, high %v", len(evs), high)
 	})
+	eventually(t, ctx, 10*time.Second, "the drain plan index past the low-priority step", func(ctx context.Context) (bool, string) {
+		i := getNM(t, ctx, "restart").Status.DrainPlanIndex
+		return i >= 1, fmt.Sprint(i)
+	})
 	got := getNM(t, ctx, "restart")
-	if got.Status.DrainPlanIndex < 1 {
-		t.Errorf("drain plan index %d after the low-priority step finished", got.Status.DrainPlanIndex)
-	}
 	if n := len(got.Status.StageStatuses); n != 1 {
 		t.Errorf("%d stage statuses, want Drain once: %+v", n, got.Status.StageStatuses)
 	}

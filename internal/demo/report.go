@@ -1,0 +1,180 @@
+package demo
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// PerNode returns requests served per second by each node over [from, to).
+func PerNode(r *Result, from, to time.Duration) map[string]float64 {
+	out := map[string]float64{}
+	secs := (to - from).Seconds()
+	if secs <= 0 {
+		return out
+	}
+	for _, s := range r.Samples {
+		if s.At >= from && s.At < to && !s.Failed {
+			out[s.Node]++
+		}
+	}
+	for n := range out {
+		out[n] /= secs
+	}
+	return out
+}
+
+// WriteText prints the plain report: the figures side by side, then the
+// traffic per node before, during and after the maintenance.
+func WriteText(w io.Writer, results ...*Result) {
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', tabwriter.AlignRight)
+	head := "\t"
+	for _, r := range results {
+		head += r.Mode + "\t"
+	}
+	fmt.Fprintln(tw, head)
+	row := func(name string, f func(r *Result) string) {
+		line := name + "\t"
+		for _, r := range results {
+			line += f(r) + "\t"
+		}
+		fmt.Fprintln(tw, line)
+	}
+	row("requests sent", func(r *Result) string { return fmt.Sprint(r.RequestsSent) })
+	row("requests failed", func(r *Result) string { return fmt.Sprint(r.RequestsFailed) })
+	row("long-lived connections reset", func(r *Result) string { return fmt.Sprintf("%d of %d", r.ResetConnections, r.LongLivedOpened) })
+	row("cutover (drain start -> last new connection to the node)", func(r *Result) string { return ms(r.CutoverMs) })
+	row("drain duration", func(r *Result) string { return fmt.Sprintf("%.1f s", r.DrainSeconds) })
+	row("p99 latency while the node drains and is down", func(r *Result) string { return ms(r.P99Ms) })
+	_ = tw.Flush()
+	for _, r := range results {
+		m := r.Markers
+		fmt.Fprintf(w, "\nRequests per second served by each node (%s; %s is maintained):\n", r.Mode, r.Node)
+		tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "node\tbefore\tduring\tafter\t")
+		before, during, after := PerNode(r, 0, m.Drain), PerNode(r, m.Drain, m.Complete), PerNode(r, m.Complete, m.End)
+		for _, n := range r.Nodes {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t\n", n, before[n], during[n], after[n])
+		}
+		_ = tw.Flush()
+	}
+}
+
+func ms(v float64) string {
+	if v >= 1000 {
+		return fmt.Sprintf("%.1f s", v/1000)
+	}
+	return fmt.Sprintf("%.0f ms", v)
+}
+
+// WriteHTML writes a self-contained report: the figures and, per run, a
+// chart of requests per second per node over time (inline SVG, no script).
+func WriteHTML(path string, results ...*Result) error {
+	var b strings.Builder
+	b.WriteString(`<!doctype html><html><head><meta charset="utf-8"><title>ebb demo: draining a node under traffic</title>
+<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fafafa;border:1px solid #ddd}.bad{color:#c00;font-weight:bold}</style>
+</head><body><h1>Draining a node under traffic</h1>`)
+	b.WriteString("<table><tr><th></th>")
+	for _, r := range results {
+		fmt.Fprintf(&b, "<th>%s</th>", html.EscapeString(r.Mode))
+	}
+	b.WriteString("</tr>")
+	row := func(name string, f func(r *Result) string, bad func(r *Result) bool) {
+		fmt.Fprintf(&b, "<tr><td>%s</td>", html.EscapeString(name))
+		for _, r := range results {
+			class := ""
+			if bad != nil && bad(r) {
+				class = ` class="bad"`
+			}
+			fmt.Fprintf(&b, "<td%s>%s</td>", class, html.EscapeString(f(r)))
+		}
+		b.WriteString("</tr>")
+	}
+	row("requests sent", func(r *Result) string { return fmt.Sprint(r.RequestsSent) }, nil)
+	row("requests failed", func(r *Result) string { return fmt.Sprint(r.RequestsFailed) }, func(r *Result) bool { return r.RequestsFailed > 0 })
+	row("long-lived connections reset", func(r *Result) string { return fmt.Sprintf("%d of %d", r.ResetConnections, r.LongLivedOpened) }, func(r *Result) bool { return r.ResetConnections > 0 })
+	row("cutover", func(r *Result) string { return ms(r.CutoverMs) }, nil)
+	row("drain duration", func(r *Result) string { return fmt.Sprintf("%.1f s", r.DrainSeconds) }, nil)
+	row("p99 latency (drain and downtime)", func(r *Result) string { return ms(r.P99Ms) }, nil)
+	b.WriteString("</table>")
+	for _, r := range results {
+		fmt.Fprintf(&b, "<h2>%s: requests per second by serving node (%s is maintained)</h2>", html.EscapeString(r.Mode), html.EscapeString(r.Node))
+		b.WriteString(chart(r))
+	}
+	b.WriteString("</body></html>\n")
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+var palette = []string{"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22"}
+
+// chart draws requests per second per node, failures in red, and the
+// scenario's markers.
+func chart(r *Result) string {
+	const w, h, left, bottom, top = 900.0, 320.0, 50.0, 30.0, 20.0
+	secs := int(math.Ceil(r.Markers.End.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	series := map[string][]float64{}
+	failed := make([]float64, secs+1)
+	for _, n := range r.Nodes {
+		series[n] = make([]float64, secs+1)
+	}
+	peak := 1.0
+	for _, s := range r.Samples {
+		i := int(s.At.Seconds())
+		if i > secs {
+			continue
+		}
+		if s.Failed {
+			failed[i]++
+			peak = math.Max(peak, failed[i])
+			continue
+		}
+		if v, ok := series[s.Node]; ok {
+			v[i]++
+			peak = math.Max(peak, v[i])
+		}
+	}
+	x := func(sec float64) float64 { return left + (w-left-10)*sec/float64(secs) }
+	y := func(v float64) float64 { return h - bottom - (h-bottom-top)*v/peak }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f">`, w, h, w, h)
+	fmt.Fprintf(&b, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="#888"/>`, left, h-bottom, w-10, h-bottom)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="11">%.0f/s</text><text x="%.0f" y="%.0f" font-size="11">0</text>`, 5.0, top+4, peak, 30.0, h-bottom)
+	for t := 0; t <= secs; t += max(secs/10, 1) {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" font-size="11" text-anchor="middle">%ds</text>`, x(float64(t)), h-bottom+15, t)
+	}
+	poly := func(vals []float64, color, dash string) {
+		var pts []string
+		for i, v := range vals {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(float64(i)+0.5), y(v)))
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" %s points="%s"/>`, color, dash, strings.Join(pts, " "))
+	}
+	for i, n := range r.Nodes {
+		poly(series[n][:secs], palette[i%len(palette)], "")
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="%s">%s</text>`, left+10+float64(i)*110, top-5, palette[i%len(palette)], html.EscapeString(n))
+	}
+	poly(failed[:secs], "#d62728", `stroke-dasharray="4 3"`)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="#d62728">failed</text>`, left+10+float64(len(r.Nodes))*110, top-5)
+	m := r.Markers
+	for i, mk := range []struct {
+		at    time.Duration
+		label string
+	}{{m.Drain, "drain"}, {m.FirstEviction, "first eviction"}, {m.Drained, "drained"}, {m.NodeDown, "node down"}, {m.NodeUp, "node up"}, {m.Complete, "complete"}} {
+		if mk.at == 0 {
+			continue
+		}
+		xx := x(mk.at.Seconds())
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#555" stroke-dasharray="2 3"/>`, xx, top, xx, h-bottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" font-size="10" fill="#555">%s</text>`, xx+3, top+12+float64(i%3)*11, html.EscapeString(mk.label))
+	}
+	b.WriteString("</svg>")
+	return b.String()
+}

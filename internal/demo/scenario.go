@@ -1,0 +1,241 @@
+// Package demo is ebb's main scenario, shared by `ebb demo` and the drain
+// benchmark: on a running local cluster, two apps behind ebb.dev/l4
+// LoadBalancer Services (a Deployment of several replicas and a single
+// replica that opts in to the surge evacuator) take constant traffic while
+// one node is drained, taken down for its maintenance and brought back.
+// With ebb, a NodeMaintenance drains the load balancers first; the
+// baseline does what clusters do today: cordon, evict with kubectl's drain
+// library, and a load balancer that learns only from its health probes.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/controller/surge"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/loadgen"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// Options shape the scenario.
+type Options struct {
+	// Baseline runs the scenario the way clusters do it today.
+	Baseline bool
+	// Replicas of the multi-replica app.
+	Replicas int32
+	// Rate is the total of new connections per second (two thirds to the
+	// multi-replica app, one third to the single replica).
+	Rate int
+	// LongLived connections are kept open, each for LongLivedLifetime,
+	// then replaced by a new one (as clients with keep-alive do).
+	LongLived         int
+	LongLivedLifetime time.Duration
+	// Settle is the quiet time before the drain and after Complete.
+	Settle time.Duration
+	// Downtime is how long the node is down for its maintenance.
+	Downtime time.Duration
+	// Namespace of the apps (one per run).
+	Namespace string
+	Progress  io.Writer
+}
+
+// DefaultOptions are the demo's.
+func DefaultOptions() Options {
+	return Options{Replicas: 6, Rate: 200, LongLived: 10, LongLivedLifetime: 5 * time.Second, Settle: 3 * time.Second, Downtime: 15 * time.Second}
+}
+
+// Markers are the moments of the scenario, from the start of the traffic.
+type Markers struct {
+	Drain, FirstEviction, Drained, NodeDown, NodeUp, Complete, End time.Duration
+}
+
+// Result is what the clients noticed and what the cluster did.
+type Result struct {
+	Mode           string
+	Node           string
+	RequestsSent   int64
+	RequestsFailed int64
+	// ResetConnections counts long-lived connections that broke.
+	ResetConnections int64
+	LongLivedOpened  int64
+	// CutoverMs is from the start of the drain to the last new connection
+	// the node accepted before it came back.
+	CutoverMs float64
+	// DrainSeconds is from the start of the drain to Drained (ebb) or to
+	// the drain library returning (baseline).
+	DrainSeconds float64
+	// P99Ms is the 99th percentile latency of requests sent between the
+	// start of the drain and the node coming back.
+	P99Ms   float64
+	Markers Markers
+	// Samples are every request, for the per-node figures and the chart.
+	Samples []loadgen.Sample
+	Nodes   []string
+}
+
+// Run runs the scenario against c, with ebb (controller and lb) already
+// running as the mode needs.
+func Run(ctx context.Context, c *localcluster.Cluster, o Options) (*Result, error) {
+	s := &scenario{c: c, o: o, progress: o.Progress}
+	if s.progress == nil {
+		s.progress = io.Discard
+	}
+	return s.run(ctx)
+}
+
+type scenario struct {
+	c        *localcluster.Cluster
+	o        Options
+	progress io.Writer
+}
+
+func (s *scenario) step(format string, args ...any) {
+	fmt.Fprintf(s.progress, "[demo] "+format+"\n", args...)
+}
+
+func (s *scenario) run(ctx context.Context) (*Result, error) {
+	mode := "ebb"
+	if s.o.Baseline {
+		mode = "baseline"
+	}
+	res := &Result{Mode: mode}
+	for _, n := range s.c.Nodes {
+		res.Nodes = append(res.Nodes, n.Name)
+	}
+	ns := s.o.Namespace
+	if _, err := s.c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("creating namespace %s: %w", ns, err)
+	}
+	s.step("%s: deploying web (%d replicas) and solo (1 replica, surge evacuation) behind %s LoadBalancer Services", mode, s.o.Replicas, lbmodel.ClassL4)
+	webURL, err := s.app(ctx, ns, "web", s.o.Replicas, false)
+	if err != nil {
+		return nil, err
+	}
+	soloURL, err := s.app(ctx, ns, "solo", 1, true)
+	if err != nil {
+		return nil, err
+	}
+	// The node to maintain is the one the single replica runs on.
+	pods, err := s.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=solo"})
+	if err != nil || len(pods.Items) == 0 {
+		return nil, fmt.Errorf("finding the single replica: %v", err)
+	}
+	res.Node = pods.Items[0].Spec.NodeName
+
+	s.step("%s: sending %d new connections/s and keeping %d long-lived connections", mode, s.o.Rate, s.o.LongLived)
+	web := &loadgen.Requests{URL: webURL + "/", Rate: max(s.o.Rate*2/3, 1)}
+	solo := &loadgen.Requests{URL: soloURL + "/", Rate: max(s.o.Rate/3, 1)}
+	web.Start()
+	solo.Start()
+	long := startLongLived(webURL[len("http://"):], s.o.LongLived, s.o.LongLivedLifetime)
+	origin := time.Now()
+	since := func() time.Duration { return time.Since(origin) }
+	sleep(ctx, s.o.Settle)
+
+	m := &res.Markers
+	m.Drain = since()
+	drainer := s.ebbDrain
+	if s.o.Baseline {
+		drainer = s.baselineDrain
+	}
+	drainEnd, complete, err := drainer(ctx, ns, res.Node, since, m)
+	if err != nil {
+		web.Stop()
+		solo.Stop()
+		long.stop()
+		return nil, err
+	}
+	m.Drained = drainEnd
+	res.DrainSeconds = (drainEnd - m.Drain).Seconds()
+
+	s.step("%s: %s is down for its maintenance (%s): its node ports and health server stop answering", mode, res.Node, s.o.Downtime)
+	m.NodeDown = since()
+	s.c.NodeProxy.Kill(res.Node)
+	sleep(ctx, s.o.Downtime)
+	lastAccept := s.c.NodeProxy.LastAccepted(res.Node)
+	s.c.NodeProxy.Revive(res.Node)
+	m.NodeUp = since()
+	res.CutoverMs = float64(max(lastAccept.Sub(origin)-m.Drain, 0).Microseconds()) / 1000
+
+	s.step("%s: %s is back; completing the maintenance", mode, res.Node)
+	if err := complete(ctx); err != nil {
+		return nil, err
+	}
+	m.Complete = since()
+	sleep(ctx, s.o.Settle)
+	web.Stop()
+	solo.Stop()
+	long.stop()
+	m.End = since()
+
+	for _, g := range []*loadgen.Requests{web, solo} {
+		sent, failed := g.Counts()
+		res.RequestsSent += sent
+		res.RequestsFailed += failed
+		res.Samples = append(res.Samples, shift(g.Samples(), g.Started().Sub(origin))...)
+	}
+	res.ResetConnections, res.LongLivedOpened = long.resets.Load(), long.opened.Load()
+	res.P99Ms = p99(res.Samples, m.Drain, m.NodeUp)
+	s.step("%s: %d requests, %d failed; %d long-lived connections, %d reset", mode, res.RequestsSent, res.RequestsFailed, res.LongLivedOpened, res.ResetConnections)
+	return res, nil
+}
+
+// app deploys the echo app behind an ebb load balancer and returns its URL
+// once it answers.
+func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, single bool) (string, error) {
+	dep := localcluster.EchoDeployment(ns, name, replicas)
+	// Applications ride out the moment every proxy needs to learn that an
+	// endpoint left, as they must for any rolling update.
+	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	if single {
+		dep.Annotations = map[string]string{surge.OptInAnnotation: "true"}
+	}
+	if _, err := s.c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("creating Deployment %s: %w", name, err)
+	}
+	svc := localcluster.EchoService(ns, name, corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	if _, err := s.c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("creating Service %s: %w", name, err)
+	}
+	if err := s.c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		svc, err := s.c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
+			url := "http://" + net.JoinHostPort(svc.Status.LoadBalancer.Ingress[0].IP, "80")
+			if (&loadgen.Requests{URL: url + "/"}).Probe() == nil {
+				return url, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("Service %s did not answer through its load balancer within a minute (logs in %s/logs)", name, s.c.Dir())
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// shift moves samples from their generator's clock to the scenario's.
+func shift(samples []loadgen.Sample, by time.Duration) []loadgen.Sample {
+	for i := range samples {
+		samples[i].At += by
+	}
+	return samples
+}
