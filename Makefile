@@ -8,8 +8,10 @@ GO ?= go
 # repository; hack/tools.sh prints where.
 TOOLS_BIN = $(shell hack/tools.sh --print)
 E2E_TIMEOUT ?= 30m
+# Extra flags for `ebb demo`, e.g. make demo DEMO_FLAGS=--baseline
+DEMO_FLAGS ?=
 
-.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover clean
+.PHONY: all build tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain clean
 
 all: build
 
@@ -52,9 +54,9 @@ verify: generate lint
 	$(TOOLS_BIN)/kubectl kustomize config/cert-manager >/dev/null
 	$(GO) mod tidy -diff
 
-## demo: start the local cluster with a sample app and show it serving
+## demo: drain a node of the local cluster under live traffic with ebb, and report (DEMO_FLAGS=--baseline compares)
 demo: tools build
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo $(DEMO_FLAGS)
 
 ## fuzz: fuzz the data plane's configuration parser for a minute
 fuzz:
@@ -75,6 +77,11 @@ bench-service: tools build
 bench-cutover: tools build
 	$(GO) build -o bin/bench-cutover ./bench/cutover
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -ebb bin/ebb
+
+## bench-drain: a node drained under 1,000 req/s and 50 long-lived connections, ebb against kubectl drain, 3 runs each
+bench-drain: tools build
+	$(GO) build -o bin/bench-drain ./bench/drain
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -ebb bin/ebb
 
 clean:
 	rm -rf bin

@@ -1,0 +1,123 @@
+// Command drain benchmarks ebb's reason to exist: a node drained, taken
+// down for its maintenance and brought back under constant traffic (new
+// connections at a fixed rate plus long-lived connections), with ebb
+// (NodeMaintenance, admin state, surge) and with the way clusters do it
+// today (cordon, kubectl's drain library, a load balancer driven by its
+// health probes), several runs each on the same local cluster. The last
+// line printed is a JSON summary, also written to bench/results/drain.json.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/bench/internal/report"
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/demo"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+func main() {
+	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
+	runs := flag.Int("runs", 3, "runs of each mode")
+	rate := flag.Int("rate", 1000, "new connections per second")
+	longLived := flag.Int("long-lived", 50, "long-lived connections")
+	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
+	flag.Parse()
+	if !localcluster.InNamespace() {
+		code, err := localcluster.Reexec()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(code)
+	}
+	if err := run(*ebbBin, *runs, *rate, *longLived, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-drain:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ebbBin string, runs, rate, longLived int, out string) error {
+	if err := localcluster.SetupNamespace(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-drain", Nodes: 3, Progress: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	bin, err := filepath.Abs(ebbBin)
+	if err != nil {
+		return err
+	}
+	stopController, err := clustercmd.StartController(c, bin)
+	if err != nil {
+		return err
+	}
+	defer stopController()
+
+	opts := demo.DefaultOptions()
+	opts.Rate, opts.LongLived, opts.Progress = rate, longLived, os.Stderr
+	results := map[string][]*demo.Result{}
+	for i := range runs {
+		for _, baseline := range []bool{false, true} {
+			var lbArgs []string
+			if baseline {
+				lbArgs = []string{"--disable-admin-state"}
+			}
+			stopLB, err := clustercmd.StartLB(c, bin, lbArgs...)
+			if err != nil {
+				return err
+			}
+			o := opts
+			o.Baseline = baseline
+			o.Namespace = fmt.Sprintf("drain-%d-%v", i, map[bool]string{false: "ebb", true: "baseline"}[baseline])
+			res, err := demo.Run(ctx, c, o)
+			stopLB()
+			if err != nil {
+				return err
+			}
+			results[res.Mode] = append(results[res.Mode], res)
+			fmt.Fprintf(os.Stderr, "run %d %s: %d of %d failed, %d of %d long-lived reset, p99 %.1f ms, drain %.1f s, cutover %.0f ms\n",
+				i+1, res.Mode, res.RequestsFailed, res.RequestsSent, res.ResetConnections, res.LongLivedOpened, res.P99Ms, res.DrainSeconds, res.CutoverMs)
+			// The apps of a finished run go, so runs do not add up.
+			_ = c.Client.CoreV1().Namespaces().Delete(ctx, o.Namespace, metav1.DeleteOptions{})
+			time.Sleep(5 * time.Second)
+		}
+	}
+	summary := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "runs": runs, "rate_per_second": rate, "long_lived": longLived}
+	for mode, prefix := range map[string]string{"ebb": "ebb", "baseline": "baseline"} {
+		var failed, reset int64
+		var p99s, drains, cutovers []float64
+		var perRun []int64
+		for _, r := range results[mode] {
+			failed += r.RequestsFailed
+			reset += r.ResetConnections
+			perRun = append(perRun, r.RequestsFailed)
+			p99s, drains, cutovers = append(p99s, r.P99Ms), append(drains, r.DrainSeconds), append(cutovers, r.CutoverMs)
+		}
+		summary[prefix+"_failed_requests"] = failed
+		summary[prefix+"_failed_requests_per_run"] = perRun
+		summary[prefix+"_reset_connections"] = reset
+		summary[prefix+"_p99_ms"] = median(p99s)
+		summary[prefix+"_drain_seconds"] = median(drains)
+		summary[prefix+"_cutover_ms"] = median(cutovers)
+	}
+	return report.WriteSummary(out, summary)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sort.Float64s(v)
+	return float64(int(v[len(v)/2]*10)) / 10
+}

@@ -1,0 +1,51 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// `ebb demo` (a short run, with the baseline) drains a node under traffic
+// to the end: no request fails with ebb, the baseline's probe-only load
+// balancer loses some while the node is down, and the report is written.
+func TestDemoRunsToCompletion(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	report := filepath.Join(t.TempDir(), "report.html")
+	out, err := ebb(ctx, t, t.TempDir(), "demo", "--short", "--baseline", "--json", "--report", report)
+	if err != nil {
+		t.Fatalf("ebb demo: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var summary struct {
+		RequestsSent           int64   `json:"requests_sent"`
+		RequestsFailed         int64   `json:"requests_failed"`
+		CutoverMs              float64 `json:"cutover_ms"`
+		DrainSeconds           float64 `json:"drain_seconds"`
+		ReportPath             string  `json:"report_path"`
+		BaselineRequestsFailed int64   `json:"baseline_requests_failed"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &summary); err != nil {
+		t.Fatalf("the last line is not the JSON summary: %v\n%s", err, out)
+	}
+	if summary.RequestsSent == 0 || summary.RequestsFailed != 0 || summary.DrainSeconds <= 0 || summary.ReportPath != report {
+		t.Errorf("summary %+v", summary)
+	}
+	if summary.BaselineRequestsFailed == 0 {
+		t.Errorf("the baseline lost no request while its node was down: the comparison shows nothing\n%s", out)
+	}
+	for _, want := range []string{"requests failed", "cutover", "Requests per second served by each node (ebb", "[demo] HTML report: " + report} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	page, err := os.ReadFile(report)
+	if err != nil || !strings.Contains(string(page), "<svg") || !strings.Contains(string(page), "first eviction") || strings.Contains(string(page), "<script") {
+		t.Errorf("HTML report: %v (%d bytes)", err, len(page))
+	}
+}
