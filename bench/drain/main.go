@@ -30,6 +30,7 @@ func main() {
 	rate := flag.Int("rate", 1000, "new connections per second")
 	longLived := flag.Int("long-lived", 50, "long-lived connections")
 	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
+	withBaseline := flag.Bool("baseline", true, "also run the baseline (off: ebb only, e.g. to investigate)")
 	flag.Parse()
 	if !localcluster.InNamespace() {
 		code, err := localcluster.Reexec()
@@ -38,13 +39,13 @@ func main() {
 		}
 		os.Exit(code)
 	}
-	if err := run(*ebbBin, *runs, *rate, *longLived, *out); err != nil {
+	if err := run(*ebbBin, *runs, *rate, *longLived, *withBaseline, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-drain:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ebbBin string, runs, rate, longLived int, out string) error {
+func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string) error {
 	if err := localcluster.SetupNamespace(); err != nil {
 		return err
 	}
@@ -69,6 +70,9 @@ func run(ebbBin string, runs, rate, longLived int, out string) error {
 	results := map[string][]*demo.Result{}
 	for i := range runs {
 		for _, baseline := range []bool{false, true} {
+			if baseline && !withBaseline {
+				continue
+			}
 			var lbArgs []string
 			if baseline {
 				lbArgs = []string{"--disable-admin-state"}

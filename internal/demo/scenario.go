@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,7 +77,9 @@ type Result struct {
 	// P99Ms is the 99th percentile latency of requests sent between the
 	// start of the drain and the node coming back.
 	P99Ms   float64
-	Markers Markers
+	// LastError is the last failed request's error.
+	LastError string
+	Markers   Markers
 	// Samples are every request, for the per-node figures and the chart.
 	Samples []loadgen.Sample
 	Nodes   []string
@@ -180,11 +184,19 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		sent, failed := g.Counts()
 		res.RequestsSent += sent
 		res.RequestsFailed += failed
+		if failed > 0 {
+			res.LastError = g.LastError()
+		}
 		res.Samples = append(res.Samples, shift(g.Samples(), g.Started().Sub(origin))...)
 	}
 	res.ResetConnections, res.LongLivedOpened = long.resets.Load(), long.opened.Load()
 	res.P99Ms = p99(res.Samples, m.Drain, m.NodeUp)
 	s.step("%s: %d requests, %d failed; %d long-lived connections, %d reset", mode, res.RequestsSent, res.RequestsFailed, res.LongLivedOpened, res.ResetConnections)
+	if res.RequestsFailed > 0 {
+		s.step("%s: failures %s (drain at %s, first eviction %s, drained %s, node down %s, up %s, complete %s); last error: %s", mode,
+			failureSpan(res.Samples), m.Drain.Round(time.Millisecond), m.FirstEviction.Round(time.Millisecond), m.Drained.Round(time.Millisecond),
+			m.NodeDown.Round(time.Millisecond), m.NodeUp.Round(time.Millisecond), m.Complete.Round(time.Millisecond), res.LastError)
+	}
 	return res, nil
 }
 
@@ -230,6 +242,28 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
+}
+
+// failureSpan says when requests failed: from the first to the last
+// failure, and how many fell in each second.
+func failureSpan(samples []loadgen.Sample) string {
+	perSecond := map[int]int{}
+	var secs []int
+	for _, s := range samples {
+		if s.Failed {
+			i := int(s.At.Seconds())
+			if perSecond[i] == 0 {
+				secs = append(secs, i)
+			}
+			perSecond[i]++
+		}
+	}
+	sort.Ints(secs)
+	var parts []string
+	for _, i := range secs {
+		parts = append(parts, fmt.Sprintf("%ds:%d", i, perSecond[i]))
+	}
+	return strings.Join(parts, " ")
 }
 
 // shift moves samples from their generator's clock to the scenario's.
