@@ -16,7 +16,9 @@ import (
 	"sort"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
@@ -92,9 +94,12 @@ func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string
 			results[res.Mode] = append(results[res.Mode], res)
 			fmt.Fprintf(os.Stderr, "run %d %s: %d of %d failed, %d of %d long-lived reset, p99 %.1f ms, drain %.1f s, cutover %.0f ms\n",
 				i+1, res.Mode, res.RequestsFailed, res.RequestsSent, res.ResetConnections, res.LongLivedOpened, res.P99Ms, res.DrainSeconds, res.CutoverMs)
-			// The apps of a finished run go, so runs do not add up.
-			_ = c.Client.CoreV1().Namespaces().Delete(ctx, o.Namespace, metav1.DeleteOptions{})
-			time.Sleep(5 * time.Second)
+			// The apps of a finished run go before the next starts, so runs
+			// do not add up nor overlap (the next run's Services may get
+			// the addresses and node ports they release).
+			if err := deleteNamespace(ctx, c, o.Namespace); err != nil {
+				return err
+			}
 		}
 	}
 	summary := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "runs": runs, "rate_per_second": rate, "long_lived": longLived}
@@ -124,4 +129,14 @@ func median(v []float64) float64 {
 	}
 	sort.Float64s(v)
 	return float64(int(v[len(v)/2]*10)) / 10
+}
+
+func deleteNamespace(ctx context.Context, c *localcluster.Cluster, name string) error {
+	if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
 }
