@@ -76,7 +76,7 @@ type Result struct {
 	DrainSeconds float64
 	// P99Ms is the 99th percentile latency of requests sent between the
 	// start of the drain and the node coming back.
-	P99Ms   float64
+	P99Ms float64
 	// LastError is the last failed request's error.
 	LastError string
 	Markers   Markers
