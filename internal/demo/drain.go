@@ -22,10 +22,6 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
-// drainFunc drains node and returns when the drain ended and how to
-// complete the maintenance.
-type drainFunc func(ctx context.Context, ns, node string, since func() time.Duration, m *Markers) (time.Duration, func(context.Context) error, error)
-
 // ebbDrain creates a NodeMaintenance in stage Drain and waits for Drained.
 func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() time.Duration, m *Markers) (time.Duration, func(context.Context) error, error) {
 	cl, err := newClient(s.c)

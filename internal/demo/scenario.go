@@ -231,7 +231,7 @@ func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, sin
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("Service %s did not answer through its load balancer within a minute (logs in %s/logs)", name, s.c.Dir())
+			return "", fmt.Errorf("the Service %s did not answer through its load balancer within a minute (logs in %s/logs)", name, s.c.Dir())
 		}
 		sleep(ctx, 100*time.Millisecond)
 	}
