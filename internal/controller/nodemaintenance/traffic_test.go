@@ -1,0 +1,89 @@
+package nodemaintenance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+)
+
+// Several replicas: a node is Down only when every fresh report says so,
+// connections add up over replicas, and a stale report (a replica that is
+// gone) does not count.
+func TestLoadBalancerViews(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	report := func(name string, age time.Duration, nodes ...v1alpha1.NodeTraffic) client.Object {
+		ts := metav1.NewMicroTime(now.Add(-age))
+		return &v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: v1alpha1.LoadBalancerReportStatus{Replica: name, RenewTime: &ts, HeartbeatSeconds: 10, Nodes: nodes}}
+	}
+	scheme := runtime.NewScheme()
+	_ = v1alpha1.AddToScheme(scheme)
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		report("r1", time.Second, v1alpha1.NodeTraffic{Name: "a", AdminState: "Down", Connections: 2}, v1alpha1.NodeTraffic{Name: "b", AdminState: "Down", Connections: 0}),
+		report("r2", 5*time.Second, v1alpha1.NodeTraffic{Name: "a", AdminState: "Down", Connections: 3}, v1alpha1.NodeTraffic{Name: "b", AdminState: "None", Connections: 4}),
+		report("gone", 5*time.Minute, v1alpha1.NodeTraffic{Name: "a", AdminState: "None", Connections: 100}),
+	).Build()
+	r := &Reconciler{Client: cl, Clock: clocktesting.NewFakePassiveClock(now)}
+	views, err := r.loadBalancerViews(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := views("a"); !v.down || v.connections != 5 {
+		t.Errorf("a: %+v, want Down with 5 connections (the stale report ignored)", v)
+	}
+	if v := views("b"); v.down {
+		t.Errorf("b: %+v, want not Down (r2 still sends it traffic)", v)
+	}
+	if v := views("c"); !v.down || v.connections != 0 {
+		t.Errorf("c (no backends anywhere): %+v", v)
+	}
+}
+
+// The traffic drain: evacuation waits for the load balancers (up to the
+// gate), and the node's traffic is drained with no connection left or at
+// the timeout.
+func TestTrafficDrain(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Clock: clocktesting.NewFakePassiveClock(now)}
+	started := metav1.NewTime(now.Add(-10 * time.Second))
+	nm := &v1alpha1.NodeMaintenance{Status: v1alpha1.NodeMaintenanceStatus{StageStatuses: []v1alpha1.StageStatus{{Name: v1alpha1.Drain, StartTimestamp: &started}}}}
+	nd := &nodeDrain{}
+	r.trafficDrain(nm, "a", lbView{down: false}, nd)
+	if nd.mayEvacuate || nd.trafficDone || trafficMessage(nd) != "Waiting for the load balancers to stop sending new connections to the node" {
+		t.Errorf("before Down: %+v %q", nd, trafficMessage(nd))
+	}
+	old := metav1.NewTime(now.Add(-40 * time.Second))
+	nm.Status.StageStatuses[0].StartTimestamp = &old
+	nd = &nodeDrain{}
+	r.trafficDrain(nm, "a", lbView{down: false}, nd)
+	if !nd.mayEvacuate || !nd.lbGateExpired {
+		t.Errorf("after the gate: %+v", nd)
+	}
+	nd = &nodeDrain{}
+	r.trafficDrain(nm, "a", lbView{down: true, connections: 3}, nd)
+	if !nd.mayEvacuate || nd.trafficDone || nd.trafficStart == nil || nd.trafficStart.Time.Before(now) {
+		t.Errorf("Down with connections: %+v (the start rounds up to a whole second)", nd)
+	}
+	nm.Spec.TrafficDrainTimeoutSeconds = new(int32)
+	*nm.Spec.TrafficDrainTimeoutSeconds = 5
+	nm.Status.NodeStatuses = []v1alpha1.NodeMaintenanceNodeStatus{{NodeRef: v1alpha1.NodeReference{Name: "a"}, TrafficDrainStartTime: &old}}
+	nd = &nodeDrain{}
+	r.trafficDrain(nm, "a", lbView{down: true, connections: 3}, nd)
+	if !nd.trafficDone || !nd.trafficTimedOut {
+		t.Errorf("after the timeout: %+v", nd)
+	}
+	nd = &nodeDrain{}
+	nm.Spec.TrafficDrainTimeoutSeconds = nil
+	r.trafficDrain(nm, "a", lbView{down: true}, nd)
+	if !nd.trafficDone || nd.trafficTimedOut {
+		t.Errorf("no connection left: %+v", nd)
+	}
+}
