@@ -25,6 +25,11 @@ type LoadBalancerReportStatus struct {
 	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
 	// HeartbeatSeconds is how often the replica renews the report.
 	HeartbeatSeconds int32 `json:"heartbeatSeconds,omitempty"`
+	// NodeCount, LeavingNodes (admin Down) and Connections (over all
+	// nodes) summarize Nodes for `kubectl get`.
+	NodeCount    int32 `json:"nodeCount,omitempty"`
+	LeavingNodes int32 `json:"leavingNodes,omitempty"`
+	Connections  int64 `json:"connections,omitempty"`
 	// Nodes with backends on this replica, sorted by name.
 	// +listType=map
 	// +listMapKey=name
@@ -40,8 +45,9 @@ type LoadBalancerReportStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=lbr
 // +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.replica`
-// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes[*].name`
-// +kubebuilder:printcolumn:name="Connections",type=string,JSONPath=`.status.nodes[*].connections`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodeCount`
+// +kubebuilder:printcolumn:name="Leaving",type=integer,JSONPath=`.status.leavingNodes`
+// +kubebuilder:printcolumn:name="Connections",type=integer,JSONPath=`.status.connections`
 // +kubebuilder:printcolumn:name="Renewed",type=date,JSONPath=`.status.renewTime`
 type LoadBalancerReport struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -167,6 +167,10 @@ type NodeMaintenanceStatus struct {
 	// NodeStatuses is one entry per selected node, sorted by name.
 	// +optional
 	NodeStatuses []NodeMaintenanceNodeStatus `json:"nodeStatuses,omitempty"`
+	// NodeCount is how many nodes the maintenance selects (ebb's
+	// addition, for `kubectl get`).
+	// +optional
+	NodeCount int32 `json:"nodeCount,omitempty"`
 	// DrainPlanIndex is the entry of spec.drainPlan this maintenance has
 	// reached (ebb's addition to the KEP: it keeps the progress across
 	// restarts, since drain targets never move backwards).
@@ -184,7 +188,7 @@ type NodeMaintenanceStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=nm
 // +kubebuilder:printcolumn:name="Stage",type=string,JSONPath=`.spec.stage`
-// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodeStatuses[*].nodeRef.name`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodeCount`
 // +kubebuilder:printcolumn:name="Drained",type=string,JSONPath=`.status.conditions[?(@.type=="Drained")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.spec.reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

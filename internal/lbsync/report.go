@@ -123,6 +123,13 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic) erro
 	now := metav1.NowMicro()
 	report.Status = v1alpha1.LoadBalancerReportStatus{
 		Replica: r.Name, RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
+		NodeCount: int32(len(nodes)),
+	}
+	for _, n := range nodes {
+		report.Status.Connections += n.Connections
+		if n.AdminState == string(dataplane.AdminDown) {
+			report.Status.LeavingNodes++
+		}
 	}
 	if err := r.Client.Status().Update(ctx, report); err != nil {
 		return fmt.Errorf("updating LoadBalancerReport %s: %w", r.Name, err)

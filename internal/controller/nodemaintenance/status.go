@@ -64,6 +64,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 		statuses = append(statuses, ns)
 	}
 	st.NodeStatuses = statuses
+	st.NodeCount = int32(len(statuses))
 	if drain != nil && drain.self != nil {
 		st.DrainPlanIndex = int32(drain.self.Index)
 		r.Metrics.setPods(nm.Name, statuses)
