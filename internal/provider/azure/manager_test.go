@@ -1,0 +1,200 @@
+package azure
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ebbdev/ebb/internal/provider/azure/azurefake"
+)
+
+const vmss = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/pool/virtualMachines/"
+
+func ipEntry(ip string) *armnetwork.LoadBalancerBackendAddress {
+	return &armnetwork.LoadBalancerBackendAddress{Name: &ip, Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{IPAddress: &ip}}
+}
+
+func nicEntry(vm string) *armnetwork.LoadBalancerBackendAddress {
+	id := vmss + vm + "/networkInterfaces/nic/ipConfigurations/ipconfig1"
+	return &armnetwork.LoadBalancerBackendAddress{Name: &vm, Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{
+		NetworkInterfaceIPConfiguration: &armnetwork.SubResource{ID: &id}}}
+}
+
+func pool(name string, entries ...*armnetwork.LoadBalancerBackendAddress) armnetwork.BackendAddressPool {
+	return armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: entries}}
+}
+
+// A cluster with two Standard load balancers: dual-stack IP-based pools on
+// the first, a NIC-based pool on the second.
+func setup(t *testing.T) (*Manager, *azurefake.Cloud, *Metrics) {
+	t.Helper()
+	cloud := azurefake.New()
+	cloud.AddPool("kubernetes", pool("kubernetes-ipv4", ipEntry("10.0.0.4"), ipEntry("10.0.0.5")))
+	cloud.AddPool("kubernetes", pool("kubernetes-ipv6", ipEntry("fd00::4"), ipEntry("fd00::5")))
+	cloud.AddPool("kubernetes", pool("other", ipEntry("10.0.0.9")))
+	cloud.AddPool("kubernetes-internal", pool("kubernetes", nicEntry("0"), nicEntry("1")))
+	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","aadClientId":"a","aadClientSecret":"b",
+		"multipleStandardLoadBalancerConfigurations":[{"name":"kubernetes"},{"name":"kubernetes-internal"}],"enableLoadBalancerAdminState":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := NewManager(cfg, azurefake.Credential{}, cloud.ClientOptions(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr.ThrottleBackoff = time.Millisecond
+	return mgr, cloud, m
+}
+
+var (
+	n0 = &Node{Name: "n0", IPs: []string{"10.0.0.4", "fd00::4"}, ProviderID: "azure://" + vmss + "0"}
+	n1 = &Node{Name: "n1", IPs: []string{"10.0.0.5", "fd00::5"}, ProviderID: "azure://" + vmss + "1"}
+)
+
+func state(c *azurefake.Cloud, lb, p, entry string) armnetwork.LoadBalancerBackendAddressAdminState {
+	for _, e := range c.Pool(lb, p).Properties.LoadBalancerBackendAddresses {
+		if *e.Name == entry && e.Properties.AdminState != nil {
+			return *e.Properties.AdminState
+		}
+	}
+	return armnetwork.LoadBalancerBackendAddressAdminStateNone
+}
+
+const down, none = armnetwork.LoadBalancerBackendAddressAdminStateDown, armnetwork.LoadBalancerBackendAddressAdminStateNone
+
+// Every entry of a node, on every load balancer, both families, IP- and
+// NIC-based; several nodes in one write per pool; nothing written when
+// nothing changes.
+func TestSetAdminStatesBatchesAndSkips(t *testing.T) {
+	mgr, cloud, _ := setup(t)
+	ctx := context.Background()
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down, n1: down}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ lb, pool, entry string }{
+		{"kubernetes", "kubernetes-ipv4", "10.0.0.4"}, {"kubernetes", "kubernetes-ipv4", "10.0.0.5"},
+		{"kubernetes", "kubernetes-ipv6", "fd00::4"}, {"kubernetes", "kubernetes-ipv6", "fd00::5"},
+		{"kubernetes-internal", "kubernetes", "0"}, {"kubernetes-internal", "kubernetes", "1"},
+	} {
+		if got := state(cloud, c.lb, c.pool, c.entry); got != down {
+			t.Errorf("%s/%s/%s: %s, want Down", c.lb, c.pool, c.entry, got)
+		}
+	}
+	if got := state(cloud, "kubernetes", "other", "10.0.0.9"); got != none {
+		t.Errorf("an unrelated entry changed: %s", got)
+	}
+	if puts := cloud.Count("put"); puts != 3 {
+		t.Errorf("%d writes for two nodes on three pools, want 3 (one per pool that changes)", puts)
+	}
+
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down}); err != nil {
+		t.Fatal(err)
+	}
+	if lists, puts := cloud.Count("list"), cloud.Count("put"); lists != 2 || puts != 3 {
+		t.Errorf("an unchanged state cost %d lists and %d writes in total, want 2 and 3 (cached)", lists, puts)
+	}
+	mgr.Invalidate()
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down}); err != nil {
+		t.Fatal(err)
+	}
+	if puts := cloud.Count("put"); puts != 3 {
+		t.Errorf("a fresh read that finds everything in place wrote %d times in total, want 3", puts)
+	}
+
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: none}); err != nil {
+		t.Fatal(err)
+	}
+	if state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.4") != none || state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.5") != down {
+		t.Error("restoring n0 to None did not change only n0")
+	}
+}
+
+// A concurrent writer (stale etag) is retried with a fresh read; 429s are
+// retried by the SDK and counted; a failure leaves the previous state and
+// the next call recovers.
+func TestConflictThrottlingAndFailure(t *testing.T) {
+	mgr, cloud, m := setup(t)
+	ctx := context.Background()
+	cloud.ConflictNext = 1
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down}); err != nil {
+		t.Fatalf("an etag conflict was not retried: %v", err)
+	}
+	if cloud.Count("get") != 1 || state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.4") != down {
+		t.Errorf("after a conflict: %d fresh reads, state %s", cloud.Count("get"), state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.4"))
+	}
+
+	cloud.ThrottleNext = 2
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n1: down}); err != nil {
+		t.Fatalf("throttling was not retried: %v", err)
+	}
+	if got := testutil.ToFloat64(m.throttled); got != 2 {
+		t.Errorf("%v throttled answers counted, want 2", got)
+	}
+
+	cloud.FailNext = 1
+	err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: none})
+	if err == nil || !strings.Contains(err.Error(), "InvalidRequest") {
+		t.Fatalf("a failed write: %v", err)
+	}
+	if testutil.ToFloat64(m.errors) != 1 {
+		t.Error("the failure was not counted")
+	}
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: none}); err != nil {
+		t.Fatalf("no recovery after a failure: %v", err)
+	}
+	for _, p := range []string{"kubernetes-ipv4", "kubernetes-ipv6"} {
+		for _, e := range []string{"10.0.0.4", "fd00::4"} {
+			if strings.Contains(e, ":") != strings.HasSuffix(p, "ipv6") {
+				continue
+			}
+			if got := state(cloud, "kubernetes", p, e); got != none {
+				t.Errorf("%s %s: %s after recovery, want None", p, e, got)
+			}
+		}
+	}
+}
+
+// A node replaced under the same name (new VM, new addresses): forgetting
+// the old one makes the next call write the new entries.
+func TestReplacedNode(t *testing.T) {
+	mgr, cloud, _ := setup(t)
+	ctx := context.Background()
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down}); err != nil {
+		t.Fatal(err)
+	}
+	mgr.Forget("n0")
+	replacement := &Node{Name: "n0", IPs: []string{"10.0.0.5"}}
+	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{replacement: down}); err != nil {
+		t.Fatal(err)
+	}
+	if state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.5") != down {
+		t.Error("the replacement's entry was not written")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tt := range []struct{ json, want string }{
+		{`{`, "not valid JSON"},
+		{`{"tenantId":"t","resourceGroup":"rg","aadClientId":"a","aadClientSecret":"b"}`, "subscriptionId is required"},
+		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg"}`, "no credentials"},
+		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerBackendPoolConfigurationType":"podIP"}`, `"podIP" is not supported`},
+		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerSku":"basic"}`, "needs Standard load balancers"},
+	} {
+		if _, err := ParseConfig([]byte(tt.json)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q", tt.json, err, tt.want)
+		}
+	}
+	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"clusterName":"c1"}`))
+	if err != nil || cfg.LoadBalancerResourceGroup != "rg" || cfg.LoadBalancerNames()[0] != "c1" || cfg.LoadBalancerBackendPoolConfigurationType != PoolTypeNIC {
+		t.Errorf("defaults: %+v %v", cfg, err)
+	}
+}
