@@ -32,12 +32,14 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
+	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
 	"github.com/ebbdev/ebb/internal/controller/evacuation"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/controller/surge"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/provider/azure"
 	ebbwebhook "github.com/ebbdev/ebb/internal/webhook"
 )
 
@@ -59,6 +61,10 @@ type Options struct {
 	// QPS and Burst bound the requests to the apiserver.
 	QPS   float32
 	Burst int
+	// Cloud selects a provider that applies admin state through its API
+	// ("azure"); empty: none (the embedded ebb lb applies it itself).
+	Cloud       string
+	AzureConfig string
 	// SurgeEvacuator runs ebb's surge-first evacuator for opted-in
 	// Deployments.
 	SurgeEvacuator bool
@@ -114,6 +120,8 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
+	f.StringVar(&o.Cloud, "cloud", "", "apply load-balancer admin state through a cloud's API as well: azure")
+	f.StringVar(&o.AzureConfig, "azure-config", "/etc/kubernetes/azure.json", "with --cloud azure: the azure.json file")
 	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+surge.OptInAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
@@ -207,6 +215,9 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	if err := er.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the evacuation controller: %w", err)
 	}
+	if err := o.setupCloud(ctx, mgr); err != nil {
+		return err
+	}
 	if o.SurgeEvacuator {
 		sv := &surge.Evacuator{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-surge-evacuator")}
 		if err := sv.SetupWithManager(mgr); err != nil {
@@ -264,6 +275,46 @@ func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, sche
 	}
 	if err := certs.Ensure(ctx); err != nil {
 		return fmt.Errorf("providing the webhook certificate: %w", err)
+	}
+	return nil
+}
+
+// setupCloud runs the provider-backed admin state (--cloud).
+func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
+	switch o.Cloud {
+	case "":
+		return nil
+	case "azure":
+	default:
+		return fmt.Errorf("--cloud %q is not supported: use azure", o.Cloud)
+	}
+	cfg, err := azure.LoadConfig(o.AzureConfig)
+	if err != nil {
+		return err
+	}
+	if !cfg.EnableLoadBalancerAdminState {
+		logr.FromContextOrDiscard(ctx).Info("Azure admin state is off (enableLoadBalancerAdminState is false in the configuration)")
+		return nil
+	}
+	cred, err := cfg.Credential()
+	if err != nil {
+		return fmt.Errorf("the Azure credential: %w", err)
+	}
+	opts, err := cfg.ClientOptions()
+	if err != nil {
+		return err
+	}
+	m, err := azure.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	manager, err := azure.NewManager(cfg, cred, opts, m)
+	if err != nil {
+		return err
+	}
+	r := &azureadminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-azure-adminstate"), Manager: manager, Model: o.Model}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Azure admin state: %w", err)
 	}
 	return nil
 }

@@ -37,7 +37,7 @@ type Config struct {
 	MultipleStandardLoadBalancerConfigurations []struct {
 		Name string `json:"name"`
 	} `json:"multipleStandardLoadBalancerConfigurations"`
-	LoadBalancerSKU                         string `json:"loadBalancerSku"`
+	LoadBalancerSKU                          string `json:"loadBalancerSku"`
 	LoadBalancerBackendPoolConfigurationType string `json:"loadBalancerBackendPoolConfigurationType"`
 	// EnableLoadBalancerAdminState is the provider toggle of the design.
 	EnableLoadBalancerAdminState bool `json:"enableLoadBalancerAdminState"`
