@@ -48,20 +48,20 @@ func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), er
 }
 
 // StartController installs ebb's API (CRDs, webhook configurations) and
-// runs `ebb controller` with its webhooks on WebhookAddress; it returns
-// once the controller is ready.
-func StartController(c *localcluster.Cluster, bin string) (func(), error) {
+// runs `ebb controller` (with extra flags args) with its webhooks on
+// WebhookAddress; it returns once the controller is ready.
+func StartController(c *localcluster.Cluster, bin string, args ...string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := InstallAPI(ctx, c); err != nil {
 		return nil, fmt.Errorf("installing ebb's API: %w", err)
 	}
 	host, port, _ := strings.Cut(WebhookAddress, ":")
-	stop, err := c.StartProcess("ebb-controller", bin, "controller", "--kubeconfig", c.Kubeconfig,
+	stop, err := c.StartProcess("ebb-controller", bin, append([]string{"controller", "--kubeconfig", c.Kubeconfig,
 		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
 		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress,
 		"--webhook-port", port, "--webhook-bind-host", host, "--webhook-ip-address", host,
-		"--webhook-cert-dir", filepath.Join(c.Dir(), "webhook-certs"))
+		"--webhook-cert-dir", filepath.Join(c.Dir(), "webhook-certs")}, args...)...)
 	if err != nil {
 		return nil, err
 	}
