@@ -4,6 +4,7 @@ package root
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/cmd/controller"
 	"github.com/ebbdev/ebb/internal/cmd/demo"
@@ -22,6 +23,6 @@ declarative node maintenance that drains the load balancer before the pods.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(cluster.NewCommand(), controller.NewCommand(), demo.NewCommand(), lb.NewCommand(), nodeagent.NewCommand())
+	cmd.AddCommand(azurecmd.NewCommand(), cluster.NewCommand(), controller.NewCommand(), demo.NewCommand(), lb.NewCommand(), nodeagent.NewCommand())
 	return cmd
 }

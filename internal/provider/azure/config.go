@@ -50,6 +50,12 @@ type Config struct {
 	UseFederatedWorkloadIdentityExtension bool   `json:"useFederatedWorkloadIdentityExtension"`
 	AADFederatedTokenFile                 string `json:"aadFederatedTokenFile"`
 
+	// Where Standard load balancers go (the migration creates them).
+	Location          string `json:"location"`
+	VnetName          string `json:"vnetName"`
+	VnetResourceGroup string `json:"vnetResourceGroup"`
+	SubnetName        string `json:"subnetName"`
+
 	// ResourceManagerEndpoint overrides the cloud's ARM endpoint (for a
 	// sovereign cloud, or a test server).
 	ResourceManagerEndpoint string `json:"resourceManagerEndpoint"`
@@ -125,3 +131,15 @@ func (c *Config) LoadBalancerNames() []string {
 	}
 	return []string{"kubernetes"}
 }
+
+// VNetID and SubnetID are the cluster's virtual network and subnet.
+func (c *Config) VNetID() string {
+	rg := c.VnetResourceGroup
+	if rg == "" {
+		rg = c.ResourceGroup
+	}
+	return fmt.Sprintf("/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/virtualNetworks/%s", c.SubscriptionID, rg, c.VnetName)
+}
+
+// SubnetID is the subnet of internal load-balancer frontends.
+func (c *Config) SubnetID() string { return c.VNetID() + "/subnets/" + c.SubnetName }
