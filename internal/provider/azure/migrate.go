@@ -98,7 +98,7 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress, nodeIPs 
 		}
 		pip, ok := pipByIP[s.IP]
 		if !ok {
-			return nil, fmt.Errorf("Service %s/%s has address %s but no public IP in resource group %s has it: the migration would lose it", s.Namespace, s.Name, s.IP, m.cfg.ResourceGroup)
+			return nil, fmt.Errorf("the Service %s/%s has address %s but no public IP in resource group %s has it: the migration would lose it", s.Namespace, s.Name, s.IP, m.cfg.ResourceGroup)
 		}
 		if isBasicPIP(pip.SKU) {
 			p := *pip
