@@ -60,9 +60,6 @@ func migrate(ctx context.Context, out io.Writer, cfgPath, kubeconfigPath string,
 	if err != nil {
 		return err
 	}
-	if cfg.Location == "" || cfg.VnetName == "" || cfg.SubnetName == "" {
-		return errors.New("the Azure configuration needs location, vnetName and subnetName to create the Standard load balancers")
-	}
 	rest, err := kubeconfig.Load(kubeconfigPath)
 	if err != nil {
 		return err
@@ -70,6 +67,16 @@ func migrate(ctx context.Context, out io.Writer, cfgPath, kubeconfigPath string,
 	kube, err := kubernetes.NewForConfig(rest)
 	if err != nil {
 		return err
+	}
+	return Migrate(ctx, out, cfg, kube, dryRun)
+}
+
+// Migrate plans and (unless dryRun) runs the migration for the cluster
+// kube talks to; `ebb controller --cloud azure --azure-migrate-on-start`
+// runs it once at start when azure.json says the SKU is Standard.
+func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kubernetes.Interface, dryRun bool) error {
+	if cfg.Location == "" || cfg.VnetName == "" || cfg.SubnetName == "" {
+		return errors.New("the Azure configuration needs location, vnetName and subnetName to create the Standard load balancers")
 	}
 	services, nodeIPs, err := clusterAddresses(ctx, kube)
 	if err != nil {

@@ -18,18 +18,21 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
@@ -65,6 +68,9 @@ type Options struct {
 	// ("azure"); empty: none (the embedded ebb lb applies it itself).
 	Cloud       string
 	AzureConfig string
+	// AzureMigrateOnStart runs the Basic-to-Standard migration once at
+	// start when azure.json's loadBalancerSku is standard.
+	AzureMigrateOnStart bool
 	// SurgeEvacuator runs ebb's surge-first evacuator for opted-in
 	// Deployments.
 	SurgeEvacuator bool
@@ -122,6 +128,7 @@ func NewCommand() *cobra.Command {
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
 	f.StringVar(&o.Cloud, "cloud", "", "apply load-balancer admin state through a cloud's API as well: azure")
 	f.StringVar(&o.AzureConfig, "azure-config", "/etc/kubernetes/azure.json", "with --cloud azure: the azure.json file")
+	f.BoolVar(&o.AzureMigrateOnStart, "azure-migrate-on-start", false, "with --cloud azure and loadBalancerSku standard: run the Basic-to-Standard migration once at start (may cause downtime; see `ebb azure migrate-basic-lb --help`)")
 	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+surge.OptInAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
@@ -291,6 +298,25 @@ func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
 	cfg, err := azure.LoadConfig(o.AzureConfig)
 	if err != nil {
 		return err
+	}
+	if o.AzureMigrateOnStart && strings.EqualFold(cfg.LoadBalancerSKU, "standard") {
+		kube, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return err
+		}
+		// Once, by the leader, when the manager starts.
+		err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			var out strings.Builder
+			if err := azurecmd.Migrate(ctx, &out, cfg, kube, false); err != nil {
+				ctrl.Log.WithName("azure-migrate").Error(err, "The Basic-to-Standard migration failed; it resumes at the next start", "output", out.String())
+				return nil
+			}
+			ctrl.Log.WithName("azure-migrate").Info("Basic-to-Standard migration", "output", out.String())
+			return nil
+		}))
+		if err != nil {
+			return err
+		}
 	}
 	if !cfg.EnableLoadBalancerAdminState {
 		logr.FromContextOrDiscard(ctx).Info("Azure admin state is off (enableLoadBalancerAdminState is false in the configuration)")
