@@ -189,56 +189,11 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	m, err := service.NewMetrics(metrics.Registry, ipam)
-	if err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
-	r := &service.Reconciler{
-		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-service-controller"),
-		Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, IPAM: ipam, Metrics: m,
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the service controller: %w", err)
-	}
-	if o.SpotTaintKey != "" {
-		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), TaintKey: o.SpotTaintKey}
-		if err := sr.SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("setting up the spot preemption controller: %w", err)
-		}
-	}
-	nmMetrics, err := nodemaintenance.NewMetrics(metrics.Registry)
-	if err != nil {
+	if err := o.setupLoadBalancing(ctx, mgr, ipam); err != nil {
 		return err
 	}
-	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics}
-	if err := nmr.SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the node maintenance controller: %w", err)
-	}
-	evMetrics, err := evacuation.NewMetrics(metrics.Registry)
-	if err != nil {
+	if err := o.setupMaintenance(ctx, mgr); err != nil {
 		return err
-	}
-	er := &evacuation.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-evacuation-controller"), Metrics: evMetrics, MaxEvictionsInFlight: o.MaxEvictionsInFlight}
-	if err := er.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the evacuation controller: %w", err)
-	}
-	if err := o.setupCloud(ctx, mgr); err != nil {
-		return err
-	}
-	if o.SurgeEvacuator {
-		sv := &surge.Evacuator{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-surge-evacuator")}
-		if err := sv.SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("setting up the surge evacuator: %w", err)
-		}
-	}
-	if o.Webhook.Port != 0 {
-		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("setting up the NodeMaintenance webhook: %w", err)
-		}
-	}
-	ar := &adminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-adminstate-controller"), Model: o.Model}
-	if err := ar.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the admin state events: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
@@ -341,6 +296,69 @@ func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
 	r := &azureadminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-azure-adminstate"), Manager: manager, Model: o.Model}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Azure admin state: %w", err)
+	}
+	return nil
+}
+
+// setupLoadBalancing registers the Service load-balancer, spot, admin-state
+// event and cloud admin-state controllers.
+func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam *service.Allocator) error {
+	m, err := service.NewMetrics(metrics.Registry, ipam)
+	if err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	r := &service.Reconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-service-controller"),
+		Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, IPAM: ipam, Metrics: m,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the service controller: %w", err)
+	}
+	if o.SpotTaintKey != "" {
+		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), TaintKey: o.SpotTaintKey}
+		if err := sr.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the spot preemption controller: %w", err)
+		}
+	}
+	ar := &adminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-adminstate-controller"), Model: o.Model}
+	if err := ar.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the admin state events: %w", err)
+	}
+	if err := o.setupCloud(ctx, mgr); err != nil {
+		return err
+	}
+	return nil
+}
+
+// setupMaintenance registers the NodeMaintenance, Evacuation and surge
+// controllers and the admission webhooks.
+func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error {
+	nmMetrics, err := nodemaintenance.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics}
+	if err := nmr.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the node maintenance controller: %w", err)
+	}
+	evMetrics, err := evacuation.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	er := &evacuation.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-evacuation-controller"), Metrics: evMetrics, MaxEvictionsInFlight: o.MaxEvictionsInFlight}
+	if err := er.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the evacuation controller: %w", err)
+	}
+	if o.SurgeEvacuator {
+		sv := &surge.Evacuator{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-surge-evacuator")}
+		if err := sv.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the surge evacuator: %w", err)
+		}
+	}
+	if o.Webhook.Port != 0 {
+		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the NodeMaintenance webhook: %w", err)
+		}
 	}
 	return nil
 }
