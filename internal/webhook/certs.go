@@ -191,40 +191,53 @@ func firstOr(names []string, def string) string {
 // inject sets caBundle on every webhook of the named configurations.
 func (s *SelfSignedCerts) inject(ctx context.Context, ca []byte) error {
 	for _, name := range s.Mutating {
-		var cfg admissionregistrationv1.MutatingWebhookConfiguration
-		if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, &cfg); err != nil {
-			return fmt.Errorf("reading MutatingWebhookConfiguration %s to inject the CA: %w", name, err)
-		}
-		patch := client.MergeFromWithOptions(cfg.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		changed := false
-		for i := range cfg.Webhooks {
-			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, ca) {
-				cfg.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+		cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		err := s.patchCA(ctx, "MutatingWebhookConfiguration", name, cfg, ca, func() []*admissionregistrationv1.WebhookClientConfig {
+			out := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
+			for i := range cfg.Webhooks {
+				out[i] = &cfg.Webhooks[i].ClientConfig
 			}
-		}
-		if changed {
-			if err := s.Client.Patch(ctx, &cfg, patch); err != nil {
-				return fmt.Errorf("injecting the CA into MutatingWebhookConfiguration %s: %w", name, err)
-			}
+			return out
+		})
+		if err != nil {
+			return err
 		}
 	}
 	for _, name := range s.Validating {
-		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, &cfg); err != nil {
-			return fmt.Errorf("reading ValidatingWebhookConfiguration %s to inject the CA: %w", name, err)
-		}
-		patch := client.MergeFromWithOptions(cfg.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		changed := false
-		for i := range cfg.Webhooks {
-			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, ca) {
-				cfg.Webhooks[i].ClientConfig.CABundle, changed = ca, true
+		cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		err := s.patchCA(ctx, "ValidatingWebhookConfiguration", name, cfg, ca, func() []*admissionregistrationv1.WebhookClientConfig {
+			out := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
+			for i := range cfg.Webhooks {
+				out[i] = &cfg.Webhooks[i].ClientConfig
 			}
+			return out
+		})
+		if err != nil {
+			return err
 		}
-		if changed {
-			if err := s.Client.Patch(ctx, &cfg, patch); err != nil {
-				return fmt.Errorf("injecting the CA into ValidatingWebhookConfiguration %s: %w", name, err)
-			}
+	}
+	return nil
+}
+
+// patchCA reads one webhook configuration into obj and, if any of its
+// client configurations (as clientConfigs returns them, after the read)
+// lacks ca, patches it in.
+func (s *SelfSignedCerts) patchCA(ctx context.Context, kind, name string, obj client.Object, ca []byte, clientConfigs func() []*admissionregistrationv1.WebhookClientConfig) error {
+	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, obj); err != nil {
+		return fmt.Errorf("reading %s %s to inject the CA: %w", kind, name, err)
+	}
+	patch := client.MergeFromWithOptions(obj.DeepCopyObject().(client.Object), client.MergeFromWithOptimisticLock{})
+	changed := false
+	for _, cc := range clientConfigs() {
+		if !bytes.Equal(cc.CABundle, ca) {
+			cc.CABundle, changed = ca, true
 		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := s.Client.Patch(ctx, obj, patch); err != nil {
+		return fmt.Errorf("injecting the CA into %s %s: %w", kind, name, err)
 	}
 	return nil
 }
