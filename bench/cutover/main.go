@@ -21,13 +21,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -41,35 +41,18 @@ func main() {
 	rate := flag.Int("rate", 500, "new connections per second")
 	out := flag.String("out", "bench/results/cutover.json", "where to write the JSON summary")
 	flag.Parse()
-	if !localcluster.InNamespace() {
-		code, err := localcluster.Reexec()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	}
-	if err := run(*ebbBin, *runs, *spotRuns, *rate, *out); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-cutover:", err)
-		os.Exit(1)
-	}
+	benchcluster.Main("bench-cutover", func() error { return run(*ebbBin, *runs, *spotRuns, *rate, *out) })
 }
 
 const ns = metav1.NamespaceDefault
 
 func run(ebbBin string, runs, spotRuns, rate int, out string) error {
-	if err := localcluster.SetupNamespace(); err != nil {
-		return err
-	}
 	ctx := context.Background()
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-cutover", Nodes: 3, Progress: os.Stderr})
+	c, bin, err := benchcluster.Start(ctx, "bench-cutover", ebbBin)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	bin, err := filepath.Abs(ebbBin)
-	if err != nil {
-		return err
-	}
 	stop, err := clustercmd.StartEbb(c, bin)
 	if err != nil {
 		return err

@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/demo"
@@ -34,33 +34,16 @@ func main() {
 	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
 	withBaseline := flag.Bool("baseline", true, "also run the baseline (off: ebb only, e.g. to investigate)")
 	flag.Parse()
-	if !localcluster.InNamespace() {
-		code, err := localcluster.Reexec()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	}
-	if err := run(*ebbBin, *runs, *rate, *longLived, *withBaseline, *out); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-drain:", err)
-		os.Exit(1)
-	}
+	benchcluster.Main("bench-drain", func() error { return run(*ebbBin, *runs, *rate, *longLived, *withBaseline, *out) })
 }
 
 func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string) error {
-	if err := localcluster.SetupNamespace(); err != nil {
-		return err
-	}
 	ctx := context.Background()
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-drain", Nodes: 3, Progress: os.Stderr})
+	c, bin, err := benchcluster.Start(ctx, "bench-drain", ebbBin)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	bin, err := filepath.Abs(ebbBin)
-	if err != nil {
-		return err
-	}
 	stopController, err := clustercmd.StartController(c, bin)
 	if err != nil {
 		return err

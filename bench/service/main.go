@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -38,33 +38,16 @@ func main() {
 	scaleN := flag.Int("scale", 1000, "Services (3 ports, 20 endpoints each) for the memory and resync figures; 0 skips")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
-	if !localcluster.InNamespace() {
-		code, err := localcluster.Reexec()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	}
-	if err := run(*ebbBin, *services, *updates, *scaleN, *out); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-service:", err)
-		os.Exit(1)
-	}
+	benchcluster.Main("bench-service", func() error { return run(*ebbBin, *services, *updates, *scaleN, *out) })
 }
 
 func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
-	if err := localcluster.SetupNamespace(); err != nil {
-		return err
-	}
 	ctx := context.Background()
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-service", Nodes: 3, Progress: os.Stderr})
+	c, bin, err := benchcluster.Start(ctx, "bench-service", ebbBin)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	bin, err := filepath.Abs(ebbBin)
-	if err != nil {
-		return err
-	}
 	stop, err := clustercmd.StartEbb(c, bin)
 	if err != nil {
 		return err

@@ -1,0 +1,47 @@
+// Package benchcluster is the start-up the cluster benchmarks share: run
+// inside the local cluster's private namespaces, start a 3-node cluster,
+// find the ebb binary.
+package benchcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// Main re-executes the benchmark inside new namespaces (once), then runs
+// run there and exits: 1, with the error printed under name, if it fails.
+func Main(name string, run func() error) {
+	if !localcluster.InNamespace() {
+		code, err := localcluster.Reexec()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(code)
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+}
+
+// Start sets up the namespace, starts a 3-node cluster named name (its
+// progress on stderr) and returns it with the ebb binary's absolute path.
+// The caller stops the cluster.
+func Start(ctx context.Context, name, ebbBin string) (*localcluster.Cluster, string, error) {
+	if err := localcluster.SetupNamespace(); err != nil {
+		return nil, "", err
+	}
+	bin, err := filepath.Abs(ebbBin)
+	if err != nil {
+		return nil, "", err
+	}
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: 3, Progress: os.Stderr})
+	if err != nil {
+		return nil, "", err
+	}
+	return c, bin, nil
+}
