@@ -31,6 +31,7 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -62,8 +63,9 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 		stop()
 		return err
 	}
-	b := &bench{c: c, load: startLoad(url, rate)}
-	defer b.load.stop()
+	b := &bench{c: c, load: &loadgen.Requests{URL: url, Rate: rate, Timeout: requestTimeout}}
+	b.load.Start()
+	defer b.load.Stop()
 
 	cutovers, err := b.cutovers(ctx, runs)
 	if err != nil {
@@ -97,7 +99,7 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 	if p50 > 0 {
 		speedup = float64(probeP50) / float64(p50)
 	}
-	sent, _ := b.load.counts()
+	sent, _ := b.load.Counts()
 	summary := map[string]any{
 		"date":                          time.Now().UTC().Format(time.RFC3339),
 		"runs":                          runs,
@@ -142,7 +144,7 @@ func deploy(ctx context.Context, c *localcluster.Cluster) (string, error) {
 		s, err := c.Client.CoreV1().Services(ns).Get(ctx, "app", metav1.GetOptions{})
 		if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
 			url := "http://" + net.JoinHostPort(s.Status.LoadBalancer.Ingress[0].IP, "80") + "/"
-			if request(url) == nil {
+			if (&loadgen.Requests{URL: url}).Probe() == nil {
 				return url, nil
 			}
 		}

@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +12,7 @@ import (
 
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -22,65 +20,9 @@ import (
 // the request as failed.
 const requestTimeout = 3 * time.Second
 
-var client = &http.Client{Timeout: requestTimeout, Transport: &http.Transport{DisableKeepAlives: true, MaxIdleConns: -1}}
-
-// request sends one GET on a new connection.
-func request(url string) error {
-	resp, err := client.Get(url)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
-}
-
-// load opens new connections at a constant rate, each in its own goroutine
-// so a slow one does not slow the rate.
-type load struct {
-	sent, failed atomic.Int64
-	done         chan struct{}
-	wg           sync.WaitGroup
-}
-
-func startLoad(url string, rate int) *load {
-	l := &load{done: make(chan struct{})}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		tick := time.NewTicker(time.Second / time.Duration(rate))
-		defer tick.Stop()
-		for {
-			select {
-			case <-l.done:
-				return
-			case <-tick.C:
-			}
-			l.sent.Add(1)
-			l.wg.Add(1)
-			go func() {
-				defer l.wg.Done()
-				if err := request(url); err != nil {
-					l.failed.Add(1)
-				}
-			}()
-		}
-	}()
-	return l
-}
-
-func (l *load) counts() (sent, failed int64) { return l.sent.Load(), l.failed.Load() }
-
-func (l *load) stop() {
-	close(l.done)
-	l.wg.Wait()
-}
-
 type bench struct {
 	c    *localcluster.Cluster
-	load *load
+	load *loadgen.Requests
 }
 
 // cutovers taints each node in turn with out-of-service and measures the
@@ -120,7 +62,7 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 		if err := b.waitServes(ctx, node, time.Now()); err != nil {
 			return 0, nil, err
 		}
-		_, before := b.load.counts()
+		_, before := b.load.Counts()
 		if err := preemptScheduled(ctx, b.c, node); err != nil {
 			return 0, nil, err
 		}
@@ -130,7 +72,7 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 		// Two probe failures at 5 s intervals, each waiting out its
 		// timeout, then the last blackholed requests time out.
 		time.Sleep(15*time.Second + requestTimeout)
-		_, after := b.load.counts()
+		_, after := b.load.Counts()
 		cut := max(b.c.NodeProxy.LastAccepted(node).Sub(killed), 0)
 		cutovers = append(cutovers, cut)
 		failed += after - before

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/controller/surge"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -64,25 +64,8 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 		return request(url) == nil, "not answering"
 	})
 
-	var sent, failed atomic.Int64
-	var lastErr atomic.Value
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			sent.Add(1)
-			if err := request(url); err != nil {
-				failed.Add(1)
-				lastErr.Store(err.Error())
-			}
-		}
-	}()
+	traffic := &loadgen.Requests{URL: url, Rate: 100}
+	traffic.Start()
 
 	evictedBefore := metricValue(controllerMetrics(t), `ebb_evacuation_evictions_total{result="evicted"}`)
 	create(t, ctx, admin, maintenance("surge", v1alpha1.Drain, byName(pod.Spec.NodeName)))
@@ -91,13 +74,13 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition), fmt.Sprint(nm.Status.NodeStatuses)
 	})
 	time.Sleep(time.Second)
-	close(stop)
-	<-done
+	traffic.Stop()
 
-	if failed.Load() != 0 {
-		t.Errorf("%d of %d requests failed while the single replica moved (last: %v)", failed.Load(), sent.Load(), lastErr.Load())
+	sent, failed := traffic.Counts()
+	if failed != 0 {
+		t.Errorf("%d of %d requests failed while the single replica moved (last: %v)", failed, sent, traffic.LastError())
 	}
-	t.Logf("%d requests, %d failed", sent.Load(), failed.Load())
+	t.Logf("%d requests, %d failed", sent, failed)
 	pods := appPods(t, ctx, ns, "single")
 	if len(pods) != 1 || pods[0].Spec.NodeName == pod.Spec.NodeName || pods[0].Name == pod.Name {
 		t.Errorf("pods after the drain: %d, on %v", len(pods), pods)
