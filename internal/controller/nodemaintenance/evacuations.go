@@ -67,18 +67,9 @@ var finalLevel = drainplan.Level{Rank: drainplan.TypeRank(v1alpha1.Static), Prio
 // plan forward when it can, and makes sure an Evacuation exists for every
 // pod its nodes' targets select.
 func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) (*drainResult, error) {
-	pods := map[string][]*corev1.Pod{}
-	for _, name := range nodesOfDrains(w) {
-		var list corev1.PodList
-		if err := r.Client.List(ctx, &list, client.MatchingFields{podNodeIndex: name}); err != nil {
-			return nil, fmt.Errorf("listing the pods of node %s: %w", name, err)
-		}
-		for i := range list.Items {
-			p := &list.Items[i]
-			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-				pods[name] = append(pods[name], p)
-			}
-		}
+	pods, err := r.podsOfDrains(ctx, w)
+	if err != nil {
+		return nil, err
 	}
 	remaining := func(node string, targets []v1alpha1.DrainPlanEntry) int {
 		n := 0
@@ -180,6 +171,25 @@ func (d *drainResult) requeueAfter() time.Duration {
 		}
 	}
 	return next
+}
+
+// podsOfDrains lists, by node, the pods that have not finished on every
+// node under a maintenance in Drain (drain targets depend on all of them).
+func (r *Reconciler) podsOfDrains(ctx context.Context, w *world) (map[string][]*corev1.Pod, error) {
+	pods := map[string][]*corev1.Pod{}
+	for _, name := range nodesOfDrains(w) {
+		var list corev1.PodList
+		if err := r.Client.List(ctx, &list, client.MatchingFields{podNodeIndex: name}); err != nil {
+			return nil, fmt.Errorf("listing the pods of node %s: %w", name, err)
+		}
+		for i := range list.Items {
+			p := &list.Items[i]
+			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+				pods[name] = append(pods[name], p)
+			}
+		}
+	}
+	return pods, nil
 }
 
 // nodesOfDrains lists every node under a maintenance in Drain.
