@@ -84,6 +84,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.MaxEvictionsInFlight <= 0 {
 		r.MaxEvictionsInFlight = 5
 	}
+	r.Metrics.readFrom(mgr.GetClient())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("evacuation").
 		For(&v1alpha1.Evacuation{}).
@@ -106,7 +107,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	logger := log.FromContext(ctx).WithValues("evacuation", klog.KObj(e))
 	ctx = log.IntoContext(ctx, logger)
-	defer r.Metrics.refresh(ctx, r.Client)
 
 	pod := &corev1.Pod{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: e.Namespace, Name: e.Spec.PodRef.Name}, pod)

@@ -2,10 +2,13 @@ package evacuation
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -164,6 +167,23 @@ func TestBackoff(t *testing.T) {
 	}{{1, 2 * time.Second}, {2, 4 * time.Second}, {5, 32 * time.Second}, {20, 2 * time.Minute}} {
 		if got := backoff(tt.failures); got != tt.want {
 			t.Errorf("backoff(%d) = %s, want %s", tt.failures, got, tt.want)
+		}
+	}
+}
+
+// The gauges count the Evacuations when scraped.
+func TestGaugesCountAtScrape(t *testing.T) {
+	pod := testPod()
+	r, cl, _, req := setup(t, pod, v1alpha1.Evacuator{EvacuatorClass: "x.example", Priority: 1})
+	reconcileOnce(t, r, req)
+	r.Metrics.readFrom(cl)
+	page, err := testutil.CollectAndFormat(r.Metrics, expfmt.TypeTextPlain, "ebb_evacuation_evacuations", "ebb_evacuation_active_evacuators")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`ebb_evacuation_evacuations{phase="Evacuating"} 1`, `ebb_evacuation_evacuations{phase="Pending"} 0`, `ebb_evacuation_active_evacuators{class="x.example"} 1`} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("missing %s in\n%s", want, page)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package evacuation
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -10,11 +12,15 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 )
 
-// Metrics are the Evacuation controller's metrics.
+// Metrics are the Evacuation controller's metrics. The gauges are counted
+// from the cache when Prometheus scrapes, not on every reconcile.
 type Metrics struct {
 	evictions   *prometheus.CounterVec
-	evacuators  *prometheus.GaugeVec
-	evacuations *prometheus.GaugeVec
+	evacuators  *prometheus.Desc
+	evacuations *prometheus.Desc
+
+	mu     sync.Mutex
+	reader client.Reader // set by the controller; nil: no gauges yet
 }
 
 // NewMetrics registers the metrics with reg.
@@ -23,14 +29,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ebb_evacuation_evictions_total", Help: "Eviction API calls by result: evicted, blocked (a PodDisruptionBudget said no), gone, error.",
 		}, []string{"result"}),
-		evacuators: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ebb_evacuation_active_evacuators", Help: "Evacuations by active evacuator class.",
-		}, []string{"class"}),
-		evacuations: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ebb_evacuation_evacuations", Help: "Evacuations by phase: Pending (no evacuator yet), Evacuating (an evacuator is active), Evicting (the Eviction API fallback).",
-		}, []string{"phase"}),
+		evacuators: prometheus.NewDesc("ebb_evacuation_active_evacuators", "Evacuations by active evacuator class.", []string{"class"}, nil),
+		evacuations: prometheus.NewDesc("ebb_evacuation_evacuations",
+			"Evacuations by phase: Pending (no evacuator yet), Evacuating (an evacuator is active), Evicting (the Eviction API fallback).", []string{"phase"}, nil),
 	}
-	for _, c := range []prometheus.Collector{m.evictions, m.evacuators, m.evacuations} {
+	for _, c := range []prometheus.Collector{m.evictions, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering evacuation metrics: %w", err)
 		}
@@ -38,22 +41,46 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// refresh recomputes the gauges from the cache.
-func (m *Metrics) refresh(ctx context.Context, c client.Reader) {
-	var list v1alpha1.EvacuationList
-	if err := c.List(ctx, &list); err != nil {
+// readFrom makes the gauges count the Evacuations reader lists.
+func (m *Metrics) readFrom(reader client.Reader) {
+	m.mu.Lock()
+	m.reader = reader
+	m.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector for the gauges.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.evacuators
+	ch <- m.evacuations
+}
+
+// Collect counts the Evacuations by phase and active evacuator class.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	reader := m.reader
+	m.mu.Unlock()
+	if reader == nil {
 		return
 	}
-	m.evacuators.Reset()
-	m.evacuations.Reset()
-	for _, p := range []string{PhasePending, PhaseEvacuating, PhaseEvicting} {
-		m.evacuations.WithLabelValues(p).Set(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var list v1alpha1.EvacuationList
+	if err := reader.List(ctx, &list); err != nil {
+		return
 	}
+	phases := map[string]float64{PhasePending: 0, PhaseEvacuating: 0, PhaseEvicting: 0}
+	classes := map[string]float64{}
 	for i := range list.Items {
 		e := &list.Items[i]
-		m.evacuations.WithLabelValues(Phase(e)).Inc()
+		phases[Phase(e)]++
 		if e.Status.ActiveEvacuatorClass != "" {
-			m.evacuators.WithLabelValues(e.Status.ActiveEvacuatorClass).Inc()
+			classes[e.Status.ActiveEvacuatorClass]++
 		}
+	}
+	for p, n := range phases {
+		ch <- prometheus.MustNewConstMetric(m.evacuations, prometheus.GaugeValue, n, p)
+	}
+	for c, n := range classes {
+		ch <- prometheus.MustNewConstMetric(m.evacuators, prometheus.GaugeValue, n, c)
 	}
 }
