@@ -56,7 +56,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 kube() { (cd "$root/hack/tools/kube" && go build -trimpath -ldflags "$kube_ldflags" -o "$bin/$1" "./$1"); }
-for c in kube-apiserver kube-controller-manager kube-scheduler; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
 	build "$c" kube "$c"
 done
 
@@ -83,6 +83,16 @@ if [[ ! -d "$bin/kwok-stages" ]]; then
 		done
 	done
 	mv "$bin/kwok-stages.tmp" "$bin/kwok-stages"
+fi
+# kube-proxy's nftables mode drives the kernel through the nft binary
+# (sigs.k8s.io/knftables); Debian's nftables package has it.
+if ! command -v nft >/dev/null; then
+	log "installing Debian's nftables package (kube-proxy needs the nft binary)"
+	if [[ $(id -u) -ne 0 ]]; then
+		log "nft is missing and this is not root: run 'apt-get install nftables' as root"
+		exit 1
+	fi
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables; } >&2
 fi
 build controller-gen env GOBIN="$bin" go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION"
 build staticcheck env GOBIN="$bin" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"

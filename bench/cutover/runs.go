@@ -40,7 +40,7 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 			return nil, err
 		}
 		time.Sleep(time.Second)
-		cut := max(b.c.NodeProxy.LastAccepted(node).Sub(t0), 0)
+		cut := max(b.c.LastNewConnection(node).Sub(t0), 0)
 		out = append(out, cut)
 		if err := b.setTaint(ctx, node, nil); err != nil {
 			return nil, err
@@ -68,16 +68,20 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 		}
 		time.Sleep(2 * time.Second)
 		killed := time.Now()
-		b.c.NodeProxy.Kill(node)
+		if err := b.c.Disconnect(node); err != nil {
+			return 0, nil, err
+		}
 		// Two probe failures at 5 s intervals, each waiting out its
 		// timeout, then the last blackholed requests time out.
 		time.Sleep(15*time.Second + requestTimeout)
 		_, after := b.load.Counts()
-		cut := max(b.c.NodeProxy.LastAccepted(node).Sub(killed), 0)
+		cut := max(b.c.LastNewConnection(node).Sub(killed), 0)
 		cutovers = append(cutovers, cut)
 		failed += after - before
 		fmt.Fprintf(os.Stderr, "spot run %d (%s): %d failed requests, last connection %s after the kill\n", i+1, node, after-before, cut.Round(time.Millisecond))
-		b.c.NodeProxy.Revive(node)
+		if err := b.c.Reconnect(node); err != nil {
+			return 0, nil, err
+		}
 		if err := b.setTaint(ctx, node, nil); err != nil {
 			return 0, nil, err
 		}
@@ -131,7 +135,7 @@ func (b *bench) setTaint(ctx context.Context, name string, taint *corev1.Taint) 
 // rotation again.
 func (b *bench) waitServes(ctx context.Context, node string, since time.Time) error {
 	deadline := time.Now().Add(time.Minute)
-	for !b.c.NodeProxy.LastAccepted(node).After(since) {
+	for !b.c.LastNewConnection(node).After(since) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("node %s took no new connection for a minute", node)
 		}

@@ -160,12 +160,16 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	m.Drained = drainEnd
 	res.DrainSeconds = (drainEnd - m.Drain).Seconds()
 
-	s.step("%s: %s is down for its maintenance (%s): its node ports and health server stop answering", mode, res.Node, s.o.Downtime)
+	s.step("%s: %s is down for its maintenance (%s): its host is cut off the node network", mode, res.Node, s.o.Downtime)
 	m.NodeDown = since()
-	s.c.NodeProxy.Kill(res.Node)
+	if err := s.c.Disconnect(res.Node); err != nil {
+		return nil, err
+	}
 	sleep(ctx, s.o.Downtime)
-	lastAccept := s.c.NodeProxy.LastAccepted(res.Node)
-	s.c.NodeProxy.Revive(res.Node)
+	lastAccept := s.c.LastNewConnection(res.Node)
+	if err := s.c.Reconnect(res.Node); err != nil {
+		return nil, err
+	}
 	m.NodeUp = since()
 	res.CutoverMs = float64(max(lastAccept.Sub(origin)-m.Drain, 0).Microseconds()) / 1000
 

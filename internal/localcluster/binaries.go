@@ -15,7 +15,7 @@ import (
 const EnvToolsBin = "EBB_TOOLS_BIN"
 
 // requiredBinaries are the programs a cluster starts.
-var requiredBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"}
+var requiredBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kwok", "kubectl"}
 
 // FindBinDir returns the directory of the pinned binaries: $EBB_TOOLS_BIN, or
 // else the one hack/tools.sh of the enclosing ebb checkout builds (it builds

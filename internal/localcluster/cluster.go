@@ -31,16 +31,19 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/ebbdev/ebb/internal/localcluster/nodeproxy"
+	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
+	"github.com/ebbdev/ebb/internal/localcluster/network"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
 // KwokNodeAnnotation marks the nodes that kwok simulates.
 const KwokNodeAnnotation = "kwok.x-k8s.io/node"
 
-// Ports of the control-plane components' health endpoints. They are fixed:
-// each cluster has a network namespace of its own.
+// Ports of the control-plane components. They are fixed: each cluster has a
+// network namespace of its own.
 const (
+	// APIServerPort is the apiserver's secure port, on ControlPlaneIP.
+	APIServerPort         = 6443
 	controllerManagerPort = 10257
 	schedulerPort         = 10259
 	kwokPort              = 10247
@@ -66,6 +69,8 @@ type Node struct {
 	Name    string
 	IP      string
 	PodCIDR string
+	// Host is the node's machine: its network namespace.
+	Host *network.Host
 }
 
 // Cluster is a running local cluster.
@@ -80,9 +85,14 @@ type Cluster struct {
 	BinDir string
 	// Nodes are the simulated nodes, in order.
 	Nodes []Node
-	// NodeProxy is the simulated nodes' kube-proxy; benchmarks kill a
-	// node's data path and read its accept times through it.
-	NodeProxy *nodeproxy.Proxy
+	// Network is the cluster's network: a namespace per node, the bridge
+	// between them, the router and the client (see topology.go).
+	Network *network.Network
+	// Router sits between the node network and the client subnet.
+	Router *network.Host
+	// ExternalClient is a host on the client subnet behind the router:
+	// traffic from it reaches the cluster the way a user's does.
+	ExternalClient *network.Host
 
 	opts     Options
 	ownsDir  bool
@@ -90,6 +100,7 @@ type Cluster struct {
 	procs    []*process
 	cancel   context.CancelFunc
 	simsDone chan struct{}
+	taps     map[string]*network.SYNTap
 }
 
 // Start starts a cluster and returns once its nodes are Ready and its
@@ -126,6 +137,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		}
 	}
 	start := time.Now()
+	if err := c.buildNetwork(); err != nil {
+		return nil, err
+	}
 	if err := c.startControlPlane(); err != nil {
 		return nil, err
 	}
@@ -135,7 +149,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.registerNodes(ctx); err != nil {
 		return nil, err
 	}
-	c.startSimulators()
+	if err := c.startKubeProxies(); err != nil {
+		return nil, err
+	}
+	if err := c.startSimulators(); err != nil {
+		return nil, err
+	}
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
 	}
@@ -181,14 +200,18 @@ func (c *Cluster) startControlPlane() error {
 		return err
 	}
 	api := &envtest.APIServer{CertDir: filepath.Join(c.opts.Dir, "pki"), Out: apiLog, Err: apiLog, StartTimeout: 90 * time.Second}
+	// Serve on the control-plane host's address on the node network, so
+	// that the nodes' kube-proxies (and later pods) reach the apiserver;
+	// envtest puts the address in the serving certificate.
+	// The port is fixed: the cluster has a network of its own.
+	api.SecureServing.ListenAddr = envtest.ListenAddr{Address: controlPlaneIP, Port: fmt.Sprint(APIServerPort)}
 	api.Configure().
 		Set("service-cluster-ip-range", ServiceCIDR.String()).
 		// The namespace has no default route, so say which address to
 		// publish for the kubernetes Service.
 		Set("advertise-address", controlPlaneIP).
 		Set("authorization-mode", "Node,RBAC").
-		// Room for thousands of node ports (bench-service makes 3,000).
-		Set("service-node-port-range", "20000-32767").
+		Set("service-node-port-range", fmt.Sprintf("%d-%d", nodePortFirst, nodePortLast)).
 		// envtest turns the ServiceAccount admission plugin off because it
 		// runs no controller manager; this cluster does, so admission stays
 		// as a real cluster has it.
@@ -323,17 +346,34 @@ func (c *Cluster) startComponents() error {
 // registerNodes creates the simulated nodes with their InternalIPs and pod
 // CIDRs; kwok makes them Ready and keeps their heartbeats.
 func (c *Cluster) registerNodes(ctx context.Context) error {
-	c.progressf("registering %d simulated nodes", c.opts.Nodes)
-	for i := 1; i <= c.opts.Nodes; i++ {
-		n := Node{
-			Name:    fmt.Sprintf("node-%d", i),
-			IP:      fmt.Sprintf("10.0.0.%d", i),
-			PodCIDR: fmt.Sprintf("10.244.%d.0/24", i),
-		}
+	c.progressf("registering %d simulated nodes", len(c.Nodes))
+	for _, n := range c.Nodes {
 		if _, err := c.Client.CoreV1().Nodes().Create(ctx, nodeObject(n), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("registering node %s: %w", n.Name, err)
 		}
-		c.Nodes = append(c.Nodes, n)
+	}
+	return nil
+}
+
+// startKubeProxies starts the upstream kube-proxy on every node, in the
+// node's network namespace, as the identity the bootstrap RBAC policy
+// grants kube-proxy's permissions to (system:kube-proxy).
+func (c *Cluster) startKubeProxies() error {
+	c.progressf("starting kube-proxy on %d nodes", len(c.Nodes))
+	kubeconfig, _, err := c.writeKubeconfig("kube-proxy", envtest.User{Name: "system:kube-proxy"})
+	if err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		args, err := kubeproxy.WriteConfig(c.opts.Dir, kubeproxy.Node{Name: n.Name, ClusterCIDRs: []string{PodCIDR.String()}}, kubeconfig)
+		if err != nil {
+			return err
+		}
+		p, err := startProcessOn(n.Host, "kube-proxy-"+n.Name, filepath.Join(c.opts.BinDir, "kube-proxy"), args, filepath.Join(c.opts.Dir, "logs"))
+		if err != nil {
+			return err
+		}
+		c.procs = append(c.procs, p)
 	}
 	return nil
 }
@@ -367,21 +407,28 @@ func nodeObject(n Node) *corev1.Node {
 	}
 }
 
-// startSimulators runs the pod servers and the per-node service proxies.
-func (c *Cluster) startSimulators() {
+// startSimulators runs the pod servers, each pod's on its node's host, and
+// the taps that see new connections reach the nodes.
+func (c *Cluster) startSimulators() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.simsDone = make(chan struct{})
-	pods := podserver.New(c.Client)
-	proxies := nodeproxy.New(c.Client)
-	c.NodeProxy = proxies
+	if err := c.startTaps(ctx); err != nil {
+		close(c.simsDone)
+		return err
+	}
+	pods := podserver.New(c.Client, func(node string) (podserver.Sockets, error) {
+		h, ok := c.Network.Host(node)
+		if !ok {
+			return nil, fmt.Errorf("node %s has no host in the local cluster", node)
+		}
+		return h, nil
+	})
 	go func() {
 		defer close(c.simsDone)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = proxies.Run(ctx) }()
 		_ = pods.Run(ctx)
-		<-done
 	}()
+	return nil
 }
 
 // waitReady waits for Ready nodes, serving controllers and the default
@@ -391,6 +438,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // local health checks of self-signed components
+	plain := &http.Client{Timeout: 2 * time.Second}
 	healthy := func(port int) bool {
 		resp, err := insecure.Get(fmt.Sprintf("https://%s/healthz", net.JoinHostPort("127.0.0.1", fmt.Sprint(port))))
 		if err != nil {
@@ -435,6 +483,20 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			last = "no default service account yet"
 			return false, nil
 		}
+		// kube-proxy's /healthz turns 200 once it has programmed the
+		// node's rules.
+		for _, n := range c.Nodes {
+			resp, err := plain.Get(fmt.Sprintf("http://%s/healthz", net.JoinHostPort(n.IP, fmt.Sprint(kubeproxy.HealthPort))))
+			if err != nil {
+				last = fmt.Sprintf("kube-proxy on %s does not answer: %v", n.Name, err)
+				return false, nil
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				last = fmt.Sprintf("kube-proxy on %s is not healthy (%d)", n.Name, resp.StatusCode)
+				return false, nil
+			}
+		}
 		return true, nil
 	})
 	if err != nil {
@@ -474,6 +536,10 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, fmt.Errorf("stopping etcd and kube-apiserver: %w", err))
 		}
 		c.env = nil
+	}
+	if c.Network != nil {
+		c.Network.Close()
+		c.Network = nil
 	}
 	if c.ownsDir {
 		errs = append(errs, os.RemoveAll(c.opts.Dir))

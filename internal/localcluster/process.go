@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
 
 // process is one control-plane component started by the cluster. It is
@@ -23,6 +25,12 @@ type process struct {
 
 // startProcess starts path with args, its output going to logDir/name.log.
 func startProcess(name, path string, args []string, logDir string) (*process, error) {
+	return startProcessOn(nil, name, path, args, logDir)
+}
+
+// startProcessOn is startProcess on a host of the cluster's network (nil:
+// this process's own).
+func startProcessOn(host *network.Host, name, path string, args []string, logDir string) (*process, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // a restarted component keeps its earlier log
 	if err != nil {
@@ -31,7 +39,11 @@ func startProcess(name, path string, args []string, logDir string) (*process, er
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if host != nil {
+		start = func() error { return host.Start(cmd) }
+	}
+	if err := start(); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting %s (%s): %w", name, path, err)
 	}

@@ -35,18 +35,43 @@ import (
 // resync retries pods whose servers could not start (a port still held).
 const resync = 10 * time.Second
 
+// Sockets opens listening sockets on one machine.
+type Sockets interface {
+	Listen(network, address string) (net.Listener, error)
+	ListenPacket(network, address string) (net.PacketConn, error)
+}
+
+// localSockets opens sockets in this process's own network.
+type localSockets struct{}
+
+func (localSockets) Listen(network, address string) (net.Listener, error) {
+	return net.Listen(network, address)
+}
+
+func (localSockets) ListenPacket(network, address string) (net.PacketConn, error) {
+	return net.ListenPacket(network, address)
+}
+
 // Server runs the servers of every pod in a cluster.
 type Server struct {
 	client kubernetes.Interface
 	clock  clock.WithDelayedExecution
+	// machine returns the sockets of a node's machine: a pod's servers
+	// listen where the pod runs.
+	machine func(node string) (Sockets, error)
 
 	mu   sync.Mutex
 	pods map[types.UID]*podServer
 }
 
-// New returns a Server for the cluster client talks to.
-func New(client kubernetes.Interface) *Server {
-	return &Server{client: client, clock: clock.RealClock{}, pods: map[types.UID]*podServer{}}
+// New returns a Server for the cluster client talks to. machine returns
+// the sockets of a node's machine (its network namespace); nil serves every
+// pod in this process's own network.
+func New(client kubernetes.Interface, machine func(node string) (Sockets, error)) *Server {
+	if machine == nil {
+		machine = func(string) (Sockets, error) { return localSockets{}, nil }
+	}
+	return &Server{client: client, clock: clock.RealClock{}, machine: machine, pods: map[types.UID]*podServer{}}
 }
 
 // Run serves pods until ctx is done, then closes every server at once.
@@ -148,7 +173,12 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 			delete(s.pods, pod.UID)
 		}
 	case !running:
-		p, err := startPod(pod)
+		sockets, err := s.machine(pod.Spec.NodeName)
+		if err != nil {
+			log.Error(err, "Cannot serve pod", "pod", klog.KObj(pod))
+			return
+		}
+		p, err := startPod(pod, sockets)
 		if err != nil {
 			// Retried on the next resync: the address may still be held by
 			// a pod that had the same IP.
@@ -211,7 +241,7 @@ type podServer struct {
 	closed      bool
 }
 
-func startPod(pod *corev1.Pod) (_ *podServer, retErr error) {
+func startPod(pod *corev1.Pod, sockets Sockets) (_ *podServer, retErr error) {
 	p := &podServer{conns: map[net.Conn]struct{}{}}
 	defer func() {
 		if retErr != nil {
@@ -224,14 +254,14 @@ func startPod(pod *corev1.Pod) (_ *podServer, retErr error) {
 			id := Identity{Pod: pod.Name, Namespace: pod.Namespace, Node: pod.Spec.NodeName, PodIP: pod.Status.PodIP, Port: int(port.ContainerPort)}
 			switch port.Protocol {
 			case corev1.ProtocolUDP:
-				pc, err := net.ListenPacket("udp", addr)
+				pc, err := sockets.ListenPacket("udp", addr)
 				if err != nil {
 					return nil, fmt.Errorf("listening on udp %s: %w", addr, err)
 				}
 				p.packets = append(p.packets, pc)
 				go serveUDP(pc)
 			case corev1.ProtocolTCP, "":
-				ln, err := net.Listen("tcp", addr)
+				ln, err := sockets.Listen("tcp", addr)
 				if err != nil {
 					return nil, fmt.Errorf("listening on tcp %s: %w", addr, err)
 				}

@@ -35,7 +35,7 @@ func startTestPod(t *testing.T) (*podServer, string) {
 		}}},
 		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
 	}
-	p, err := startPod(pod)
+	p, err := startPod(pod, localSockets{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,164 @@
+package network
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// SYNTap watches a host's link on the bridge and records when a new TCP
+// connection (a SYN without ACK) last arrived for the host's own address on
+// a port in a range: a node's node ports, say, but not its health port and
+// not connections forwarded to its pods. Benchmarks and the demo read
+// "the last new connection a node got" from it, with real kube-proxy
+// handling the connection itself.
+type SYNTap struct {
+	dst       netip.Addr
+	firstPort uint16
+	lastPort  uint16
+	file      *os.File
+
+	mu    sync.Mutex
+	last  time.Time
+	count int64
+}
+
+// TapSYNs starts a SYNTap on host's bridge port for connections to dst on
+// ports firstPort..lastPort; it stops when ctx is done.
+func (n *Network) TapSYNs(ctx context.Context, host string, dst netip.Addr, firstPort, lastPort uint16) (*SYNTap, error) {
+	port, err := n.port(host)
+	if err != nil {
+		return nil, err
+	}
+	filter, err := synFilter()
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+	if err != nil {
+		return nil, fmt.Errorf("opening a packet socket to watch %s: %w", host, err)
+	}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("attaching the SYN filter: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: port.Attrs().Index}); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("binding the packet socket to %s: %w", port.Attrs().Name, err)
+	}
+	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, file: os.NewFile(uintptr(fd), "syntap-"+host)}
+	go t.read()
+	go func() {
+		<-ctx.Done()
+		_ = t.file.Close()
+	}()
+	return t, nil
+}
+
+// Last returns when the last matching SYN arrived (zero: none yet).
+func (t *SYNTap) Last() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.last
+}
+
+// Count returns how many matching SYNs arrived.
+func (t *SYNTap) Count() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.count
+}
+
+func (t *SYNTap) read() {
+	buf := make([]byte, snapLen)
+	for {
+		n, err := t.file.Read(buf)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		if dst, port, ok := synDestination(buf[:n]); ok && dst == t.dst && port >= t.firstPort && port <= t.lastPort {
+			t.mu.Lock()
+			t.last, t.count = now, t.count+1
+			t.mu.Unlock()
+		}
+	}
+}
+
+// snapLen covers Ethernet, an IPv6 header and the TCP ports and flags.
+const snapLen = 96
+
+// synFilter passes only TCP segments with SYN set and ACK clear, over IPv4
+// (no fragments) or IPv6 (TCP as the first next header), cut to snapLen.
+func synFilter() ([]unix.SockFilter, error) {
+	const (
+		synAck = 0x12
+		syn    = 0x02
+	)
+	const drop = 17
+	prog := []bpf.Instruction{
+		/* 0 */ bpf.LoadAbsolute{Off: 12, Size: 2}, // ethertype
+		/* 1 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0x0800, SkipFalse: 10 - 2}, // IPv4, else try IPv6
+		/* 2 */ bpf.LoadAbsolute{Off: 14 + 9, Size: 1}, // IPv4 protocol
+		/* 3 */ bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.IPPROTO_TCP, SkipTrue: drop - 4},
+		/* 4 */ bpf.LoadAbsolute{Off: 14 + 6, Size: 2}, // flags and fragment offset
+		/* 5 */ bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: 0x1fff, SkipTrue: drop - 6}, // not the first fragment
+		/* 6 */ bpf.LoadMemShift{Off: 14}, // X = IPv4 header length
+		/* 7 */ bpf.LoadIndirect{Off: 14 + 13, Size: 1}, // TCP flags
+		/* 8 */ bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: synAck},
+		/* 9 */ bpf.Jump{Skip: 15 - 10},
+		/* 10 */ bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 0x86dd, SkipTrue: drop - 11},
+		/* 11 */ bpf.LoadAbsolute{Off: 14 + 6, Size: 1}, // IPv6 next header
+		/* 12 */ bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.IPPROTO_TCP, SkipTrue: drop - 13},
+		/* 13 */ bpf.LoadAbsolute{Off: 14 + 40 + 13, Size: 1}, // TCP flags
+		/* 14 */ bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: synAck},
+		/* 15 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: syn, SkipFalse: drop - 16},
+		/* 16 */ bpf.RetConstant{Val: snapLen},
+		/* drop */ bpf.RetConstant{Val: 0},
+	}
+	raw, err := bpf.Assemble(prog)
+	if err != nil {
+		return nil, fmt.Errorf("assembling the SYN filter: %w", err)
+	}
+	out := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		out[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	return out, nil
+}
+
+// synDestination reads the destination address and port of an Ethernet
+// frame that synFilter passed.
+func synDestination(frame []byte) (netip.Addr, uint16, bool) {
+	if len(frame) < 14 {
+		return netip.Addr{}, 0, false
+	}
+	switch binary.BigEndian.Uint16(frame[12:14]) {
+	case 0x0800:
+		if len(frame) < 14+20 {
+			return netip.Addr{}, 0, false
+		}
+		ihl := int(frame[14]&0x0f) * 4
+		if len(frame) < 14+ihl+4 {
+			return netip.Addr{}, 0, false
+		}
+		dst := netip.AddrFrom4([4]byte(frame[30:34]))
+		return dst, binary.BigEndian.Uint16(frame[14+ihl+2:]), true
+	case 0x86dd:
+		if len(frame) < 14+40+4 {
+			return netip.Addr{}, 0, false
+		}
+		dst := netip.AddrFrom16([16]byte(frame[38:54]))
+		return dst, binary.BigEndian.Uint16(frame[14+40+2:]), true
+	}
+	return netip.Addr{}, 0, false
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

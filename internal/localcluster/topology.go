@@ -1,0 +1,174 @@
+package localcluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+// The cluster's network (docs/local-cluster.md draws it):
+//
+//	client 10.1.0.2 ── 10.1.0.1 router 10.0.0.253 ──┐
+//	                                                 ├─ bridge ebb-nodes (10.0.0.0/24)
+//	control plane 10.0.0.254 (this process) ─────────┤
+//	node-1 10.0.0.1 (pods 10.244.1.0/24 on lo) ──────┤
+//	node-2 10.0.0.2 ...                       ───────┘
+//
+// Each box is a network namespace. The control-plane host is the namespace
+// this process runs in (made by Reexec): the apiserver, etcd, the
+// controllers, kwok, ebb's processes started by tests, and the tests
+// themselves run there. Each node runs its own kube-proxy and its pods'
+// servers. VIPs live on the control-plane host's loopback for now (ebb lb
+// runs there) and the router has a static route to them through it.
+var (
+	// ClientCIDR is the client subnet behind the router.
+	ClientCIDR = netip.MustParsePrefix("10.1.0.0/24")
+	// ClientIP is the client host's address.
+	ClientIP = netip.MustParseAddr("10.1.0.2")
+	// RouterIP is the router's address on the node network; every host's
+	// default route points at it.
+	RouterIP = netip.MustParseAddr("10.0.0.253")
+	// ControlPlaneIP is the control-plane host's address on the node
+	// network: the apiserver serves there.
+	ControlPlaneIP = netip.MustParseAddr(controlPlaneIP)
+
+	routerClientSide = netip.MustParseAddr("10.1.0.1")
+)
+
+// Names of the hosts that are not nodes.
+const (
+	HostControlPlane = "control-plane"
+	HostRouter       = "router"
+	HostClient       = "client"
+)
+
+// nodePortRange is the apiserver's --service-node-port-range (room for the
+// 3,000 node ports bench-service makes).
+const (
+	nodePortFirst = 20000
+	nodePortLast  = 32767
+)
+
+// nodeSpec is the plan of node i (from 1).
+func nodeSpec(i int) Node {
+	return Node{
+		Name:    fmt.Sprintf("node-%d", i),
+		IP:      fmt.Sprintf("10.0.0.%d", i),
+		PodCIDR: fmt.Sprintf("10.244.%d.0/24", i),
+	}
+}
+
+// buildNetwork makes the bridge, the router, the client and a host per
+// node, with their addresses and routes.
+func (c *Cluster) buildNetwork() error {
+	c.progressf("building the network: %d node hosts, a router and a client", c.opts.Nodes)
+	bits, _ := NodeCIDR.Mask.Size()
+	net, err := network.New(HostControlPlane, netip.PrefixFrom(ControlPlaneIP, bits))
+	if err != nil {
+		return err
+	}
+	c.Network = net
+	router, err := net.AddHost(HostRouter, netip.PrefixFrom(RouterIP, bits))
+	if err != nil {
+		return err
+	}
+	client, err := net.AddIsolatedHost(HostClient)
+	if err != nil {
+		return err
+	}
+	if err := net.Link(router, "eth1", []netip.Prefix{netip.PrefixFrom(routerClientSide, ClientCIDR.Bits())},
+		client, "eth0", []netip.Prefix{netip.PrefixFrom(ClientIP, ClientCIDR.Bits())}); err != nil {
+		return err
+	}
+	c.ExternalClient, c.Router = client, router
+	if err := client.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), routerClientSide); err != nil {
+		return err
+	}
+	// Until ebb announces its VIPs, the router knows them by a static
+	// route to the host that serves them.
+	if err := router.AddRoute(vipPrefix(), ControlPlaneIP); err != nil {
+		return err
+	}
+	if err := net.Root.AddRoute(ClientCIDR, RouterIP); err != nil {
+		return err
+	}
+	for i := 1; i <= c.opts.Nodes; i++ {
+		n := nodeSpec(i)
+		h, err := net.AddHost(n.Name, netip.PrefixFrom(netip.MustParseAddr(n.IP), bits))
+		if err != nil {
+			return err
+		}
+		// Every pod IP of the node is local to it: its pods' servers bind
+		// them (pods of the simulation share the node's namespace).
+		if err := h.AddAddress("lo", netip.MustParsePrefix(n.PodCIDR)); err != nil {
+			return err
+		}
+		if err := h.AddRoute(ClientCIDR, RouterIP); err != nil {
+			return err
+		}
+		n.Host = h
+		c.Nodes = append(c.Nodes, n)
+	}
+	// Pod ranges are routed to their nodes everywhere (as a host-gateway
+	// CNI does), so pods, node ports and the control plane reach any pod.
+	for _, n := range c.Nodes {
+		for _, h := range append([]*network.Host{net.Root, router}, nodeHosts(c.Nodes)...) {
+			if h == n.Host {
+				continue
+			}
+			if err := h.AddRoute(netip.MustParsePrefix(n.PodCIDR), netip.MustParseAddr(n.IP)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func vipPrefix() netip.Prefix {
+	p, _ := netip.ParsePrefix(VIPCIDR.String())
+	return p
+}
+
+func nodeHosts(nodes []Node) []*network.Host {
+	hosts := make([]*network.Host, 0, len(nodes))
+	for _, n := range nodes {
+		hosts = append(hosts, n.Host)
+	}
+	return hosts
+}
+
+// startTaps watches every node's link for new connections to its node
+// ports (LastNewConnection).
+func (c *Cluster) startTaps(ctx context.Context) error {
+	c.taps = map[string]*network.SYNTap{}
+	for _, n := range c.Nodes {
+		t, err := c.Network.TapSYNs(ctx, n.Name, netip.MustParseAddr(n.IP), nodePortFirst, nodePortLast)
+		if err != nil {
+			return err
+		}
+		c.taps[n.Name] = t
+	}
+	return nil
+}
+
+// LastNewConnection is when the node last got a new TCP connection to one
+// of its node ports (zero: never): a load balancer in node mode sending it
+// new connections. Connections kube-proxy forwards to the node's pods, and
+// health checks, do not count.
+func (c *Cluster) LastNewConnection(node string) time.Time {
+	if t, ok := c.taps[node]; ok {
+		return t.Last()
+	}
+	return time.Time{}
+}
+
+// Disconnect cuts a node's host off the node network, as if the machine
+// vanished: connections to it and through it hang, its health checks time
+// out, and nothing on it is told. The Node object stays as it was.
+func (c *Cluster) Disconnect(node string) error { return c.Network.Disconnect(node) }
+
+// Reconnect plugs a node's host back in.
+func (c *Cluster) Reconnect(node string) error { return c.Network.Reconnect(node) }
