@@ -36,6 +36,10 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
+// EnvKeepDir, when set, keeps a stopped cluster's directory (logs,
+// configuration) for a look after a failed test.
+const EnvKeepDir = "EBB_KEEP_CLUSTER_DIR"
+
 // KwokNodeAnnotation marks the nodes that kwok simulates.
 const KwokNodeAnnotation = "kwok.x-k8s.io/node"
 
@@ -542,7 +546,11 @@ func (c *Cluster) Stop() error {
 		c.Network = nil
 	}
 	if c.ownsDir {
-		errs = append(errs, os.RemoveAll(c.opts.Dir))
+		if os.Getenv(EnvKeepDir) != "" {
+			c.progressf("kept the cluster's directory %s (%s is set)", c.opts.Dir, EnvKeepDir)
+		} else {
+			errs = append(errs, os.RemoveAll(c.opts.Dir))
+		}
 	}
 	return errors.Join(errs...)
 }

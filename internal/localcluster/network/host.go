@@ -13,6 +13,7 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -20,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -37,21 +37,14 @@ type Host struct {
 	// root is true for the namespace the Network was made in, which this
 	// process itself runs in: Do needs no namespace switch there.
 	root bool
-
-	// starter is a thread that stays in the namespace for as long as the
-	// host exists and forks its processes (see Start).
-	starterOnce sync.Once
-	starter     chan func()
-	starterErr  error
 }
 
 // newHost makes a new network namespace with its loopback up.
 func newHost(name string) (*Host, error) {
 	var ns netns.NsHandle
-	// netns.New switches the calling thread into the new namespace; do it
-	// on a thread that dies with its goroutine, so no other goroutine ever
-	// runs in the wrong namespace.
-	err := onNewThread(func() error {
+	// netns.New switches the calling thread into the new namespace;
+	// inThread switches it back.
+	err := inThread(func() error {
 		var err error
 		ns, err = netns.New()
 		return err
@@ -93,21 +86,33 @@ func hostAt(name string, ns netns.NsHandle, root bool) (*Host, error) {
 }
 
 func (h *Host) close() {
-	if h.starter != nil {
-		close(h.starter)
-	}
 	h.nl.Close()
 	_ = h.ns.Close()
 }
 
-// onNewThread runs fn on a goroutine locked to a thread of its own that is
-// never unlocked: when the goroutine ends the runtime retires the thread, so
-// whatever fn did to the thread's namespaces cannot leak to other goroutines.
-func onNewThread(fn func() error) error {
+// inThread runs fn on a goroutine locked to its thread, then puts the
+// thread back in this process's network namespace and unlocks it. Threads
+// must not end: a child process's parent-death signal (Pdeathsig) follows
+// the thread that forked it, and any goroutine may have forked on any
+// thread. Only if the namespace cannot be restored does the goroutine end
+// locked, so that the runtime retires a thread in the wrong namespace.
+func inThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		errc <- fn()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		err = fn()
+		if rerr := netns.Set(orig); rerr != nil {
+			errc <- errors.Join(err, fmt.Errorf("returning to this process's network namespace: %w", rerr))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- err
 	}()
 	return <-errc
 }
@@ -118,7 +123,7 @@ func (h *Host) Do(fn func() error) error {
 	if h.root {
 		return fn()
 	}
-	return onNewThread(func() error {
+	return inThread(func() error {
 		if err := netns.Set(h.ns); err != nil {
 			return fmt.Errorf("entering the network namespace of %s: %w", h.Name, err)
 		}
@@ -157,39 +162,11 @@ func (h *Host) DialContext(ctx context.Context, network, address string) (net.Co
 	return c, err
 }
 
-// Start starts cmd inside the host's network namespace: it inherits the
-// namespaces of the thread that forks it. That thread lives as long as the
-// host, because a child's parent-death signal (Pdeathsig) follows the
-// forking thread, not the process: a thread that ended after the fork would
-// kill the child at once.
+// Start starts cmd inside the host's network namespace: the child inherits
+// the namespace of the thread that forks it (inThread keeps that thread
+// alive afterwards, as the child's parent-death signal needs).
 func (h *Host) Start(cmd *exec.Cmd) error {
-	if h.root {
-		return cmd.Start()
-	}
-	h.starterOnce.Do(func() {
-		ready := make(chan error, 1)
-		work := make(chan func())
-		go func() {
-			runtime.LockOSThread()
-			if err := netns.Set(h.ns); err != nil {
-				ready <- fmt.Errorf("entering the network namespace of %s: %w", h.Name, err)
-				return
-			}
-			ready <- nil
-			for fn := range work {
-				fn()
-			}
-		}()
-		if h.starterErr = <-ready; h.starterErr == nil {
-			h.starter = work
-		}
-	})
-	if h.starterErr != nil {
-		return h.starterErr
-	}
-	errc := make(chan error, 1)
-	h.starter <- func() { errc <- cmd.Start() }
-	return <-errc
+	return h.Do(cmd.Start)
 }
 
 // SetSysctl writes a sysctl of the host's network namespace, e.g.

@@ -75,9 +75,9 @@ func TestClusterUpExecDown(t *testing.T) {
 	if got := strings.Count(out, " Ready "); got != 2 {
 		t.Errorf("kubectl get nodes shows %d Ready nodes, want 2:\n%s", got, out)
 	}
-	// The command runs inside the cluster's network: node IPs are local there.
-	out, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c", "ip -4 addr show lo")
-	if err != nil || !strings.Contains(out, "10.0.0.0/24") {
+	// The command runs on the cluster's control-plane host, on the node network.
+	out, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c", "ip -4 addr show ebb-nodes")
+	if err != nil || !strings.Contains(out, "10.0.0.254/24") {
 		t.Errorf("exec does not run in the cluster's network namespace: %v\n%s", err, out)
 	}
 	// With --with-ebb, a LoadBalancer Service applied with kubectl gets an

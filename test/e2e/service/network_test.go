@@ -1,0 +1,81 @@
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+)
+
+// A user's client sits on another subnet: it reaches a LoadBalancer
+// Service's address through the router and only through it (the router
+// knows the VIP pool by a static route until ebb announces it).
+func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 2)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "web", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vip := waitAddress(t, ctx, ns, "web")
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(vip, "80"))
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext:       cluster.ExternalClient.DialContext,
+	}}
+	fromClient := func(ctx context.Context) (podserver.Identity, error) {
+		var id podserver.Identity
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return id, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return id, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return id, fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return id, json.NewDecoder(resp.Body).Decode(&id)
+	}
+	eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
+		_, err := fromClient(ctx)
+		return err == nil, fmt.Sprint(err)
+	})
+	for i := range 20 {
+		if _, err := fromClient(ctx); err != nil {
+			t.Fatalf("request %d from the client: %v", i, err)
+		}
+	}
+
+	// Without the router's route to the pool the address is unreachable:
+	// the client has no other way in.
+	pool := netip.MustParsePrefix(localcluster.VIPCIDR.String())
+	if err := cluster.Router.DeleteRoute(pool); err != nil {
+		t.Fatal(err)
+	}
+	restore := func() {
+		if err := cluster.Router.AddRoute(pool, localcluster.ControlPlaneIP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := fromClient(ctx)
+	restore()
+	if err == nil {
+		t.Fatalf("the client reached %s without the router's route: it bypasses the router", vip)
+	}
+	if _, err := fromClient(ctx); err != nil {
+		t.Fatalf("the client cannot reach %s once the route is back: %v", vip, err)
+	}
+}
