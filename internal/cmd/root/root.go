@@ -10,6 +10,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/demo"
 	"github.com/ebbdev/ebb/internal/cmd/lb"
 	"github.com/ebbdev/ebb/internal/cmd/nodeagent"
+	"github.com/ebbdev/ebb/internal/version"
 )
 
 // NewCommand returns the ebb root command with its subcommands.
@@ -20,6 +21,7 @@ func NewCommand() *cobra.Command {
 		Long: `ebb drains Kubernetes nodes without dropping a request: a Service
 type=LoadBalancer implementation whose backends carry an admin state, and
 declarative node maintenance that drains the load balancer before the pods.`,
+		Version:       version.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
