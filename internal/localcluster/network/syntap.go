@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"errors"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -80,8 +81,14 @@ func (t *SYNTap) read() {
 	buf := make([]byte, snapLen)
 	for {
 		n, err := t.file.Read(buf)
-		if err != nil {
+		if errors.Is(err, os.ErrClosed) {
 			return
+		}
+		if err != nil {
+			// ENETDOWN while the link is cut (Disconnect): the socket
+			// keeps working once it is up again.
+			time.Sleep(time.Millisecond)
+			continue
 		}
 		now := time.Now()
 		if dst, port, ok := synDestination(buf[:n]); ok && dst == t.dst && port >= t.firstPort && port <= t.lastPort {

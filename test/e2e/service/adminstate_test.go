@@ -38,6 +38,7 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	}
 	addr := net.JoinHostPort(ip, "80")
 	url := "http://" + addr + "/"
+	waitServes(t, ctx, url)
 
 	// A long-lived raw TCP connection through the load balancer; the pod's
 	// echo answers it byte for byte.

@@ -91,6 +91,22 @@ func waitAddress(t *testing.T, ctx context.Context, ns, name string) string {
 	return ip
 }
 
+// waitServes waits until url answers through the load balancer on every
+// path: as many requests in a row as two rounds over the nodes succeed. A
+// Service's endpoints are in the API before every node's kube-proxy has
+// programmed them, as in any cluster.
+func waitServes(t *testing.T, ctx context.Context, url string) {
+	t.Helper()
+	eventually(t, ctx, 30*time.Second, "every path to "+url+" answering", func(ctx context.Context) (bool, string) {
+		for i := range 2 * len(cluster.Nodes) {
+			if _, err := get(ctx, url); err != nil {
+				return false, fmt.Sprintf("request %d: %v", i, err)
+			}
+		}
+		return true, ""
+	})
+}
+
 var httpClient = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 // get sends one request on a new connection and decodes the pod's answer.
