@@ -3,6 +3,7 @@ package localcluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -133,6 +134,38 @@ func (c *Cluster) WaitServiceEndpoints(ctx context.Context, namespace, name stri
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for service %s/%s to have %d ready endpoints (has %d): %w", namespace, name, want, got, err)
+	}
+	return nil
+}
+
+// WaitNodePorts waits until every node accepts connections on each TCP
+// node port of the Service: every node's kube-proxy has programmed it.
+// Endpoints show in the API before that, as in any cluster.
+func (c *Cluster) WaitNodePorts(ctx context.Context, namespace, name string, timeout time.Duration) error {
+	svc, err := c.Client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading service %s/%s: %w", namespace, name, err)
+	}
+	var missing string
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		for _, p := range svc.Spec.Ports {
+			if p.NodePort == 0 || (p.Protocol != corev1.ProtocolTCP && p.Protocol != "") {
+				continue
+			}
+			for _, n := range c.Nodes {
+				addr := net.JoinHostPort(n.IP, fmt.Sprint(p.NodePort))
+				conn, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
+				if err != nil {
+					missing = fmt.Sprintf("%s (%s): %v", addr, n.Name, err)
+					return false, nil
+				}
+				_ = conn.Close()
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for every node to serve the node ports of %s/%s (%s): %w", namespace, name, missing, err)
 	}
 	return nil
 }

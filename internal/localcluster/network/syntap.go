@@ -2,8 +2,8 @@ package network
 
 import (
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"

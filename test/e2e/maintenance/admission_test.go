@@ -70,8 +70,14 @@ func TestDefaultingAndValidation(t *testing.T) {
 		t.Errorf("drain plan after defaulting: %+v, want the given entry then the 12 defaults", got.Spec.DrainPlan)
 	}
 
-	got.Spec.DrainPlan = got.Spec.DrainPlan[1:]
-	if err := admin.Update(ctx, got); err == nil || !strings.Contains(err.Error(), "spec.drainPlan is immutable") {
+	// The controller writes the object too (finalizer, status): retry a
+	// conflict with a fresh copy, so the refusal seen is admission's.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := getNM(t, ctx, "defaults")
+		got.Spec.DrainPlan = got.Spec.DrainPlan[1:]
+		return admin.Update(ctx, got)
+	})
+	if err == nil || !strings.Contains(err.Error(), "spec.drainPlan is immutable") {
 		t.Errorf("changing the drain plan: %v, want it refused as immutable", err)
 	}
 

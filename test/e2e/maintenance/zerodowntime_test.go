@@ -59,6 +59,12 @@ func lbApp(t *testing.T, ctx context.Context, ns, name string, replicas int32, a
 		addr = net.JoinHostPort(s.Status.LoadBalancer.Ingress[0].IP, "80")
 		return request("http://"+addr+"/") == nil, "not answering"
 	})
+	// Until every node's kube-proxy serves the node port, the load
+	// balancer's dial retry hides a node that refuses: tests that count
+	// connections per node need them all.
+	if err := cluster.WaitNodePorts(ctx, ns, name, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	return addr
 }
 
