@@ -63,7 +63,14 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 		stop()
 		return err
 	}
-	b := &bench{c: c, load: &loadgen.Requests{URL: url, Rate: rate, Timeout: requestTimeout}}
+	svc, err := c.Client.CoreV1().Services(ns).Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		stop()
+		return err
+	}
+	// The traffic's node port: the Local Service's health check node port
+	// is probed even while the node is Down, and must not count.
+	b := &bench{c: c, nodePort: svc.Spec.Ports[0].NodePort, load: &loadgen.Requests{URL: url, Rate: rate, Timeout: requestTimeout}}
 	b.load.Start()
 	defer b.load.Stop()
 
@@ -118,13 +125,23 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// deploy creates the echo app (3 replicas, tolerating the out-of-service
-// taint so the measurement is about the load balancer, not pod churn) and
-// its node-mode LoadBalancer Service, and returns the Service's URL once it
-// answers.
+// deploy creates the echo app (3 replicas, one per node, tolerating the
+// out-of-service taint so the measurement is about the load balancer, not
+// pod churn) and its node-mode LoadBalancer Service with
+// externalTrafficPolicy Local, and returns the Service's URL once it
+// answers. Local, because a vanished node takes its pods with it: with
+// Cluster, the other nodes' kube-proxies keep forwarding a share of every
+// node's connections to those pods until Kubernetes notices, which no
+// load balancer in front of the nodes can change (docs/benchmarks.md).
 func deploy(ctx context.Context, c *localcluster.Cluster) (string, error) {
 	dep := localcluster.EchoDeployment(ns, "app", 3)
 	dep.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: lbmodel.TaintOutOfService, Operator: corev1.TolerationOpExists}}
+	dep.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "app"}},
+			TopologyKey:   corev1.LabelHostname,
+		}},
+	}}
 	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}
@@ -133,6 +150,7 @@ func deploy(ctx context.Context, c *localcluster.Cluster) (string, error) {
 	}
 	svc := localcluster.EchoService(ns, "app", corev1.ServiceTypeLoadBalancer)
 	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}

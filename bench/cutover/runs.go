@@ -21,8 +21,9 @@ import (
 const requestTimeout = 3 * time.Second
 
 type bench struct {
-	c    *localcluster.Cluster
-	load *loadgen.Requests
+	c        *localcluster.Cluster
+	nodePort int32
+	load     *loadgen.Requests
 }
 
 // cutovers taints each node in turn with out-of-service and measures the
@@ -40,7 +41,7 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 			return nil, err
 		}
 		time.Sleep(time.Second)
-		cut := max(b.c.LastNewConnection(node).Sub(t0), 0)
+		cut := max(b.c.LastNewConnection(node, b.nodePort).Sub(t0), 0)
 		out = append(out, cut)
 		if err := b.setTaint(ctx, node, nil); err != nil {
 			return nil, err
@@ -75,7 +76,7 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 		// timeout, then the last blackholed requests time out.
 		time.Sleep(15*time.Second + requestTimeout)
 		_, after := b.load.Counts()
-		cut := max(b.c.LastNewConnection(node).Sub(killed), 0)
+		cut := max(b.c.LastNewConnection(node, b.nodePort).Sub(killed), 0)
 		cutovers = append(cutovers, cut)
 		failed += after - before
 		fmt.Fprintf(os.Stderr, "spot run %d (%s): %d failed requests, last connection %s after the kill\n", i+1, node, after-before, cut.Round(time.Millisecond))
@@ -135,7 +136,7 @@ func (b *bench) setTaint(ctx context.Context, name string, taint *corev1.Taint) 
 // rotation again.
 func (b *bench) waitServes(ctx context.Context, node string, since time.Time) error {
 	deadline := time.Now().Add(time.Minute)
-	for !b.c.LastNewConnection(node).After(since) {
+	for !b.c.LastNewConnection(node, b.nodePort).After(since) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("node %s took no new connection for a minute", node)
 		}

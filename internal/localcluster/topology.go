@@ -140,12 +140,12 @@ func nodeHosts(nodes []Node) []*network.Host {
 	return hosts
 }
 
-// startTaps watches every node's link for new connections to its node
-// ports (LastNewConnection).
+// startTaps watches the bridge for new connections from this host to each
+// node's node ports (LastNewConnection).
 func (c *Cluster) startTaps(ctx context.Context) error {
 	c.taps = map[string]*network.SYNTap{}
 	for _, n := range c.Nodes {
-		t, err := c.Network.TapSYNs(ctx, n.Name, netip.MustParseAddr(n.IP), nodePortFirst, nodePortLast)
+		t, err := c.Network.TapSYNs(ctx, netip.MustParseAddr(n.IP), nodePortFirst, nodePortLast)
 		if err != nil {
 			return err
 		}
@@ -154,15 +154,23 @@ func (c *Cluster) startTaps(ctx context.Context) error {
 	return nil
 }
 
-// LastNewConnection is when the node last got a new TCP connection to one
-// of its node ports (zero: never): a load balancer in node mode sending it
-// new connections. Connections kube-proxy forwards to the node's pods, and
-// health checks, do not count.
-func (c *Cluster) LastNewConnection(node string) time.Time {
-	if t, ok := c.taps[node]; ok {
-		return t.Last()
+// LastNewConnection is when the control-plane host (where tests run ebb
+// lb) last opened a TCP connection to the node on one of nodePorts (none:
+// any node port; zero time: never): a load balancer in node mode sending
+// the node new connections, seen even while the node is cut off. Name the
+// Service's traffic ports: a Local Service's healthCheckNodePort is a node
+// port too, and its probes would count. Connections other nodes'
+// kube-proxies forward to the node's pods never count.
+func (c *Cluster) LastNewConnection(node string, nodePorts ...int32) time.Time {
+	t, ok := c.taps[node]
+	if !ok {
+		return time.Time{}
 	}
-	return time.Time{}
+	ports := make([]uint16, 0, len(nodePorts))
+	for _, p := range nodePorts {
+		ports = append(ports, uint16(p))
+	}
+	return t.Last(ports...)
 }
 
 // Disconnect cuts a node's host off the node network, as if the machine

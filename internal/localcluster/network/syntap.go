@@ -14,12 +14,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SYNTap watches a host's link on the bridge and records when a new TCP
-// connection (a SYN without ACK) last arrived for the host's own address on
-// a port in a range: a node's node ports, say, but not its health port and
-// not connections forwarded to its pods. Benchmarks and the demo read
-// "the last new connection a node got" from it, with real kube-proxy
-// handling the connection itself.
+// SYNTap watches the root host's side of the bridge and records when it
+// last sent a new TCP connection (a SYN without ACK) to one address on a
+// port in a range: the load balancer on the control-plane host opening a
+// connection to a node's node ports, say, but not to its health port and
+// not connections other hosts forward to the node's pods. It sees the SYN
+// leave even when the node is cut off (Disconnect). Benchmarks and the
+// demo read "the last new connection a node was sent" from it, with real
+// kube-proxy handling the connection itself.
 type SYNTap struct {
 	dst       netip.Addr
 	firstPort uint16
@@ -27,24 +29,21 @@ type SYNTap struct {
 	file      *os.File
 
 	mu    sync.Mutex
-	last  time.Time
+	last  map[uint16]time.Time // by destination port
 	count int64
 }
 
-// TapSYNs starts a SYNTap on host's bridge port for connections to dst on
-// ports firstPort..lastPort; it stops when ctx is done.
-func (n *Network) TapSYNs(ctx context.Context, host string, dst netip.Addr, firstPort, lastPort uint16) (*SYNTap, error) {
-	port, err := n.port(host)
-	if err != nil {
-		return nil, err
-	}
+// TapSYNs starts a SYNTap on the bridge for connections to dst on ports
+// firstPort..lastPort; it stops when ctx is done.
+func (n *Network) TapSYNs(ctx context.Context, dst netip.Addr, firstPort, lastPort uint16) (*SYNTap, error) {
+	port := n.bridge
 	filter, err := synFilter()
 	if err != nil {
 		return nil, err
 	}
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
 	if err != nil {
-		return nil, fmt.Errorf("opening a packet socket to watch %s: %w", host, err)
+		return nil, fmt.Errorf("opening a packet socket to watch %s: %w", dst, err)
 	}
 	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
 		_ = unix.Close(fd)
@@ -54,7 +53,7 @@ func (n *Network) TapSYNs(ctx context.Context, host string, dst netip.Addr, firs
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("binding the packet socket to %s: %w", port.Attrs().Name, err)
 	}
-	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, file: os.NewFile(uintptr(fd), "syntap-"+host)}
+	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, last: map[uint16]time.Time{}, file: os.NewFile(uintptr(fd), "syntap-"+dst.String())}
 	go t.read()
 	go func() {
 		<-ctx.Done()
@@ -63,11 +62,26 @@ func (n *Network) TapSYNs(ctx context.Context, host string, dst netip.Addr, firs
 	return t, nil
 }
 
-// Last returns when the last matching SYN arrived (zero: none yet).
-func (t *SYNTap) Last() time.Time {
+// Last returns when the last matching SYN to one of ports was seen (no
+// ports: any port of the range; zero: none yet).
+func (t *SYNTap) Last(ports ...uint16) time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.last
+	var last time.Time
+	if len(ports) == 0 {
+		for _, at := range t.last {
+			if at.After(last) {
+				last = at
+			}
+		}
+		return last
+	}
+	for _, p := range ports {
+		if at := t.last[p]; at.After(last) {
+			last = at
+		}
+	}
+	return last
 }
 
 // Count returns how many matching SYNs arrived.
@@ -93,7 +107,8 @@ func (t *SYNTap) read() {
 		now := time.Now()
 		if dst, port, ok := synDestination(buf[:n]); ok && dst == t.dst && port >= t.firstPort && port <= t.lastPort {
 			t.mu.Lock()
-			t.last, t.count = now, t.count+1
+			t.last[port] = now
+			t.count++
 			t.mu.Unlock()
 		}
 	}
