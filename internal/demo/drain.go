@@ -124,6 +124,22 @@ type longLived struct {
 	done           chan struct{}
 	wg             sync.WaitGroup
 	resets, opened atomic.Int64
+	// lastBreak says why the last connection broke, and when.
+	lastBreak atomic.Pointer[string]
+}
+
+func (l *longLived) broke(why string) {
+	l.resets.Add(1)
+	msg := time.Now().Format("15:04:05.000") + ": " + why
+	l.lastBreak.Store(&msg)
+}
+
+// lastBroken is why the last connection broke ("" if none did).
+func (l *longLived) lastBroken() string {
+	if p := l.lastBreak.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 func startLongLived(addr string, n int, lifetime time.Duration) *longLived {
@@ -141,7 +157,7 @@ func startLongLived(addr string, n int, lifetime time.Duration) *longLived {
 			for {
 				conn, err := loadgen.OpenLongLived(addr, 200*time.Millisecond)
 				if err != nil {
-					l.resets.Add(1)
+					l.broke("opening: " + err.Error())
 				} else {
 					l.opened.Add(1)
 				}
@@ -154,8 +170,8 @@ func startLongLived(addr string, n int, lifetime time.Duration) *longLived {
 				case <-time.After(lifetime):
 				}
 				if conn != nil {
-					if conn.Broken() != "" {
-						l.resets.Add(1)
+					if why := conn.Broken(); why != "" {
+						l.broke(why)
 					}
 					conn.Close()
 				}

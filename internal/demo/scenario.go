@@ -37,7 +37,12 @@ type Options struct {
 	// multi-replica app, one third to the single replica).
 	Rate int
 	// LongLived connections are kept open, each for LongLivedLifetime,
-	// then replaced by a new one (as clients with keep-alive do).
+	// then replaced by a new one (as clients with keep-alive do). The
+	// lifetime stays under the pods' grace period (5 s, whole seconds, so
+	// up to 1 s less): no load balancer can keep a connection that outlives
+	// its pod's termination, and with externalTrafficPolicy Cluster any
+	// node's kube-proxy may have opened one to a pod just before its
+	// eviction.
 	LongLived         int
 	LongLivedLifetime time.Duration
 	// Settle is the quiet time before the drain and after Complete.
@@ -51,7 +56,7 @@ type Options struct {
 
 // DefaultOptions are the demo's.
 func DefaultOptions() Options {
-	return Options{Replicas: 6, Rate: 200, LongLived: 10, LongLivedLifetime: 5 * time.Second, Settle: 3 * time.Second, Downtime: 15 * time.Second}
+	return Options{Replicas: 6, Rate: 200, LongLived: 10, LongLivedLifetime: 3 * time.Second, Settle: 3 * time.Second, Downtime: 15 * time.Second}
 }
 
 // Markers are the moments of the scenario, from the start of the traffic.
@@ -196,6 +201,9 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	res.ResetConnections, res.LongLivedOpened = long.resets.Load(), long.opened.Load()
 	res.P99Ms = p99(res.Samples, m.Drain, m.NodeUp)
 	s.step("%s: %d requests, %d failed; %d long-lived connections, %d reset", mode, res.RequestsSent, res.RequestsFailed, res.LongLivedOpened, res.ResetConnections)
+	if why := long.lastBroken(); why != "" {
+		s.step("%s: the last long-lived connection broke at %s", mode, why)
+	}
 	if res.RequestsFailed > 0 {
 		s.step("%s: failures %s (drain at %s, first eviction %s, drained %s, node down %s, up %s, complete %s); last error: %s", mode,
 			failureSpan(res.Samples), m.Drain.Round(time.Millisecond), m.FirstEviction.Round(time.Millisecond), m.Drained.Round(time.Millisecond),
