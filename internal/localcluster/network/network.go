@@ -195,25 +195,23 @@ func (n *Network) Link(a *Host, devA string, addrsA []netip.Prefix, b *Host, dev
 
 // Disconnect cuts a host off the bridge, as if its machine vanished: its
 // packets go nowhere and nothing reaches it; nothing inside it is told.
-func (n *Network) Disconnect(name string) error {
-	port, err := n.port(name)
-	if err != nil {
-		return err
-	}
-	if err := n.Root.nl.LinkSetDown(port); err != nil {
-		return fmt.Errorf("cutting %s off the bridge: %w", name, err)
-	}
-	return nil
-}
+func (n *Network) Disconnect(name string) error { return n.setPlugged(name, false) }
 
 // Reconnect undoes Disconnect.
-func (n *Network) Reconnect(name string) error {
+func (n *Network) Reconnect(name string) error { return n.setPlugged(name, true) }
+
+// setPlugged brings the bridge-side end of a host's link up or down.
+func (n *Network) setPlugged(name string, up bool) error {
 	port, err := n.port(name)
 	if err != nil {
 		return err
 	}
-	if err := n.Root.nl.LinkSetUp(port); err != nil {
-		return fmt.Errorf("plugging %s back into the bridge: %w", name, err)
+	set, what := n.Root.nl.LinkSetDown, "cutting %s off the bridge: %w"
+	if up {
+		set, what = n.Root.nl.LinkSetUp, "plugging %s back into the bridge: %w"
+	}
+	if err := set(port); err != nil {
+		return fmt.Errorf(what, name, err)
 	}
 	return nil
 }

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -51,4 +54,21 @@ func getIdentity(ctx context.Context, client *http.Client, url string) (podserve
 func eventually(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
 	t.Helper()
 	e2eutil.Eventually(t, ctx, timeout, what, cond)
+}
+
+// deployEcho creates the echo Deployment and a Service of type typ, both
+// named web, and waits for the Deployment.
+func deployEcho(t *testing.T, ctx context.Context, ns string, replicas int32, typ corev1.ServiceType) *corev1.Service {
+	t.Helper()
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", replicas), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := cluster.Client.CoreV1().Services(ns).Create(ctx, localcluster.EchoService(ns, "web", typ), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return svc
 }

@@ -122,16 +122,7 @@ func TestDisconnectedNodeVanishesAndComesBack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 2), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := cluster.Client.CoreV1().Services(ns).Create(ctx, localcluster.EchoService(ns, "web", corev1.ServiceTypeNodePort), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	svc := deployEcho(t, ctx, ns, 2, corev1.ServiceTypeNodePort)
 	node := cluster.Nodes[0]
 	url := fmt.Sprintf("http://%s:%d/", node.IP, svc.Spec.Ports[0].NodePort)
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -156,7 +147,7 @@ func TestDisconnectedNodeVanishesAndComesBack(t *testing.T) {
 	}
 	defer func() { _ = cluster.Reconnect(node.Name) }()
 	start := time.Now()
-	_, _, err = getIdentity(ctx, client, url)
+	_, _, err := getIdentity(ctx, client, url)
 	if err == nil {
 		t.Fatal("a disconnected node answered")
 	}

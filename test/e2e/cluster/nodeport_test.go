@@ -24,16 +24,7 @@ func TestNodePortReachesEveryPodThroughEveryNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 3), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := cluster.Client.CoreV1().Services(ns).Create(ctx, localcluster.EchoService(ns, "web", corev1.ServiceTypeNodePort), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	svc := deployEcho(t, ctx, ns, 3, corev1.ServiceTypeNodePort)
 	if err := cluster.WaitServiceEndpoints(ctx, ns, "web", 3, time.Minute); err != nil {
 		t.Fatal(err)
 	}

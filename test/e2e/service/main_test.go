@@ -111,12 +111,17 @@ var httpClient = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transpo
 
 // get sends one request on a new connection and decodes the pod's answer.
 func get(ctx context.Context, url string) (podserver.Identity, error) {
+	return getVia(ctx, httpClient, url)
+}
+
+// getVia is get through client.
+func getVia(ctx context.Context, client *http.Client, url string) (podserver.Identity, error) {
 	var id podserver.Identity
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return id, err
 	}
-	resp, err := httpClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return id, err
 	}

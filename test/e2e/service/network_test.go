@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -33,22 +32,7 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 		DisableKeepAlives: true,
 		DialContext:       cluster.ExternalClient.DialContext,
 	}}
-	fromClient := func(ctx context.Context) (podserver.Identity, error) {
-		var id podserver.Identity
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return id, err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return id, err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return id, fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return id, json.NewDecoder(resp.Body).Decode(&id)
-	}
+	fromClient := func(ctx context.Context) (podserver.Identity, error) { return getVia(ctx, client, url) }
 	eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
 		_, err := fromClient(ctx)
 		return err == nil, fmt.Sprint(err)
