@@ -35,6 +35,9 @@ var (
 	// network: the apiserver serves there.
 	ControlPlaneIP = netip.MustParseAddr(controlPlaneIP)
 
+	// VIPPrefix is VIPCIDR as a prefix.
+	VIPPrefix = netip.MustParsePrefix(VIPCIDR.String())
+
 	routerClientSide = netip.MustParseAddr("10.1.0.1")
 )
 
@@ -87,9 +90,7 @@ func (c *Cluster) buildNetwork() error {
 	if err := client.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), routerClientSide); err != nil {
 		return err
 	}
-	// Until ebb announces its VIPs, the router knows them by a static
-	// route to the host that serves them.
-	if err := router.AddRoute(vipPrefix(), ControlPlaneIP); err != nil {
+	if err := c.RouteVIPs(); err != nil {
 		return err
 	}
 	if err := net.Root.AddRoute(ClientCIDR, RouterIP); err != nil {
@@ -114,8 +115,12 @@ func (c *Cluster) buildNetwork() error {
 	}
 	// Pod ranges are routed to their nodes everywhere (as a host-gateway
 	// CNI does), so pods, node ports and the control plane reach any pod.
+	hosts := []*network.Host{net.Root, router}
 	for _, n := range c.Nodes {
-		for _, h := range append([]*network.Host{net.Root, router}, nodeHosts(c.Nodes)...) {
+		hosts = append(hosts, n.Host)
+	}
+	for _, n := range c.Nodes {
+		for _, h := range hosts {
 			if h == n.Host {
 				continue
 			}
@@ -127,17 +132,11 @@ func (c *Cluster) buildNetwork() error {
 	return nil
 }
 
-func vipPrefix() netip.Prefix {
-	p, _ := netip.ParsePrefix(VIPCIDR.String())
-	return p
-}
-
-func nodeHosts(nodes []Node) []*network.Host {
-	hosts := make([]*network.Host, 0, len(nodes))
-	for _, n := range nodes {
-		hosts = append(hosts, n.Host)
-	}
-	return hosts
+// RouteVIPs gives the router its static route to the VIP pool through the
+// host that serves the VIPs (the control-plane host, where ebb lb runs),
+// until ebb announces them.
+func (c *Cluster) RouteVIPs() error {
+	return c.Router.AddRoute(VIPPrefix, ControlPlaneIP)
 }
 
 // startTaps watches the bridge for new connections from this host to each

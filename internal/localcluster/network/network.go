@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
 	"sync"
 	"syscall"
 
@@ -216,16 +215,6 @@ func (n *Network) setPlugged(name string, up bool) error {
 	return nil
 }
 
-// Port returns the name of the bridge-side interface of a host's link, in
-// the root namespace (where taps watch it).
-func (n *Network) Port(name string) (string, error) {
-	port, err := n.port(name)
-	if err != nil {
-		return "", err
-	}
-	return port.Attrs().Name, nil
-}
-
 func (n *Network) port(name string) (netlink.Link, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -234,18 +223,6 @@ func (n *Network) port(name string) (netlink.Link, error) {
 		return nil, fmt.Errorf("no host %s on the bridge", name)
 	}
 	return port, nil
-}
-
-// Hosts lists the host names, sorted.
-func (n *Network) Hosts() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	names := make([]string, 0, len(n.hosts))
-	for name := range n.hosts {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // Close deletes the links and the bridge and closes every namespace handle.

@@ -28,15 +28,13 @@ type SYNTap struct {
 	lastPort  uint16
 	file      *os.File
 
-	mu    sync.Mutex
-	last  map[uint16]time.Time // by destination port
-	count int64
+	mu   sync.Mutex
+	last map[uint16]time.Time // by destination port
 }
 
 // TapSYNs starts a SYNTap on the bridge for connections to dst on ports
 // firstPort..lastPort; it stops when ctx is done.
 func (n *Network) TapSYNs(ctx context.Context, dst netip.Addr, firstPort, lastPort uint16) (*SYNTap, error) {
-	port := n.bridge
 	filter, err := synFilter()
 	if err != nil {
 		return nil, err
@@ -49,9 +47,9 @@ func (n *Network) TapSYNs(ctx context.Context, dst netip.Addr, firstPort, lastPo
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("attaching the SYN filter: %w", err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: port.Attrs().Index}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: n.bridge.Attrs().Index}); err != nil {
 		_ = unix.Close(fd)
-		return nil, fmt.Errorf("binding the packet socket to %s: %w", port.Attrs().Name, err)
+		return nil, fmt.Errorf("binding the packet socket to %s: %w", BridgeName, err)
 	}
 	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, last: map[uint16]time.Time{}, file: os.NewFile(uintptr(fd), "syntap-"+dst.String())}
 	go t.read()
@@ -84,13 +82,6 @@ func (t *SYNTap) Last(ports ...uint16) time.Time {
 	return last
 }
 
-// Count returns how many matching SYNs arrived.
-func (t *SYNTap) Count() int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.count
-}
-
 func (t *SYNTap) read() {
 	buf := make([]byte, snapLen)
 	for {
@@ -108,7 +99,6 @@ func (t *SYNTap) read() {
 		if dst, port, ok := synDestination(buf[:n]); ok && dst == t.dst && port >= t.firstPort && port <= t.lastPort {
 			t.mu.Lock()
 			t.last[port] = now
-			t.count++
 			t.mu.Unlock()
 		}
 	}

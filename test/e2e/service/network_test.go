@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -45,12 +44,11 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 
 	// Without the router's route to the pool the address is unreachable:
 	// the client has no other way in.
-	pool := netip.MustParsePrefix(localcluster.VIPCIDR.String())
-	if err := cluster.Router.DeleteRoute(pool); err != nil {
+	if err := cluster.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
 		t.Fatal(err)
 	}
 	restore := func() {
-		if err := cluster.Router.AddRoute(pool, localcluster.ControlPlaneIP); err != nil {
+		if err := cluster.RouteVIPs(); err != nil {
 			t.Fatal(err)
 		}
 	}
