@@ -62,6 +62,11 @@ type Server struct {
 
 	mu   sync.Mutex
 	pods map[types.UID]*podServer
+	// byIP is the servers, running or terminating, that hold each pod IP's
+	// sockets. kwok reuses a deleted pod's IP at once, while the old pod's
+	// servers may still be in their grace period; a kubelet would have torn
+	// down the old sandbox before its IP was reused, so the new pod wins.
+	byIP map[string]*podServer
 }
 
 // New returns a Server for the cluster client talks to. machine returns
@@ -71,7 +76,7 @@ func New(client kubernetes.Interface, machine func(node string) (Sockets, error)
 	if machine == nil {
 		machine = func(string) (Sockets, error) { return localSockets{}, nil }
 	}
-	return &Server{client: client, clock: clock.RealClock{}, machine: machine, pods: map[types.UID]*podServer{}}
+	return &Server{client: client, clock: clock.RealClock{}, machine: machine, pods: map[types.UID]*podServer{}, byIP: map[string]*podServer{}}
 }
 
 // Run serves pods until ctx is done, then closes every server at once.
@@ -107,6 +112,10 @@ func (s *Server) Run(ctx context.Context) error {
 	for uid, p := range s.pods {
 		p.closeAll()
 		delete(s.pods, uid)
+	}
+	for ip, p := range s.byIP {
+		p.closeAll()
+		delete(s.byIP, ip)
 	}
 	return nil
 }
@@ -178,6 +187,9 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 			log.Error(err, "Cannot serve pod", "pod", klog.KObj(pod))
 			return
 		}
+		if old, ok := s.byIP[pod.Status.PodIP]; ok {
+			old.closeAll()
+		}
 		p, err := startPod(pod, sockets)
 		if err != nil {
 			// Retried on the next resync: the address may still be held by
@@ -186,6 +198,7 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 			return
 		}
 		s.pods[pod.UID] = p
+		s.byIP[pod.Status.PodIP] = p
 	}
 }
 

@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 )
 
 // freePort returns a TCP port that was free on loopback a moment ago.
@@ -156,5 +159,60 @@ func TestPreStopSleepKeepsAcceptingUntilItEnds(t *testing.T) {
 		if time.Since(start) > 2*time.Second {
 			t.Fatal("still accepting after the preStop sleep")
 		}
+	}
+}
+
+// kwok gives a new pod the IP of a pod deleted a moment ago, whose servers
+// are still in their grace period (its UDP socket too): the new pod takes
+// the address over and serves at once, as it would once a kubelet had torn
+// down the old sandbox.
+func TestNewPodTakesOverAReusedIPFromATerminatingPod(t *testing.T) {
+	tcpPort := freePort(t)
+	probe, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	udpPort := int32(probe.LocalAddr().(*net.UDPAddr).Port)
+	_ = probe.Close()
+	pod := func(name string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)},
+			Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Ports: []corev1.ContainerPort{
+				{ContainerPort: tcpPort, Protocol: corev1.ProtocolTCP},
+				{ContainerPort: udpPort, Protocol: corev1.ProtocolUDP},
+			}}}},
+			Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
+		}
+	}
+	s := New(nil, nil)
+	clk := testingclock.NewFakeClock(time.Now())
+	s.clock = clk
+	t.Cleanup(func() {
+		for _, p := range s.byIP {
+			p.closeAll()
+		}
+	})
+	log := logr.Discard()
+
+	old := pod("web-old")
+	s.sync(log, old)
+	deleting := old.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{Time: clk.Now()}
+	deleting.DeletionGracePeriodSeconds = ptr.To[int64](30)
+	s.sync(log, deleting)
+	s.deleted(deleting)
+
+	s.sync(log, pod("web-new"))
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", tcpPort))
+	if err != nil {
+		t.Fatalf("the new pod does not serve its reused IP: %v", err)
+	}
+	defer resp.Body.Close()
+	var id Identity
+	if err := json.NewDecoder(resp.Body).Decode(&id); err != nil {
+		t.Fatal(err)
+	}
+	if id.Pod != "web-new" {
+		t.Errorf("answered by %q, want web-new", id.Pod)
 	}
 }
