@@ -260,7 +260,7 @@ func applyToEffect() (float64, float64, error) {
 		}
 		cfg.Frontends = append(cfg.Frontends, fe)
 	}
-	if err := dp.Apply(cfg); err != nil {
+	if err := applyAll(dp, cfg); err != nil {
 		return 0, 0, err
 	}
 	var times, owner []time.Duration
@@ -273,7 +273,7 @@ func applyToEffect() (float64, float64, error) {
 			cfg.Frontends[f].Backends[3].AdminState = state
 		}
 		start := time.Now()
-		if err := dp.Apply(cfg); err != nil {
+		if err := applyAll(dp, cfg); err != nil {
 			return 0, 0, err
 		}
 		times = append(times, time.Since(start))
@@ -321,4 +321,13 @@ func worst(rs []round, get func(round) float64) float64 {
 		w = max(w, get(r))
 	}
 	return w
+}
+
+// applyAll applies cfg and fails if any frontend was skipped.
+func applyAll(d *dataplane.DataPlane, cfg dataplane.Config) error {
+	res, err := d.Apply(cfg)
+	if err != nil {
+		return err
+	}
+	return res.Err()
 }

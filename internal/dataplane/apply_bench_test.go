@@ -23,7 +23,7 @@ func BenchmarkApplyAdminState(b *testing.B) {
 		}
 		cfg.Frontends = append(cfg.Frontends, fe)
 	}
-	if err := d.Apply(cfg); err != nil {
+	if err := applyAll(d, cfg); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
@@ -35,7 +35,7 @@ func BenchmarkApplyAdminState(b *testing.B) {
 		for f := range cfg.Frontends {
 			cfg.Frontends[f].Backends[3].AdminState = state
 		}
-		if err := d.Apply(cfg); err != nil {
+		if err := applyAll(d, cfg); err != nil {
 			b.Fatal(err)
 		}
 	}

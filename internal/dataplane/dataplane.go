@@ -67,35 +67,38 @@ func New(opts Options) (*DataPlane, error) {
 	}, nil
 }
 
-// Apply makes cfg the data plane's whole configuration. It is atomic: if
-// cfg is invalid or a new listener cannot be opened, nothing changes. When
-// it returns, every new connection follows cfg. Listeners and established
-// connections that cfg keeps are not disturbed; removed backends and
-// frontends drain.
-func (d *DataPlane) Apply(cfg Config) error {
+// Apply makes cfg the data plane's configuration, frontend by frontend: a
+// frontend that is invalid, claims the address, port and protocol of
+// another, or whose socket cannot be opened is left out and listed in the
+// result, and every other frontend applies (one bad address never stops the
+// others). When it returns, every new connection follows the applied
+// frontends. Listeners and established connections that cfg keeps are not
+// disturbed; removed backends and frontends drain, and so does a running
+// frontend that cfg now makes invalid. The error is set only when the data
+// plane is closed.
+func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	start := time.Now()
-	cfg, err := cfg.Validate()
-	if err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return errors.New("data plane is closed")
+		return ApplyResult{}, errors.New("data plane is closed")
 	}
-	opened, err := d.openListeners(cfg)
-	if err != nil {
-		return err
-	}
-	probers := d.startProbers(cfg)
+	frontends, skipped := d.admit(cfg)
+	opened, failed := d.openListeners(frontends)
+	skipped = append(skipped, failed...)
+	probers := d.startProbers(frontends)
 	want := map[frontendKey]bool{}
 	var started []*frontend
-	for _, fc := range cfg.Frontends {
+	for _, fc := range frontends {
 		k := fc.key()
+		l, isNew := opened[k]
+		if _, running := d.frontends[k]; !running && !isNew {
+			continue // its socket could not be opened
+		}
 		want[k] = true
 		f, ok := d.frontends[k]
 		if !ok {
-			f = newFrontend(d, k, opened[k])
+			f = newFrontend(d, k, l)
 			d.frontends[k] = f
 			started = append(started, f)
 		}
@@ -119,45 +122,15 @@ func (d *DataPlane) Apply(cfg Config) error {
 		}
 	}
 	d.probers = probers
-	return nil
-}
-
-// openListeners binds the sockets of frontends cfg adds, all or none.
-func (d *DataPlane) openListeners(cfg Config) (map[frontendKey]any, error) {
-	opened := map[frontendKey]any{}
-	closeAll := func() {
-		for _, l := range opened {
-			_ = l.(interface{ Close() error }).Close()
-		}
-	}
-	for _, fc := range cfg.Frontends {
-		k := fc.key()
-		if _, ok := d.frontends[k]; ok {
-			continue
-		}
-		var (
-			l   any
-			err error
-		)
-		if k.protocol == UDP {
-			l, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(k.addr))
-		} else {
-			l, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(k.addr))
-		}
-		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("frontend %q: listening on %s: %w", fc.Name, k, err)
-		}
-		opened[k] = l
-	}
-	return opened, nil
+	d.m.setSkipped(skipped)
+	return ApplyResult{Skipped: skipped}, nil
 }
 
 // startProbers returns the probers cfg needs, reusing running ones so that
 // their health carries over.
-func (d *DataPlane) startProbers(cfg Config) map[probeKey]*prober {
+func (d *DataPlane) startProbers(frontends []Frontend) map[probeKey]*prober {
 	out := map[probeKey]*prober{}
-	for _, fc := range cfg.Frontends {
+	for _, fc := range frontends {
 		if fc.HealthCheck == nil {
 			continue
 		}

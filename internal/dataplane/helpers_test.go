@@ -103,7 +103,7 @@ func tcpFrontend(name string, at netip.AddrPort, backends ...Backend) Frontend {
 
 func mustApply(t *testing.T, d *DataPlane, fs ...Frontend) {
 	t.Helper()
-	if err := d.Apply(Config{Frontends: fs}); err != nil {
+	if err := applyAll(d, Config{Frontends: fs}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -143,4 +143,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// applyAll applies cfg and fails if any frontend was skipped.
+func applyAll(d *DataPlane, cfg Config) error {
+	res, err := d.Apply(cfg)
+	if err != nil {
+		return err
+	}
+	return res.Err()
 }

@@ -16,6 +16,7 @@ type metrics struct {
 	probeTransitions *prometheus.CounterVec
 	udpMigrations    *prometheus.CounterVec
 	applySeconds     prometheus.Histogram
+	skipped          *prometheus.GaugeVec
 }
 
 var backendLabels = []string{"frontend", "backend", "owner"}
@@ -54,8 +55,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from a configuration apply to its taking effect for new connections.",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
 		}),
+		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_frontend_skipped",
+			Help: "1 for each frontend the last apply could not serve; reason is Invalid, AddressConflict or ListenFailed.",
+		}, []string{"frontend", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -115,5 +120,13 @@ func (m *metrics) forget(bm backendMetrics) {
 	}
 	for _, s := range adminStates {
 		m.adminState.DeleteLabelValues(append(bm.labels, string(s))...)
+	}
+}
+
+// setSkipped replaces the skipped-frontend series with the last apply's.
+func (m *metrics) setSkipped(skipped []SkippedFrontend) {
+	m.skipped.Reset()
+	for _, s := range skipped {
+		m.skipped.WithLabelValues(s.Name, string(s.Reason)).Set(1)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -321,7 +323,7 @@ func TestReconfigurationUnderLoadDropsNothing(t *testing.T) {
 		if i%2 == 0 {
 			fs = append(fs, tcpFrontend("extra", freeAddr(t, "tcp"), backends[2].backend()))
 		}
-		if err := d.Apply(Config{Frontends: fs}); err != nil {
+		if err := applyAll(d, Config{Frontends: fs}); err != nil {
 			t.Fatal(err)
 		}
 		if err := roundTrip(long, []byte(fmt.Sprintf("apply %d", i))); err != nil {
@@ -342,9 +344,10 @@ func withAdmin(b Backend, s AdminState) Backend {
 	return b
 }
 
-// An invalid configuration or a listener that cannot be opened changes
-// nothing.
-func TestApplyIsAtomic(t *testing.T) {
+// A frontend that is invalid, conflicts with another or cannot listen is
+// skipped and reported; every other frontend applies, and the running
+// frontend of a conflict keeps its socket.
+func TestApplySkipsOnlyTheFrontendsItCannotServe(t *testing.T) {
 	a := newTestBackend(t)
 	d := newDataPlane(t, Options{})
 	at := freeAddr(t, "tcp")
@@ -356,16 +359,63 @@ func TestApplyIsAtomic(t *testing.T) {
 	}
 	defer taken.Close()
 	busy := taken.Addr().(*net.TCPAddr).AddrPort()
-	down := good
-	down.Backends = []Backend{withAdmin(a.backend(), AdminDown)}
-	if err := d.Apply(Config{Frontends: []Frontend{down, tcpFrontend("busy", busy, a.backend())}}); err == nil {
-		t.Fatal("applying a frontend on a port in use succeeded")
+	added := freeAddr(t, "tcp")
+	invalid := tcpFrontend("invalid", freeAddr(t, "tcp"), a.backend())
+	invalid.Address = "not-an-ip"
+	res, err := d.Apply(Config{Frontends: []Frontend{
+		tcpFrontend("usurper", at, a.backend()), // listed first, but web serves at already
+		good,
+		tcpFrontend("busy", busy, a.backend()),
+		invalid,
+		tcpFrontend("added", added, a.backend()),
+	}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := dialRoundTrip(at.String()); err != nil {
-		t.Fatalf("the failed apply changed the running configuration: %v", err)
+	got := map[string]SkipReason{}
+	for _, s := range res.Skipped {
+		got[s.Name] = s.Reason
+		if s.Err == nil {
+			t.Errorf("%s skipped without an error", s.Name)
+		}
 	}
-	if d.Addr("busy") != nil {
-		t.Error("a frontend of the failed apply exists")
+	want := map[string]SkipReason{"usurper": SkipAddressConflict, "busy": SkipListenFailed, "invalid": SkipInvalid}
+	if !maps.Equal(got, want) {
+		t.Errorf("skipped %v, want %v", got, want)
+	}
+	for _, addr := range []netip.AddrPort{at, added} {
+		if err := dialRoundTrip(addr.String()); err != nil {
+			t.Errorf("%s does not serve next to the skipped frontends: %v", addr, err)
+		}
+	}
+	if d.Addr("busy") != nil || d.Addr("usurper") != nil {
+		t.Error("a skipped frontend exists")
+	}
+
+	// Once the port is free, the next apply serves it.
+	_ = taken.Close()
+	res, err = d.Apply(Config{Frontends: []Frontend{good, tcpFrontend("busy", busy, a.backend())}})
+	if err != nil || len(res.Skipped) != 0 {
+		t.Fatalf("apply after the port was freed: %v, skipped %v", err, res.Skipped)
+	}
+	if err := dialRoundTrip(busy.String()); err != nil {
+		t.Errorf("the freed port does not serve: %v", err)
+	}
+}
+
+// A frontend binds its address whether or not the host has it (free-bind):
+// the bind itself never fails for want of a configured address.
+func TestListenBindsAnAddressTheHostDoesNotHave(t *testing.T) {
+	for _, addr := range []string{"192.0.2.10:8080", "[2001:db8::10]:8080"} {
+		ap := netip.MustParseAddrPort(addr)
+		for _, proto := range []Protocol{TCP, UDP} {
+			l, err := listen(frontendKey{addr: ap, protocol: proto})
+			if err != nil {
+				t.Errorf("%s %s: %v", proto, addr, err)
+				continue
+			}
+			_ = l.(interface{ Close() error }).Close()
+		}
 	}
 }
 

@@ -43,10 +43,13 @@ func TestAdminFastPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	err = dp.Apply(dataplane.Config{Frontends: []dataplane.Frontend{{
+	res, err := dp.Apply(dataplane.Config{Frontends: []dataplane.Frontend{{
 		Name: "fe", Address: at.Addr().String(), Port: at.Port(),
 		Backends: []dataplane.Backend{{Address: "10.0.0.1", Port: 30080, Owner: "n1"}, {Address: "10.0.0.2", Port: 30080, Owner: "n2"}},
 	}}})
+	if err == nil {
+		err = res.Err()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

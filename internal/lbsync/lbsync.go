@@ -8,6 +8,7 @@ package lbsync
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -64,13 +65,19 @@ type Syncer struct {
 	// Registerer takes the sync metrics; nil: not registered.
 	Registerer prometheus.Registerer
 	// Recorder reports admin-state changes this replica could not apply
-	// as Node events; nil: none.
+	// as Node events, and frontends it cannot serve as Service events;
+	// nil: none.
 	Recorder events.EventRecorder
+	// Addresses, if set, is told the addresses of the frontends being
+	// served after every apply, so the host accepts their traffic
+	// (vipaddr.Table).
+	Addresses interface{ Sync([]netip.Addr) error }
 
 	ready   atomic.Bool
 	trigger chan struct{}
 
 	// Only Run's goroutine uses these.
+	skips       *skipReporter
 	modes       map[string]lbmodel.BackendMode
 	last        map[string][]dataplane.Frontend
 	transitions map[string]transition
@@ -86,6 +93,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("lbsync")
 	s.trigger = make(chan struct{}, 1)
 	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
+	s.skips = newSkipReporter(s.Recorder)
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -163,19 +171,31 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-retry.C:
 		}
 		start := time.Now()
-		cfg := s.desired(log, services.Lister(), slices.Lister(), nodes.Lister())
-		if err := s.DataPlane.Apply(cfg); err != nil {
+		cfg, owners := s.desired(log, services.Lister(), slices.Lister(), nodes.Lister())
+		s.skips.expect(owners)
+		res, err := s.DataPlane.Apply(cfg)
+		if err != nil {
 			log.Error(err, "Applying the load balancer configuration; retrying", "frontends", len(cfg.Frontends))
 			retry.Reset(retryAfter)
 			continue
 		}
 		syncSeconds.Observe(time.Since(start).Seconds())
-		if next, ok := s.nextTransitionEnd(); ok {
-			retry.Reset(time.Until(next))
+		next := s.skips.report(log, res.Skipped)
+		if s.Addresses != nil {
+			if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
+				log.Error(err, "Making the load balancer's addresses local to this host; retrying")
+				next = retryAfter
+			}
 		}
-		frontends.Set(float64(len(cfg.Frontends)))
+		if end, ok := s.nextTransitionEnd(); ok && (next == 0 || time.Until(end) < next) {
+			next = time.Until(end)
+		}
+		if next > 0 {
+			retry.Reset(next)
+		}
+		frontends.Set(float64(len(cfg.Frontends) - len(res.Skipped)))
 		s.ready.Store(true)
-		log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends))
+		log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends), "skipped", len(res.Skipped))
 	}
 }
 
@@ -197,8 +217,9 @@ func (s *Syncer) serves(svc *corev1.Service) bool {
 	return *svc.Spec.LoadBalancerClass == s.Class
 }
 
-// desired computes the whole configuration from the caches.
-func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodeLister corelisters.NodeLister) dataplane.Config {
+// desired computes the whole configuration from the caches, and the
+// Service of each frontend by name.
+func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodeLister corelisters.NodeLister) (dataplane.Config, map[string]*corev1.Service) {
 	// Listing from an informer's cache cannot fail.
 	svcs, _ := services.List(labels.Everything())
 	nodes, _ := nodeLister.List(labels.Everything())
@@ -213,6 +234,7 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Namespace+"/"+svcs[i].Name < svcs[j].Namespace+"/"+svcs[j].Name })
 	var cfg dataplane.Config
 	seen := map[string]bool{}
+	owners := map[string]*corev1.Service{}
 	for _, svc := range svcs {
 		if !s.serves(svc) {
 			continue
@@ -222,7 +244,10 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 		if err != nil {
 			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
 		}
-		cfg.Frontends = append(cfg.Frontends, s.overlap(log, svc, key, fes)...)
+		for _, fe := range s.overlap(log, svc, key, fes) {
+			cfg.Frontends = append(cfg.Frontends, fe)
+			owners[fe.Name] = svc
+		}
 		seen[key] = true
 	}
 	for key := range s.modes {
@@ -232,7 +257,7 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 			delete(s.transitions, key)
 		}
 	}
-	return cfg
+	return cfg, owners
 }
 
 // overlap records a Service's frontends and, while it switches between

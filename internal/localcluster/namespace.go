@@ -123,15 +123,6 @@ func SetupNamespace() error {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("bringing loopback up: %w", err)
 	}
-	// The load balancer's VIPs are local to this host (the control-plane
-	// host, where tests run ebb lb); every other range lives on the
-	// cluster's network (topology.go).
-	for _, n := range []*net.IPNet{VIPCIDR} {
-		addr := &netlink.Addr{IPNet: n}
-		if err := netlink.AddrReplace(lo, addr); err != nil {
-			return fmt.Errorf("adding %s to loopback: %w", n, err)
-		}
-	}
 	return nil
 }
 

@@ -21,8 +21,10 @@ import (
 // this process runs in (made by Reexec): the apiserver, etcd, the
 // controllers, kwok, ebb's processes started by tests, and the tests
 // themselves run there. Each node runs its own kube-proxy and its pods'
-// servers. VIPs live on the control-plane host's loopback for now (ebb lb
-// runs there) and the router has a static route to them through it.
+// servers. No VIP is configured on any host: ebb lb adds a local route for
+// each VIP it serves (internal/vipaddr) where it runs, on the control-plane
+// host for now, and the router has a static route to the VIP pool through
+// it.
 var (
 	// ClientCIDR is the client subnet behind the router.
 	ClientCIDR = netip.MustParsePrefix("10.1.0.0/24")

@@ -34,6 +34,7 @@ import (
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/lbsync"
+	"github.com/ebbdev/ebb/internal/vipaddr"
 )
 
 // Options are `ebb lb`'s flags.
@@ -55,6 +56,12 @@ type Options struct {
 	// ReportName names this replica's LoadBalancerReport; empty: none.
 	ReportName      string
 	ReportHeartbeat time.Duration
+	// LocalRoutes adds a local route per served address (vipaddr), so the
+	// host accepts the addresses' traffic without configuring them.
+	LocalRoutes bool
+
+	// incomplete is set while the last load left a frontend unserved.
+	incomplete bool
 }
 
 // NewCommand returns `ebb lb`.
@@ -93,6 +100,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringVar(&o.PprofAddress, "pprof-bind-address", "", "address serving /debug/pprof for profiling (empty: off)")
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
 	cmd.Flags().StringVar(&o.ReportName, "report-name", defaultReportName(), "name of this replica's LoadBalancerReport (per-node admin state and connections, read by NodeMaintenance); empty: no report")
+	cmd.Flags().BoolVar(&o.LocalRoutes, "local-routes", true, "add a local route (table local, proto 235) for every address served, so this host accepts its traffic without the address configured on an interface; needs CAP_NET_ADMIN (false: configure the addresses yourself)")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -114,13 +122,26 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	defer dp.Close()
+	addrs, err := o.addresses(log)
+	if err != nil {
+		return err
+	}
+	if addrs != nil {
+		defer func() {
+			// A host that stops serving stops accepting the addresses.
+			if err := addrs.Sync(nil); err != nil {
+				log.Error(err, "Removing the local routes of the load balancer's addresses")
+			}
+			addrs.Close()
+		}()
+	}
 
 	var ready func() bool
 	var syncer *lbsync.Syncer
 	var data []byte
 	if o.ConfigFile != "" {
-		if data, err = o.load(dp); err != nil {
-			return err // the first configuration must be good
+		if data, err = o.load(log, dp, addrs); err != nil {
+			return err // the first configuration must be valid
 		}
 		reloads.WithLabelValues("success").Inc()
 		log.Info("Serving", "config", o.ConfigFile)
@@ -130,6 +151,9 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 		syncer.Registerer = reg
+		if addrs != nil {
+			syncer.Addresses = addrs
+		}
 		broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: syncer.Client.EventsV1()})
 		broadcaster.StartRecordingToSink(ctx.Done())
 		defer broadcaster.Shutdown()
@@ -195,11 +219,13 @@ func (o *Options) Run(ctx context.Context) error {
 		case <-hup:
 		case <-poll.C:
 			current, err := os.ReadFile(o.ConfigFile)
-			if err != nil || bytes.Equal(current, data) {
+			// Unchanged: applied again only while some frontend could not
+			// be served (its port may be free now).
+			if err != nil || (bytes.Equal(current, data) && !o.incomplete) {
 				continue
 			}
 		}
-		next, err := o.load(dp)
+		next, err := o.load(log, dp, addrs)
 		if err != nil {
 			reloads.WithLabelValues("error").Inc()
 			log.Error(err, "Keeping the running configuration", "config", o.ConfigFile)
@@ -256,8 +282,10 @@ func defaultReportName() string {
 }
 
 // load reads, validates and applies the configuration file and returns its
-// contents.
-func (o *Options) load(dp *dataplane.DataPlane) ([]byte, error) {
+// contents. An invalid file is an error and changes nothing; a frontend
+// that cannot be served (its port held by another process) is logged and
+// skipped, and the others apply.
+func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *vipaddr.Table) ([]byte, error) {
 	data, err := os.ReadFile(o.ConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading the configuration: %w", err)
@@ -266,8 +294,33 @@ func (o *Options) load(dp *dataplane.DataPlane) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.ConfigFile, err)
 	}
-	if err := dp.Apply(cfg); err != nil {
+	res, err := dp.Apply(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("applying %s: %w", o.ConfigFile, err)
 	}
+	for _, s := range res.Skipped {
+		log.Error(s.Err, "Cannot serve a frontend; serving the others and trying again", "frontend", s.Name, "reason", s.Reason)
+	}
+	o.incomplete = len(res.Skipped) > 0
+	if addrs != nil {
+		if err := addrs.Sync(dp.Addresses()); err != nil {
+			log.Error(err, "Making the load balancer's addresses local to this host")
+			o.incomplete = true
+		}
+	}
 	return data, nil
+}
+
+// addresses opens the local-route table of this host, unless --local-routes
+// is off.
+func (o *Options) addresses(log logr.Logger) (*vipaddr.Table, error) {
+	if !o.LocalRoutes {
+		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host")
+		return nil, nil
+	}
+	t, err := vipaddr.New()
+	if err != nil {
+		return nil, fmt.Errorf("opening the local routing table (--local-routes=false to manage the addresses yourself): %w", err)
+	}
+	return t, nil
 }

@@ -1,0 +1,89 @@
+package lbsync
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+)
+
+// Event reasons on a Service whose frontend this replica cannot serve, and
+// once it can again.
+const (
+	ReasonFrontendSkipped = "FrontendNotServed"
+	ReasonFrontendServed  = "FrontendServed"
+)
+
+// Retry bounds for frontends that could not be served: their cause (a port
+// held by another process, a missing address family) may go away without
+// any change in the cluster.
+const (
+	skippedRetryFirst = time.Second
+	skippedRetryMax   = 30 * time.Second
+)
+
+// skipReporter tells a Service's owner, once per change, which of its
+// frontends this replica cannot serve and why, and when it serves them
+// again. Only Run's goroutine uses it.
+type skipReporter struct {
+	recorder events.EventRecorder
+	// reported is the message last reported per frontend name.
+	reported map[string]string
+	// services maps the last configuration's frontend names to their
+	// Services.
+	services map[string]*corev1.Service
+	backoff  time.Duration
+}
+
+func newSkipReporter(recorder events.EventRecorder) *skipReporter {
+	return &skipReporter{recorder: recorder, reported: map[string]string{}, services: map[string]*corev1.Service{}}
+}
+
+// expect records which Service each frontend of the next apply belongs to.
+func (r *skipReporter) expect(services map[string]*corev1.Service) {
+	r.services = services
+}
+
+// report logs and records the skipped frontends of an apply, and the
+// recovery of those skipped before. It returns how soon to retry: zero
+// when nothing is skipped.
+func (r *skipReporter) report(log logr.Logger, skipped []dataplane.SkippedFrontend) time.Duration {
+	now := map[string]string{}
+	for _, s := range skipped {
+		msg := fmt.Sprintf("ebb lb cannot serve frontend %s (%s): %v; its other frontends and every other Service are served", s.Name, s.Reason, s.Err)
+		now[s.Name] = msg
+		if r.reported[s.Name] == msg {
+			continue
+		}
+		svc := r.services[s.Name]
+		log.Info("Cannot serve a frontend; serving the others", "frontend", s.Name, "service", klog.KObj(svc), "reason", s.Reason, "err", s.Err.Error())
+		if r.recorder != nil && svc != nil {
+			r.recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonFrontendSkipped, "Serve", "%s", msg)
+		}
+	}
+	for name := range r.reported {
+		if _, still := now[name]; still {
+			continue
+		}
+		svc, exists := r.services[name]
+		if !exists {
+			continue // the frontend is gone, not served
+		}
+		log.Info("Serving a frontend that could not be served before", "frontend", name, "service", klog.KObj(svc))
+		if r.recorder != nil {
+			r.recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonFrontendServed, "Serve", "ebb lb serves frontend %s again", name)
+		}
+	}
+	r.reported = now
+	if len(skipped) == 0 {
+		r.backoff = 0
+		return 0
+	}
+	r.backoff = min(max(2*r.backoff, skippedRetryFirst), skippedRetryMax)
+	return r.backoff
+}
