@@ -1,0 +1,141 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/ebbdev/ebb/internal/lbsync"
+	"github.com/ebbdev/ebb/internal/vipaddr"
+)
+
+// No address is configured by hand anywhere: ebb lb serves a new Service's
+// address through a local route it adds (the address is on no interface),
+// and removes the route with the Service. A port on that address held by
+// another process skips that one frontend, with a Warning event on the
+// Service and a metric, while the Service's other ports and other Services
+// keep serving; once the port is free, the frontend serves.
+func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 2)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "web", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr(waitAddress(t, ctx, ns, "web"))
+	waitServes(t, ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80")))
+
+	if on := interfacesWith(t, vip); len(on) > 0 {
+		t.Errorf("%s is configured on %v: nothing should configure a VIP on an interface", vip, on)
+	}
+	routes, err := vipaddr.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer routes.Close()
+	local := func() bool {
+		addrs, err := routes.Addresses()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(addrs, vip)
+	}
+	if !local() {
+		t.Fatalf("ebb lb serves %s without its local route (proto %d)", vip, vipaddr.Protocol)
+	}
+
+	// Another process holds VIP:8080; the Service gains that port.
+	busy, err := net.Listen("tcp", net.JoinHostPort(vip.String(), "8080"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "alt", Port: 8080, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP})
+	if _, err := cluster.Client.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "a Warning event about the busy port", func(ctx context.Context) (bool, string) {
+		msgs := serviceEvents(t, ctx, ns, "web", lbsync.ReasonFrontendSkipped)
+		for _, m := range msgs {
+			if strings.Contains(m, ":alt/TCP@") && strings.Contains(m, "address already in use") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("events %q", msgs)
+	})
+	if !strings.Contains(lbMetrics(t), `ebb_dataplane_frontend_skipped{frontend="`+ns+`/web:alt/TCP@`+vip.String()+`",reason="ListenFailed"} 1`) {
+		t.Error("ebb_dataplane_frontend_skipped does not show the busy frontend")
+	}
+	// The Service's other port, and a Service created meanwhile, serve.
+	deployApp(t, ctx, ns, "other", 1)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "other", ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	otherVIP := waitAddress(t, ctx, ns, "other")
+	waitServes(t, ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(otherVIP, "80")))
+	if _, err := get(ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80"))); err != nil {
+		t.Errorf("port 80 of the Service with a busy port: %v", err)
+	}
+
+	// The port is freed: ebb lb takes it on its next try.
+	_ = busy.Close()
+	waitServes(t, ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "8080")))
+	eventually(t, ctx, 10*time.Second, "a Normal event that the frontend serves", func(ctx context.Context) (bool, string) {
+		n := len(serviceEvents(t, ctx, ns, "web", lbsync.ReasonFrontendServed))
+		return n > 0, fmt.Sprintf("%d events", n)
+	})
+
+	// Deleting the Service removes its address from the host.
+	if err := cluster.Client.CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "the local route of "+vip.String()+" removed", func(context.Context) (bool, string) {
+		return !local(), "still there"
+	})
+}
+
+// interfacesWith names the interfaces of this host (the control-plane host,
+// where ebb lb runs) that have addr configured.
+func interfacesWith(t *testing.T, addr netip.Addr) []string {
+	t.Helper()
+	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == addr {
+			out = append(out, a.Label)
+		}
+	}
+	return out
+}
+
+// serviceEvents returns the notes of a Service's events of one reason.
+func serviceEvents(t *testing.T, ctx context.Context, ns, name, reason string) []string {
+	t.Helper()
+	list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + name + ",reason=" + reason})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		out = append(out, e.Note)
+	}
+	return out
+}
