@@ -84,15 +84,19 @@ if [[ ! -d "$bin/kwok-stages" ]]; then
 	done
 	mv "$bin/kwok-stages.tmp" "$bin/kwok-stages"
 fi
-# kube-proxy's nftables mode drives the kernel through the nft binary
-# (sigs.k8s.io/knftables); Debian's nftables package has it.
-if ! command -v nft >/dev/null; then
-	log "installing Debian's nftables package (kube-proxy needs the nft binary)"
+# Debian packages the local cluster runs: kube-proxy's nftables mode drives
+# the kernel through the nft binary (sigs.k8s.io/knftables); the router
+# learns load-balancer addresses by BGP with FRR (bgpd and zebra).
+apt_packages=()
+command -v nft >/dev/null || apt_packages+=(nftables)
+[[ -x /usr/lib/frr/bgpd && -x /usr/lib/frr/zebra ]] || apt_packages+=(frr)
+if ((${#apt_packages[@]})); then
+	log "installing Debian packages: ${apt_packages[*]}"
 	if [[ $(id -u) -ne 0 ]]; then
-		log "nft is missing and this is not root: run 'apt-get install nftables' as root"
+		log "missing Debian packages and this is not root: run 'apt-get install ${apt_packages[*]}' as root"
 		exit 1
 	fi
-	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables; } >&2
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_packages[@]}"; } >&2
 fi
 build controller-gen env GOBIN="$bin" go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION"
 build staticcheck env GOBIN="$bin" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"

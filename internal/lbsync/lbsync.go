@@ -183,7 +183,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		next := s.skips.report(log, res.Skipped)
 		if s.Addresses != nil {
 			if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
-				log.Error(err, "Making the load balancer's addresses local to this host; retrying")
+				log.Error(err, "Making the load balancer's addresses local to this host, or announcing them; retrying")
 				next = retryAfter
 			}
 		}

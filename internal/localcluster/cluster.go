@@ -554,3 +554,19 @@ func (c *Cluster) Stop() error {
 	}
 	return errors.Join(errs...)
 }
+
+// StartProcessOn starts a program on one host of the cluster's network (a
+// node's name, HostRouter or HostClient; HostControlPlane is StartProcess),
+// its output going to Dir/logs/name.log. The returned function stops it
+// (SIGTERM, then SIGKILL after 10 s).
+func (c *Cluster) StartProcessOn(host, name, path string, args ...string) (stop func() error, err error) {
+	h, ok := c.Network.Host(host)
+	if !ok {
+		return nil, fmt.Errorf("the cluster has no host %q", host)
+	}
+	p, err := startProcessOn(h, name, path, args, filepath.Join(c.opts.Dir, "logs"))
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return p.stop(10 * time.Second) }, nil
+}

@@ -6,9 +6,12 @@ package lb
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/netip"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -30,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -59,6 +63,11 @@ type Options struct {
 	// LocalRoutes adds a local route per served address (vipaddr), so the
 	// host accepts the addresses' traffic without configuring them.
 	LocalRoutes bool
+	// BGP announces the served addresses to BGP peers when BGP.ASN is set.
+	BGP      bgp.Config
+	BGPPeers []string
+	// BGPHoldTime applies to every peer.
+	BGPHoldTime time.Duration
 
 	// incomplete is set while the last load left a frontend unserved.
 	incomplete bool
@@ -101,6 +110,10 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
 	cmd.Flags().StringVar(&o.ReportName, "report-name", defaultReportName(), "name of this replica's LoadBalancerReport (per-node admin state and connections, read by NodeMaintenance); empty: no report")
 	cmd.Flags().BoolVar(&o.LocalRoutes, "local-routes", true, "add a local route (table local, proto 235) for every address served, so this host accepts its traffic without the address configured on an interface; needs CAP_NET_ADMIN (false: configure the addresses yourself)")
+	cmd.Flags().Uint32Var(&o.BGP.ASN, "bgp-asn", 0, "this host's AS number: announce every address served to the --bgp-peer routers (0: no BGP)")
+	cmd.Flags().StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "a BGP peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 (repeatable)")
+	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
+	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -122,19 +135,13 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	defer dp.Close()
-	addrs, err := o.addresses(log)
+	addrs, err := o.addresses(ctx, log, reg)
 	if err != nil {
 		return err
 	}
-	if addrs != nil {
-		defer func() {
-			// A host that stops serving stops accepting the addresses.
-			if err := addrs.Sync(nil); err != nil {
-				log.Error(err, "Removing the local routes of the load balancer's addresses")
-			}
-			addrs.Close()
-		}()
-	}
+	// A host that stops serving withdraws its announcements, then stops
+	// accepting the addresses.
+	defer addrs.close(log)
 
 	var ready func() bool
 	var syncer *lbsync.Syncer
@@ -151,9 +158,7 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 		syncer.Registerer = reg
-		if addrs != nil {
-			syncer.Addresses = addrs
-		}
+		syncer.Addresses = addrs
 		broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: syncer.Client.EventsV1()})
 		broadcaster.StartRecordingToSink(ctx.Done())
 		defer broadcaster.Shutdown()
@@ -285,7 +290,7 @@ func defaultReportName() string {
 // contents. An invalid file is an error and changes nothing; a frontend
 // that cannot be served (its port held by another process) is logged and
 // skipped, and the others apply.
-func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *vipaddr.Table) ([]byte, error) {
+func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *addressSinks) ([]byte, error) {
 	data, err := os.ReadFile(o.ConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading the configuration: %w", err)
@@ -302,25 +307,97 @@ func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *vipaddr.
 		log.Error(s.Err, "Cannot serve a frontend; serving the others and trying again", "frontend", s.Name, "reason", s.Reason)
 	}
 	o.incomplete = len(res.Skipped) > 0
-	if addrs != nil {
-		if err := addrs.Sync(dp.Addresses()); err != nil {
-			log.Error(err, "Making the load balancer's addresses local to this host")
-			o.incomplete = true
-		}
+	if err := addrs.Sync(dp.Addresses()); err != nil {
+		log.Error(err, "Making the load balancer's addresses local to this host, or announcing them")
+		o.incomplete = true
 	}
 	return data, nil
 }
 
-// addresses opens the local-route table of this host, unless --local-routes
-// is off.
-func (o *Options) addresses(log logr.Logger) (*vipaddr.Table, error) {
-	if !o.LocalRoutes {
+// addresses returns what is told the served addresses after each apply:
+// the local routes (unless --local-routes=false) and the BGP speaker (with
+// --bgp-asn).
+func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer) (*addressSinks, error) {
+	sinks := &addressSinks{}
+	if o.LocalRoutes {
+		t, err := vipaddr.New()
+		if err != nil {
+			return nil, fmt.Errorf("opening the local routing table (--local-routes=false to manage the addresses yourself): %w", err)
+		}
+		sinks.local = t
+	} else {
 		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host")
-		return nil, nil
 	}
-	t, err := vipaddr.New()
-	if err != nil {
-		return nil, fmt.Errorf("opening the local routing table (--local-routes=false to manage the addresses yourself): %w", err)
+	if o.BGP.ASN != 0 {
+		cfg := o.BGP
+		for _, s := range o.BGPPeers {
+			p, err := bgp.ParsePeer(s)
+			if err != nil {
+				sinks.close(log)
+				return nil, err
+			}
+			p.HoldTime = o.BGPHoldTime
+			cfg.Peers = append(cfg.Peers, p)
+		}
+		if len(cfg.Peers) == 0 {
+			sinks.close(log)
+			return nil, errors.New("--bgp-asn needs at least one --bgp-peer")
+		}
+		sp, err := bgp.Start(ctx, slog.New(logr.ToSlogHandler(log.WithName("bgp"))), cfg)
+		if err != nil {
+			sinks.close(log)
+			return nil, err
+		}
+		if err := reg.Register(sp.Collector()); err != nil {
+			sp.Stop()
+			sinks.close(log)
+			return nil, fmt.Errorf("registering BGP metrics: %w", err)
+		}
+		sinks.bgp = sp
+		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", o.BGPPeers)
 	}
-	return t, nil
+	return sinks, nil
+}
+
+// addressSinks makes the served addresses local to this host, then
+// announces them; each part is optional.
+type addressSinks struct {
+	local *vipaddr.Table
+	bgp   *bgp.Speaker
+}
+
+// Sync makes the host accept want before announcing it, so traffic that the
+// announcement attracts finds the address local.
+func (a *addressSinks) Sync(want []netip.Addr) error {
+	var errs []error
+	if a.local != nil {
+		errs = append(errs, a.local.Sync(want))
+	}
+	if a.bgp != nil {
+		errs = append(errs, a.bgp.Sync(want))
+	}
+	return errors.Join(errs...)
+}
+
+// close withdraws every announcement, then removes the local routes.
+func (a *addressSinks) close(log logr.Logger) {
+	if a.bgp != nil {
+		a.bgp.Stop()
+	}
+	if a.local != nil {
+		if err := a.local.Sync(nil); err != nil {
+			log.Error(err, "Removing the local routes of the load balancer's addresses")
+		}
+		a.local.Close()
+	}
+}
+
+// routerIDFromEnv is NODE_IP (the downward API's status.hostIP) when it is
+// an IPv4 address.
+func routerIDFromEnv() netip.Addr {
+	a, err := netip.ParseAddr(os.Getenv("NODE_IP"))
+	if err != nil || !a.Is4() {
+		return netip.Addr{}
+	}
+	return a
 }

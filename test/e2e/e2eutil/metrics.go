@@ -3,6 +3,7 @@ package e2eutil
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -35,4 +36,20 @@ func AdminDown(page, node string) bool {
 		}
 	}
 	return seen > 0 && down == seen
+}
+
+// Sum adds up every sample of a metric on a /metrics page.
+func Sum(page, metric string) float64 {
+	total := 0.0
+	for _, l := range strings.Split(page, "\n") {
+		if !strings.HasPrefix(l, metric+"{") && !strings.HasPrefix(l, metric+" ") {
+			continue
+		}
+		if i := strings.LastIndex(l, " "); i > 0 {
+			if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+				total += v
+			}
+		}
+	}
+	return total
 }

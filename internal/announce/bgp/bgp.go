@@ -1,0 +1,245 @@
+// Package bgp announces the load-balancer addresses a host serves to its
+// BGP peers (routers), one host route each (/32, /128) with this host as
+// the next hop, and withdraws each the moment the host stops serving it.
+// Several hosts announcing one address let the router spread flows across
+// them by ECMP. It embeds GoBGP (github.com/osrg/gobgp/v4) as a library:
+// the speaker only originates routes; what the peers send is never used.
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
+)
+
+// Peer is one BGP neighbour.
+type Peer struct {
+	Address netip.Addr
+	ASN     uint32
+	// Port defaults to 179.
+	Port uint16
+	// HoldTime defaults to 90 s, KeepaliveTime to a third of it (RFC 4271's
+	// suggestion). A peer's hold time bounds how long a dead host keeps
+	// receiving traffic when it cannot withdraw its routes itself.
+	HoldTime      time.Duration
+	KeepaliveTime time.Duration
+}
+
+// ParsePeer reads a peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 or
+// [fd00::1]:64500.
+func ParsePeer(s string) (Peer, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return Peer{}, fmt.Errorf("BGP peer %q: want ADDRESS:ASN, e.g. 10.0.0.253:64500", s)
+	}
+	addr, err := netip.ParseAddr(strings.Trim(s[:i], "[]"))
+	if err != nil {
+		return Peer{}, fmt.Errorf("BGP peer %q: %q is not an IP address", s, s[:i])
+	}
+	asn, err := strconv.ParseUint(s[i+1:], 10, 32)
+	if err != nil || asn == 0 {
+		return Peer{}, fmt.Errorf("BGP peer %q: %q is not an AS number (1 to 4294967295)", s, s[i+1:])
+	}
+	return Peer{Address: addr, ASN: uint32(asn)}, nil
+}
+
+// Config configures a Speaker.
+type Config struct {
+	// ASN is this host's AS number.
+	ASN uint32
+	// RouterID is this host's BGP identifier, and the next hop of its IPv4
+	// routes: an IPv4 address of this host that the peers reach.
+	RouterID netip.Addr
+	Peers    []Peer
+}
+
+// Speaker is a BGP speaker that announces a set of addresses.
+type Speaker struct {
+	s   *server.BgpServer
+	cfg Config
+
+	mu        sync.Mutex
+	announced map[netip.Addr]uuid.UUID
+	// refused holds the addresses reported as unannounceable, so each is
+	// reported once, not at every sync.
+	refused map[netip.Addr]bool
+}
+
+// Start starts a speaker and its sessions; it does not listen on port 179
+// (it connects to its peers).
+func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) {
+	if cfg.ASN == 0 {
+		return nil, errors.New("BGP: a local AS number is required")
+	}
+	if !cfg.RouterID.Is4() {
+		return nil, fmt.Errorf("BGP: the router ID %q must be an IPv4 address of this host", cfg.RouterID)
+	}
+	level := &slog.LevelVar{}
+	level.Set(slog.LevelWarn)
+	s := server.NewBgpServer(server.LoggerOption(log, level))
+	go s.Serve()
+	sp := &Speaker{s: s, cfg: cfg, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]bool{}}
+	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
+	}})
+	if err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("starting BGP: %w", err)
+	}
+	// Routes the peers send are kept in GoBGP's table and used for nothing
+	// (no kernel or zebra integration). They cannot be refused with GoBGP's
+	// global import policy: it applies to this speaker's own routes too.
+	for _, p := range cfg.Peers {
+		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p)}); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("adding BGP peer %s: %w", p.Address, err)
+		}
+	}
+	return sp, nil
+}
+
+func apiPeer(p Peer) *api.Peer {
+	hold := p.HoldTime
+	if hold == 0 {
+		hold = 90 * time.Second
+	}
+	keepalive := p.KeepaliveTime
+	if keepalive == 0 {
+		keepalive = hold / 3
+	}
+	port := uint32(p.Port)
+	if port == 0 {
+		port = 179
+	}
+	return &api.Peer{
+		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			HoldTime: uint64(hold / time.Second), KeepaliveInterval: uint64(keepalive / time.Second), ConnectRetry: 1,
+		}},
+		Transport: &api.Transport{RemotePort: port},
+	}
+}
+
+// Sync announces exactly the addresses of want: new ones are announced,
+// ones no longer wanted are withdrawn. IPv6 addresses need an IPv6 next hop,
+// which this speaker does not have yet: each is returned as an error the
+// first time it is seen, and the others are announced.
+func (sp *Speaker) Sync(want []netip.Addr) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	wanted := map[netip.Addr]bool{}
+	var errs []error
+	for _, a := range want {
+		a = a.Unmap()
+		if wanted[a] {
+			continue
+		}
+		wanted[a] = true
+		if _, ok := sp.announced[a]; ok {
+			continue
+		}
+		if !a.Is4() {
+			if !sp.refused[a] {
+				sp.refused[a] = true
+				errs = append(errs, fmt.Errorf("BGP: not announcing %s: IPv6 routes are not supported yet", a))
+			}
+			continue
+		}
+		id, err := sp.add(a)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		sp.announced[a] = id
+	}
+	for a, id := range sp.announced {
+		if wanted[a] {
+			continue
+		}
+		if err := sp.s.DeletePath(apiutil.DeletePathRequest{UUIDs: []uuid.UUID{id}}); err != nil {
+			errs = append(errs, fmt.Errorf("BGP: withdrawing %s: %w", a, err))
+			continue
+		}
+		delete(sp.announced, a)
+	}
+	return errors.Join(errs...)
+}
+
+func (sp *Speaker) add(a netip.Addr) (uuid.UUID, error) {
+	nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(a, a.BitLen()))
+	if err != nil {
+		return uuid.UUID{}, fmt.Errorf("BGP: the route of %s: %w", a, err)
+	}
+	nextHop, err := bgp.NewPathAttributeNextHop(sp.cfg.RouterID)
+	if err != nil {
+		return uuid.UUID{}, fmt.Errorf("BGP: next hop %s: %w", sp.cfg.RouterID, err)
+	}
+	resp, err := sp.s.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{{
+		Family: bgp.RF_IPv4_UC,
+		Nlri:   nlri,
+		Attrs:  []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP), nextHop},
+	}}})
+	if err != nil {
+		return uuid.UUID{}, fmt.Errorf("BGP: announcing %s: %w", a, err)
+	}
+	return resp[0].UUID, nil
+}
+
+// Announced returns the addresses announced now, sorted.
+func (sp *Speaker) Announced() []netip.Addr {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	out := make([]netip.Addr, 0, len(sp.announced))
+	for a := range sp.announced {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+// PeerState is one session's state.
+type PeerState struct {
+	Address     netip.Addr
+	Established bool
+	// State is the BGP finite-state machine's state, e.g. "established",
+	// "active", "idle".
+	State string
+}
+
+// Peers returns the state of every session.
+func (sp *Speaker) Peers(ctx context.Context) ([]PeerState, error) {
+	var out []PeerState
+	err := sp.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		addr, _ := netip.ParseAddr(p.GetConf().GetNeighborAddress())
+		state := p.GetState().GetSessionState()
+		out = append(out, PeerState{
+			Address:     addr,
+			Established: state == api.PeerState_SESSION_STATE_ESTABLISHED,
+			State:       strings.ToLower(strings.TrimPrefix(state.String(), "SESSION_STATE_")),
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	}
+	return out, nil
+}
+
+// Stop closes the sessions (the peers drop every route at once, as on a
+// withdrawal) and stops the speaker.
+func (sp *Speaker) Stop() {
+	_ = sp.s.StopBgp(context.Background(), &api.StopBgpRequest{})
+	sp.s.Stop()
+}

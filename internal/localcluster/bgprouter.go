@@ -1,0 +1,194 @@
+package localcluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Addresses of the BGP set-up: the router (FRR) has RouterASN and accepts
+// sessions from any host on the node network with LBASN (BGP dynamic
+// neighbours), so a test runs ebb lb with --bgp-asn LBASN --bgp-peer
+// RouterIP:RouterASN on any host.
+const (
+	RouterASN = 64500
+	LBASN     = 64512
+)
+
+// frrDir is where Debian's frr package installs its daemons.
+const frrDir = "/usr/lib/frr"
+
+// BGPRouter is FRR (zebra and bgpd) running on the router host: it learns
+// load-balancer addresses by BGP and installs them, several next hops each
+// (ECMP), into the router's kernel.
+type BGPRouter struct {
+	dir   string
+	procs []*process
+}
+
+// StartBGPRouter starts FRR on the router host with hold time hold (FRR
+// accepts 3 s and more) and waits until it answers.
+func (c *Cluster) StartBGPRouter(ctx context.Context, hold time.Duration) (*BGPRouter, error) {
+	if !InNamespace() {
+		return nil, fmt.Errorf("FRR runs only inside the cluster's private namespace")
+	}
+	dir, err := os.MkdirTemp(c.opts.Dir, "frr-")
+	if err != nil {
+		return nil, fmt.Errorf("making FRR's directory: %w", err)
+	}
+	if err := allowRootVTY(dir); err != nil {
+		return nil, err
+	}
+	// Hash flows across ECMP next hops by their ports too, as data-centre
+	// routers do: one client's connections then spread over the LB hosts.
+	if err := c.Router.SetSysctl("net/ipv4/fib_multipath_hash_policy", "1"); err != nil {
+		return nil, err
+	}
+	secs := int(hold / time.Second)
+	conf := fmt.Sprintf(`frr defaults datacenter
+hostname router
+router bgp %d
+ bgp router-id %s
+ no bgp ebgp-requires-policy
+ bgp bestpath as-path multipath-relax
+ neighbor ebb peer-group
+ neighbor ebb remote-as %d
+ neighbor ebb timers %d %d
+ bgp listen range %s peer-group ebb
+ address-family ipv4 unicast
+  maximum-paths 16
+ exit-address-family
+`, RouterASN, RouterIP, LBASN, max(secs/3, 1), secs, NodeCIDR)
+	for name, data := range map[string]string{"bgpd.conf": conf, "zebra.conf": "hostname router\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			return nil, fmt.Errorf("writing FRR's %s: %w", name, err)
+		}
+	}
+	r := &BGPRouter{dir: dir}
+	common := func(daemon string) []string {
+		return []string{"-u", "root", "-g", "root", "-P", "0", "--log", "stdout",
+			"-f", filepath.Join(dir, daemon+".conf"), "-i", filepath.Join(dir, daemon+".pid"),
+			"-z", filepath.Join(dir, "zserv.api"), "--vty_socket", dir}
+	}
+	logs := filepath.Join(c.opts.Dir, "logs")
+	zebra, err := startProcessOn(c.Router, "frr-zebra", filepath.Join(frrDir, "zebra"), common("zebra"), logs)
+	if err != nil {
+		return nil, err
+	}
+	r.procs = append(r.procs, zebra)
+	bgpd, err := startProcessOn(c.Router, "frr-bgpd", filepath.Join(frrDir, "bgpd"), append(common("bgpd"), "-p", "179"), logs)
+	if err != nil {
+		r.Stop()
+		return nil, err
+	}
+	r.procs = append(r.procs, bgpd)
+	for {
+		if _, err := r.vtysh(ctx, "show bgp summary json"); err == nil {
+			return r, nil
+		}
+		for _, p := range r.procs {
+			if done, err := p.exited(); done {
+				r.Stop()
+				return nil, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			r.Stop()
+			return nil, fmt.Errorf("waiting for FRR to answer (logs in %s): %w", logs, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// allowRootVTY lets FRR's daemons run as root inside the cluster's user
+// namespace, where only root is mapped: FRR requires its user to be in the
+// compiled-in vty group (frrvty), so the cluster's private mount namespace
+// gets an /etc/group in which frrvty is root's group.
+func allowRootVTY(dir string) error {
+	data, err := os.ReadFile("/etc/group")
+	if err != nil {
+		return fmt.Errorf("reading /etc/group: %w", err)
+	}
+	vty := regexp.MustCompile(`(?m)^frrvty:.*$`)
+	if !vty.Match(data) {
+		return fmt.Errorf("/etc/group has no frrvty group: is Debian's frr package installed (make tools)?")
+	}
+	path := filepath.Join(dir, "group")
+	if err := os.WriteFile(path, vty.ReplaceAll(data, []byte("frrvty:x:0:root")), 0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := unix.Mount(path, "/etc/group", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s on /etc/group in the cluster's mount namespace: %w", path, err)
+	}
+	return nil
+}
+
+// vtysh runs one FRR command and returns its output.
+func (r *BGPRouter) vtysh(ctx context.Context, command string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "vtysh", "--vty_socket", r.dir, "-c", command)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("vtysh -c %q: %w: %s", command, err, stderr.String())
+	}
+	return out, nil
+}
+
+// Routes returns the BGP routes FRR installed in the router's kernel: each
+// prefix with its next hops, sorted.
+func (r *BGPRouter) Routes(ctx context.Context) (map[netip.Prefix][]netip.Addr, error) {
+	out, err := r.vtysh(ctx, "show ip route bgp json")
+	if err != nil {
+		return nil, err
+	}
+	var routes map[string][]struct {
+		Installed bool `json:"installed"`
+		Nexthops  []struct {
+			IP     string `json:"ip"`
+			Active bool   `json:"active"`
+			FIB    bool   `json:"fib"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(out, &routes); err != nil {
+		return nil, fmt.Errorf("decoding FRR's routes %q: %w", out, err)
+	}
+	got := map[netip.Prefix][]netip.Addr{}
+	for prefix, entries := range routes {
+		p, err := netip.ParsePrefix(prefix)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if !e.Installed {
+				continue
+			}
+			for _, nh := range e.Nexthops {
+				if a, err := netip.ParseAddr(nh.IP); err == nil && nh.FIB {
+					got[p] = append(got[p], a)
+				}
+			}
+		}
+		sort.Slice(got[p], func(i, j int) bool { return got[p][i].Less(got[p][j]) })
+	}
+	return got, nil
+}
+
+// Stop stops FRR by PID; the routes it installed go with zebra.
+func (r *BGPRouter) Stop() {
+	for i := len(r.procs) - 1; i >= 0; i-- {
+		_ = r.procs[i].stop(5 * time.Second)
+	}
+	r.procs = nil
+}

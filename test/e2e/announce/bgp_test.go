@@ -1,0 +1,135 @@
+package announce_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// Two ebb lb replicas announce a Service's address by BGP; FRR installs
+// one route with both hosts as next hops, and a client behind the router
+// reaches the Service through both. A replica that stops withdraws its
+// route at once: the router keeps one next hop and no request fails.
+func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	lbA, lbB := cluster.Nodes[0], cluster.Nodes[1]
+	startLB(t, ctx, lbA)
+	stopB := startLB(t, ctx, lbB)
+
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 2), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	svc := localcluster.EchoService(ns, "web", corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var vip netip.Addr
+	e2eutil.Eventually(t, ctx, 30*time.Second, "an address for the Service", func(ctx context.Context) (bool, string) {
+		s, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
+			return false, fmt.Sprint("no address yet ", err)
+		}
+		vip = netip.MustParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
+		return true, ""
+	})
+	route := netip.PrefixFrom(vip, 32)
+	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
+	waitNextHops(t, ctx, route, both)
+
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	url := fmt.Sprintf("http://%s/", vip)
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
+		_, err := get(ctx, client, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	before := map[string]float64{lbA.Name: lbConnections(t, ctx, lbA), lbB.Name: lbConnections(t, ctx, lbB)}
+	for i := range 60 {
+		if _, err := get(ctx, client, url); err != nil {
+			t.Fatalf("request %d from the client through both LB hosts: %v", i, err)
+		}
+	}
+	for _, node := range []localcluster.Node{lbA, lbB} {
+		if n := lbConnections(t, ctx, node) - before[node.Name]; n == 0 {
+			t.Errorf("no connection of 60 went through the LB host %s: the router does not spread flows", node.Name)
+		} else {
+			t.Logf("%s carried %.0f of 60 connections", node.Name, n)
+		}
+	}
+
+	// One replica stops: it closes its session, the router withdraws it.
+	stopped := time.Now()
+	stopB()
+	waitNextHops(t, ctx, route, both[:1])
+	t.Logf("route withdrawn %s after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+	for i := range 30 {
+		if _, err := get(ctx, client, url); err != nil {
+			t.Fatalf("request %d after %s stopped: %v", i, lbB.Name, err)
+		}
+	}
+}
+
+// waitNextHops waits until FRR has installed route with exactly want as
+// its next hops.
+func waitNextHops(t *testing.T, ctx context.Context, route netip.Prefix, want []netip.Addr) {
+	t.Helper()
+	var last string
+	e2eutil.Eventually(t, ctx, 30*time.Second, fmt.Sprintf("FRR installing %s via %v", route, want), func(ctx context.Context) (bool, string) {
+		routes, err := router.Routes(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, last // the poll's time ran out: keep what was seen
+			}
+			return false, err.Error()
+		}
+		last = fmt.Sprintf("routes %v", routes)
+		return slices.Equal(routes[route], want), last
+	})
+}
+
+// lbConnections sums the TCP connections an ebb lb has proxied.
+func lbConnections(t *testing.T, ctx context.Context, node localcluster.Node) float64 {
+	t.Helper()
+	page, err := lbPage(ctx, node, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e2eutil.Sum(page, "ebb_dataplane_connections_total")
+}
+
+// get sends one request and decodes the echo pod's answer.
+func get(ctx context.Context, client *http.Client, url string) (podserver.Identity, error) {
+	var id podserver.Identity
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return id, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return id, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return id, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return id, json.NewDecoder(resp.Body).Decode(&id)
+}
