@@ -2,7 +2,6 @@ package announce_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -59,12 +57,12 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	url := fmt.Sprintf("http://%s/", vip)
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-		_, err := get(ctx, client, url)
+		_, err := e2eutil.GetIdentity(ctx, client, url)
 		return err == nil, fmt.Sprint(err)
 	})
 	before := map[string]float64{lbA.Name: lbConnections(t, ctx, lbA), lbB.Name: lbConnections(t, ctx, lbB)}
 	for i := range 60 {
-		if _, err := get(ctx, client, url); err != nil {
+		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
 			t.Fatalf("request %d from the client through both LB hosts: %v", i, err)
 		}
 	}
@@ -82,7 +80,7 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	waitNextHops(t, ctx, route, both[:1])
 	t.Logf("route withdrawn %s after SIGTERM", time.Since(stopped).Round(time.Millisecond))
 	for i := range 30 {
-		if _, err := get(ctx, client, url); err != nil {
+		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
 			t.Fatalf("request %d after %s stopped: %v", i, lbB.Name, err)
 		}
 	}
@@ -114,22 +112,4 @@ func lbConnections(t *testing.T, ctx context.Context, node localcluster.Node) fl
 		t.Fatal(err)
 	}
 	return e2eutil.Sum(page, "ebb_dataplane_connections_total")
-}
-
-// get sends one request and decodes the echo pod's answer.
-func get(ctx context.Context, client *http.Client, url string) (podserver.Identity, error) {
-	var id podserver.Identity
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return id, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return id, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return id, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return id, json.NewDecoder(resp.Body).Decode(&id)
 }

@@ -6,7 +6,6 @@ package service_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -116,20 +115,7 @@ func get(ctx context.Context, url string) (podserver.Identity, error) {
 
 // getVia is get through client.
 func getVia(ctx context.Context, client *http.Client, url string) (podserver.Identity, error) {
-	var id podserver.Identity
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return id, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return id, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return id, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return id, json.NewDecoder(resp.Body).Decode(&id)
+	return e2eutil.GetIdentity(ctx, client, url)
 }
 
 // podNames lists the names of an app's pods.
