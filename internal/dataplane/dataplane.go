@@ -83,22 +83,25 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	if d.closed {
 		return ApplyResult{}, errors.New("data plane is closed")
 	}
-	frontends, skipped := d.admit(cfg)
-	opened, failed := d.openListeners(frontends)
+	admitted, skipped := d.admit(cfg)
+	opened, failed := d.openListeners(admitted)
 	skipped = append(skipped, failed...)
+	frontends := admitted[:0:0]
+	for _, fc := range admitted {
+		_, running := d.frontends[fc.key()]
+		if _, isNew := opened[fc.key()]; running || isNew {
+			frontends = append(frontends, fc) // the others' sockets could not be opened
+		}
+	}
 	probers := d.startProbers(frontends)
 	want := map[frontendKey]bool{}
 	var started []*frontend
 	for _, fc := range frontends {
 		k := fc.key()
-		l, isNew := opened[k]
-		if _, running := d.frontends[k]; !running && !isNew {
-			continue // its socket could not be opened
-		}
 		want[k] = true
 		f, ok := d.frontends[k]
 		if !ok {
-			f = newFrontend(d, k, l)
+			f = newFrontend(d, k, opened[k])
 			d.frontends[k] = f
 			started = append(started, f)
 		}
