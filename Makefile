@@ -25,7 +25,7 @@ build:
 ## image: ebb's OCI image (static binary, CA certificates, nonroot user) as an OCI layout in dist/oci, no container engine needed; reproducible
 image:
 	mkdir -p dist
-	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags "-s -w -X github.com/ebbdev/ebb/internal/version.Version=$(VERSION)" -o dist/ebb-linux-amd64 ./cmd/ebb
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -tags ebb_image -ldflags "-s -w -X github.com/ebbdev/ebb/internal/version.Version=$(VERSION)" -o dist/ebb-linux-amd64 ./cmd/ebb
 	cd hack/image && $(GO) run . -binary ../../dist/ebb-linux-amd64 -out ../../dist/oci -ref $(IMAGE):$(VERSION) > ../../dist/image.digest
 	@echo "$(IMAGE):$(VERSION)@$$(cat dist/image.digest) in dist/oci"
 

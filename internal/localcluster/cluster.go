@@ -33,6 +33,7 @@ import (
 
 	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/localcluster/network"
+	"github.com/ebbdev/ebb/internal/localcluster/podrunner"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
@@ -66,6 +67,10 @@ type Options struct {
 	BinDir string
 	// Progress gets one line per start-up phase. Default: discarded.
 	Progress io.Writer
+	// Images are OCI image layouts (`make image` writes dist/oci): pods
+	// whose images are there run as real processes (podrunner); every
+	// other pod is simulated by an echo server.
+	Images []string
 }
 
 // Node is a simulated node.
@@ -219,7 +224,14 @@ func (c *Cluster) startControlPlane() error {
 		// envtest turns the ServiceAccount admission plugin off because it
 		// runs no controller manager; this cluster does, so admission stays
 		// as a real cluster has it.
-		Disable("disable-admission-plugins")
+		Disable("disable-admission-plugins").
+		// Webhooks and aggregated APIs are called at their endpoints'
+		// addresses, not their ClusterIPs: the control-plane host runs no
+		// kube-proxy (as on many managed control planes).
+		Set("enable-aggregator-routing", "true")
+	if err := writeServingCert(api); err != nil {
+		return err
+	}
 	c.env = &envtest.Environment{
 		BinaryAssetsDirectory: c.opts.BinDir,
 		ControlPlane: envtest.ControlPlane{
@@ -411,8 +423,9 @@ func nodeObject(n Node) *corev1.Node {
 	}
 }
 
-// startSimulators runs the pod servers, each pod's on its node's host, and
-// the taps that see new connections reach the nodes.
+// startSimulators runs the pod servers, each pod's on its node's host, the
+// runner of the pods whose images the cluster has, and the taps that see
+// new connections reach the nodes.
 func (c *Cluster) startSimulators() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
@@ -428,9 +441,37 @@ func (c *Cluster) startSimulators() error {
 		}
 		return h, nil
 	})
+	var runner *podrunner.Runner
+	if len(c.opts.Images) > 0 {
+		logDir := filepath.Join(c.opts.Dir, "logs", "pods")
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			close(c.simsDone)
+			return fmt.Errorf("creating the pods' log directory: %w", err)
+		}
+		runner = podrunner.New(podrunner.Options{
+			Client:        c.Client,
+			Images:        podrunner.NewImages(filepath.Join(c.opts.Dir, "images"), c.opts.Images...),
+			Machines:      c.Network,
+			Dir:           filepath.Join(c.opts.Dir, "pods"),
+			LogDir:        logDir,
+			APIServerHost: kubernetesServiceIP,
+			APIServerPort: 443,
+		})
+		pods.Skip(runner.Runs)
+	}
 	go func() {
 		defer close(c.simsDone)
+		done := make(chan struct{})
+		if runner != nil {
+			go func() {
+				defer close(done)
+				_ = runner.Run(ctx)
+			}()
+		} else {
+			close(done)
+		}
 		_ = pods.Run(ctx)
+		<-done
 	}()
 	return nil
 }

@@ -109,7 +109,11 @@ func (c *Cluster) buildNetwork() error {
 		if err := h.AddAddress("lo", netip.MustParsePrefix(n.PodCIDR)); err != nil {
 			return err
 		}
-		if err := h.AddRoute(ClientCIDR, RouterIP); err != nil {
+		// The router is the node's gateway (to the client subnet and
+		// beyond). A default route is also what lets the node's own
+		// programs reach ClusterIPs: the kernel routes a packet before
+		// kube-proxy's output rules translate its destination.
+		if err := h.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), RouterIP); err != nil {
 			return err
 		}
 		n.Host = h

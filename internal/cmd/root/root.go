@@ -5,16 +5,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
-	"github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/cmd/controller"
-	"github.com/ebbdev/ebb/internal/cmd/demo"
 	"github.com/ebbdev/ebb/internal/cmd/lb"
 	"github.com/ebbdev/ebb/internal/cmd/nodeagent"
 	"github.com/ebbdev/ebb/internal/version"
 )
 
-// NewCommand returns the ebb root command with its subcommands.
-func NewCommand() *cobra.Command {
+// NewCommand returns the ebb root command with the components' subcommands
+// and extra ones (the developer tools, which the image leaves out).
+func NewCommand(extra ...*cobra.Command) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ebb",
 		Short: "ebb drains Kubernetes nodes without dropping a request",
@@ -25,6 +24,7 @@ declarative node maintenance that drains the load balancer before the pods.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(azurecmd.NewCommand(), cluster.NewCommand(), controller.NewCommand(), demo.NewCommand(), lb.NewCommand(), nodeagent.NewCommand())
+	cmd.AddCommand(azurecmd.NewCommand(), controller.NewCommand(), lb.NewCommand(), nodeagent.NewCommand())
+	cmd.AddCommand(extra...)
 	return cmd
 }

@@ -59,6 +59,8 @@ type Server struct {
 	// machine returns the sockets of a node's machine: a pod's servers
 	// listen where the pod runs.
 	machine func(node string) (Sockets, error)
+	// skip leaves pods alone that something else runs (real processes).
+	skip func(*corev1.Pod) bool
 
 	mu   sync.Mutex
 	pods map[types.UID]*podServer
@@ -78,6 +80,10 @@ func New(client kubernetes.Interface, machine func(node string) (Sockets, error)
 	}
 	return &Server{client: client, clock: clock.RealClock{}, machine: machine, pods: map[types.UID]*podServer{}, byIP: map[string]*podServer{}}
 }
+
+// Skip leaves the pods for which skip is true to something else (the
+// runner of real processes): no servers, no readiness restored.
+func (s *Server) Skip(skip func(*corev1.Pod) bool) { s.skip = skip }
 
 // Run serves pods until ctx is done, then closes every server at once.
 func (s *Server) Run(ctx context.Context) error {
@@ -126,7 +132,7 @@ func (s *Server) Run(ctx context.Context) error {
 // containers ready again. kwok does not, so a busy machine whose simulated
 // heartbeats lapse would otherwise leave pods unready for good.
 func (s *Server) restoreReadiness(ctx context.Context, log logr.Logger, pod *corev1.Pod, nodes corelisters.NodeLister) {
-	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Spec.NodeName == "" || len(pod.Spec.ReadinessGates) > 0 {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Spec.NodeName == "" || len(pod.Spec.ReadinessGates) > 0 || s.skipped(pod) {
 		return
 	}
 	notReady := false
@@ -165,7 +171,7 @@ func (s *Server) restoreReadiness(ctx context.Context, log logr.Logger, pod *cor
 
 // sync starts, keeps or begins terminating the servers of one pod.
 func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
-	if pod.Spec.HostNetwork || pod.Status.PodIP == "" || pod.Spec.NodeName == "" {
+	if pod.Spec.HostNetwork || pod.Status.PodIP == "" || pod.Spec.NodeName == "" || s.skipped(pod) {
 		return
 	}
 	s.mu.Lock()
@@ -201,6 +207,8 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 		s.byIP[pod.Status.PodIP] = p
 	}
 }
+
+func (s *Server) skipped(pod *corev1.Pod) bool { return s.skip != nil && s.skip(pod) }
 
 // gracefulDeadline is when a deleted pod's containers stop: its grace
 // period counted from now, when the deletion is seen, as a kubelet counts it

@@ -1,0 +1,175 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// LBNodeLabel marks the nodes that run ebb lb (config/lb's nodeSelector).
+const LBNodeLabel = "ebb.dev/load-balancer"
+
+// ManifestOptions say what a user would change in dist/install.yaml before
+// applying it on the local cluster.
+type ManifestOptions struct {
+	// VIPPool replaces the controller's --vip-pool (default: the local
+	// cluster's VIPCIDR).
+	VIPPool string
+	// LBNodes are labelled to run ebb lb.
+	LBNodes []string
+	// ControllerArgs and LBArgs are added to the controller's and ebb lb's
+	// arguments.
+	ControllerArgs, LBArgs []string
+}
+
+// InstallManifest installs ebb as a user does, from dist/install.yaml (its
+// pods run ebb's image: start the cluster with the image layout in
+// Options.Images): it labels the LB nodes, sets the VIP pool, applies the
+// manifest with kubectl and waits until the controller replicas are Ready,
+// the webhook has its CA and ebb lb is Ready on every LB node.
+func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest string, opts ManifestOptions) error {
+	if opts.VIPPool == "" {
+		opts.VIPPool = localcluster.VIPCIDR.String()
+	}
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		return fmt.Errorf("reading %s (make release writes it): %w", manifest, err)
+	}
+	edited, err := editManifest(data, opts)
+	if err != nil {
+		return fmt.Errorf("editing %s: %w", manifest, err)
+	}
+	path := filepath.Join(c.Dir(), "install.yaml")
+	if err := os.WriteFile(path, edited, 0o644); err != nil {
+		return err
+	}
+	for _, n := range opts.LBNodes {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, LBNodeLabel)
+		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("labelling node %s for ebb lb: %w", n, err)
+		}
+	}
+	kubectl := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), "--kubeconfig", c.Kubeconfig, "apply", "--server-side", "-f", path)
+	if out, err := kubectl.CombinedOutput(); err != nil {
+		return fmt.Errorf("kubectl apply -f %s: %w\n%s", path, err, out)
+	}
+	return WaitInstalled(ctx, c, len(opts.LBNodes))
+}
+
+// editManifest sets the controller's VIP pool and adds arguments, as a
+// kustomize patch of a user's would.
+func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
+	var out bytes.Buffer
+	for _, doc := range bytes.Split(data, []byte("\n---\n")) {
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(doc, &obj.Object); err != nil {
+			return nil, err
+		}
+		if obj.Object == nil {
+			continue
+		}
+		if obj.GetKind() == "Deployment" && obj.GetName() == "ebb-controller" {
+			if err := editArgs(obj, func(args []string) []string {
+				for i, a := range args {
+					if strings.HasPrefix(a, "--vip-pool=") {
+						args[i] = "--vip-pool=" + opts.VIPPool
+					}
+				}
+				return append(args, opts.ControllerArgs...)
+			}); err != nil {
+				return nil, err
+			}
+		}
+		if obj.GetKind() == "DaemonSet" && obj.GetName() == "ebb-lb" {
+			if err := editArgs(obj, func(args []string) []string { return append(args, opts.LBArgs...) }); err != nil {
+				return nil, err
+			}
+		}
+		y, err := yaml.Marshal(obj.Object)
+		if err != nil {
+			return nil, err
+		}
+		out.WriteString("---\n")
+		out.Write(y)
+	}
+	return out.Bytes(), nil
+}
+
+// editArgs edits the arguments of a workload's first container.
+func editArgs(obj *unstructured.Unstructured, edit func([]string) []string) error {
+	containers, _, err := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+	if err != nil || len(containers) == 0 {
+		return fmt.Errorf("%s %s has no containers", obj.GetKind(), obj.GetName())
+	}
+	first := containers[0].(map[string]any)
+	args, _, _ := unstructured.NestedStringSlice(first, "args")
+	if err := unstructured.SetNestedStringSlice(first, edit(args), "args"); err != nil {
+		return err
+	}
+	return unstructured.SetNestedSlice(obj.Object, containers, "spec", "template", "spec", "containers")
+}
+
+// WaitInstalled waits for ebb installed by InstallManifest to be ready:
+// every controller replica Ready, the webhook configurations carrying the
+// controller's CA, and ebb lb Ready on lbNodes nodes.
+func WaitInstalled(ctx context.Context, c *localcluster.Cluster, lbNodes int) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	var last string
+	err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		d, err := c.Client.AppsV1().Deployments(ebbNamespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if !deploymentReady(d) {
+			last = fmt.Sprintf("ebb-controller: %d of %d replicas ready", d.Status.ReadyReplicas, ptrValue(d.Spec.Replicas))
+			return false, nil
+		}
+		v, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, validatingConfiguration, metav1.GetOptions{})
+		if err != nil || len(v.Webhooks) == 0 || len(v.Webhooks[0].ClientConfig.CABundle) == 0 {
+			last = "the validating webhook has no CA yet"
+			return false, nil
+		}
+		ds, err := c.Client.AppsV1().DaemonSets(ebbNamespace).Get(ctx, "ebb-lb", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if int(ds.Status.NumberReady) < lbNodes {
+			last = fmt.Sprintf("ebb-lb: %d of %d ready", ds.Status.NumberReady, lbNodes)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for ebb to be installed (%s; pod logs in %s): %w", last, filepath.Join(c.Dir(), "logs", "pods"), err)
+	}
+	return nil
+}
+
+func deploymentReady(d *appsv1.Deployment) bool {
+	return d.Status.ObservedGeneration >= d.Generation && d.Status.ReadyReplicas == ptrValue(d.Spec.Replicas) && d.Status.UpdatedReplicas == ptrValue(d.Spec.Replicas)
+}
+
+func ptrValue(p *int32) int32 {
+	if p == nil {
+		return 1
+	}
+	return *p
+}
+

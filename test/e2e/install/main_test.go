@@ -1,0 +1,44 @@
+// Package install_test installs ebb as a user does, from dist/install.yaml
+// with kubectl, on a local cluster whose pods of ebb's image run as real
+// processes (`make release` builds the image and the manifest), and checks
+// what a user would: both controller replicas run with one leader, the
+// webhook answers through its Service, a LoadBalancer Service served by the
+// ebb lb DaemonSet is reached from a client behind the router, and the
+// leader's loss does not stop a maintenance in progress.
+package install_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+var cluster *localcluster.Cluster
+
+// lbNode runs ebb lb (the DaemonSet's nodeSelector picks it).
+const lbNode = "node-1"
+
+func TestMain(m *testing.M) {
+	dist := distDir()
+	opts := localcluster.Options{Name: "e2e-install", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		err := clustercmd.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), clustercmd.ManifestOptions{LBNodes: []string{lbNode}})
+		return func() {}, err
+	}))
+}
+
+// distDir holds `make release`'s output: $EBB_DIST, or the checkout's dist/.
+func distDir() string {
+	if d := os.Getenv("EBB_DIST"); d != "" {
+		return d
+	}
+	abs, _ := filepath.Abs(filepath.Join("..", "..", "..", "dist"))
+	return abs
+}
