@@ -141,8 +141,12 @@ func (c *Cluster) buildNetwork() error {
 // RouteVIPs gives the router its static route to the VIP pool through the
 // host that serves the VIPs (the control-plane host, where ebb lb runs),
 // until ebb announces them.
-func (c *Cluster) RouteVIPs() error {
-	return c.Router.AddRoute(VIPPrefix, ControlPlaneIP)
+func (c *Cluster) RouteVIPs() error { return c.RouteVIPsVia(ControlPlaneIP) }
+
+// RouteVIPsVia replaces the router's static route to the VIP pool with one
+// through the given hosts (several: ECMP), where ebb lb runs.
+func (c *Cluster) RouteVIPsVia(via ...netip.Addr) error {
+	return c.Router.AddRoute(VIPPrefix, via...)
 }
 
 // startTaps watches the bridge for new connections from this host to each

@@ -172,4 +172,3 @@ func ptrValue(p *int32) int32 {
 	}
 	return *p
 }
-

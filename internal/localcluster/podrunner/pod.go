@@ -40,7 +40,7 @@ type podRun struct {
 
 	mu         sync.Mutex
 	pod        *corev1.Pod
-	killNow      bool
+	killNow    bool
 	grace      time.Duration
 	containers []*containerState
 }
@@ -266,10 +266,10 @@ func (p *podRun) start(ctx context.Context, c *corev1.Container, net *network.Ho
 	cmd.Args = []string{fmt.Sprintf("container %s/%s/%s", pod.Namespace, pod.Name, c.Name)}
 	cmd.Env = []string{envSandbox + "=" + string(specJSON)}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// A mount namespace of its own; the parent-death signal kills it with
-	// the cluster; its own process group, so that stopping it stops
-	// anything it forked.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	// Mount and UTS (hostname) namespaces of its own; the parent-death
+	// signal kills it with the cluster; its own process group, so that
+	// stopping it stops anything it forked.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS, Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := net.Start(cmd); err != nil {
 		return nil, fmt.Errorf("starting the container's process: %w", err)
 	}

@@ -35,6 +35,9 @@ type sandboxSpec struct {
 	// Capabilities are the only ones the process keeps (its bounding set).
 	Capabilities []uintptr `json:"capabilities"`
 	NoNewPrivs   bool      `json:"noNewPrivs"`
+	// Hostname is set in the process's own UTS namespace, if not empty
+	// (a pod's name, as a kubelet sets it; hostNetwork pods keep the node's).
+	Hostname string `json:"hostname,omitempty"`
 }
 
 // mount binds Source (a path of the cluster's host) at Target (a path in
@@ -70,6 +73,11 @@ func runSandbox(specJSON string) error {
 	}
 	// Capabilities and no_new_privs are per thread; exec happens on this one.
 	runtime.LockOSThread()
+	if s.Hostname != "" {
+		if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
+			return fmt.Errorf("setting the hostname: %w", err)
+		}
+	}
 	if err := s.mountAll(); err != nil {
 		return err
 	}

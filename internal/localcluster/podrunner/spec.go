@@ -40,7 +40,12 @@ func containerSpec(ctx context.Context, client kubernetes.Interface, pod *corev1
 		dir = c.WorkingDir
 	}
 	sc := c.SecurityContext
+	hostname := pod.Name
+	if pod.Spec.HostNetwork {
+		hostname = pod.Spec.NodeName
+	}
 	return &sandboxSpec{
+		Hostname:     hostname,
 		Root:         img.Root,
 		ReadOnlyRoot: sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem,
 		Mounts:       mounts,

@@ -2,20 +2,280 @@ package install_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
-func TestBothControllerReplicasRunOneLeads(t *testing.T) {
-	ctx := context.Background()
-	pods, err := cluster.Client.CoreV1().Pods("ebb-system").List(ctx, metav1.ListOptions{})
+const ebbNamespace = "ebb-system"
+
+// controllerPods lists the live ebb-controller pods by name.
+func controllerPods(t *testing.T, ctx context.Context) map[string]corev1.Pod {
+	t.Helper()
+	pods, err := cluster.Client.CoreV1().Pods(ebbNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	out := map[string]corev1.Pod{}
 	for _, p := range pods.Items {
-		t.Logf("%s on %s: %s ip %s", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.PodIP)
+		if p.DeletionTimestamp == nil {
+			out[p.Name] = p
+		}
 	}
-	_ = time.Second
+	return out
+}
+
+// leader is the pod holding the controller's leader-election Lease
+// (controller-runtime's identity is POD-NAME_UUID).
+func leader(ctx context.Context) (string, error) {
+	lease, err := cluster.Client.CoordinationV1().Leases(ebbNamespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
+	name, _, _ := strings.Cut(holder, "_")
+	return name, nil
+}
+
+func ready(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Both replicas of dist/install.yaml run as processes of ebb's image, are
+// Ready by their own probes, and exactly one of them leads.
+func TestBothControllerReplicasRunOneLeads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pods := controllerPods(t, ctx)
+	if len(pods) != 2 {
+		t.Fatalf("%d controller pods, want the manifest's 2", len(pods))
+	}
+	for _, p := range pods {
+		if !ready(p) || len(p.Status.ContainerStatuses) != 1 || !strings.Contains(p.Status.ContainerStatuses[0].ImageID, "@sha256:") {
+			t.Errorf("pod %s: ready %v, statuses %+v", p.Name, ready(p), p.Status.ContainerStatuses)
+		}
+	}
+	e2eutil.Eventually(t, ctx, 30*time.Second, "a leader among the replicas", func(ctx context.Context) (bool, string) {
+		name, err := leader(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		_, ok := pods[name]
+		return ok, "lease held by " + name
+	})
+}
+
+func newClient(t *testing.T) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// The apiserver calls the webhooks through their Service, at the
+// controller pods' addresses, over TLS with the CA the controller made:
+// the mutating one fills in the default drain plan, the validating one
+// refuses a maintenance that selects nothing, with its own words.
+func TestWebhookAnswersThroughItsService(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := newClient(t)
+	bad := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "selects-nothing"},
+		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{}}, Reason: "e2e"},
+	}
+	err := c.Create(ctx, bad)
+	if err == nil || !strings.Contains(err.Error(), "denied the request") || !strings.Contains(err.Error(), "give at least one term") {
+		t.Fatalf("creating a maintenance without selector terms: %v; want the webhook's refusal", err)
+	}
+	good := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "planned"},
+		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: byName("node-3"), Stage: v1alpha1.Idle, Reason: "e2e"},
+	}
+	if err := c.Create(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), good) })
+	if len(good.Spec.DrainPlan) == 0 {
+		t.Fatalf("the created maintenance has no drain plan: the mutating webhook did not run")
+	}
+}
+
+func byName(name string) *corev1.NodeSelector {
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{name}}},
+	}}}
+}
+
+// A client on another subnet reaches a LoadBalancer Service through the
+// router, served by the ebb lb pod of the DaemonSet on the LB node.
+func TestClientReachesTheServiceThroughTheLBPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 3), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	svc := localcluster.EchoService(ns, "web", corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var vip string
+	e2eutil.Eventually(t, ctx, 30*time.Second, "an address for the Service", func(ctx context.Context) (bool, string) {
+		s, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
+			return false, fmt.Sprint("no address yet ", err)
+		}
+		vip = s.Status.LoadBalancer.Ingress[0].IP
+		return true, ""
+	})
+	if err := cluster.RouteVIPsVia(netip.MustParseAddr(nodeIP(t, lbNode))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.RouteVIPs() })
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(vip, "80"))
+	httpClient := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
+		_, err := e2eutil.GetIdentity(ctx, httpClient, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	served := map[string]int{}
+	for i := range 30 {
+		id, err := e2eutil.GetIdentity(ctx, httpClient, url)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		served[id.Pod]++
+	}
+	if len(served) != 3 {
+		t.Errorf("30 requests reached %d pods (%v), want all 3", len(served), served)
+	}
+	t.Logf("30 requests from the client through the router and ebb lb on %s: %v", lbNode, served)
+}
+
+func nodeIP(t *testing.T, name string) string {
+	t.Helper()
+	for _, n := range cluster.Nodes {
+		if n.Name == name {
+			return n.IP
+		}
+	}
+	t.Fatalf("no node %s", name)
+	return ""
+}
+
+// Killing the leading controller's pod hands leadership to the other
+// replica, and a maintenance the leader had started finishes.
+func TestLeaderLossDoesNotStopAMaintenance(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := newClient(t)
+	pods := controllerPods(t, ctx)
+	var lead string
+	e2eutil.Eventually(t, ctx, 30*time.Second, "a leader", func(ctx context.Context) (bool, string) {
+		name, err := leader(ctx)
+		_, ok := pods[name]
+		lead = name
+		return err == nil && ok, fmt.Sprint("lease held by ", name, err)
+	})
+	// Drain a node that runs no controller replica and no ebb lb, with two
+	// pods of an app on it.
+	target := ""
+	for _, n := range cluster.Nodes {
+		busy := n.Name == lbNode
+		for _, p := range pods {
+			busy = busy || p.Spec.NodeName == n.Name
+		}
+		if !busy {
+			target = n.Name
+		}
+	}
+	if target == "" {
+		t.Fatal("no node without a controller replica or ebb lb")
+	}
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	app := localcluster.EchoDeployment(ns, "app", 2)
+	app.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: target}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, app, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "app", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "failover"},
+		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: byName(target), Stage: v1alpha1.Drain, Reason: "e2e leader failover", TrafficDrainTimeoutSeconds: ptr.To[int32](5)},
+	}
+	if err := c.Create(ctx, nm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), nm) })
+	// The leader starts: the node is cordoned.
+	e2eutil.Eventually(t, ctx, 30*time.Second, target+" cordoned by the leader", func(ctx context.Context) (bool, string) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, target, metav1.GetOptions{})
+		return err == nil && n.Spec.Unschedulable, "not cordoned"
+	})
+	// Kill the leader: no grace, so it cannot hand its lease over.
+	if err := cluster.Client.CoreV1().Pods(ebbNamespace).Delete(ctx, lead, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var other string
+	e2eutil.Eventually(t, ctx, time.Minute, "the other replica to lead", func(ctx context.Context) (bool, string) {
+		name, err := leader(ctx)
+		other = name
+		_, wasReplica := pods[name]
+		return err == nil && name != lead && wasReplica, fmt.Sprint("lease held by ", name, err)
+	})
+	t.Logf("%s leads %s after %s was killed", other, time.Since(killed).Round(100*time.Millisecond), lead)
+	e2eutil.Eventually(t, ctx, 2*time.Minute, "the maintenance to finish draining "+target, func(ctx context.Context) (bool, string) {
+		got := &v1alpha1.NodeMaintenance{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		for _, cond := range got.Status.Conditions {
+			if cond.Type == v1alpha1.DrainedCondition && cond.Status == metav1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("conditions %+v", got.Status.Conditions)
+	})
+	left, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: labels.Set{"app": "app"}.String(), FieldSelector: "spec.nodeName=" + target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left.Items) != 0 {
+		t.Errorf("%d app pods still on %s after Drained", len(left.Items), target)
+	}
 }

@@ -25,7 +25,7 @@ const lbNode = "node-1"
 
 func TestMain(m *testing.M) {
 	dist := distDir()
-	opts := localcluster.Options{Name: "e2e-install", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-install", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
