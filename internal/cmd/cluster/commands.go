@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,6 +110,7 @@ func newUpCommand(o *Options) *cobra.Command {
 	var nodes int
 	var timeout time.Duration
 	var withEbb bool
+	var install string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local cluster in the background and wait until it is ready",
@@ -120,16 +122,30 @@ func newUpCommand(o *Options) *cobra.Command {
 			if nodes < 1 || nodes > 250 {
 				return fmt.Errorf("--nodes must be between 1 and 250, not %d", nodes)
 			}
-			return o.up(cmd.Context(), nodes, timeout, withEbb)
+			if withEbb && install != "" {
+				return errors.New("--with-ebb and --install both install ebb: give one")
+			}
+			if install != "" {
+				abs, err := filepath.Abs(install)
+				if err != nil {
+					return err
+				}
+				if _, err := os.Stat(abs); err != nil {
+					return fmt.Errorf("--install %s: %w (make release writes dist/install.yaml)", install, err)
+				}
+				install = abs
+			}
+			return o.up(cmd.Context(), nodes, timeout, withEbb, install)
 		},
 	}
 	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "also run ebb's controller and load balancer against the cluster, with the VIP pool "+localcluster.VIPCIDR.String())
+	cmd.Flags().StringVar(&install, "install", "", "install ebb from this manifest (dist/install.yaml; its image layout is the oci directory next to it) as pods of ebb's image, with ebb lb on the first node")
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the cluster to be ready (building the tools first is not counted)")
 	return cmd
 }
 
-func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, withEbb bool) error {
+func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, withEbb bool, install string) error {
 	if pid, err := o.runningPID(); err != nil {
 		return err
 	} else if pid != 0 {
@@ -156,7 +172,7 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, with
 		return fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	serve := exec.Command(self, "cluster", "serve", "--name", o.Name, "--state-dir", o.StateRoot,
-		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--with-ebb="+strconv.FormatBool(withEbb))
+		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--with-ebb="+strconv.FormatBool(withEbb), "--install="+install)
 	serve.Stdout, serve.Stderr = logFile, logFile
 	localcluster.NamespaceCommand(serve)
 	start := time.Now()
@@ -189,7 +205,7 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, with
 			if _, err := os.Stat(filepath.Join(dir, readyFile)); err == nil {
 				fmt.Printf("Cluster %q is up in %s: %d nodes.\n", o.Name, time.Since(start).Round(100*time.Millisecond), nodes)
 				fmt.Printf("  ebb cluster exec --name %s -- kubectl get nodes -o wide\n", o.Name)
-				if withEbb {
+				if withEbb || install != "" {
 					fmt.Printf("  ebb cluster exec --name %s -- kubectl get services -A   # type LoadBalancer, loadBalancerClass %s\n", o.Name, lbmodel.ClassL4)
 				}
 				fmt.Printf("  ebb cluster down --name %s\n", o.Name)
@@ -216,6 +232,7 @@ func newServeCommand(o *Options) *cobra.Command {
 	var nodes int
 	var binDir string
 	var withEbb bool
+	var install string
 	cmd := &cobra.Command{
 		Use:    "serve",
 		Short:  "Run a cluster in the foreground inside its namespace (started by `ebb cluster up`)",
@@ -225,18 +242,35 @@ func newServeCommand(o *Options) *cobra.Command {
 			if err := o.validate(); err != nil {
 				return err
 			}
-			return o.serve(cmd.Context(), nodes, binDir, withEbb)
+			return o.serve(cmd.Context(), nodes, binDir, withEbb, install)
 		},
 	}
+	cmd.Flags().StringVar(&install, "install", "", "install ebb from this manifest as pods of ebb's image")
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "directory of the pinned binaries")
 	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "also run ebb's controller and load balancer")
 	return cmd
 }
 
+// installOnFirstNode installs ebb from the manifest with ebb lb on the
+// first node, and routes the VIP pool there from the router and from the
+// control-plane host (where `ebb cluster exec` runs commands).
+func installOnFirstNode(ctx context.Context, c *localcluster.Cluster, manifest string) error {
+	first := c.Nodes[0]
+	fmt.Printf("[cluster] installing %s (ebb lb on %s)\n", manifest, first.Name)
+	if err := InstallManifest(ctx, c, manifest, ManifestOptions{LBNodes: []string{first.Name}}); err != nil {
+		return err
+	}
+	via := netip.MustParseAddr(first.IP)
+	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, via); err != nil {
+		return err
+	}
+	return c.RouteVIPsVia(via)
+}
+
 // serve runs the cluster until SIGTERM or SIGINT. It is the init process of
 // the cluster's PID namespace, so when it ends every component ends.
-func (o *Options) serve(ctx context.Context, nodes int, binDir string, withEbb bool) error {
+func (o *Options) serve(ctx context.Context, nodes int, binDir string, withEbb bool, install string) error {
 	if !localcluster.InNamespace() {
 		return errors.New("`ebb cluster serve` runs only inside the namespace `ebb cluster up` makes")
 	}
@@ -244,9 +278,18 @@ func (o *Options) serve(ctx context.Context, nodes int, binDir string, withEbb b
 		return err
 	}
 	dir := o.dir()
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: o.Name, Nodes: nodes, Dir: dir, BinDir: binDir, Progress: os.Stdout})
+	copts := localcluster.Options{Name: o.Name, Nodes: nodes, Dir: dir, BinDir: binDir, Progress: os.Stdout}
+	if install != "" {
+		copts.Images = []string{filepath.Join(filepath.Dir(install), "oci")}
+	}
+	c, err := localcluster.Start(ctx, copts)
 	if err != nil {
 		return err
+	}
+	if install != "" {
+		if err := installOnFirstNode(ctx, c, install); err != nil {
+			return errors.Join(err, c.Stop())
+		}
 	}
 	if withEbb {
 		self, err := os.Executable()

@@ -130,6 +130,56 @@ func TestClusterUpExecDown(t *testing.T) {
 	}
 }
 
+// `ebb cluster up --install dist/install.yaml` installs ebb as pods of its
+// image; a Service applied with kubectl is served through ebb lb's pod.
+func TestClusterUpInstallsTheRelease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	dist := os.Getenv("EBB_DIST")
+	if dist == "" {
+		dist, _ = filepath.Abs(filepath.Join("..", "..", "..", "dist"))
+	}
+	state := t.TempDir()
+	name := fmt.Sprintf("cli-install-%d", os.Getpid())
+	t.Cleanup(func() { _, _ = ebb(context.Background(), t, state, "cluster", "down", "--name", name) })
+	start := time.Now()
+	out, err := ebb(ctx, t, state, "cluster", "up", "--name", name, "--nodes", "2", "--install", filepath.Join(dist, "install.yaml"))
+	if err != nil {
+		t.Fatalf("ebb cluster up --install: %v\n%s", err, out)
+	}
+	t.Logf("ebb cluster up --install took %s", time.Since(start).Round(time.Millisecond))
+	out, err = ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "kubectl", "get", "pods", "-n", "ebb-system", "--no-headers")
+	running := 0
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[1] == "1/1" && f[2] == "Running" {
+			running++
+		}
+	}
+	if err != nil || strings.Count(out, "ebb-controller-") != 2 || !strings.Contains(out, "ebb-lb-") || running < 3 {
+		t.Fatalf("ebb's pods after up --install: %v\n%s", err, out)
+	}
+	manifest := filepath.Join(t.TempDir(), "hello.yaml")
+	if err := os.WriteFile(manifest, []byte(helloManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "kubectl", "apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		answer, err := ebb(ctx, t, state, "cluster", "exec", "--name", name, "--", "sh", "-c",
+			`curl -sS -m 2 "http://$(kubectl get service hello -o jsonpath='{.status.loadBalancer.ingress[0].ip}')/"`)
+		if err == nil && strings.Contains(answer, `"pod":"hello-`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("curl through the Service's load-balancer address: %v\n%s", err, answer)
+		}
+	}
+	if out, err := ebb(ctx, t, state, "cluster", "down", "--name", name); err != nil {
+		t.Fatalf("ebb cluster down: %v\n%s", err, out)
+	}
+}
+
 const helloManifest = `apiVersion: apps/v1
 kind: Deployment
 metadata: {name: hello}

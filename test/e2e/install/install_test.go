@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -278,4 +279,53 @@ func TestLeaderLossDoesNotStopAMaintenance(t *testing.T) {
 	if len(left.Items) != 0 {
 		t.Errorf("%d app pods still on %s after Drained", len(left.Items), target)
 	}
+}
+
+// A container that dies is restarted in its pod, as a kubelet does: the
+// ebb lb process is killed, its pod counts a restart with the exit code of
+// the kill, and is Ready again by its probe.
+func TestACrashedLBContainerIsRestarted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pods, err := cluster.Client.CoreV1().Pods(ebbNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-lb"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("want one ebb-lb pod: %v, %v", err, pods)
+	}
+	pod := pods.Items[0]
+	before := pod.Status.ContainerStatuses[0].RestartCount
+	pid := startedPID(t, ctx, pod.Name)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing ebb lb (pid %d): %v", pid, err)
+	}
+	e2eutil.Eventually(t, ctx, time.Minute, "ebb lb restarted and Ready", func(ctx context.Context) (bool, string) {
+		p, err := cluster.Client.CoreV1().Pods(ebbNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		cs := p.Status.ContainerStatuses[0]
+		last := cs.LastTerminationState.Terminated
+		return cs.RestartCount == before+1 && ready(*p) && last != nil && last.ExitCode == 137,
+			fmt.Sprintf("restarts %d, ready %v, last %+v", cs.RestartCount, ready(*p), last)
+	})
+}
+
+// startedPID is the process ID the pod's latest Started event names.
+func startedPID(t *testing.T, ctx context.Context, pod string) int {
+	t.Helper()
+	events, err := cluster.Client.CoreV1().Events(ebbNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod + ",reason=Started"})
+	if err != nil || len(events.Items) == 0 {
+		t.Fatalf("no Started event for %s: %v", pod, err)
+	}
+	latest := events.Items[0]
+	for _, e := range events.Items {
+		if e.LastTimestamp.After(latest.LastTimestamp.Time) {
+			latest = e
+		}
+	}
+	var pid int
+	var rest string
+	if _, err := fmt.Sscanf(latest.Message[strings.Index(latest.Message, "(pid "):], "(pid %d %s", &pid, &rest); err != nil {
+		t.Fatalf("no pid in %q: %v", latest.Message, err)
+	}
+	return pid
 }
