@@ -15,7 +15,7 @@ import (
 // Event reasons on a Service whose frontend this replica cannot serve, and
 // once it can again.
 const (
-	ReasonFrontendSkipped = "FrontendNotServed"
+	ReasonFrontendNotServed = "FrontendNotServed"
 	ReasonFrontendServed  = "FrontendServed"
 )
 
@@ -63,7 +63,7 @@ func (r *skipReporter) report(log logr.Logger, skipped []dataplane.SkippedFronte
 		svc := r.services[s.Name]
 		log.Info("Cannot serve a frontend; serving the others", "frontend", s.Name, "service", klog.KObj(svc), "reason", s.Reason, "err", s.Err.Error())
 		if r.recorder != nil && svc != nil {
-			r.recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonFrontendSkipped, "Serve", "%s", msg)
+			r.recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonFrontendNotServed, "Serve", "%s", msg)
 		}
 	}
 	for name := range r.reported {

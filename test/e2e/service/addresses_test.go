@@ -70,7 +70,7 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, 30*time.Second, "a Warning event about the busy port", func(ctx context.Context) (bool, string) {
-		msgs := serviceEvents(t, ctx, ns, "web", lbsync.ReasonFrontendSkipped)
+		msgs := serviceEvents(t, ctx, ns, "web", lbsync.ReasonFrontendNotServed)
 		for _, m := range msgs {
 			if strings.Contains(m, ":alt/TCP@") && strings.Contains(m, "address already in use") {
 				return true, ""
