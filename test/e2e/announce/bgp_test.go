@@ -9,11 +9,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-
-	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -30,26 +25,7 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	stopB := startLB(t, ctx, lbB)
 
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 2), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	svc := localcluster.EchoService(ns, "web", corev1.ServiceTypeLoadBalancer)
-	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var vip netip.Addr
-	e2eutil.Eventually(t, ctx, 30*time.Second, "an address for the Service", func(ctx context.Context) (bool, string) {
-		s, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
-		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
-			return false, fmt.Sprint("no address yet ", err)
-		}
-		vip = netip.MustParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
-		return true, ""
-	})
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2)
 	route := netip.PrefixFrom(vip, 32)
 	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
 	waitNextHops(t, ctx, route, both)

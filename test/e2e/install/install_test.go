@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -141,26 +140,7 @@ func TestClientReachesTheServiceThroughTheLBPod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 3), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	svc := localcluster.EchoService(ns, "web", corev1.ServiceTypeLoadBalancer)
-	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var vip string
-	e2eutil.Eventually(t, ctx, 30*time.Second, "an address for the Service", func(ctx context.Context) (bool, string) {
-		s, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
-		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
-			return false, fmt.Sprint("no address yet ", err)
-		}
-		vip = s.Status.LoadBalancer.Ingress[0].IP
-		return true, ""
-	})
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 3).String()
 	if err := cluster.RouteVIPsVia(netip.MustParseAddr(nodeIP(t, lbNode))); err != nil {
 		t.Fatal(err)
 	}

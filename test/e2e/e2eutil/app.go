@@ -1,0 +1,44 @@
+package e2eutil
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// DeployLoadBalancedEcho deploys an echo app of the given replicas behind
+// a LoadBalancer Service of class ebb.dev/l4, both named name, waits for
+// the pods and the Service's address, and returns the address.
+func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32) netip.Addr {
+	t.Helper()
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, replicas), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	svc := localcluster.EchoService(ns, name, corev1.ServiceTypeLoadBalancer)
+	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
+	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var vip netip.Addr
+	Eventually(t, ctx, 30*time.Second, "an address for Service "+name, func(ctx context.Context) (bool, string) {
+		s, err := c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
+			return false, fmt.Sprint("no address yet ", err)
+		}
+		vip, err = netip.ParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
+		return err == nil, fmt.Sprint(err)
+	})
+	return vip
+}
