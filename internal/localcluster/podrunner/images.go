@@ -28,6 +28,9 @@ type Images struct {
 
 	mu       sync.Mutex
 	unpacked map[v1.Hash]*Image
+	// indexes are the layouts' indexes, read once: every pod event asks
+	// whether its image is here.
+	indexes map[string]v1.ImageIndex
 }
 
 // Image is an unpacked image: its root filesystem and its configuration.
@@ -40,14 +43,14 @@ type Image struct {
 
 // NewImages serves the images of the OCI layouts, unpacking them under dir.
 func NewImages(dir string, layouts ...string) *Images {
-	return &Images{layouts: layouts, dir: dir, unpacked: map[v1.Hash]*Image{}}
+	return &Images{layouts: layouts, dir: dir, unpacked: map[v1.Hash]*Image{}, indexes: map[string]v1.ImageIndex{}}
 }
 
 // Resolve returns the image ref names, unpacked; ok is false when no
 // layout has it (the pod is then simulated, not run).
 func (s *Images) Resolve(ref string) (img *Image, ok bool, err error) {
 	for _, l := range s.layouts {
-		found, digest, err := findImage(l, ref)
+		found, digest, err := s.findImage(l, ref)
 		if err != nil {
 			return nil, false, err
 		}
@@ -63,7 +66,7 @@ func (s *Images) Resolve(ref string) (img *Image, ok bool, err error) {
 // Has reports whether a layout holds ref, without unpacking it.
 func (s *Images) Has(ref string) bool {
 	for _, l := range s.layouts {
-		if found, _, err := findImage(l, ref); err == nil && found != nil {
+		if found, _, err := s.findImage(l, ref); err == nil && found != nil {
 			return true
 		}
 	}
@@ -71,10 +74,18 @@ func (s *Images) Has(ref string) bool {
 }
 
 // findImage looks ref up in the layout at path.
-func findImage(path, ref string) (v1.Image, v1.Hash, error) {
-	idx, err := layout.ImageIndexFromPath(path)
-	if err != nil {
-		return nil, v1.Hash{}, fmt.Errorf("reading the image layout %s: %w", path, err)
+func (s *Images) findImage(path, ref string) (v1.Image, v1.Hash, error) {
+	s.mu.Lock()
+	idx, ok := s.indexes[path]
+	s.mu.Unlock()
+	if !ok {
+		var err error
+		if idx, err = layout.ImageIndexFromPath(path); err != nil {
+			return nil, v1.Hash{}, fmt.Errorf("reading the image layout %s: %w", path, err)
+		}
+		s.mu.Lock()
+		s.indexes[path] = idx
+		s.mu.Unlock()
 	}
 	manifest, err := idx.IndexManifest()
 	if err != nil {

@@ -132,9 +132,19 @@ func (p *podRun) run(ctx context.Context) {
 	pod := p.current()
 	dir := filepath.Join(p.r.opts.Dir, string(pod.UID))
 	defer func() { _ = os.RemoveAll(dir) }()
+	var err error
 
-	net, closeNet, err := p.network(pod)
-	for err != nil {
+	// The pod's sandbox, as a kubelet makes it before any container:
+	// its network, then its volumes; retried until they can be made.
+	var net *network.Host
+	var volumes map[string]string
+	closeNet := func() {}
+	volumeMaker := &volumeMaker{client: p.r.opts.Client, dir: filepath.Join(dir, "volumes")}
+	for {
+		net, closeNet, volumes, err = p.sandbox(ctx, pod, volumeMaker)
+		if err == nil {
+			break
+		}
 		p.failed("FailedCreatePodSandBox", err)
 		select {
 		case <-p.stopping:
@@ -143,11 +153,14 @@ func (p *podRun) run(ctx context.Context) {
 			return
 		case <-time.After(5 * time.Second):
 		}
-		net, closeNet, err = p.network(pod)
 	}
 	defer closeNet()
+	volumeMaker.refreshTokens(ctx, func(err error) {
+		if err != nil {
+			p.log.Info("Renewing a service-account token failed", "err", err.Error())
+		}
+	})
 
-	volumes := &volumeMaker{client: p.r.opts.Client, dir: filepath.Join(dir, "volumes")}
 	var wg sync.WaitGroup
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
@@ -158,14 +171,23 @@ func (p *podRun) run(ctx context.Context) {
 			p.supervise(ctx, c, st, net, volumes)
 		}()
 	}
-	volumes.refreshTokens(ctx, func(err error) {
-		if err != nil {
-			p.log.Info("Renewing a service-account token failed", "err", err.Error())
-		}
-	})
 	wg.Wait()
 	cancel()
 	<-statusDone
+}
+
+// sandbox makes the pod's network and volumes; undo undoes the network.
+func (p *podRun) sandbox(ctx context.Context, pod *corev1.Pod, vm *volumeMaker) (net *network.Host, undo func(), volumes map[string]string, err error) {
+	net, undo, err = p.network(pod)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	vm.tokens = nil
+	if volumes, err = vm.make(ctx, pod); err != nil {
+		undo()
+		return nil, nil, nil, err
+	}
+	return net, undo, volumes, nil
 }
 
 // network is where the pod's processes run: its node's host, or a
@@ -206,7 +228,7 @@ func (p *podRun) failed(reason string, err error) {
 
 // supervise runs one container, restarting it when it exits, until the pod
 // stops.
-func (p *podRun) supervise(ctx context.Context, c *corev1.Container, st *containerState, net *network.Host, volumes *volumeMaker) {
+func (p *podRun) supervise(ctx context.Context, c *corev1.Container, st *containerState, net *network.Host, volumes map[string]string) {
 	backoff := restartBackoffFirst
 	for {
 		cmd, err := p.start(ctx, c, net, volumes)
@@ -235,17 +257,13 @@ func (p *podRun) supervise(ctx context.Context, c *corev1.Container, st *contain
 }
 
 // start starts the container's process in its sandbox (see sandbox.go).
-func (p *podRun) start(ctx context.Context, c *corev1.Container, net *network.Host, volumes *volumeMaker) (*exec.Cmd, error) {
+func (p *podRun) start(ctx context.Context, c *corev1.Container, net *network.Host, volumes map[string]string) (*exec.Cmd, error) {
 	pod := p.current()
 	img, ok, err := p.r.opts.Images.Resolve(c.Image)
 	if err != nil || !ok {
 		return nil, fmt.Errorf("image %s: not in the local image store (%v)", c.Image, err)
 	}
-	dirs, err := volumes.make(ctx, pod)
-	if err != nil {
-		return nil, err
-	}
-	spec, err := containerSpec(ctx, p.r.opts.Client, pod, c, img, dirs, apiService{Host: p.r.opts.APIServerHost, Port: p.r.opts.APIServerPort})
+	spec, err := containerSpec(ctx, p.r.opts.Client, pod, c, img, volumes, apiService{Host: p.r.opts.APIServerHost, Port: p.r.opts.APIServerPort})
 	if err != nil {
 		return nil, err
 	}
