@@ -16,7 +16,7 @@ import (
 // once it can again.
 const (
 	ReasonFrontendNotServed = "FrontendNotServed"
-	ReasonFrontendServed  = "FrontendServed"
+	ReasonFrontendServed    = "FrontendServed"
 )
 
 // Retry bounds for frontends that could not be served: their cause (a port
