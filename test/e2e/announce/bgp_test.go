@@ -50,11 +50,12 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 		}
 	}
 
-	// One replica stops: it closes its session, the router withdraws it.
+	// One host stops being an LB node: its ebb lb pod is stopped, closes
+	// its session, and the router withdraws it.
 	stopped := time.Now()
 	stopB()
 	waitNextHops(t, ctx, route, both[:1])
-	t.Logf("route withdrawn %s after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+	t.Logf("route withdrawn %s after %s stopped being an LB node", time.Since(stopped).Round(time.Millisecond), lbB.Name)
 	for i := range 30 {
 		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
 			t.Fatalf("request %d after %s stopped: %v", i, lbB.Name, err)

@@ -1,19 +1,23 @@
 // Package announce_test checks that load-balancer addresses reach the
-// ebb lb hosts on a real network: ebb lb runs on two node hosts and
-// announces the addresses it serves by BGP to FRR on the router, which
-// spreads a client's flows across both (ECMP).
+// ebb lb hosts on a real network: ebb is installed from dist/install.yaml
+// with the ebb lb DaemonSet announcing by BGP (the flags a user adds to
+// it), and FRR on the router spreads a client's flows across the LB hosts
+// (ECMP).
 package announce_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -29,68 +33,67 @@ var (
 // FRR accepts, so that a vanished host's routes go within 3 s.
 const holdTime = 3 * time.Second
 
-// lbMetricsAddress is where each ebb lb serves /metrics and /readyz, on its
-// own host's loopback.
-const lbMetricsAddress = "127.0.0.1:19464"
+// lbMetricsAddress is where ebb lb serves /metrics and /readyz on its
+// host's loopback (config/lb).
+const lbMetricsAddress = "127.0.0.1:9464"
 
 func TestMain(m *testing.M) {
-	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-announce", Nodes: 3}, &cluster, setUp))
+	dist := e2eutil.DistDir()
+	opts := localcluster.Options{Name: "e2e-announce", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// setUp runs the controller, FRR on the router (without the static route to
-// the VIP pool: BGP is the only way there) and nothing else; tests start
-// their ebb lb replicas.
-func setUp(c *localcluster.Cluster) (func(), error) {
-	bin := os.Getenv("EBB_BIN")
-	if bin == "" {
-		return nil, errors.New("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
-	}
-	stopController, err := clustercmd.StartController(c, bin)
-	if err != nil {
+// setUp installs ebb with BGP announcement on ebb lb and no LB node yet
+// (tests label theirs), removes the router's static route to the VIP pool
+// (BGP is the only way there) and starts FRR on the router.
+func setUp(c *localcluster.Cluster, dist string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	bgp := []string{"--bgp-asn", fmt.Sprint(localcluster.LBASN), "--bgp-peer", fmt.Sprintf("%s:%d", localcluster.RouterIP, localcluster.RouterASN), "--bgp-hold-time", holdTime.String()}
+	if err := clustercmd.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), clustercmd.ManifestOptions{LBArgs: bgp}); err != nil {
 		return nil, err
 	}
 	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
-		stopController()
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	var err error
 	if router, err = c.StartBGPRouter(ctx, holdTime); err != nil {
-		stopController()
 		return nil, err
 	}
-	return func() {
-		router.Stop()
-		stopController()
-	}, nil
+	return router.Stop, nil
 }
 
-// startLB runs ebb lb on a node's host, announcing by BGP, and waits until
-// it is ready. The returned function stops it (SIGTERM).
+// startLB makes node an LB node (the label the DaemonSet selects) and waits
+// until its ebb lb pod is ready. The returned function takes the label
+// away, and the DaemonSet stops the pod (SIGTERM, its grace period).
 func startLB(t *testing.T, ctx context.Context, node localcluster.Node) func() {
 	t.Helper()
-	stop, err := cluster.StartProcessOn(node.Name, "ebb-lb-"+node.Name, os.Getenv("EBB_BIN"), "lb",
-		"--kubeconfig", cluster.Kubeconfig, "--metrics-bind-address", lbMetricsAddress, "--report-name", "lb-"+node.Name,
-		"--bgp-asn", fmt.Sprint(localcluster.LBASN), "--bgp-peer", fmt.Sprintf("%s:%d", localcluster.RouterIP, localcluster.RouterASN),
-		"--bgp-router-id", node.IP, "--bgp-hold-time", holdTime.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stopOnce := func() {
-		if !stopped {
-			stopped = true
-			if err := stop(); err != nil {
-				t.Error(err)
-			}
+	label := func(ctx context.Context, value *string) {
+		v := "null"
+		if value != nil {
+			v = fmt.Sprintf("%q", *value)
+		}
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, clustercmd.LBNodeLabel, v)
+		if _, err := cluster.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("labelling %s: %v", node.Name, err)
 		}
 	}
-	t.Cleanup(stopOnce)
+	on := "true"
+	label(ctx, &on)
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			// Also a cleanup: the test's context may be over.
+			label(context.Background(), nil)
+		}
+	}
+	t.Cleanup(stop)
 	e2eutil.Eventually(t, ctx, time.Minute, "ebb lb on "+node.Name+" ready", func(ctx context.Context) (bool, string) {
 		body, err := lbPage(ctx, node, "/readyz")
 		return err == nil, fmt.Sprint(err, body)
 	})
-	return stopOnce
+	return stop
 }
 
 // lbPage gets a page of the ebb lb on node's host.

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // ebb runs the ebb binary with the given state directory.
@@ -135,10 +137,7 @@ func TestClusterUpExecDown(t *testing.T) {
 func TestClusterUpInstallsTheRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	dist := os.Getenv("EBB_DIST")
-	if dist == "" {
-		dist, _ = filepath.Abs(filepath.Join("..", "..", "..", "dist"))
-	}
+	dist := e2eutil.DistDir()
 	state := t.TempDir()
 	name := fmt.Sprintf("cli-install-%d", os.Getpid())
 	t.Cleanup(func() { _, _ = ebb(context.Background(), t, state, "cluster", "down", "--name", name) })

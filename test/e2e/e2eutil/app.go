@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -41,4 +43,15 @@ func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.C
 		return err == nil, fmt.Sprint(err)
 	})
 	return vip
+}
+
+// DistDir holds `make release`'s output (the image layout dist/oci and
+// dist/install.yaml): $EBB_DIST, or the checkout's dist/ seen from a test
+// package under test/e2e.
+func DistDir() string {
+	if d := os.Getenv("EBB_DIST"); d != "" {
+		return d
+	}
+	abs, _ := filepath.Abs(filepath.Join("..", "..", "..", "dist"))
+	return abs
 }

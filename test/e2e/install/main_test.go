@@ -16,6 +16,7 @@ import (
 
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 var cluster *localcluster.Cluster
@@ -24,7 +25,7 @@ var cluster *localcluster.Cluster
 const lbNode = "node-1"
 
 func TestMain(m *testing.M) {
-	dist := distDir()
+	dist := e2eutil.DistDir()
 	opts := localcluster.Options{Name: "e2e-install", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -32,13 +33,4 @@ func TestMain(m *testing.M) {
 		err := clustercmd.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), clustercmd.ManifestOptions{LBNodes: []string{lbNode}})
 		return func() {}, err
 	}))
-}
-
-// distDir holds `make release`'s output: $EBB_DIST, or the checkout's dist/.
-func distDir() string {
-	if d := os.Getenv("EBB_DIST"); d != "" {
-		return d
-	}
-	abs, _ := filepath.Abs(filepath.Join("..", "..", "..", "dist"))
-	return abs
 }
