@@ -138,7 +138,7 @@ func (p *podRun) run(ctx context.Context) {
 	// its network, then its volumes; retried until they can be made.
 	var net *network.Host
 	var volumes map[string]string
-	closeNet := func() {}
+	var closeNet func()
 	volumeMaker := &volumeMaker{client: p.r.opts.Client, dir: filepath.Join(dir, "volumes")}
 	for {
 		net, closeNet, volumes, err = p.sandbox(ctx, pod, volumeMaker)
