@@ -146,7 +146,12 @@ func (o *Options) Run(ctx context.Context) error {
 	var ready func() bool
 	var syncer *lbsync.Syncer
 	var data []byte
+	hup := make(chan os.Signal, 1)
 	if o.ConfigFile != "" {
+		// Before the first load, so a SIGHUP sent once the file serves
+		// reloads it rather than ending the process.
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
 		if data, err = o.load(log, dp, addrs); err != nil {
 			return err // the first configuration must be valid
 		}
@@ -211,9 +216,6 @@ func (o *Options) Run(ctx context.Context) error {
 		log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
 		return syncer.Run(ctx)
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	poll := time.NewTicker(o.PollInterval)
 	defer poll.Stop()
 	for {
@@ -287,13 +289,18 @@ func defaultReportName() string {
 }
 
 // load reads, validates and applies the configuration file and returns its
-// contents. An invalid file is an error and changes nothing; a frontend
+// contents. An invalid or empty file is an error and changes nothing; a frontend
 // that cannot be served (its port held by another process) is logged and
 // skipped, and the others apply.
 func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *addressSinks) ([]byte, error) {
 	data, err := os.ReadFile(o.ConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading the configuration: %w", err)
+	}
+	// A file rewritten in place (`cat > FILE`, os.WriteFile) is empty for
+	// a moment; applying that would drop every frontend.
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("%s is empty (still being written?): write 'frontends: []' to serve nothing", o.ConfigFile)
 	}
 	cfg, err := dataplane.ParseConfig(data)
 	if err != nil {

@@ -75,6 +75,19 @@ func config(frontend string, backends ...string) string {
 	return b.String()
 }
 
+// replaceFile writes s to a temporary file beside path and renames it over
+// path, so a reader sees the old contents or the new, never a part.
+func replaceFile(t *testing.T, path, s string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The standalone load balancer serves its file, follows changes to it and
 // SIGHUP, keeps the running configuration when the file turns invalid, and
 // serves metrics.
@@ -84,12 +97,7 @@ func TestStandaloneFollowsConfigFile(t *testing.T) {
 	fe := freePort(t)
 	metrics := freePort(t)
 	file := filepath.Join(t.TempDir(), "lb.yaml")
-	write := func(s string) {
-		t.Helper()
-		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(s string) { t.Helper(); replaceFile(t, file, s) }
 	write(config(fe, a))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -126,14 +134,9 @@ func TestStandaloneFollowsConfigFile(t *testing.T) {
 	write(config(fe, a))
 	eventually("a fixed file to apply", func() bool { got, _ := ask(fe); return got == "a" })
 
-	resp, err := http.Get("http://" + metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape(t, metrics)
 	for _, want := range []string{`ebb_lb_config_reloads_total{result="error"} 1`, `ebb_dataplane_connections_total{backend="` + a, "ebb_dataplane_apply_duration_seconds_count"} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
@@ -191,4 +194,66 @@ func TestStandaloneRejectsBadFirstConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `protocol "SCTP" is not supported: use TCP or UDP`) {
 		t.Fatalf("error %v", err)
 	}
+}
+
+// A file rewritten in place is empty for a moment; the running
+// configuration stays until the new contents arrive, and an empty file is
+// reported as an error.
+func TestStandaloneKeepsServingThroughAnEmptyFile(t *testing.T) {
+	a, _ := namedBackend(t, "a")
+	b, _ := namedBackend(t, "b")
+	fe := freePort(t)
+	metrics := freePort(t)
+	file := filepath.Join(t.TempDir(), "lb.yaml")
+	replaceFile(t, file, config(fe, a))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := &Options{ConfigFile: file, MetricsAddress: metrics, PollInterval: 10 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for got, _ := ask(fe); got != "a"; got, _ = ask(fe) {
+		if time.Now().After(deadline) {
+			t.Fatal("not serving")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	replaceFile(t, file, "\n")
+	deadline = time.Now().Add(5 * time.Second)
+	for !strings.Contains(scrape(t, metrics), `ebb_lb_config_reloads_total{result="error"} 1`) {
+		if time.Now().After(deadline) {
+			t.Fatal("the empty file was not reported as an error")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, err := ask(fe); got != "a" {
+		t.Fatalf("an empty file changed the running configuration: %q, %v", got, err)
+	}
+
+	replaceFile(t, file, config(fe, b))
+	for got, _ := ask(fe); got != "b"; got, _ = ask(fe) {
+		if time.Now().After(deadline) {
+			t.Fatal("the file written after the empty one did not apply")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }
