@@ -85,6 +85,11 @@ type EvacuationStatus struct {
 	// FailedEvictionCounter counts refused evictions.
 	// +optional
 	FailedEvictionCounter int32 `json:"failedEvictionCounter,omitempty"`
+	// NextEvictionTime is when a refused eviction is tried again (2 s
+	// doubling to 2 min per refusal); nothing evicts before it, whatever
+	// wakes the controller. An ebb addition to KEP-4212's status.
+	// +optional
+	NextEvictionTime *metav1.Time `json:"nextEvictionTime,omitempty"`
 	// Message says what is happening, for people.
 	// +optional
 	Message string `json:"message,omitempty"`

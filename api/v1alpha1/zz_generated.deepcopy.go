@@ -121,6 +121,10 @@ func (in *EvacuationStatus) DeepCopyInto(out *EvacuationStatus) {
 		in, out := &in.ExpectedEvacuationFinishTime, &out.ExpectedEvacuationFinishTime
 		*out = (*in).DeepCopy()
 	}
+	if in.NextEvictionTime != nil {
+		in, out := &in.NextEvictionTime, &out.NextEvictionTime
+		*out = (*in).DeepCopy()
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))

@@ -156,7 +156,12 @@ func (r *Reconciler) step(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
 	}
-	return r.evict(ctx, e, pod)
+	// A refused eviction waits out its backoff: the refusal's own status
+	// write and every pod update wake this controller long before that.
+	if next := e.Status.NextEvictionTime; next != nil && now.Before(next.Time) {
+		return ctrl.Result{RequeueAfter: next.Sub(now)}, nil
+	}
+	return r.evict(ctx, e, pod, now)
 }
 
 // handOff keeps the active evacuator or moves to the next one; it returns
@@ -216,7 +221,7 @@ func nextEvacuator(evacuators []v1alpha1.Evacuator, current string) string {
 }
 
 // evict asks the Eviction API to remove the pod, with a UID precondition.
-func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod) (ctrl.Result, error) {
+func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod, now time.Time) (ctrl.Result, error) {
 	reason := "NoEvacuator"
 	if len(e.Spec.Evacuators) > 0 {
 		reason = "EvacuatorsExhausted"
@@ -229,6 +234,7 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
 	}
 	err := r.Client.SubResource("eviction").Create(ctx, pod, eviction)
+	e.Status.NextEvictionTime = nil
 	switch {
 	case err == nil:
 		r.Metrics.evictions.WithLabelValues("evicted").Inc()
@@ -244,7 +250,10 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		e.Status.FailedEvictionCounter++
 		e.Status.Message = blockedMessage(err)
 		r.Recorder.Eventf(e, pod, corev1.EventTypeWarning, ReasonEvictionBlocked, "Evict", "%s (attempt %d)", e.Status.Message, e.Status.FailedEvictionCounter)
-		return ctrl.Result{RequeueAfter: backoff(e.Status.FailedEvictionCounter)}, nil
+		wait := backoff(e.Status.FailedEvictionCounter)
+		next := metav1.NewTime(now.Add(wait))
+		e.Status.NextEvictionTime = &next
+		return ctrl.Result{RequeueAfter: wait}, nil
 	default:
 		r.Metrics.evictions.WithLabelValues("error").Inc()
 		e.Status.Message = fmt.Sprintf("Eviction failed: %v", err)

@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 )
@@ -185,5 +186,47 @@ func TestGaugesCountAtScrape(t *testing.T) {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("missing %s in\n%s", want, page)
 		}
+	}
+}
+
+// A refused eviction is retried after the backoff, not at the next event:
+// the status write of the refusal, and pod updates, wake the controller at
+// once, and those reconciles must not evict again.
+func TestBlockedEvictionWaitsForItsBackoffWhateverWakesIt(t *testing.T) {
+	pod := testPod()
+	r, cl, clk, req := setup(t, pod)
+	attempts := 0
+	r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			if sub == "eviction" {
+				attempts++
+				return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+			}
+			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+		},
+	})
+	for _, step := range []struct {
+		advance      time.Duration
+		wantAttempts int
+		wantRequeue  time.Duration
+	}{
+		{0, 1, 2 * time.Second},                // refused: back off 2 s
+		{0, 1, 2 * time.Second},                // woken at once by its own status write
+		{time.Second, 1, time.Second},          // woken by the pod, halfway
+		{time.Second, 2, 4 * time.Second},      // the backoff ran out: try again
+		{3 * time.Second, 2, time.Second},      // woken early again
+		{time.Second, 3, 8 * time.Second},      // third attempt
+		{8 * time.Second, 4, 16 * time.Second}, // and so on, doubling
+	} {
+		clk.Step(step.advance)
+		res := reconcileOnce(t, r, req)
+		if attempts != step.wantAttempts || res.RequeueAfter != step.wantRequeue {
+			t.Fatalf("after %s more: %d eviction attempts, requeue after %s; want %d and %s",
+				step.advance, attempts, res.RequeueAfter, step.wantAttempts, step.wantRequeue)
+		}
+	}
+	e := get(t, cl, req)
+	if e.Status.FailedEvictionCounter != 4 || e.Status.NextEvictionTime == nil || !e.Status.NextEvictionTime.Time.Equal(clk.Now().Add(16*time.Second)) {
+		t.Fatalf("status: %d failed evictions, next at %v (now %v)", e.Status.FailedEvictionCounter, e.Status.NextEvictionTime, clk.Now())
 	}
 }

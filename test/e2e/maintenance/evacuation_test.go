@@ -175,3 +175,35 @@ func TestCompleteCancelsPendingEvacuations(t *testing.T) {
 		t.Error("the node is still cordoned after Complete")
 	}
 }
+
+// A budget that allows no disruption refuses every eviction; the refused
+// evictions are retried on the documented backoff (2 s, doubling), not as
+// fast as the controller's own status writes and the pod's updates wake
+// it: within 12 s of the first refusal, attempts at about 0, 2 and 6 s.
+func TestBlockedEvictionBacksOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	node := cluster.Nodes[1].Name
+	pinnedApp(t, ctx, ns, "held", node, "", 1)
+	pod := appPods(t, ctx, ns, "held")[0].Name
+	defer pdb(t, ctx, ns, "held", 1)()
+
+	create(t, ctx, admin, maintenance("backoff", v1alpha1.Drain, byName(node)))
+	var first time.Time
+	eventually(t, ctx, 30*time.Second, "the pod's eviction refused by its budget", func(ctx context.Context) (bool, string) {
+		e, ok := evacuations(t, ctx, ns)[pod]
+		first = time.Now()
+		return ok && e.Status.FailedEvictionCounter > 0, fmt.Sprintf("Evacuation %v: %+v", ok, e.Status)
+	})
+	time.Sleep(time.Until(first.Add(12 * time.Second)))
+	e := evacuations(t, ctx, ns)[pod]
+	t.Logf("%d refused evictions in the 12 s after the first; next at %v", e.Status.FailedEvictionCounter, e.Status.NextEvictionTime)
+	if n := e.Status.FailedEvictionCounter; n < 2 || n > 4 {
+		t.Errorf("%d refused evictions within 12 s of the first, want 3 (2 to 4): the backoff (2 s doubling) does not hold", n)
+	}
+	if e.Status.NextEvictionTime == nil || !e.Status.NextEvictionTime.After(time.Now().Add(-time.Second)) {
+		t.Errorf("status.nextEvictionTime %v is not ahead: a user cannot see when the next attempt comes", e.Status.NextEvictionTime)
+	}
+}
