@@ -111,6 +111,9 @@ func (w *world) covering(node, self string, stages ...v1alpha1.NodeMaintenanceSt
 			out = append(out, nm.Name)
 		}
 	}
+	// The cache lists in no fixed order; these names go into node
+	// condition messages, which must not change while nothing else does.
+	slices.Sort(out)
 	return out
 }
 

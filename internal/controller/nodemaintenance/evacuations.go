@@ -47,7 +47,11 @@ type nodeDrain struct {
 	connections                        int64
 	trafficStart                       *metav1.Time
 	trafficDone, trafficTimedOut       bool
-	trafficLeft                        time.Duration
+	// trafficLeft is the time to the traffic-drain timeout (for requeues);
+	// trafficDeadline is that timeout as a time (for the message, which
+	// must not change while nothing else does).
+	trafficLeft     time.Duration
+	trafficDeadline time.Time
 }
 
 // nodeDrained reports whether nothing is left on node: every pod but

@@ -99,14 +99,15 @@ func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, vie
 	if nm.Spec.TrafficDrainTimeoutSeconds != nil {
 		timeout = time.Duration(*nm.Spec.TrafficDrainTimeoutSeconds) * time.Second
 	}
-	left := nd.trafficStart.Add(timeout).Sub(now)
+	deadline := nd.trafficStart.Add(timeout)
+	left := deadline.Sub(now)
 	switch {
 	case view.connections == 0:
 		nd.trafficDone = true
 	case left <= 0:
 		nd.trafficDone, nd.trafficTimedOut = true, true
 	default:
-		nd.trafficLeft = left
+		nd.trafficLeft, nd.trafficDeadline = left, deadline
 	}
 }
 
@@ -130,7 +131,10 @@ func trafficMessage(nd *nodeDrain) string {
 	case !nd.lbDown && !nd.lbGateExpired:
 		return "Waiting for the load balancers to stop sending new connections to the node"
 	case !nd.trafficDone:
-		return fmt.Sprintf("Waiting for %d established connection(s) through the load balancers to finish (traffic-drain timeout in %s)", nd.connections, nd.trafficLeft.Round(time.Second))
+		// The deadline, not a countdown: a countdown would rewrite the
+		// status on every reconcile.
+		return fmt.Sprintf("Waiting for %d established connection(s) through the load balancers to finish (traffic-drain timeout at %s)",
+			nd.connections, nd.trafficDeadline.UTC().Format(time.RFC3339))
 	case nd.trafficTimedOut:
 		return fmt.Sprintf("Drained (%s with %d established connection(s) left)", timedOutText, nd.connections)
 	}

@@ -2,6 +2,7 @@ package nodemaintenance
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -85,5 +86,57 @@ func TestTrafficDrain(t *testing.T) {
 	r.trafficDrain(nm, "a", lbView{down: true}, nd)
 	if !nd.trafficDone || nd.trafficTimedOut {
 		t.Errorf("no connection left: %+v", nd)
+	}
+}
+
+// While the connections do not change, neither does the message: it names
+// the traffic-drain deadline, not the time left, so reconciles a second
+// apart write nothing.
+func TestTrafficMessageIsStableWhileWaiting(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakePassiveClock(now)
+	r := &Reconciler{Clock: clk}
+	start := metav1.NewTime(now.Add(-10 * time.Second))
+	nm := &v1alpha1.NodeMaintenance{Status: v1alpha1.NodeMaintenanceStatus{
+		NodeStatuses: []v1alpha1.NodeMaintenanceNodeStatus{{NodeRef: v1alpha1.NodeReference{Name: "a"}, TrafficDrainStartTime: &start}},
+	}}
+	var msgs []string
+	for range 3 {
+		nd := &nodeDrain{}
+		r.trafficDrain(nm, "a", lbView{down: true, connections: 3}, nd)
+		msgs = append(msgs, trafficMessage(nd))
+		clk.SetTime(clk.Now().Add(1700 * time.Millisecond))
+	}
+	want := "Waiting for 3 established connection(s) through the load balancers to finish (traffic-drain timeout at 2026-11-22T12:04:50Z)"
+	for i, m := range msgs {
+		if m != want {
+			t.Errorf("reconcile %d: %q, want %q", i, m, want)
+		}
+	}
+}
+
+// The node conditions name the maintenances in a fixed order, whatever
+// order the cache lists them in: two lists in different orders publish
+// once, not once each.
+func TestNodeConditionsDoNotDependOnListOrder(t *testing.T) {
+	mk := func(name string) v1alpha1.NodeMaintenance {
+		return v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain}}
+	}
+	a, b, c := mk("maint-a"), mk("maint-b"), mk("maint-c")
+	orders := [][]v1alpha1.NodeMaintenance{{a, b, c}, {c, a, b}, {b, c, a}}
+	var first []string
+	for i, order := range orders {
+		w := &world{maintenances: order, selected: map[string][]string{"maint-a": {"n"}, "maint-b": {"n"}, "maint-c": {"n"}}}
+		got := w.covering("n", "", v1alpha1.Cordon, v1alpha1.Drain)
+		if i == 0 {
+			first = got
+			continue
+		}
+		if !slices.Equal(got, first) {
+			t.Errorf("list order %d: %v, first %v", i, got, first)
+		}
+	}
+	if !slices.Equal(first, []string{"maint-a", "maint-b", "maint-c"}) {
+		t.Errorf("covering: %v, want sorted by name", first)
 	}
 }

@@ -180,6 +180,38 @@ func TestOverlappingMaintenances(t *testing.T) {
 		return meta.IsStatusConditionTrue(na.Status.Conditions, v1alpha1.DrainedCondition) && meta.IsStatusConditionTrue(nb.Status.Conditions, v1alpha1.DrainedCondition),
 			fmt.Sprintf("a %v / b %v", na.Status.NodeStatuses, nb.Status.NodeStatuses)
 	})
+	assertNoWriteLoop(t, ctx, x, "overlap-a", "overlap-b")
+}
+
+// assertNoWriteLoop checks that, once steady, the maintenances are not
+// written again and ebb does not rewrite the node's maintenance
+// conditions (each write of one sets its lastHeartbeatTime): two
+// maintenances on one node used to swap their order in the condition
+// message, and each write woke every maintenance.
+func assertNoWriteLoop(t *testing.T, ctx context.Context, node string, maintenances ...string) {
+	t.Helper()
+	const quiet = 15 * time.Second
+	snapshot := func() map[string]string {
+		out := map[string]string{}
+		for _, name := range maintenances {
+			out[name] = getNM(t, ctx, name).ResourceVersion
+		}
+		for _, c := range getNode(t, ctx, node).Status.Conditions {
+			if c.Type == v1alpha1.NodeConditionMaintenanceInProgress || c.Type == v1alpha1.NodeConditionDrainInProgress || c.Type == v1alpha1.NodeConditionDrained {
+				out[string(c.Type)] = c.LastHeartbeatTime.String() + " " + c.Message
+			}
+		}
+		return out
+	}
+	time.Sleep(2 * time.Second) // the last Drained write and its echoes
+	before := snapshot()
+	time.Sleep(quiet)
+	after := snapshot()
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s was written while nothing changed: %q, %s later %q", k, v, quiet, after[k])
+		}
+	}
 }
 
 // A controller restarted in the middle of a drain resumes where it
