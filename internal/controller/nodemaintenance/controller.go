@@ -53,8 +53,12 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller, its pod index and watches:
-// nodes, pods and Evacuations wake every maintenance that is not Idle
-// (maintenances are few; drain targets depend on all of them).
+// maintenances and nodes wake every maintenance in Cordon or Drain; pods,
+// Evacuations and load-balancer reports every maintenance in Drain
+// (maintenances are few; drain targets depend on all of them). Idle and
+// Complete maintenances are woken only by their own changes: Complete's
+// work is done once, and a node another maintenance still held is
+// released by that one's Complete.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
@@ -68,30 +72,35 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	if err != nil {
 		return fmt.Errorf("indexing pods by node: %w", err)
 	}
-	wakeAll := handler.EnqueueRequestsFromMapFunc(r.activeMaintenances)
+	active := handler.EnqueueRequestsFromMapFunc(r.maintenancesIn(v1alpha1.Cordon, v1alpha1.Drain))
+	draining := handler.EnqueueRequestsFromMapFunc(r.maintenancesIn(v1alpha1.Drain))
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodemaintenance").
 		For(&v1alpha1.NodeMaintenance{}).
-		Watches(&v1alpha1.NodeMaintenance{}, wakeAll).
-		Watches(&corev1.Node{}, wakeAll).
-		Watches(&corev1.Pod{}, wakeAll).
-		Watches(&v1alpha1.Evacuation{}, wakeAll).
-		Watches(&v1alpha1.LoadBalancerReport{}, wakeAll).
+		Watches(&v1alpha1.NodeMaintenance{}, active).
+		Watches(&corev1.Node{}, active).
+		Watches(&corev1.Pod{}, draining).
+		Watches(&v1alpha1.Evacuation{}, draining).
+		Watches(&v1alpha1.LoadBalancerReport{}, draining).
 		Complete(r)
 }
 
-func (r *Reconciler) activeMaintenances(ctx context.Context, _ client.Object) []reconcile.Request {
-	var list v1alpha1.NodeMaintenanceList
-	if err := r.Client.List(ctx, &list); err != nil {
-		return nil
-	}
-	var out []reconcile.Request
-	for _, nm := range list.Items {
-		if nm.Spec.Stage != v1alpha1.Idle || nm.DeletionTimestamp != nil {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&nm)})
+// maintenancesIn maps any event to the maintenances in one of stages, and
+// to those being deleted (they move to Complete).
+func (r *Reconciler) maintenancesIn(stages ...v1alpha1.NodeMaintenanceStage) handler.MapFunc {
+	return func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list v1alpha1.NodeMaintenanceList
+		if err := r.Client.List(ctx, &list); err != nil {
+			return nil
 		}
+		var out []reconcile.Request
+		for _, nm := range list.Items {
+			if slices.Contains(stages, nm.Spec.Stage) || nm.DeletionTimestamp != nil {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&nm)})
+			}
+		}
+		return out
 	}
-	return out
 }
 
 // world is what one reconcile reads from the caches.
@@ -181,6 +190,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, nil
 	}
+	if nm.DeletionTimestamp == nil && len(nm.Spec.DrainPlan) == 0 {
+		return ctrl.Result{}, r.defaultDrainPlan(ctx, nm)
+	}
 
 	w, err := r.read(ctx)
 	if err != nil {
@@ -221,6 +233,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		logger.Info("Completed and released")
 	}
 	return result, nil
+}
+
+// defaultDrainPlan gives a maintenance that has no drain plan the default
+// one, as admission would have: without the webhook (or with it failing
+// open) such a maintenance would cordon and taint and never evacuate. The
+// plan is immutable once set, and set only this once.
+func (r *Reconciler) defaultDrainPlan(ctx context.Context, nm *v1alpha1.NodeMaintenance) error {
+	nm.Spec.DrainPlan = drainplan.Defaults()
+	if err := r.Client.Update(ctx, nm); err != nil {
+		return fmt.Errorf("setting the default drain plan of %s: %w", nm.Name, err)
+	}
+	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonDrainPlanDefaulted, "Default",
+		"No drain plan was given (admission did not default it): using the default plan of %d entries", len(nm.Spec.DrainPlan))
+	log.FromContext(ctx).Info("Drain plan defaulted")
+	return nil
 }
 
 // drainStates builds the resolution input of every maintenance in Drain.

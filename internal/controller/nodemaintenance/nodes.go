@@ -34,6 +34,9 @@ const (
 	ReasonDrained       = "Drained"
 	ReasonFastForwarded = "FastForwarded"
 	ReasonNodeReleased  = "NodeReleased"
+	// ReasonDrainPlanDefaulted: the controller gave a maintenance without
+	// a drain plan the default one (admission was not there to).
+	ReasonDrainPlanDefaulted = "DrainPlanDefaulted"
 )
 
 // cordon makes every selected node unschedulable and keeps it so.
