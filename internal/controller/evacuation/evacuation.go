@@ -7,6 +7,7 @@
 package evacuation
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -206,7 +207,7 @@ func (r *Reconciler) handOff(ctx context.Context, e *v1alpha1.Evacuation, now ti
 // ("" when none is left); with current "", the first one.
 func nextEvacuator(evacuators []v1alpha1.Evacuator, current string) string {
 	sorted := slices.Clone(evacuators)
-	slices.SortStableFunc(sorted, func(a, b v1alpha1.Evacuator) int { return int(b.Priority) - int(a.Priority) })
+	slices.SortStableFunc(sorted, func(a, b v1alpha1.Evacuator) int { return cmp.Compare(b.Priority, a.Priority) })
 	i := 0
 	if current != "" {
 		i = slices.IndexFunc(sorted, func(ev v1alpha1.Evacuator) bool { return ev.EvacuatorClass == current }) + 1

@@ -230,3 +230,19 @@ func TestBlockedEvictionWaitsForItsBackoffWhateverWakesIt(t *testing.T) {
 		t.Fatalf("status: %d failed evictions, next at %v (now %v)", e.Status.FailedEvictionCounter, e.Status.NextEvictionTime, clk.Now())
 	}
 }
+
+// Evacuators go by descending priority, even far apart ones.
+func TestNextEvacuatorOrder(t *testing.T) {
+	evs := []v1alpha1.Evacuator{
+		{EvacuatorClass: "lowest", Priority: -2147483648},
+		{EvacuatorClass: "highest", Priority: 2147483647},
+		{EvacuatorClass: "middle", Priority: 0},
+	}
+	for _, tt := range []struct{ current, want string }{
+		{"", "highest"}, {"highest", "middle"}, {"middle", "lowest"}, {"lowest", ""}, {"unlisted", ""},
+	} {
+		if got := nextEvacuator(evs, tt.current); got != tt.want {
+			t.Errorf("after %q: %q, want %q", tt.current, got, tt.want)
+		}
+	}
+}
