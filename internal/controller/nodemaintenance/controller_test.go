@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -24,9 +27,79 @@ func newFakeReconciler(t *testing.T, objs ...client.Object) (*Reconciler, client
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
 	_ = v1alpha1.AddToScheme(scheme)
-	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&v1alpha1.NodeMaintenance{}).Build()
-	rec := events.NewFakeRecorder(10)
-	return &Reconciler{Client: cl, Recorder: rec, Clock: clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC))}, cl, rec
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+		WithStatusSubresource(&v1alpha1.NodeMaintenance{}, &v1alpha1.Evacuation{}).
+		WithIndex(&corev1.Pod{}, podNodeIndex, func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).
+		Build()
+	rec := events.NewFakeRecorder(100)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Reconciler{Client: cl, Recorder: rec, Metrics: m, Clock: clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC))}, cl, rec
+}
+
+const otherInstigator = v1alpha1.InstigatorFinalizerPrefix + "someone-else"
+
+// Withdrawing removes only our finalizer: another instigator's request
+// stays, and the Evacuation is not deleted under it (its controller leaves
+// a deleting Evacuation alone, so that request would stall).
+func TestWithdrawLeavesOtherInstigatorsRequests(t *testing.T) {
+	e := &v1alpha1.Evacuation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "uid-web-1", Finalizers: []string{InstigatorFinalizer, otherInstigator}}}
+	r, cl, _ := newFakeReconciler(t, e)
+	if err := r.withdraw(context.Background(), e); err != nil {
+		t.Fatal(err)
+	}
+	got := &v1alpha1.Evacuation{}
+	if err := cl.Get(context.Background(), client.ObjectKeyFromObject(e), got); err != nil {
+		t.Fatalf("the Evacuation is gone: %v", err)
+	}
+	if got.DeletionTimestamp != nil || !slices.Equal(got.Finalizers, []string{otherInstigator}) {
+		t.Errorf("deleting %v, finalizers %v: want not deleting, with only the other instigator's", got.DeletionTimestamp, got.Finalizers)
+	}
+}
+
+// An Evacuation someone deletes while our finalizer holds it does not hang
+// the drain: the maintenance lets it go and, the pod still being a target,
+// asks for its evacuation again.
+func TestDeletedEvacuationIsAskedForAgain(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "uid-1"}, Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "test", DrainPlan: drainplan.Defaults(), NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n1"}}},
+		}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, pod, nm)
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	key := client.ObjectKey{Namespace: "ns", Name: v1alpha1.EvacuationName(pod.UID, pod.Name)}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	e := &v1alpha1.Evacuation{}
+	if err := cl.Get(ctx, key, e); err != nil {
+		t.Fatalf("no Evacuation for the pod: %v", err)
+	}
+
+	// A user deletes it; our finalizer holds it.
+	if err := cl.Delete(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Get(ctx, key, &v1alpha1.Evacuation{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the deleted Evacuation is still held: %v", err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	again := &v1alpha1.Evacuation{}
+	if err := cl.Get(ctx, key, again); err != nil || again.DeletionTimestamp != nil {
+		t.Fatalf("the pod's evacuation was not asked for again: %v %v", err, again.DeletionTimestamp)
+	}
 }
 
 // A maintenance created without a drain plan (admission off) gets the

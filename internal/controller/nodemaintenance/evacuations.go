@@ -1,6 +1,7 @@
 package nodemaintenance
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -122,6 +123,18 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 			}
 			e := existing[p.Namespace+"/"+v1alpha1.EvacuationName(p.UID, p.Name)]
 			if e != nil && e.Spec.PodRef.UID == p.UID {
+				if e.DeletionTimestamp != nil && controllerutil.ContainsFinalizer(e, InstigatorFinalizer) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+					// Someone deleted (cancelled) it while our finalizer held
+					// it: nothing would evacuate the pod and the drain would
+					// wait forever. Let it go; once it is gone the pod's
+					// Evacuation is asked for again.
+					if err := r.withdraw(ctx, e); err != nil {
+						return nil, err
+					}
+					log.FromContext(ctx).Info("Evacuation deleted by someone else: asking again once it is gone", "evacuation", klog.KObj(e))
+					nd.pending++
+					continue
+				}
 				nd.evacuating++
 				if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
 					patch := client.MergeFrom(e.DeepCopy())
@@ -254,8 +267,8 @@ func Evacuators(p *corev1.Pod) []v1alpha1.Evacuator {
 		out = append(out, v1alpha1.Evacuator{EvacuatorClass: class, Priority: int32(n), Role: v1alpha1.EvacuatorRole(role)})
 	}
 	slices.SortFunc(out, func(a, b v1alpha1.Evacuator) int {
-		if a.Priority != b.Priority {
-			return int(b.Priority - a.Priority)
+		if c := cmp.Compare(b.Priority, a.Priority); c != 0 {
+			return c // not a subtraction: int32 priorities far apart overflow
 		}
 		return strings.Compare(a.EvacuatorClass, b.EvacuatorClass)
 	})
@@ -293,18 +306,16 @@ func (r *Reconciler) forgetGoneEvacuations(ctx context.Context, evacs []v1alpha1
 	return nil
 }
 
-// withdraw removes our finalizer from an Evacuation and deletes it (other
-// instigators' finalizers keep it until they withdraw too).
+// withdraw removes our instigator finalizer from an Evacuation, and only
+// that, as KEP-4212 has an instigator withdraw: the Evacuation controller
+// deletes the Evacuation once no instigator is left. Deleting it here
+// would cancel the requests of other instigators still on it (the
+// Evacuation controller leaves a deleting Evacuation alone).
 func (r *Reconciler) withdraw(ctx context.Context, e *v1alpha1.Evacuation) error {
 	patch := client.MergeFrom(e.DeepCopy())
 	controllerutil.RemoveFinalizer(e, InstigatorFinalizer)
 	if err := r.Client.Patch(ctx, e, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("withdrawing from Evacuation %s: %w", klog.KObj(e), err)
-	}
-	if e.DeletionTimestamp == nil {
-		if err := r.Client.Delete(ctx, e); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting Evacuation %s: %w", klog.KObj(e), err)
-		}
 	}
 	return nil
 }
