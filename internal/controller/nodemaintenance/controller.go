@@ -201,19 +201,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	r.Metrics.observeStages(w.maintenances)
 	var result ctrl.Result
 	var drain *drainResult
+	// Read before updateStatus forgets them.
+	left := leftNodes(nm, w)
 	switch nm.Spec.Stage {
 	case v1alpha1.Cordon:
-		err = r.cordon(ctx, nm, w)
+		if err = r.cordon(ctx, nm, w); err == nil {
+			err = r.releaseNodes(ctx, nm, w, left)
+		}
 	case v1alpha1.Drain:
 		if err = r.cordon(ctx, nm, w); err == nil {
 			err = r.taint(ctx, nm, w)
+		}
+		if err == nil {
+			err = r.releaseNodes(ctx, nm, w, left)
 		}
 		if err == nil {
 			drain, err = r.drain(ctx, nm, w)
 			result.RequeueAfter = drain.requeueAfter()
 		}
 	case v1alpha1.Complete:
-		err = r.complete(ctx, nm, w)
+		if err = r.complete(ctx, nm, w); err == nil {
+			err = r.releaseNodes(ctx, nm, w, left)
+		}
 	}
 	if err != nil {
 		return ctrl.Result{}, err
@@ -221,7 +230,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.updateStatus(ctx, nm, w, drain); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.publishNodeConditions(ctx, w, drain, nm); err != nil {
+	if err := r.publishNodeConditions(ctx, w, drain, nm, left); err != nil {
 		return ctrl.Result{}, err
 	}
 	if nm.DeletionTimestamp != nil && (nm.Spec.Stage == v1alpha1.Complete || nm.Spec.Stage == v1alpha1.Idle) {

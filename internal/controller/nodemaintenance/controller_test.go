@@ -161,3 +161,60 @@ func TestEventsWakeOnlyMaintenancesWithWorkToDo(t *testing.T) {
 		t.Errorf("a pod event wakes %v, want %v", got, want)
 	}
 }
+
+// A node that leaves the selector in the middle of a drain gets back what
+// ebb took: its cordon, the draining taint, the annotation, and its
+// maintenance conditions turn False.
+func TestNodeThatLeavesTheSelectorIsReleased(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"pool": "blue"}}}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "test", DrainPlan: drainplan.Defaults(), NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"blue"}}},
+		}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, nm)
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	reconcileAndGet := func() *corev1.Node {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		n := &corev1.Node{}
+		if err := cl.Get(ctx, client.ObjectKey{Name: "n1"}, n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	n := reconcileAndGet()
+	if !n.Spec.Unschedulable || !hasTaint(n, drainingTaint.Key) || nodeConditionStatus(n, v1alpha1.NodeConditionMaintenanceInProgress) != corev1.ConditionTrue {
+		t.Fatalf("under maintenance: unschedulable %v, taints %v, conditions %v", n.Spec.Unschedulable, n.Spec.Taints, n.Status.Conditions)
+	}
+
+	n.Labels["pool"] = "green"
+	if err := cl.Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	n = reconcileAndGet()
+	if n.Spec.Unschedulable || hasTaint(n, drainingTaint.Key) || n.Annotations[CordonAnnotation] != "" {
+		t.Errorf("after leaving the selector: unschedulable %v, taints %v, annotations %v", n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
+	}
+	if s := nodeConditionStatus(n, v1alpha1.NodeConditionMaintenanceInProgress); s != corev1.ConditionFalse {
+		t.Errorf("MaintenanceInProgress is %q after leaving the selector, want False", s)
+	}
+	for _, typ := range []string{v1alpha1.NodeConditionDrainInProgress, v1alpha1.NodeConditionDrained} {
+		if s := nodeConditionStatus(n, typ); s == corev1.ConditionTrue {
+			t.Errorf("%s is still True after leaving the selector", typ)
+		}
+	}
+}
+
+func nodeConditionStatus(n *corev1.Node, typ string) corev1.ConditionStatus {
+	for _, c := range n.Status.Conditions {
+		if string(c.Type) == typ {
+			return c.Status
+		}
+	}
+	return ""
+}

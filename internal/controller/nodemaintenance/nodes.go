@@ -3,6 +3,7 @@ package nodemaintenance
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,7 +109,26 @@ func (r *Reconciler) complete(ctx context.Context, nm *v1alpha1.NodeMaintenance,
 	if err := r.releaseEvacuations(ctx, nm, w); err != nil {
 		return err
 	}
-	for _, name := range w.selected[nm.Name] {
+	return r.releaseNodes(ctx, nm, w, w.selected[nm.Name])
+}
+
+// leftNodes are the nodes this maintenance had (its status lists them)
+// that its selector no longer selects: a node relabelled, or a selector
+// matching on something that changed.
+func leftNodes(nm *v1alpha1.NodeMaintenance, w *world) []string {
+	var out []string
+	for _, ns := range nm.Status.NodeStatuses {
+		if !slices.Contains(w.selected[nm.Name], ns.NodeRef.Name) && w.node(ns.NodeRef.Name) != nil {
+			out = append(out, ns.NodeRef.Name)
+		}
+	}
+	return out
+}
+
+// releaseNodes takes ebb's cordon and then its draining taint off each of
+// names that no other maintenance in Cordon or Drain holds.
+func (r *Reconciler) releaseNodes(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world, names []string) error {
+	for _, name := range names {
 		node := w.node(name)
 		if len(w.covering(name, nm.Name, v1alpha1.Cordon, v1alpha1.Drain)) > 0 {
 			continue
@@ -157,9 +177,10 @@ func hasTaintValue(n *corev1.Node, key, value string) bool {
 }
 
 // publishNodeConditions sets MaintenanceInProgress, DrainInProgress and
-// Drained on the nodes of this maintenance from every maintenance on them.
-func (r *Reconciler) publishNodeConditions(ctx context.Context, w *world, drain *drainResult, nm *v1alpha1.NodeMaintenance) error {
-	for _, name := range w.selected[nm.Name] {
+// Drained on the nodes of this maintenance, and on those that just left it,
+// from every maintenance on them.
+func (r *Reconciler) publishNodeConditions(ctx context.Context, w *world, drain *drainResult, nm *v1alpha1.NodeMaintenance, left []string) error {
+	for _, name := range slices.Concat(w.selected[nm.Name], left) {
 		node := w.node(name)
 		active := w.covering(name, "", v1alpha1.Cordon, v1alpha1.Drain)
 		draining := w.covering(name, "", v1alpha1.Drain)
