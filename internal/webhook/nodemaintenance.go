@@ -63,14 +63,18 @@ func (w *NodeMaintenance) ValidateCreate(ctx context.Context, nm *v1alpha1.NodeM
 		return nil, err
 	}
 	selected := matching(sel, nodes)
-	if err := w.authorize(ctx, nm.Name, "create", selected); err != nil {
+	if err := w.authorize(ctx, nm.Name, "create it", selected); err != nil {
 		return nil, err
 	}
 	return allNodesWarning(selected, nodes), nil
 }
 
-// ValidateUpdate checks the spec and, if the selection grows, that the
-// user may delete the nodes it adds.
+// ValidateUpdate checks the spec and that the user may delete the nodes
+// the change concerns: every selected node when the stage changes (moving
+// someone's Idle maintenance to Drain, or any to Complete, needs what
+// creating it needed), the added ones when the selection grows. A stage
+// change on a maintenance being deleted is the controller completing it:
+// the deletion was authorized already.
 func (w *NodeMaintenance) ValidateUpdate(ctx context.Context, old, nm *v1alpha1.NodeMaintenance) (admission.Warnings, error) {
 	sel, err := validateSpec(nm)
 	if err != nil {
@@ -91,7 +95,11 @@ func (w *NodeMaintenance) ValidateUpdate(ctx context.Context, old, nm *v1alpha1.
 			added = append(added, n.Name)
 		}
 	}
-	if err := w.authorize(ctx, nm.Name, "widen", added); err != nil {
+	what, concerned := "widen it", added
+	if old.Spec.Stage != nm.Spec.Stage && nm.DeletionTimestamp == nil {
+		what, concerned = fmt.Sprintf("move it to stage %s", nm.Spec.Stage), selected
+	}
+	if err := w.authorize(ctx, nm.Name, what, concerned); err != nil {
 		return nil, err
 	}
 	return allNodesWarning(selected, nodes), nil
@@ -107,7 +115,7 @@ func (w *NodeMaintenance) ValidateDelete(ctx context.Context, nm *v1alpha1.NodeM
 	if err != nil {
 		return nil, err
 	}
-	return nil, w.authorize(ctx, nm.Name, "delete", matching(sel, nodes))
+	return nil, w.authorize(ctx, nm.Name, "delete it", matching(sel, nodes))
 }
 
 // validateSpec checks what the CRD's schema cannot: the node selector and
@@ -209,6 +217,6 @@ func (w *NodeMaintenance) authorize(ctx context.Context, name, what string, node
 		return nil
 	}
 	return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("nodemaintenances").GroupResource(), name, fmt.Errorf(
-		"user %q may not delete node(s) %s, and only someone who may delete every node a NodeMaintenance selects may %s it: ask for the 'delete' permission on these nodes, or narrow spec.nodeSelector",
+		"user %q may not delete node(s) %s, and only someone who may delete every node a NodeMaintenance selects may %s: ask for the 'delete' permission on these nodes, or narrow spec.nodeSelector",
 		user.Username, strings.Join(denied, ", "), what))
 }

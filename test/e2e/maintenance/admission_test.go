@@ -152,6 +152,17 @@ func TestMaintenanceNeedsNodeDeletePermission(t *testing.T) {
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("alice creating: %v, want forbidden", err)
 	}
+	// Moving the admin's planned maintenance forward needs what creating it
+	// needed: alice may update NodeMaintenances, not take node one down.
+	for _, stage := range []v1alpha1.NodeMaintenanceStage{v1alpha1.Drain, v1alpha1.Complete} {
+		err = setStage(ctx, alice, "by-admin", stage)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), fmt.Sprintf(`user "alice" may not delete node(s) %s, and only someone who may delete every node a NodeMaintenance selects may move it to stage %s`, one, stage)) {
+			t.Errorf("alice moving the admin's maintenance to %s: %v, want forbidden", stage, err)
+		}
+	}
+	if got := getNM(t, ctx, "by-admin"); got.Spec.Stage != v1alpha1.Idle {
+		t.Errorf("the admin's maintenance is %s, want still Idle", got.Spec.Stage)
+	}
 
 	nm := maintenance("by-bob", v1alpha1.Idle, byName(two))
 	if err := bob.Create(ctx, nm); err != nil {
