@@ -134,3 +134,37 @@ func TestMatches(t *testing.T) {
 		t.Error("pod types")
 	}
 }
+
+// Levels order targets by the pods they reach, a pod selector included:
+// each step of a plan reaches strictly further than the one before, and a
+// selector step does not tie with the plain step of its priority (a tie
+// let the targets of a node go back from the plain step to the selector
+// step).
+func TestLevelsGrowStrictlyAlongAPlan(t *testing.T) {
+	sel := map[string]string{"tier": "cache"}
+	plan := []v1alpha1.DrainPlanEntry{
+		entry(v1alpha1.Default, 1000, nil),
+		entry(v1alpha1.Default, 2000, sel),
+		entry(v1alpha1.Default, 2000, nil),
+		entry(v1alpha1.DaemonSet, 1000, nil),
+	}
+	for i := 1; i < len(plan); i++ {
+		if prev, cur := LevelAt(plan, i-1), LevelAt(plan, i); !prev.Less(cur) {
+			t.Errorf("step %d (%+v) does not reach further than step %d (%+v)", i, cur, i-1, prev)
+		}
+	}
+	for _, tt := range []struct {
+		name       string
+		less, more []v1alpha1.DrainPlanEntry
+	}{
+		{"selector step below the plain step", []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 1000, nil), entry(v1alpha1.Default, 2000, sel)}, []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 2000, nil)}},
+		{"lower priority", []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 1000, nil)}, []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 2000, sel)}},
+		{"earlier type", []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 5000, nil)}, []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 5000, nil), entry(v1alpha1.DaemonSet, 0, nil)}},
+		{"none", nil, []v1alpha1.DrainPlanEntry{entry(v1alpha1.Default, 0, sel)}},
+	} {
+		l, m := LevelOf(tt.less), LevelOf(tt.more)
+		if !l.Less(m) || m.Less(l) {
+			t.Errorf("%s: %+v should be below %+v", tt.name, l, m)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package drainplan
 
 import (
+	"math"
 	"slices"
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -9,25 +10,34 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 )
 
-// Level is how far drain targets reach: the last pod type targeted and
-// the priority reached for it. Levels order drain targets by power.
+// Level is how far drain targets reach: the last pod type targeted, the
+// highest priority reached for it, and the priority reached for it by the
+// entry without a pod selector (pods no selector picks). Levels order
+// drain targets by power.
 type Level struct {
 	Rank     int
 	Priority int32
+	// General is math.MinInt32 when only selector entries are reached.
+	General int32
 }
 
-// Less reports whether l targets fewer pods than m.
+// Less reports whether l targets fewer pods than m. Between two levels
+// that reach the same priority, the one whose plain entry reaches less is
+// less: [{Default,1000},{Default,2000,selector}] targets fewer pods than
+// [{Default,2000}], and moving from the second to the first would go back.
 func (l Level) Less(m Level) bool {
 	if l.Rank != m.Rank {
 		return l.Rank < m.Rank
 	}
-	return l.Priority < m.Priority
+	if l.Priority != m.Priority {
+		return l.Priority < m.Priority
+	}
+	return l.General < m.General
 }
 
-// LevelAt is the level of a plan's entry index.
+// LevelAt is the level of a plan's entry index: that of its targets.
 func LevelAt(plan []v1alpha1.DrainPlanEntry, index int) Level {
-	e := plan[index]
-	return Level{Rank: TypeRank(e.PodType), Priority: e.PodPriority}
+	return LevelOf(TargetsAt(plan, index))
 }
 
 // LevelOf is the level of drain targets (the zero Level, below every
@@ -35,8 +45,15 @@ func LevelAt(plan []v1alpha1.DrainPlanEntry, index int) Level {
 func LevelOf(targets []v1alpha1.DrainPlanEntry) Level {
 	l := Level{Rank: -1}
 	for _, t := range targets {
-		if m := (Level{Rank: TypeRank(t.PodType), Priority: t.PodPriority}); l.Less(m) {
-			l = m
+		r := TypeRank(t.PodType)
+		if r > l.Rank {
+			l = Level{Rank: r, Priority: math.MinInt32, General: math.MinInt32}
+		}
+		if r == l.Rank {
+			l.Priority = max(l.Priority, t.PodPriority)
+			if t.PodSelector == nil {
+				l.General = max(l.General, t.PodPriority)
+			}
 		}
 	}
 	return l

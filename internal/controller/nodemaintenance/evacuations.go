@@ -66,7 +66,7 @@ func (d *drainResult) nodeDrained(node string) bool {
 }
 
 // finalLevel targets every pod.
-var finalLevel = drainplan.Level{Rank: drainplan.TypeRank(v1alpha1.Static), Priority: math.MaxInt32}
+var finalLevel = drainplan.Level{Rank: drainplan.TypeRank(v1alpha1.Static), Priority: math.MaxInt32, General: math.MaxInt32}
 
 // drain resolves the drain targets across maintenances, moves this one's
 // plan forward when it can, and makes sure an Evacuation exists for every
