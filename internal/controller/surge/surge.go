@@ -92,7 +92,12 @@ func (s *Evacuator) SetupClock() {
 // SetupWithManager registers the evacuator and the registrar.
 func (s *Evacuator) SetupWithManager(mgr ctrl.Manager) error {
 	s.SetupClock()
-	if err := ctrl.NewControllerManagedBy(mgr).Named("surge-evacuator").For(&v1alpha1.Evacuation{}).Complete(s); err != nil {
+	// A Deployment's lock wakes its owner: a lock whose Evacuation went
+	// while ebb was down is released when the Deployment is listed at start.
+	err := ctrl.NewControllerManagedBy(mgr).Named("surge-evacuator").For(&v1alpha1.Evacuation{}).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(lockOwner)).
+		Complete(s)
+	if err != nil {
 		return err
 	}
 	// A Deployment opting in wakes its pods.
@@ -207,6 +212,11 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 			}
 			return ctrl.Result{RequeueAfter: recheck}, err
 		}
+		// Marked only now, under our lock, right before the scale-down it
+		// steers: a surge that fails or is cancelled earlier leaves no mark.
+		if err := s.mark(ctx, pod); err != nil {
+			return ctrl.Result{}, err
+		}
 		patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		dep.Spec.Replicas = ptr.To(int32(original))
 		dep.Annotations[LockAnnotation] = e.Name + "/" + phaseReleasing
@@ -220,18 +230,27 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 	}
 }
 
-// start marks the pod, records the replica count and surges by one.
-func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod, dep *appsv1.Deployment) error {
-	if blocked := dep.Spec.Paused; blocked {
-		return s.handOn(ctx, e, fmt.Sprintf("Deployment %s is paused", dep.Name))
+// mark gives pod the lowest deletion cost, so that its ReplicaSet removes
+// it, and not a peer, when the Deployment scales back.
+func (s *Evacuator) mark(ctx context.Context, pod *corev1.Pod) error {
+	if pod.Annotations[DeletionCostAnnotation] == strconv.Itoa(math.MinInt32) {
+		return nil
 	}
-	podPatch := client.MergeFrom(pod.DeepCopy())
+	patch := client.MergeFrom(pod.DeepCopy())
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
 	pod.Annotations[DeletionCostAnnotation] = strconv.Itoa(math.MinInt32)
-	if err := s.Client.Patch(ctx, pod, podPatch); err != nil {
+	if err := s.Client.Patch(ctx, pod, patch); err != nil {
 		return fmt.Errorf("marking pod %s as the cheapest to delete: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// start records the replica count and surges by one.
+func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod, dep *appsv1.Deployment) error {
+	if blocked := dep.Spec.Paused; blocked {
+		return s.handOn(ctx, e, fmt.Sprintf("Deployment %s is paused", dep.Name))
 	}
 	original := ptr.Deref(dep.Spec.Replicas, 1)
 	patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -378,6 +397,18 @@ func (s *Evacuator) restore(ctx context.Context, dep *appsv1.Deployment, evacuat
 		return fmt.Errorf("restoring Deployment %s: %w", dep.Name, err)
 	}
 	log.FromContext(ctx).Info("Surge released", "deployment", klog.KObj(dep), "phase", phase)
+	return nil
+}
+
+// lockOwner maps a locked Deployment to the Evacuation holding its lock.
+func lockOwner(_ context.Context, o client.Object) []reconcile.Request {
+	dep, ok := o.(*appsv1.Deployment)
+	if !ok {
+		return nil
+	}
+	if owner, _ := lockOf(dep); owner != "" {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: dep.Namespace, Name: owner}}}
+	}
 	return nil
 }
 

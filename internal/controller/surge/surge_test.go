@@ -60,8 +60,8 @@ func TestSurgeStartsAndRestoresOnCancellation(t *testing.T) {
 	}
 	p := &corev1.Pod{}
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
-	if p.Annotations[DeletionCostAnnotation] != "-2147483648" {
-		t.Fatalf("pod not marked: %v", p.Annotations)
+	if p.Annotations[DeletionCostAnnotation] != "" {
+		t.Fatalf("pod marked before the new pod is Ready: %v", p.Annotations)
 	}
 
 	// Cancelled: the instigators withdrew and the Evacuation is gone.
@@ -94,5 +94,60 @@ func TestSurgeHandsOnWhenAnHPAOwnsTheScale(t *testing.T) {
 	_ = cl.Get(context.Background(), client.ObjectKeyFromObject(dep), d)
 	if *d.Spec.Replicas != 1 {
 		t.Error("scaled a Deployment an HPA owns")
+	}
+}
+
+// The pod is marked the cheapest to delete only once a peer is Ready, just
+// before the scale-down it steers.
+func TestSurgeMarksThePodRightBeforeScalingBack(t *testing.T) {
+	dep, rs, pod, e := objects()
+	s, cl := newEvacuator(t, dep, rs, pod, e)
+	s.SetupClock()
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	peer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"}},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	if err := cl.Create(ctx, peer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	p, got := &corev1.Pod{}, &appsv1.Deployment{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	if p.Annotations[DeletionCostAnnotation] != "-2147483648" || *got.Spec.Replicas != 1 || !strings.HasSuffix(got.Annotations[LockAnnotation], "/"+phaseReleasing) {
+		t.Errorf("after the peer is Ready: pod %v, replicas %d, lock %q", p.Annotations, *got.Spec.Replicas, got.Annotations[LockAnnotation])
+	}
+}
+
+// A lock outlives its Evacuation when the Evacuation goes while ebb is
+// down; the Deployment, listed at start, wakes the lock's owner, whose
+// absence releases the lock and the surge.
+func TestALockWhoseEvacuationIsGoneIsReleased(t *testing.T) {
+	dep, rs, pod, e := objects()
+	dep.Spec.Replicas = ptr.To[int32](2)
+	dep.Annotations = map[string]string{LockAnnotation: e.Name + "/" + phaseSurging, OriginalReplicasAnnotation: "1"}
+	s, cl := newEvacuator(t, dep, rs, pod) // the Evacuation is gone
+	s.SetupClock()
+	ctx := context.Background()
+	reqs := lockOwner(ctx, dep)
+	if len(reqs) != 1 || reqs[0].Namespace != "ns" || reqs[0].Name != e.Name {
+		t.Fatalf("the locked Deployment maps to %v, want its owner %s", reqs, e.Name)
+	}
+	if _, err := s.Reconcile(ctx, reqs[0]); err != nil {
+		t.Fatal(err)
+	}
+	got := &appsv1.Deployment{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	if *got.Spec.Replicas != 1 || got.Annotations[LockAnnotation] != "" {
+		t.Errorf("replicas %d, annotations %v: the stale surge was not undone", *got.Spec.Replicas, got.Annotations)
+	}
+	unlocked := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "other"}}
+	if reqs := lockOwner(ctx, unlocked); len(reqs) != 0 {
+		t.Errorf("an unlocked Deployment maps to %v", reqs)
 	}
 }
