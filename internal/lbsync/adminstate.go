@@ -8,7 +8,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -28,8 +27,11 @@ type adminStateSetter interface {
 // its taints change, from the Node informer, on a queue of its own: it does
 // not wait for the whole configuration to be recomputed (which follows and
 // agrees, since lbmodel derives both from the same taints). It keeps the
-// last state per node UID, so that a replacement node with the same name
-// does not inherit Down, and does nothing when nothing changed. A change
+// state last wanted per node name, and does nothing when nothing changed.
+// The name is the key the data plane knows backends by (their owner), and
+// it is enough: the state always comes from the Node object just seen, so
+// a replacement node with the same name (a new UID) that is not leaving
+// differs from its predecessor's Down and is set None at once. A change
 // that fails is retried with exponential backoff and reported once as a
 // Node event.
 type adminFastPath struct {
@@ -38,8 +40,6 @@ type adminFastPath struct {
 	recorder events.EventRecorder // nil: no events
 
 	mu sync.Mutex
-	// states is the draining set: each node's state by UID.
-	states map[types.UID]dataplane.AdminState
 	// want is the state each node name's backends should carry, with when
 	// that was observed and the node it was observed on.
 	want map[string]wantedState
@@ -63,7 +63,6 @@ type wantedState struct {
 func newAdminFastPath(dp adminStateSetter, model lbmodel.Options, recorder events.EventRecorder) *adminFastPath {
 	return &adminFastPath{
 		dp: dp, model: model, recorder: recorder,
-		states: map[types.UID]dataplane.AdminState{},
 		want:   map[string]wantedState{},
 		failed: map[string]dataplane.AdminState{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -96,7 +95,6 @@ func (a *adminFastPath) collectors() []prometheus.Collector {
 func (a *adminFastPath) observe(node *corev1.Node) {
 	state := lbmodel.AdminState(node, a.model)
 	a.mu.Lock()
-	a.states[node.UID] = state
 	last, ok := a.want[node.Name]
 	if !ok {
 		last.state = dataplane.AdminNone // backends start None
@@ -114,11 +112,15 @@ func (a *adminFastPath) observe(node *corev1.Node) {
 	a.queue.Add(node.Name)
 }
 
-// forget drops a deleted node from the draining set; its backends go with
-// the next full sync.
+// forget lets go of a deleted node's object (its backends go with the next
+// full sync). The state wanted for its name stays, a few bytes, so that a
+// replacement under the same name is compared with what its backends carry.
 func (a *adminFastPath) forget(node *corev1.Node) {
 	a.mu.Lock()
-	delete(a.states, node.UID)
+	if w, ok := a.want[node.Name]; ok && w.node != nil && w.node.UID == node.UID {
+		w.node = nil
+		a.want[node.Name] = w
+	}
 	a.mu.Unlock()
 }
 

@@ -102,9 +102,11 @@ func TestAdminFastPath(t *testing.T) {
 	fast.forget(node("n2", "uid-2"))
 	fast.observe(node("n2", "uid-2b"))
 	waitState("n2", dataplane.AdminNone)
-	if fast.states["uid-2"] != "" || fast.states["uid-2b"] != dataplane.AdminNone {
-		t.Errorf("states by UID: %v", fast.states)
+	fast.mu.Lock()
+	if w := fast.want["n2"]; w.node == nil || w.node.UID != "uid-2b" {
+		t.Errorf("the fast path holds %+v for n2, want the replacement node", w)
 	}
+	fast.mu.Unlock()
 	if got := testutil.ToFloat64(fast.transitions.WithLabelValues("Down")); got != 2 {
 		t.Errorf("%v transitions to Down, want 2", got)
 	}
