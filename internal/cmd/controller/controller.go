@@ -5,7 +5,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -147,8 +146,8 @@ func NewCommand() *cobra.Command {
 
 // Run runs the controllers against cfg until ctx is done.
 func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
-	if o.LoadBalancerClass == "" {
-		return errors.New("--load-balancer-class must not be empty")
+	if err := lbmodel.ValidateClass(o.LoadBalancerClass); err != nil {
+		return fmt.Errorf("--load-balancer-class: %w", err)
 	}
 	ipam, err := service.NewAllocator(o.VIPPools)
 	if err != nil {

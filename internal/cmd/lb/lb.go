@@ -123,6 +123,11 @@ See docs/dataplane.md for the format.`,
 
 // Run serves until ctx is done.
 func (o *Options) Run(ctx context.Context) error {
+	if o.ConfigFile == "" {
+		if err := lbmodel.ValidateClass(o.LoadBalancerClass); err != nil {
+			return fmt.Errorf("--load-balancer-class: %w", err)
+		}
+	}
 	log := logr.FromContextOrDiscard(ctx)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

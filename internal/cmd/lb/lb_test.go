@@ -257,3 +257,12 @@ func scrape(t *testing.T, addr string) string {
 	}
 	return string(body)
 }
+
+// A class that no Service could carry is refused before anything starts,
+// with what a valid one looks like.
+func TestClusterModeRefusesAnInvalidClass(t *testing.T) {
+	err := (&Options{LoadBalancerClass: "ebb.dev/L4 fast"}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `--load-balancer-class: load balancer class "ebb.dev/L4 fast" is not a label-style key such as ebb.dev/l4`) {
+		t.Fatalf("error %v", err)
+	}
+}
