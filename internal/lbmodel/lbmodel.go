@@ -25,6 +25,12 @@ const (
 	ClassL4 = "ebb.dev/l4"
 	// CleanupFinalizer guards a load balancer's resources (KEP-1959).
 	CleanupFinalizer = "service.kubernetes.io/load-balancer-cleanup"
+	// ServedByAnnotation names the class whose ebb controller serves a
+	// Service. The cleanup finalizer is shared with every other
+	// implementation, and the apiserver clears the class when a Service
+	// stops being a LoadBalancer: this is how a restarted controller tells
+	// the Services it must clean up from another implementation's.
+	ServedByAnnotation = "lb.ebb.dev/served-by"
 	// ExcludeNodeLabel keeps a node out of every load balancer.
 	ExcludeNodeLabel = "node.kubernetes.io/exclude-from-external-load-balancers"
 	// BackendModeAnnotation set to "pod" sends traffic straight to the

@@ -102,6 +102,18 @@ func (r *Reconciler) classMatches(svc *corev1.Service) bool {
 	return *svc.Spec.LoadBalancerClass == r.Class
 }
 
+// served reports whether the Service is, or was, ours: of our class and a
+// LoadBalancer, or marked as served by us and still holding the cleanup
+// finalizer (a Service that stopped being a LoadBalancer lost its class).
+// A class-less Service with the finalizer alone may be another
+// implementation's: that finalizer is KEP-1959's, shared by all.
+func (r *Reconciler) served(svc *corev1.Service) bool {
+	if r.classMatches(svc) && svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		return true
+	}
+	return svc.Annotations[lbmodel.ServedByAnnotation] == r.Class && controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer)
+}
+
 // wants reports whether the Service should have a load balancer from us.
 func (r *Reconciler) wants(svc *corev1.Service) bool {
 	return svc.DeletionTimestamp == nil && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && r.classMatches(svc)
@@ -118,11 +130,7 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 		}
 		for i := range list.Items {
 			svc := &list.Items[i]
-			ours := r.classMatches(svc) && svc.Spec.Type == corev1.ServiceTypeLoadBalancer
-			// A Service that stopped being a LoadBalancer lost its class;
-			// if it still has the finalizer, its addresses are ours to free.
-			leftOver := svc.Spec.LoadBalancerClass == nil && controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer)
-			if !ours && !leftOver {
+			if !r.served(svc) {
 				continue
 			}
 			for _, ing := range svc.Status.LoadBalancer.Ingress {
@@ -148,9 +156,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 		r.Metrics.failed("unsupported_protocol")
 		return ctrl.Result{}, nil // the Service must change first
 	}
-	if !controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) {
+	if !controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) || svc.Annotations[lbmodel.ServedByAnnotation] != r.Class {
 		patch := client.MergeFrom(svc.DeepCopy())
 		controllerutil.AddFinalizer(svc, lbmodel.CleanupFinalizer)
+		if svc.Annotations == nil {
+			svc.Annotations = map[string]string{}
+		}
+		svc.Annotations[lbmodel.ServedByAnnotation] = r.Class
 		if err := r.Client.Patch(ctx, svc, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(svc), err)
 		}

@@ -164,3 +164,33 @@ func TestDualStackGetsOneAddressPerFamily(t *testing.T) {
 		t.Errorf("ingress %+v, want one IPv4 and one IPv6 address", got)
 	}
 }
+
+// KEP-1959's cleanup finalizer is shared with the upstream service
+// controller: a class-less LoadBalancer Service served by another
+// implementation carries it too. Even when its address falls in ebb's pool,
+// ebb (not the default load balancer) never adopts it: after a restart its
+// status and finalizer stay. A Service ebb served that became a ClusterIP
+// (which clears its class) is still cleaned up.
+func TestRestartAdoptsOnlyServicesEbbServed(t *testing.T) {
+	foreign := lbSvc("foreign", withStatus("10.96.255.7"), func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil })
+	formerlyOurs := lbSvc("formerly-ours", withStatus("10.96.255.8"), func(s *corev1.Service) {
+		s.Spec.LoadBalancerClass, s.Spec.Type = nil, corev1.ServiceTypeClusterIP
+		s.Annotations = map[string]string{lbmodel.ServedByAnnotation: lbmodel.ClassL4}
+	})
+	r, _ := newReconciler(t, foreign, formerlyOurs)
+	if _, svc := reconcile(t, r, "foreign"); len(svc.Finalizers) != 1 || len(svc.Status.LoadBalancer.Ingress) != 1 {
+		t.Errorf("another implementation's Service was touched: finalizers %v, status %+v", svc.Finalizers, svc.Status.LoadBalancer)
+	}
+	if _, svc := reconcile(t, r, "formerly-ours"); len(svc.Finalizers) != 0 || len(svc.Status.LoadBalancer.Ingress) != 0 {
+		t.Errorf("a Service ebb served, now a ClusterIP, was not cleaned up: finalizers %v, status %+v", svc.Finalizers, svc.Status.LoadBalancer)
+	}
+}
+
+// A Service ebb serves is marked as served by its class, with the
+// finalizer, so that a restart can tell it from another implementation's.
+func TestServedServicesAreMarked(t *testing.T) {
+	r, _ := newReconciler(t, lbSvc("web"))
+	if _, svc := reconcile(t, r, "web"); svc.Annotations[lbmodel.ServedByAnnotation] != lbmodel.ClassL4 {
+		t.Errorf("annotations %v, want %s: %s", svc.Annotations, lbmodel.ServedByAnnotation, lbmodel.ClassL4)
+	}
+}
