@@ -10,11 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -175,7 +177,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 		// The cause (a pool full, an address taken) may clear.
 		return ctrl.Result{RequeueAfter: retryAfterBadRequest}, nil
 	}
-	want := ingressFor(addrs)
+	want := ingressFor(svc, addrs)
 	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {
 		return ctrl.Result{}, nil
 	}
@@ -315,10 +317,20 @@ func unsupportedPorts(svc *corev1.Service) error {
 	return nil
 }
 
-func ingressFor(addrs []netip.Addr) []corev1.LoadBalancerIngress {
+// ingressFor is the Service's status: each address, reached through a
+// proxy, on each of the Service's ports (the data plane serves them all).
+func ingressFor(svc *corev1.Service, addrs []netip.Addr) []corev1.LoadBalancerIngress {
+	var ports []corev1.PortStatus
+	for _, p := range svc.Spec.Ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = corev1.ProtocolTCP
+		}
+		ports = append(ports, corev1.PortStatus{Port: p.Port, Protocol: proto})
+	}
 	out := make([]corev1.LoadBalancerIngress, 0, len(addrs))
 	for _, a := range addrs {
-		out = append(out, corev1.LoadBalancerIngress{IP: a.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)})
+		out = append(out, corev1.LoadBalancerIngress{IP: a.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeProxy), Ports: slices.Clone(ports)})
 	}
 	return out
 }
@@ -328,7 +340,8 @@ func equalIngress(a, b []corev1.LoadBalancerIngress) bool {
 		return false
 	}
 	for i := range a {
-		if a[i].IP != b[i].IP || a[i].Hostname != b[i].Hostname || ptr.Deref(a[i].IPMode, "") != ptr.Deref(b[i].IPMode, "") {
+		if a[i].IP != b[i].IP || a[i].Hostname != b[i].Hostname || ptr.Deref(a[i].IPMode, "") != ptr.Deref(b[i].IPMode, "") ||
+			!apiequality.Semantic.DeepEqual(a[i].Ports, b[i].Ports) {
 			return false
 		}
 	}

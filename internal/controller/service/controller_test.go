@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -192,5 +193,24 @@ func TestServedServicesAreMarked(t *testing.T) {
 	r, _ := newReconciler(t, lbSvc("web"))
 	if _, svc := reconcile(t, r, "web"); svc.Annotations[lbmodel.ServedByAnnotation] != lbmodel.ClassL4 {
 		t.Errorf("annotations %v, want %s: %s", svc.Annotations, lbmodel.ServedByAnnotation, lbmodel.ClassL4)
+	}
+}
+
+// The status lists the ports each address serves (KEP-1959's
+// status.loadBalancer.ingress[].ports), and a Service written before they
+// were is brought up to date.
+func TestStatusListsThePorts(t *testing.T) {
+	udp := lbSvc("dns", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}, {Name: "dns-tcp", Port: 53}}
+	})
+	r, _ := newReconciler(t, udp, lbSvc("old", withStatus("10.96.255.9")))
+	_, svc := reconcile(t, r, "dns")
+	want := []corev1.PortStatus{{Port: 53, Protocol: corev1.ProtocolUDP}, {Port: 53, Protocol: corev1.ProtocolTCP}}
+	if got := svc.Status.LoadBalancer.Ingress; len(got) != 1 || !slices.Equal(got[0].Ports, want) {
+		t.Errorf("ingress %+v, want one address with ports %v", got, want)
+	}
+	_, old := reconcile(t, r, "old")
+	if got := old.Status.LoadBalancer.Ingress; len(got) != 1 || got[0].IP != "10.96.255.9" || !slices.Equal(got[0].Ports, []corev1.PortStatus{{Port: 80, Protocol: corev1.ProtocolTCP}}) {
+		t.Errorf("a Service written before ports were listed: %+v", got)
 	}
 }
