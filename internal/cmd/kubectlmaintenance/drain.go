@@ -1,6 +1,7 @@
 package kubectlmaintenance
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -19,13 +20,14 @@ import (
 
 func newDrainCommand(o *options) *cobra.Command {
 	var selector, reason, planFile, name string
-	var cordonOnly, watch bool
+	var cordonOnly, planOnly, watch bool
 	cmd := &cobra.Command{
 		Use:   "drain (NODE... | -l SELECTOR)",
 		Short: "Create a NodeMaintenance that drains (or only cordons) nodes",
 		Example: `  kubectl maintenance drain node-1 --reason "kernel upgrade" --watch
   kubectl maintenance drain -l pool=blue --plan plan.yaml
-  kubectl maintenance drain node-2 --cordon-only`,
+  kubectl maintenance drain node-2 --cordon-only
+  kubectl maintenance drain -l pool=green --plan-only --name green-upgrade   # then: kubectl maintenance start green-upgrade`,
 		RunE: func(cmd *cobra.Command, nodes []string) error {
 			sel, err := nodeSelector(nodes, selector)
 			if err != nil {
@@ -42,7 +44,12 @@ func newDrainCommand(o *options) *cobra.Command {
 					nm.GenerateName = "maintenance-" + nodes[0] + "-"
 				}
 			}
-			if cordonOnly {
+			switch {
+			case planOnly && cordonOnly:
+				return errors.New("give --plan-only or --cordon-only, not both: a planned maintenance is started later with 'kubectl maintenance start'")
+			case planOnly:
+				nm.Spec.Stage = v1alpha1.Idle
+			case cordonOnly:
 				nm.Spec.Stage = v1alpha1.Cordon
 			}
 			if planFile != "" {
@@ -76,7 +83,8 @@ func newDrainCommand(o *options) *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the people who will see it")
 	cmd.Flags().StringVar(&planFile, "plan", "", "YAML file with the drain plan entries (the defaults are added)")
 	cmd.Flags().StringVar(&name, "name", "", "name of the NodeMaintenance (default: generated)")
-	cmd.Flags().BoolVar(&cordonOnly, "cordon-only", false, "only cordon (stage Cordon); drain later with a stage change")
+	cmd.Flags().BoolVar(&cordonOnly, "cordon-only", false, "only cordon (stage Cordon); drain later with 'kubectl maintenance start NAME'")
+	cmd.Flags().BoolVar(&planOnly, "plan-only", false, "only plan it (stage Idle: nothing is touched); start it later with 'kubectl maintenance start NAME'")
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "show the progress until the drain finishes")
 	return cmd
 }
@@ -130,27 +138,69 @@ func newCompleteCommand(o *options) *cobra.Command {
 		Short: "Complete a maintenance: uncordon, untaint and withdraw its Evacuations",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := o.client()
-			if err != nil {
-				return err
-			}
-			nm := &v1alpha1.NodeMaintenance{}
-			err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-				if err := c.Get(cmd.Context(), client.ObjectKey{Name: args[0]}, nm); err != nil {
-					return err
-				}
-				nm.Spec.Stage = v1alpha1.Complete
-				return c.Update(cmd.Context(), nm)
-			})
-			if err != nil {
-				return fmt.Errorf("completing %s: %w", args[0], err)
-			}
-			nm.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("NodeMaintenance"))
-			if printed, err := o.printObject(nm); printed || err != nil {
+			nm, printed, err := o.moveTo(cmd.Context(), args[0], v1alpha1.Complete)
+			if printed || err != nil {
 				return err
 			}
 			fmt.Fprintf(o.out, "nodemaintenance/%s completed: its nodes return to service once no other maintenance holds them\n", nm.Name)
 			return nil
 		},
 	}
+}
+
+func newStartCommand(o *options) *cobra.Command {
+	var cordonOnly, watch bool
+	cmd := &cobra.Command{
+		Use:   "start NAME",
+		Short: "Start a planned (Idle) or cordoned maintenance: move it to Drain (or Cordon)",
+		Example: `  kubectl maintenance start green-upgrade --watch
+  kubectl maintenance start green-upgrade --cordon-only`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			stage := v1alpha1.Drain
+			if cordonOnly {
+				stage = v1alpha1.Cordon
+			}
+			nm, printed, err := o.moveTo(cmd.Context(), args[0], stage)
+			if printed || err != nil {
+				return err
+			}
+			fmt.Fprintf(o.out, "nodemaintenance/%s started (stage %s)\n", nm.Name, nm.Spec.Stage)
+			if watch && stage == v1alpha1.Drain {
+				c, err := o.client()
+				if err != nil {
+					return err
+				}
+				return o.status(cmd.Context(), c, nm.Name, true)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&cordonOnly, "cordon-only", false, "only cordon (stage Cordon)")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "show the progress until the drain finishes")
+	return cmd
+}
+
+// moveTo moves a maintenance to stage (the apiserver refuses a move
+// backwards, saying which moves exist) and prints it when -o asks; printed
+// says it did.
+func (o *options) moveTo(ctx context.Context, name string, stage v1alpha1.NodeMaintenanceStage) (*v1alpha1.NodeMaintenance, bool, error) {
+	c, err := o.client()
+	if err != nil {
+		return nil, false, err
+	}
+	nm := &v1alpha1.NodeMaintenance{}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, nm); err != nil {
+			return err
+		}
+		nm.Spec.Stage = stage
+		return c.Update(ctx, nm)
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("moving %s to stage %s: %w", name, stage, err)
+	}
+	nm.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("NodeMaintenance"))
+	printed, err := o.printObject(nm)
+	return nm, printed, err
 }

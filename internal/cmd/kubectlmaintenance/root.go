@@ -42,7 +42,7 @@ func NewCommand(out, errOut io.Writer) *cobra.Command {
 	}
 	o.flags.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", "", "output format: json or yaml (default: text)")
-	cmd.AddCommand(newDrainCommand(o), newStatusCommand(o), newCompleteCommand(o), newListCommand(o))
+	cmd.AddCommand(newDrainCommand(o), newStartCommand(o), newStatusCommand(o), newCompleteCommand(o), newListCommand(o))
 	return cmd
 }
 

@@ -84,3 +84,37 @@ func TestKubectlMaintenancePlugin(t *testing.T) {
 		t.Errorf("drain without nodes: %v\n%s", err, fmt.Sprint(out))
 	}
 }
+
+// A maintenance planned ahead (Idle) touches nothing until it is started;
+// started, it cordons and drains; a start after Complete is refused with the
+// allowed moves.
+func TestKubectlMaintenancePlanThenStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	node := cluster.Nodes[2].Name
+	t.Cleanup(func() { deleteAndWait(t, context.Background(), "planned") })
+
+	out, err := kubectlMaintenance(t, ctx, "drain", node, "--plan-only", "--name", "planned", "--reason", "next week")
+	if err != nil || !strings.Contains(out, "nodemaintenance/planned created (stage Idle)") {
+		t.Fatalf("drain --plan-only: %v\n%s", err, out)
+	}
+	time.Sleep(2 * time.Second) // time for a controller to (wrongly) act
+	if n := getNode(t, ctx, node); n.Spec.Unschedulable {
+		t.Fatalf("a planned maintenance cordoned %s", node)
+	}
+
+	out, err = kubectlMaintenance(t, ctx, "start", "planned", "--watch")
+	if err != nil || !strings.Contains(out, "nodemaintenance/planned started (stage Drain)") || !strings.Contains(out, "drained True") {
+		t.Fatalf("start --watch: %v\n%s", err, out)
+	}
+	if n := getNode(t, ctx, node); !n.Spec.Unschedulable {
+		t.Errorf("%s is schedulable after its maintenance started", node)
+	}
+	if out, err := kubectlMaintenance(t, ctx, "complete", "planned"); err != nil {
+		t.Fatalf("complete: %v\n%s", err, out)
+	}
+	out, err = kubectlMaintenance(t, ctx, "start", "planned")
+	if err == nil || !strings.Contains(out, "spec.stage can only move forward") {
+		t.Errorf("start after Complete: %v\n%s", err, out)
+	}
+}
