@@ -75,6 +75,18 @@ func config(frontend string, backends ...string) string {
 	return b.String()
 }
 
+// eventually waits up to 5 s for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // replaceFile writes s to a temporary file beside path and renames it over
 // path, so a reader sees the old contents or the new, never a part.
 func replaceFile(t *testing.T, path, s string) {
@@ -105,20 +117,10 @@ func TestStandaloneFollowsConfigFile(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx) }()
 
-	eventually := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out: %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	eventually("serving a", func() bool { got, _ := ask(fe); return got == "a" })
+	eventually(t, "serving a", func() bool { got, _ := ask(fe); return got == "a" })
 
 	write(config(fe, a+" Down", b))
-	eventually("the file change to reach the data plane", func() bool { got, _ := ask(fe); return got == "b" })
+	eventually(t, "the file change to reach the data plane", func() bool { got, _ := ask(fe); return got == "b" })
 	for range 10 {
 		if got, err := ask(fe); got != "b" {
 			t.Fatalf("with a Down: answer %q, err %v", got, err)
@@ -132,7 +134,7 @@ func TestStandaloneFollowsConfigFile(t *testing.T) {
 	}
 
 	write(config(fe, a))
-	eventually("a fixed file to apply", func() bool { got, _ := ask(fe); return got == "a" })
+	eventually(t, "a fixed file to apply", func() bool { got, _ := ask(fe); return got == "a" })
 
 	body := scrape(t, metrics)
 	for _, want := range []string{`ebb_lb_config_reloads_total{result="error"} 1`, `ebb_dataplane_connections_total{backend="` + a, "ebb_dataplane_apply_duration_seconds_count"} {
@@ -160,25 +162,14 @@ func TestStandaloneReloadsOnSIGHUP(t *testing.T) {
 	o := &Options{ConfigFile: file, PollInterval: time.Hour}
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for got, _ := ask(fe); got != "a"; got, _ = ask(fe) {
-		if time.Now().After(deadline) {
-			t.Fatal("not serving")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "serving a", func() bool { got, _ := ask(fe); return got == "a" })
 	if err := os.WriteFile(file, []byte(config(fe, b)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	for got, _ := ask(fe); got != "b"; got, _ = ask(fe) {
-		if time.Now().After(deadline) {
-			t.Fatal("SIGHUP did not reload the file")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "SIGHUP to reload the file", func() bool { got, _ := ask(fe); return got == "b" })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -211,33 +202,18 @@ func TestStandaloneKeepsServingThroughAnEmptyFile(t *testing.T) {
 	o := &Options{ConfigFile: file, MetricsAddress: metrics, PollInterval: 10 * time.Millisecond}
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for got, _ := ask(fe); got != "a"; got, _ = ask(fe) {
-		if time.Now().After(deadline) {
-			t.Fatal("not serving")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "serving a", func() bool { got, _ := ask(fe); return got == "a" })
 
 	replaceFile(t, file, "\n")
-	deadline = time.Now().Add(5 * time.Second)
-	for !strings.Contains(scrape(t, metrics), `ebb_lb_config_reloads_total{result="error"} 1`) {
-		if time.Now().After(deadline) {
-			t.Fatal("the empty file was not reported as an error")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "the empty file reported as an error", func() bool {
+		return strings.Contains(scrape(t, metrics), `ebb_lb_config_reloads_total{result="error"} 1`)
+	})
 	if got, err := ask(fe); got != "a" {
 		t.Fatalf("an empty file changed the running configuration: %q, %v", got, err)
 	}
 
 	replaceFile(t, file, config(fe, b))
-	for got, _ := ask(fe); got != "b"; got, _ = ask(fe) {
-		if time.Now().After(deadline) {
-			t.Fatal("the file written after the empty one did not apply")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "the file written after the empty one to apply", func() bool { got, _ := ask(fe); return got == "b" })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
