@@ -1,11 +1,14 @@
 package kubectlmaintenance
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
@@ -73,5 +76,32 @@ func TestBlockersAndBar(t *testing.T) {
 	}
 	if s := targets([]v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 5, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}}); s != "Default<=5(app=db)" {
 		t.Errorf("targets %s", s)
+	}
+}
+
+// Pods the drain plan keeps for a later step are named, and nothing else:
+// not those already targeted, evacuating, terminating or static.
+func TestHeldBackNamesPodsLaterInThePlan(t *testing.T) {
+	pod := func(name string, prio int32, mutate ...func(*corev1.Pod)) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name}, Spec: corev1.PodSpec{Priority: ptr.To(prio)}}
+		for _, m := range mutate {
+			m(&p)
+		}
+		return p
+	}
+	now := metav1.Now()
+	pods := []corev1.Pod{
+		pod("web-1", 0),
+		pod("web-2", 0),
+		pod("db-0", 1000),
+		pod("cache-0", 2000, func(p *corev1.Pod) { p.DeletionTimestamp = &now }),
+		pod("kube-proxy", 2000, func(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} }),
+		pod("batch-1", 5000, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+	}
+	targets := []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}}
+	got := heldBack(pods, map[string]bool{"shop/web-2": true}, targets)
+	want := []string{"shop/db-0: held back by the drain plan (Default pod, priority 1000): it leaves at a later step"}
+	if !slices.Equal(got, want) {
+		t.Errorf("held back:\n%q\nwant\n%q", got, want)
 	}
 }

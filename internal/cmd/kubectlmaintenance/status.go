@@ -11,12 +11,15 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
+	"github.com/ebbdev/ebb/internal/drainplan"
 )
 
 // maxBlockers is how many blocked pods status names per node.
@@ -140,6 +143,10 @@ func (o *options) describe(ctx context.Context, c client.Client, w io.Writer, nm
 	if err := c.List(ctx, &evacs); err != nil {
 		return fmt.Errorf("listing Evacuations: %w", err)
 	}
+	evacuated := map[string]bool{} // pods with an Evacuation, by namespace/name
+	for _, e := range evacs.Items {
+		evacuated[e.Namespace+"/"+e.Spec.PodRef.Name] = true
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, ns := range nm.Status.NodeStatuses {
 		left := ns.PodsPendingEvacuation + ns.PodsEvacuating
@@ -150,6 +157,13 @@ func (o *options) describe(ctx context.Context, c client.Client, w io.Writer, nm
 	_ = tw.Flush()
 	for _, ns := range nm.Status.NodeStatuses {
 		lines := blockers(evacs.Items, ns.NodeRef.Name, o.now())
+		if ns.PodsPendingEvacuation > 0 {
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, client.MatchingFields{"spec.nodeName": ns.NodeRef.Name}); err != nil {
+				return fmt.Errorf("listing the pods of node %s: %w", ns.NodeRef.Name, err)
+			}
+			lines = append(lines, heldBack(pods.Items, evacuated, ns.DrainTargets)...)
+		}
 		if ns.DrainMessage == "" && len(lines) == 0 {
 			continue
 		}
@@ -175,7 +189,11 @@ func blockers(evacs []v1alpha1.Evacuation, node string, now time.Time) []string 
 		pod := e.Namespace + "/" + e.Spec.PodRef.Name
 		switch {
 		case e.Status.FailedEvictionCounter > 0:
-			out = append(out, fmt.Sprintf("%s: %s (%d evictions refused)", pod, strings.TrimPrefix(e.Status.Message, "Eviction blocked: "), e.Status.FailedEvictionCounter))
+			next := ""
+			if t := e.Status.NextEvictionTime; t != nil && t.After(now) {
+				next = "; next attempt in " + duration.HumanDuration(t.Sub(now))
+			}
+			out = append(out, fmt.Sprintf("%s: %s (%d evictions refused%s)", pod, strings.TrimPrefix(e.Status.Message, "Eviction blocked: "), e.Status.FailedEvictionCounter, next))
 		case e.Status.ActiveEvacuatorClass != "":
 			since := "no progress reported yet"
 			if ts := e.Status.EvacuationProgressTimestamp; ts != nil {
@@ -187,6 +205,23 @@ func blockers(evacs []v1alpha1.Evacuation, node string, now time.Time) []string 
 			}
 			out = append(out, fmt.Sprintf("%s: evacuator %s, %s%s", pod, e.Status.ActiveEvacuatorClass, since, msg))
 		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// heldBack names the pods of a node that the drain plan keeps for a later
+// step: no Evacuation yet, and the node's targets do not reach them.
+func heldBack(pods []corev1.Pod, evacuated map[string]bool, targets []v1alpha1.DrainPlanEntry) []string {
+	var out []string
+	for i := range pods {
+		p := &pods[i]
+		key := p.Namespace + "/" + p.Name
+		if evacuated[key] || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+			drainplan.TypeOf(p) == v1alpha1.Static || drainplan.Matches(targets, p) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: held back by the drain plan (%s pod, priority %d): it leaves at a later step", key, drainplan.TypeOf(p), ptr.Deref(p.Spec.Priority, 0)))
 	}
 	sort.Strings(out)
 	return out

@@ -34,18 +34,26 @@ func kubectlMaintenance(t *testing.T, ctx context.Context, args ...string) (stri
 }
 
 // The plugin drains a node, lists it, explains what holds it back (a
-// PodDisruptionBudget), watches it to the end and completes it.
+// PodDisruptionBudget, and the drain plan keeping a higher-priority pod for
+// later), watches it to the end and completes it.
 func TestKubectlMaintenancePlugin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	node := cluster.Nodes[2].Name
+	priorityClass(t, ctx, "e2e-high", 1000)
 	pinnedApp(t, ctx, ns, "web", node, "", 2)
+	pinnedApp(t, ctx, ns, "high", node, "e2e-high", 1)
+	highPod := appPods(t, ctx, ns, "high")[0].Name
 	release := pdb(t, ctx, ns, "web", 2)
 	defer release()
 	t.Cleanup(func() { deleteAndWait(t, context.Background(), "plugin") })
+	plan := filepath.Join(t.TempDir(), "plan.yaml")
+	if err := os.WriteFile(plan, []byte("- {podType: Default, podPriority: 100}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
-	out, err := kubectlMaintenance(t, ctx, "drain", node, "--reason", "plugin test", "--name", "plugin")
+	out, err := kubectlMaintenance(t, ctx, "drain", node, "--reason", "plugin test", "--name", "plugin", "--plan", plan)
 	if err != nil || !strings.Contains(out, "nodemaintenance/plugin created (stage Drain)") {
 		t.Fatalf("drain: %v\n%s", err, out)
 	}
@@ -56,14 +64,15 @@ func TestKubectlMaintenancePlugin(t *testing.T) {
 	eventually(t, ctx, 30*time.Second, "status explaining the budget", func(ctx context.Context) (bool, string) {
 		out, _ := kubectlMaintenance(t, ctx, "status", "plugin")
 		return strings.Contains(out, "plugin: stage Drain, drained False") &&
-			strings.Contains(out, "0/2 evacuated") &&
+			strings.Contains(out, "0/3 evacuated") &&
 			strings.Contains(out, "The disruption budget web needs 2 healthy pods and has 2 currently") &&
-			strings.Contains(out, "evictions refused"), out
+			strings.Contains(out, "evictions refused") && strings.Contains(out, "next attempt in") &&
+			strings.Contains(out, ns+"/"+highPod+": held back by the drain plan (Default pod, priority 1000)"), out
 	})
 
 	release()
 	out, err = kubectlMaintenance(t, ctx, "status", "plugin", "--watch")
-	if err != nil || !strings.Contains(out, "drained True") || !strings.Contains(out, "2/2 evacuated") || !strings.Contains(out, "[####################]") {
+	if err != nil || !strings.Contains(out, "drained True") || !strings.Contains(out, "3/3 evacuated") || !strings.Contains(out, "[####################]") {
 		t.Errorf("status --watch: %v\n%s", err, out)
 	}
 	out, err = kubectlMaintenance(t, ctx, "status", "plugin", "-o", "json")
