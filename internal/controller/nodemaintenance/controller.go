@@ -205,24 +205,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	left := leftNodes(nm, w)
 	switch nm.Spec.Stage {
 	case v1alpha1.Cordon:
-		if err = r.cordon(ctx, nm, w); err == nil {
-			err = r.releaseNodes(ctx, nm, w, left)
-		}
+		err = r.cordon(ctx, nm, w)
 	case v1alpha1.Drain:
 		if err = r.cordon(ctx, nm, w); err == nil {
 			err = r.taint(ctx, nm, w)
-		}
-		if err == nil {
-			err = r.releaseNodes(ctx, nm, w, left)
 		}
 		if err == nil {
 			drain, err = r.drain(ctx, nm, w)
 			result.RequeueAfter = drain.requeueAfter()
 		}
 	case v1alpha1.Complete:
-		if err = r.complete(ctx, nm, w); err == nil {
-			err = r.releaseNodes(ctx, nm, w, left)
-		}
+		err = r.complete(ctx, nm, w)
+	}
+	if err == nil && nm.Spec.Stage != v1alpha1.Idle {
+		err = r.releaseNodes(ctx, nm, w, left)
 	}
 	if err != nil {
 		return ctrl.Result{}, err
