@@ -50,6 +50,13 @@ const (
 	// EvacuatorAnnotationPrefix + an evacuator class, on a pod, registers
 	// an evacuator: "<priority>/<role>".
 	EvacuatorAnnotationPrefix = "maintenance.ebb.dev/evacuator-priority_"
+	// RequestedByAnnotation, on an Evacuation the node maintenance
+	// controller created, names the NodeMaintenance whose drain asked for
+	// it (other maintenances on the node may share it later), and
+	// ReasonAnnotation carries that maintenance's spec.reason, so that the
+	// owner of an evacuated pod can see why.
+	RequestedByAnnotation = "maintenance.ebb.dev/requested-by"
+	ReasonAnnotation      = "maintenance.ebb.dev/reason"
 
 	// DrainedCondition is True once every targeted pod on every selected
 	// node has terminated during the Drain stage.

@@ -82,6 +82,9 @@ func TestDeletedEvacuationIsAskedForAgain(t *testing.T) {
 	if err := cl.Get(ctx, key, e); err != nil {
 		t.Fatalf("no Evacuation for the pod: %v", err)
 	}
+	if e.Annotations[v1alpha1.RequestedByAnnotation] != "m" || e.Annotations[v1alpha1.ReasonAnnotation] != "test" {
+		t.Errorf("annotations %v, want the maintenance and its reason", e.Annotations)
+	}
 
 	// A user deletes it; our finalizer holds it.
 	if err := cl.Delete(ctx, e); err != nil {

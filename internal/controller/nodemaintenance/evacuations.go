@@ -149,7 +149,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 				nd.pending++
 				continue
 			}
-			if err := r.createEvacuation(ctx, p, node); err != nil {
+			if err := r.createEvacuation(ctx, nm, p, node); err != nil {
 				return nil, err
 			}
 			nd.evacuating++
@@ -226,7 +226,7 @@ func nodesOfDrains(w *world) []string {
 
 // createEvacuation requests the evacuation of pod, with the evacuators the
 // pod registered in its annotations.
-func (r *Reconciler) createEvacuation(ctx context.Context, p *corev1.Pod, node string) error {
+func (r *Reconciler) createEvacuation(ctx context.Context, nm *v1alpha1.NodeMaintenance, p *corev1.Pod, node string) error {
 	labels := map[string]string{NodeLabel: node}
 	for k, v := range p.Labels {
 		labels[k] = v
@@ -234,7 +234,8 @@ func (r *Reconciler) createEvacuation(ctx context.Context, p *corev1.Pod, node s
 	e := &v1alpha1.Evacuation{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name), Labels: labels,
-			Finalizers: []string{InstigatorFinalizer},
+			Annotations: map[string]string{v1alpha1.RequestedByAnnotation: nm.Name, v1alpha1.ReasonAnnotation: nm.Spec.Reason},
+			Finalizers:  []string{InstigatorFinalizer},
 		},
 		Spec: v1alpha1.EvacuationSpec{
 			PodRef:                  v1alpha1.PodReference{Name: p.Name, UID: p.UID},

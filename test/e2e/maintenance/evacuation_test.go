@@ -207,6 +207,9 @@ func TestBlockedEvictionBacksOff(t *testing.T) {
 	})
 	time.Sleep(time.Until(first.Add(12 * time.Second)))
 	e := evacuations(t, ctx, ns)[pod]
+	if e.Annotations[v1alpha1.RequestedByAnnotation] != "backoff" || e.Annotations[v1alpha1.ReasonAnnotation] != "e2e backoff" {
+		t.Errorf("the Evacuation does not say which maintenance asked for it and why: %v", e.Annotations)
+	}
 	t.Logf("%d refused evictions in the 12 s after the first; next at %v", e.Status.FailedEvictionCounter, e.Status.NextEvictionTime)
 	if n := e.Status.FailedEvictionCounter; n < 2 || n > 4 {
 		t.Errorf("%d refused evictions within 12 s of the first, want 3 (2 to 4): the backoff (2 s doubling) does not hold", n)
