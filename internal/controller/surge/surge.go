@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -281,20 +282,11 @@ func (s *Evacuator) readyPeers(ctx context.Context, dep *appsv1.Deployment, pod 
 	}
 	n := 0
 	for _, p := range pods.Items {
-		if p.UID != pod.UID && p.DeletionTimestamp == nil && podReady(&p) {
+		if p.UID != pod.UID && p.DeletionTimestamp == nil && podutils.IsPodReady(&p) {
 			n++
 		}
 	}
 	return n, nil
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // budgetBlocks says which PodDisruptionBudget would not allow removing the

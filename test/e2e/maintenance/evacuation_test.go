@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	policyv1 "k8s.io/api/policy/v1"
@@ -68,7 +69,7 @@ func TestDrainRespectsABudgetOfOne(t *testing.T) {
 	eventually(t, ctx, 2*time.Minute, "the drain to finish one pod at a time", func(ctx context.Context) (bool, string) {
 		available := 0
 		for _, p := range appPods(t, ctx, ns, "web") {
-			if p.DeletionTimestamp == nil && podReady(&p) {
+			if p.DeletionTimestamp == nil && podutils.IsPodReady(&p) {
 				available++
 			}
 		}
@@ -217,13 +218,4 @@ func TestBlockedEvictionBacksOff(t *testing.T) {
 	if e.Status.NextEvictionTime == nil || !e.Status.NextEvictionTime.After(time.Now().Add(-time.Second)) {
 		t.Errorf("status.nextEvictionTime %v is not ahead: a user cannot see when the next attempt comes", e.Status.NextEvictionTime)
 	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
