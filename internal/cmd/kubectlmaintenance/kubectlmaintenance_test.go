@@ -80,7 +80,8 @@ func TestBlockersAndBar(t *testing.T) {
 }
 
 // Pods the drain plan keeps for a later step are named, and nothing else:
-// not those already targeted, evacuating, terminating or static.
+// not those already targeted, evacuating, terminating, static, or
+// DaemonSet pods that tolerate the draining taint (they never leave).
 func TestHeldBackNamesPodsLaterInThePlan(t *testing.T) {
 	pod := func(name string, prio int32, mutate ...func(*corev1.Pod)) corev1.Pod {
 		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name}, Spec: corev1.PodSpec{Priority: ptr.To(prio)}}
@@ -97,6 +98,10 @@ func TestHeldBackNamesPodsLaterInThePlan(t *testing.T) {
 		pod("cache-0", 2000, func(p *corev1.Pod) { p.DeletionTimestamp = &now }),
 		pod("kube-proxy", 2000, func(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} }),
 		pod("batch-1", 5000, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+		pod("agent-x", 0, func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "agent", UID: "d", Controller: ptr.To(true)}}
+			p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+		}),
 	}
 	targets := []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}}
 	got := heldBack(pods, map[string]bool{"shop/web-2": true}, targets)

@@ -211,14 +211,16 @@ func blockers(evacs []v1alpha1.Evacuation, node string, now time.Time) []string 
 }
 
 // heldBack names the pods of a node that the drain plan keeps for a later
-// step: no Evacuation yet, and the node's targets do not reach them.
+// step: no Evacuation yet, and the node's targets do not reach them. Static
+// pods and DaemonSet pods that tolerate the draining taint never leave
+// through the plan; the drain message names them.
 func heldBack(pods []corev1.Pod, evacuated map[string]bool, targets []v1alpha1.DrainPlanEntry) []string {
 	var out []string
 	for i := range pods {
 		p := &pods[i]
 		key := p.Namespace + "/" + p.Name
 		if evacuated[key] || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
-			drainplan.TypeOf(p) == v1alpha1.Static || drainplan.Matches(targets, p) {
+			drainplan.TypeOf(p) == v1alpha1.Static || nodemaintenance.ToleratesDraining(p) || drainplan.Matches(targets, p) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: held back by the drain plan (%s pod, priority %d): it leaves at a later step", key, drainplan.TypeOf(p), ptr.Deref(p.Spec.Priority, 0)))

@@ -280,10 +280,10 @@ func drainStates(w *world) []*drainState {
 // drainingTaint is the taint a drain puts on its nodes.
 var drainingTaint = corev1.Taint{Key: lbmodel.TaintDraining, Value: DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule}
 
-// toleratesDraining reports whether a DaemonSet pod tolerates the draining
+// ToleratesDraining reports whether a DaemonSet pod tolerates the draining
 // taint: the DaemonSet controller would recreate it on the node at once,
 // so it is reported rather than fought.
-func toleratesDraining(p *corev1.Pod) bool {
+func ToleratesDraining(p *corev1.Pod) bool {
 	if drainplan.TypeOf(p) != v1alpha1.DaemonSet {
 		return false
 	}

@@ -79,7 +79,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 	remaining := func(node string, targets []v1alpha1.DrainPlanEntry) int {
 		n := 0
 		for _, p := range pods[node] {
-			if !static(p) && !toleratesDraining(p) && drainplan.Matches(targets, p) {
+			if !static(p) && !ToleratesDraining(p) && drainplan.Matches(targets, p) {
 				n++
 			}
 		}
@@ -115,7 +115,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 				nd.static++
 				continue
 			}
-			if toleratesDraining(p) {
+			if ToleratesDraining(p) {
 				if ref := metav1.GetControllerOf(p); ref != nil && !slices.Contains(nd.tolerating, ref.Name) {
 					nd.tolerating = append(nd.tolerating, ref.Name)
 				}
