@@ -58,3 +58,49 @@ func (c *Cluster) ReplaceNode(ctx context.Context, name string) (*corev1.Node, e
 	}
 	return node, nil
 }
+
+// AddBareNodes registers n more simulated nodes, named prefix-0 onwards,
+// with labels and without a host: no network namespace, no kube-proxy, no
+// pod servers. kwok makes them Ready and runs their pods' lifecycle, so
+// they serve control-plane scale figures (many nodes, thousands of pods);
+// their pods should use the host network, which the pod servers leave
+// alone. It returns the names once every node is Ready.
+func (c *Cluster) AddBareNodes(ctx context.Context, prefix string, n int, labels map[string]string) ([]string, error) {
+	if n > 150 {
+		return nil, fmt.Errorf("adding %d bare nodes: at most 150 fit the pod CIDR next to the cluster's own", n)
+	}
+	var names []string
+	for i := range n {
+		spec := Node{Name: fmt.Sprintf("%s-%d", prefix, i), IP: fmt.Sprintf("10.250.%d.%d", i/250, 1+i%250), PodCIDR: fmt.Sprintf("10.244.%d.0/24", 100+i)}
+		obj := nodeObject(spec)
+		for k, v := range labels {
+			obj.Labels[k] = v
+		}
+		if _, err := c.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("registering bare node %s: %w", spec.Name, err)
+		}
+		names = append(names, spec.Name)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, name := range names {
+			node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil || !nodeReady(node) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for %d bare nodes to be Ready: %w", n, err)
+	}
+	return names, nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

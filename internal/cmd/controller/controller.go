@@ -75,6 +75,9 @@ type Options struct {
 	SurgeEvacuator bool
 	// MaxEvictionsInFlight bounds concurrent Evacuation reconciles.
 	MaxEvictionsInFlight int
+	// MaxDrainingNodes bounds the nodes NodeMaintenances drain at once
+	// (0: no bound).
+	MaxDrainingNodes int
 	// Webhook serves admission; Port 0 turns it off.
 	Webhook WebhookOptions
 }
@@ -130,6 +133,7 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.AzureMigrateOnStart, "azure-migrate-on-start", false, "with --cloud azure and loadBalancerSku standard: run the Basic-to-Standard migration once at start (may cause downtime; see `ebb azure migrate-basic-lb --help`)")
 	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+surge.OptInAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
+	f.IntVar(&o.MaxDrainingNodes, "max-draining-nodes", 0, "nodes NodeMaintenances drain at once across maintenances; a maintenance that would exceed it waits in Drain, cordoned, with condition Drained=False reason WaitingForDrainSlot (0: no limit)")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
@@ -148,6 +152,9 @@ func NewCommand() *cobra.Command {
 func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	if err := lbmodel.ValidateClass(o.LoadBalancerClass); err != nil {
 		return fmt.Errorf("--load-balancer-class: %w", err)
+	}
+	if o.MaxDrainingNodes < 0 {
+		return fmt.Errorf("--max-draining-nodes %d: want 0 (no limit) or more", o.MaxDrainingNodes)
 	}
 	ipam, err := service.NewAllocator(o.VIPPools)
 	if err != nil {
@@ -336,7 +343,7 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 	if err != nil {
 		return err
 	}
-	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics}
+	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics, MaxDrainingNodes: o.MaxDrainingNodes}
 	if err := nmr.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the node maintenance controller: %w", err)
 	}

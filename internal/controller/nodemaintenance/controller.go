@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
@@ -50,15 +49,13 @@ type Reconciler struct {
 	Recorder events.EventRecorder
 	Clock    clock.PassiveClock
 	Metrics  *Metrics
+	// MaxDrainingNodes limits how many nodes drain at once across
+	// maintenances (0: no limit); see slots.go.
+	MaxDrainingNodes int
 }
 
-// SetupWithManager registers the controller, its pod index and watches:
-// maintenances and nodes wake every maintenance in Cordon or Drain; pods,
-// Evacuations and load-balancer reports every maintenance in Drain
-// (maintenances are few; drain targets depend on all of them). Idle and
-// Complete maintenances are woken only by their own changes: Complete's
-// work is done once, and a node another maintenance still held is
-// released by that one's Complete.
+// SetupWithManager registers the controller, its pod index and watches
+// (which event wakes which maintenance: see wakeups.go).
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
@@ -72,35 +69,18 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	if err != nil {
 		return fmt.Errorf("indexing pods by node: %w", err)
 	}
-	active := handler.EnqueueRequestsFromMapFunc(r.maintenancesIn(v1alpha1.Cordon, v1alpha1.Drain))
-	draining := handler.EnqueueRequestsFromMapFunc(r.maintenancesIn(v1alpha1.Drain))
+	active := []v1alpha1.NodeMaintenanceStage{v1alpha1.Cordon, v1alpha1.Drain}
+	draining := []v1alpha1.NodeMaintenanceStage{v1alpha1.Drain}
+	wake := func(f handler.MapFunc) handler.EventHandler { return handler.EnqueueRequestsFromMapFunc(f) }
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodemaintenance").
 		For(&v1alpha1.NodeMaintenance{}).
-		Watches(&v1alpha1.NodeMaintenance{}, active).
-		Watches(&corev1.Node{}, active).
-		Watches(&corev1.Pod{}, draining).
-		Watches(&v1alpha1.Evacuation{}, draining).
-		Watches(&v1alpha1.LoadBalancerReport{}, draining).
+		Watches(&v1alpha1.NodeMaintenance{}, wake(r.maintenancesIn(active...))).
+		Watches(&corev1.Node{}, wake(r.maintenancesOf(nodeOfNode, true, active...))).
+		Watches(&corev1.Pod{}, wake(r.maintenancesOf(nodeOfPod, false, draining...))).
+		Watches(&v1alpha1.Evacuation{}, wake(r.maintenancesOf(r.nodeOfEvacuation, false, draining...))).
+		Watches(&v1alpha1.LoadBalancerReport{}, wake(r.maintenancesIn(draining...))).
 		Complete(r)
-}
-
-// maintenancesIn maps any event to the maintenances in one of stages, and
-// to those being deleted (they move to Complete).
-func (r *Reconciler) maintenancesIn(stages ...v1alpha1.NodeMaintenanceStage) handler.MapFunc {
-	return func(ctx context.Context, _ client.Object) []reconcile.Request {
-		var list v1alpha1.NodeMaintenanceList
-		if err := r.Client.List(ctx, &list); err != nil {
-			return nil
-		}
-		var out []reconcile.Request
-		for _, nm := range list.Items {
-			if slices.Contains(stages, nm.Spec.Stage) || nm.DeletionTimestamp != nil {
-				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&nm)})
-			}
-		}
-		return out
-	}
 }
 
 // world is what one reconcile reads from the caches.
@@ -109,6 +89,18 @@ type world struct {
 	nodes        []corev1.Node
 	// selected are each maintenance's nodes, sorted by name.
 	selected map[string][]string
+	// waiting are the maintenances in Drain that wait for a drain slot,
+	// with why (see slots.go): until they start, they only cordon.
+	waiting map[string]string
+}
+
+// stage is what nm does now: a maintenance waiting for a drain slot
+// cordons and nothing more.
+func (w *world) stage(nm *v1alpha1.NodeMaintenance) v1alpha1.NodeMaintenanceStage {
+	if _, ok := w.waiting[nm.Name]; ok {
+		return v1alpha1.Cordon
+	}
+	return nm.Spec.Stage
 }
 
 // covering returns the maintenances other than self in one of stages that
@@ -116,7 +108,7 @@ type world struct {
 func (w *world) covering(node, self string, stages ...v1alpha1.NodeMaintenanceStage) []string {
 	var out []string
 	for _, nm := range w.maintenances {
-		if nm.Name != self && slices.Contains(stages, nm.Spec.Stage) && slices.Contains(w.selected[nm.Name], node) {
+		if nm.Name != self && slices.Contains(stages, w.stage(&nm)) && slices.Contains(w.selected[nm.Name], node) {
 			out = append(out, nm.Name)
 		}
 	}
@@ -158,6 +150,7 @@ func (r *Reconciler) read(ctx context.Context) (*world, error) {
 		}
 		sort.Strings(w.selected[nm.Name])
 	}
+	w.waiting = drainSlots(w, r.MaxDrainingNodes)
 	return w, nil
 }
 
@@ -203,7 +196,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var drain *drainResult
 	// Read before updateStatus forgets them.
 	left := leftNodes(nm, w)
-	switch nm.Spec.Stage {
+	switch w.stage(nm) {
 	case v1alpha1.Cordon:
 		err = r.cordon(ctx, nm, w)
 	case v1alpha1.Drain:
@@ -216,6 +209,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	case v1alpha1.Complete:
 		err = r.complete(ctx, nm, w)
+	}
+	if _, ok := w.waiting[nm.Name]; ok {
+		result.RequeueAfter = drainResync
 	}
 	if err == nil && nm.Spec.Stage != v1alpha1.Idle {
 		err = r.releaseNodes(ctx, nm, w, left)
@@ -259,7 +255,7 @@ func (r *Reconciler) defaultDrainPlan(ctx context.Context, nm *v1alpha1.NodeMain
 func drainStates(w *world) []*drainState {
 	var out []*drainState
 	for _, nm := range w.maintenances {
-		if nm.Spec.Stage != v1alpha1.Drain || len(nm.Spec.DrainPlan) == 0 {
+		if w.stage(&nm) != v1alpha1.Drain || len(nm.Spec.DrainPlan) == 0 {
 			continue
 		}
 		s := &drainState{

@@ -134,37 +134,6 @@ func TestMaintenanceWithoutDrainPlanGetsTheDefaults(t *testing.T) {
 	}
 }
 
-// Events wake only the maintenances that have work to do on them: nodes
-// wake Cordon and Drain, pods (and Evacuations, reports) only Drain; Idle
-// and Complete maintenances sleep unless being deleted.
-func TestEventsWakeOnlyMaintenancesWithWorkToDo(t *testing.T) {
-	mk := func(name string, stage v1alpha1.NodeMaintenanceStage, deleting bool) client.Object {
-		nm := &v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: stage}}
-		if deleting {
-			now := metav1.Now()
-			nm.DeletionTimestamp, nm.Finalizers = &now, []string{v1alpha1.MaintenanceCompletionFinalizer}
-		}
-		return nm
-	}
-	r, _, _ := newFakeReconciler(t,
-		mk("idle", v1alpha1.Idle, false), mk("cordon", v1alpha1.Cordon, false), mk("drain", v1alpha1.Drain, false),
-		mk("complete", v1alpha1.Complete, false), mk("deleting", v1alpha1.Complete, true))
-	names := func(f func(context.Context, client.Object) []ctrl.Request) []string {
-		var out []string
-		for _, req := range f(context.Background(), nil) {
-			out = append(out, req.Name)
-		}
-		slices.Sort(out)
-		return out
-	}
-	if got, want := names(r.maintenancesIn(v1alpha1.Cordon, v1alpha1.Drain)), []string{"cordon", "deleting", "drain"}; !slices.Equal(got, want) {
-		t.Errorf("a node event wakes %v, want %v", got, want)
-	}
-	if got, want := names(r.maintenancesIn(v1alpha1.Drain)), []string{"deleting", "drain"}; !slices.Equal(got, want) {
-		t.Errorf("a pod event wakes %v, want %v", got, want)
-	}
-}
-
 // A node that leaves the selector in the middle of a drain gets back what
 // ebb took: its cordon, the draining taint, the annotation, and its
 // maintenance conditions turn False.

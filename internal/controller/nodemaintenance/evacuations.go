@@ -213,7 +213,7 @@ func (r *Reconciler) podsOfDrains(ctx context.Context, w *world) (map[string][]*
 func nodesOfDrains(w *world) []string {
 	var out []string
 	for _, nm := range w.maintenances {
-		if nm.Spec.Stage == v1alpha1.Drain {
+		if w.stage(&nm) == v1alpha1.Drain {
 			for _, n := range w.selected[nm.Name] {
 				if !slices.Contains(out, n) {
 					out = append(out, n)

@@ -38,6 +38,9 @@ const (
 	// ReasonDrainPlanDefaulted: the controller gave a maintenance without
 	// a drain plan the default one (admission was not there to).
 	ReasonDrainPlanDefaulted = "DrainPlanDefaulted"
+	// ReasonWaitingForDrainSlot: the maintenance is in Drain but waits
+	// until fewer nodes drain (ebb controller --max-draining-nodes).
+	ReasonWaitingForDrainSlot = "WaitingForDrainSlot"
 )
 
 // cordon makes every selected node unschedulable and keeps it so.

@@ -22,17 +22,34 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 	orig := nm.DeepCopy()
 	now := metav1.NewTime(r.Clock.Now())
 	st := &nm.Status
+	// A Drain waiting for a slot has its stage status without a start
+	// time: the drain starts, and the traffic-drain gate counts, from
+	// when it gets one.
+	waitMsg, waiting := w.waiting[nm.Name]
+	started := func(s *v1alpha1.StageStatus) {
+		s.StartTimestamp = &now
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
+	}
 	if n := len(st.StageStatuses); n == 0 || st.StageStatuses[n-1].Name != nm.Spec.Stage {
 		if n > 0 && st.StageStatuses[n-1].StartTimestamp != nil {
 			r.Metrics.stageSeconds.WithLabelValues(string(st.StageStatuses[n-1].Name)).Observe(now.Sub(st.StageStatuses[n-1].StartTimestamp.Time).Seconds())
 		}
-		st.StageStatuses = append(st.StageStatuses, v1alpha1.StageStatus{Name: nm.Spec.Stage, StartTimestamp: &now})
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
+		st.StageStatuses = append(st.StageStatuses, v1alpha1.StageStatus{Name: nm.Spec.Stage})
+		if waiting {
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonWaitingForDrainSlot, "Drain", "%s", waitMsg)
+		} else {
+			started(&st.StageStatuses[n])
+		}
+	} else if st.StageStatuses[n-1].StartTimestamp == nil && !waiting {
+		started(&st.StageStatuses[n-1])
 	}
 
 	var statuses []v1alpha1.NodeMaintenanceNodeStatus
 	for _, name := range w.selected[nm.Name] {
 		ns := v1alpha1.NodeMaintenanceNodeStatus{NodeRef: v1alpha1.NodeReference{Name: name}}
+		if waiting {
+			ns.DrainMessage = waitMsg
+		}
 		if drain != nil && drain.self != nil {
 			d := drain.nodes[name]
 			ns.DrainTargets = drain.res.nodes[name].Targets
@@ -77,6 +94,9 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionTrue, Reason: "PodsEvacuated",
 			Message: "every targeted pod on every selected node has terminated and the load balancers carry no more traffic through them", ObservedGeneration: nm.Generation})
+	case waiting:
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: ReasonWaitingForDrainSlot,
+			Message: waitMsg, ObservedGeneration: nm.Generation})
 	case nm.Spec.Stage == v1alpha1.Drain:
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "Evacuating",
 			Message: "pods are being evacuated", ObservedGeneration: nm.Generation})

@@ -190,7 +190,7 @@ func TestOverlappingMaintenances(t *testing.T) {
 // message, and each write woke every maintenance.
 func assertNoWriteLoop(t *testing.T, ctx context.Context, node string, maintenances ...string) {
 	t.Helper()
-	const quiet = 15 * time.Second
+	const quiet = 30 * time.Second
 	snapshot := func() map[string]string {
 		out := map[string]string{}
 		for _, name := range maintenances {

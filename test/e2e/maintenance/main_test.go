@@ -64,15 +64,16 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 	}, nil
 }
 
-// restartController stops `ebb controller` and starts it again.
-func restartController(t *testing.T) {
+// restartController stops `ebb controller` and starts it again, with
+// extra flags args.
+func restartController(t *testing.T, args ...string) {
 	t.Helper()
 	bin, err := ebbBin()
 	if err != nil {
 		t.Fatal(err)
 	}
 	stopController()
-	if stopController, err = clustercmd.StartController(cluster, bin); err != nil {
+	if stopController, err = clustercmd.StartController(cluster, bin, args...); err != nil {
 		t.Fatal(err)
 	}
 }
