@@ -14,7 +14,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain clean
+.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain bench-maintenance clean
 
 all: build
 
@@ -97,6 +97,11 @@ bench-cutover: tools build
 bench-drain: tools build
 	$(GO) build -o bin/bench-drain ./bench/drain
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -ebb bin/ebb
+
+## bench-maintenance: API writes and reconciles per minute of ebb controller with 100 nodes, 3,000 pods and 5 NodeMaintenances, draining and steady
+bench-maintenance: tools build
+	$(GO) build -o bin/bench-maintenance ./bench/maintenance
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-maintenance -ebb bin/ebb
 
 clean:
 	rm -rf bin dist

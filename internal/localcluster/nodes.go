@@ -42,16 +42,11 @@ func (c *Cluster) ReplaceNode(ctx context.Context, name string) (*corev1.Node, e
 	var node *corev1.Node
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		n, err := nodes.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
+		if err != nil || !nodeReady(n) {
 			return false, nil
 		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				node = n
-				return true, nil
-			}
-		}
-		return false, nil
+		node = n
+		return true, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the new node %s to be Ready: %w", name, err)

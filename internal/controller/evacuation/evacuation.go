@@ -89,15 +89,26 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("evacuation").
 		For(&v1alpha1.Evacuation{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			p, ok := o.(*corev1.Pod)
-			if !ok {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name)}}}
-		})).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.evacuationOfPod)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.MaxEvictionsInFlight}).
 		Complete(r)
+}
+
+// evacuationOfPod maps a pod's event to its Evacuation, if it has one in
+// the cache: most pods never have one, and waking a reconcile for each of
+// their events made the work grow with the cluster's pod churn. An
+// Evacuation created after the event is reconciled on its own creation,
+// with the pod as the cache has it by then.
+func (r *Reconciler) evacuationOfPod(ctx context.Context, o client.Object) []reconcile.Request {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return nil
+	}
+	key := client.ObjectKey{Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name)}
+	if err := r.Client.Get(ctx, key, &v1alpha1.Evacuation{}); apierrors.IsNotFound(err) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: key}}
 }
 
 // Reconcile moves one Evacuation forward.

@@ -246,3 +246,17 @@ func TestNextEvacuatorOrder(t *testing.T) {
 		}
 	}
 }
+
+// A pod's events wake its Evacuation, and nothing for the many pods that
+// have none.
+func TestPodEventsWakeOnlyTheirEvacuation(t *testing.T) {
+	pod := testPod()
+	r, _, _, req := setup(t, pod)
+	if got := r.evacuationOfPod(context.Background(), pod); len(got) != 1 || got[0] != req {
+		t.Errorf("the pod with an Evacuation wakes %v, want %v", got, req)
+	}
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-2", UID: "uid-2"}}
+	if got := r.evacuationOfPod(context.Background(), other); len(got) != 0 {
+		t.Errorf("a pod without an Evacuation wakes %v", got)
+	}
+}
