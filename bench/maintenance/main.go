@@ -150,18 +150,19 @@ func run(o options) error {
 		o.steadyWindow, churned, steady.writes, steady.nodeMaintenanceReconciles, steady.evacuationReconciles)
 
 	return report.WriteSummary(o.out, map[string]any{
-		"date":                                   time.Now().UTC().Format(time.RFC3339),
-		"nodes":                                  o.nodes,
-		"pods":                                   o.pods,
-		"maintenances":                           o.maintenances,
-		"drained_nodes":                          o.maintenances * o.nodesEach,
-		"drain_s":                                drainTime.Seconds(),
-		"draining_writes_per_minute":             draining.writes,
-		"draining_reconciles_per_minute":         draining.nodeMaintenanceReconciles,
-		"draining_evacuation_reconciles_per_min": draining.evacuationReconciles,
-		"steady_writes_per_minute":               steady.writes,
-		"steady_reconciles_per_minute":           steady.nodeMaintenanceReconciles,
-		"steady_scale_changes":                   churned,
+		"date":                           time.Now().UTC().Format(time.RFC3339),
+		"nodes":                          o.nodes,
+		"pods":                           o.pods,
+		"maintenances":                   o.maintenances,
+		"drained_nodes":                  o.maintenances * o.nodesEach,
+		"drain_s":                        drainTime.Seconds(),
+		"draining_writes_per_minute":     draining.writes,
+		"draining_reconciles_per_minute": draining.nodeMaintenanceReconciles,
+		"draining_evacuation_reconciles_per_minute": draining.evacuationReconciles,
+		"steady_writes_per_minute":                  steady.writes,
+		"steady_reconciles_per_minute":              steady.nodeMaintenanceReconciles,
+		"steady_evacuation_reconciles_per_minute":   steady.evacuationReconciles,
+		"steady_scale_changes":                      churned,
 	})
 }
 
