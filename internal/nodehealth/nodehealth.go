@@ -11,6 +11,7 @@ package nodehealth
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -99,11 +100,17 @@ func (s *Server) SetNode(node *corev1.Node) {
 	s.lastUpdated = s.clock.Now()
 }
 
-// answer is the JSON body of both endpoints, kube-proxy's shape.
+// answer is the JSON body of both endpoints, field for field kube-proxy's
+// (pkg/proxy/healthcheck.ProxyHealth in v1.36), so that a load balancer or
+// a person reading kube-proxy's answers reads ebb's the same way. Healthy
+// is kube-proxy's data-plane health; the agent has no data plane, so it is
+// whether the agent knows its node yet. kube-proxy's per-family "status"
+// is left out (it is omitempty there too).
 type answer struct {
-	LastUpdated  string `json:"lastUpdated"`
-	CurrentTime  string `json:"currentTime"`
-	NodeEligible *bool  `json:"nodeEligible,omitempty"`
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	Healthy      bool      `json:"healthy"`
 }
 
 // Handler serves /healthz and /livez.
@@ -113,32 +120,36 @@ func (s *Server) Handler() http.Handler {
 		s.mu.Lock()
 		eligible, known, last := s.eligible, s.known, s.lastUpdated
 		s.mu.Unlock()
-		code := http.StatusOK
-		if !known || !eligible {
-			code = http.StatusServiceUnavailable
-		}
-		s.write(w, code, s.healthz, answer{LastUpdated: stamp(last), CurrentTime: stamp(s.clock.Now()), NodeEligible: &eligible})
+		s.write(w, known && eligible, s.healthz, answer{LastUpdated: last, NodeEligible: &eligible, Healthy: known})
 	})
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
 		s.mu.Lock()
 		last := s.lastUpdated
 		s.mu.Unlock()
-		s.write(w, http.StatusOK, s.livez, answer{LastUpdated: stamp(last), CurrentTime: stamp(s.clock.Now())})
+		s.write(w, true, s.livez, answer{LastUpdated: last, Healthy: true})
 	})
 	return mux
 }
 
-func (s *Server) write(w http.ResponseWriter, code int, counter *prometheus.CounterVec, a answer) {
+// write answers 200 when ok, else 503, as kube-proxy does: same headers,
+// the body without a trailing newline, and lastUpdated set to now when
+// healthy (kube-proxy keeps that for compatibility with old releases,
+// whose lastUpdated was the last sync, always recent on a healthy proxy).
+func (s *Server) write(w http.ResponseWriter, ok bool, counter *prometheus.CounterVec, a answer) {
+	now := s.clock.Now()
+	a.CurrentTime = now
+	code := http.StatusServiceUnavailable
+	if ok {
+		code, a.LastUpdated = http.StatusOK, now
+	}
+	body, err := json.Marshal(a)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("encoding the answer: %v", err), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(a)
+	_, _ = w.Write(body)
 	counter.WithLabelValues(strconv.Itoa(code)).Inc()
-}
-
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.UTC().Format(time.RFC3339Nano)
 }

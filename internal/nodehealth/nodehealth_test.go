@@ -1,6 +1,7 @@
 package nodehealth
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -16,13 +17,41 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
-func get(t *testing.T, s *Server, path string) (int, answer) {
+// kubeProxyHealth is kube-proxy v1.36's /healthz and /livez body
+// (pkg/proxy/healthcheck.ProxyHealth): ebb's must decode into it with no
+// field left over.
+type kubeProxyHealth struct {
+	LastUpdated  time.Time      `json:"lastUpdated"`
+	CurrentTime  time.Time      `json:"currentTime"`
+	NodeEligible *bool          `json:"nodeEligible,omitempty"`
+	Healthy      bool           `json:"healthy"`
+	Status       map[string]any `json:"status,omitempty"`
+}
+
+func get(t *testing.T, s *Server, path string) (int, kubeProxyHealth) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-	var a answer
-	if err := json.NewDecoder(rec.Body).Decode(&a); err != nil {
-		t.Fatalf("decoding %s: %v", path, err)
+	if got := rec.Header().Get("Content-Type"); got != "application/json" {
+		t.Errorf("%s Content-Type %q, want kube-proxy's application/json", path, got)
+	}
+	if got := rec.Header().Get("X-Content-Type-Options"); got != "nosniff" {
+		t.Errorf("%s X-Content-Type-Options %q, want kube-proxy's nosniff", path, got)
+	}
+	body := rec.Body.Bytes()
+	if bytes.HasSuffix(body, []byte("\n")) {
+		t.Errorf("%s body %q ends in a newline; kube-proxy's does not", path, body)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var a kubeProxyHealth
+	if err := dec.Decode(&a); err != nil {
+		t.Fatalf("decoding %s %q as kube-proxy's answer: %v", path, body, err)
+	}
+	for _, key := range []string{`"lastUpdated":`, `"currentTime":`, `"healthy":`} {
+		if !bytes.Contains(body, []byte(key)) {
+			t.Errorf("%s body %q has no %s", path, body, key)
+		}
 	}
 	return rec.Code, a
 }
@@ -60,11 +89,17 @@ func TestHealthz(t *testing.T) {
 			if code != tt.wantCode {
 				t.Errorf("/healthz: %d, want %d", code, tt.wantCode)
 			}
-			if a.NodeEligible == nil || *a.NodeEligible != (tt.wantCode == http.StatusOK) || a.CurrentTime != "2026-11-22T00:00:03Z" {
+			now := time.Date(2026, 11, 22, 0, 0, 3, 0, time.UTC)
+			if a.NodeEligible == nil || *a.NodeEligible != (tt.wantCode == http.StatusOK) || !a.CurrentTime.Equal(now) || a.Healthy != tt.set {
 				t.Errorf("/healthz body %+v", a)
 			}
-			if tt.set && a.LastUpdated != "2026-11-22T00:00:00Z" {
-				t.Errorf("lastUpdated %q", a.LastUpdated)
+			// As kube-proxy: lastUpdated is now when healthy, else the
+			// last time the node was seen.
+			switch {
+			case tt.wantCode == http.StatusOK && !a.LastUpdated.Equal(now):
+				t.Errorf("lastUpdated %s, want now", a.LastUpdated)
+			case tt.wantCode != http.StatusOK && tt.set && !a.LastUpdated.Equal(now.Add(-3*time.Second)):
+				t.Errorf("lastUpdated %s, want when the node was seen", a.LastUpdated)
 			}
 			// /livez keeps its process-only meaning.
 			if code, _ := get(t, s, "/livez"); code != http.StatusOK {
