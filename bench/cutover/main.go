@@ -3,8 +3,12 @@
 // processes and a client opening new connections at a constant rate through
 // a node-mode LoadBalancer Service:
 //
-//   - cutover: the out-of-service taint is added at t0; the figure is the
-//     time of the last new connection the node accepted, minus t0;
+//   - cutover: the out-of-service taint is added at t0; the figures are
+//     the time of the last new connection the node accepted, minus t0
+//     (which cannot resolve less than the mean gap between the node's new
+//     connections, reported beside it), and the time `ebb lb` itself
+//     stamps on applying Down (metric
+//     ebb_lb_admin_state_applied_timestamp_seconds), minus t0;
 //   - spot eviction: a PreemptScheduled Event is created at t0 and the
 //     node's data path is killed at t0 + 2 s; the figure is the number of
 //     failed requests. The same runs with admin state switched off
@@ -79,7 +83,13 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 		stop()
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "cutover over %d runs at %d conn/s: p50 %s p99 %s\n", runs, rate, report.Percentile(cutovers, 0.5), report.Percentile(cutovers, 0.99))
+	// A node gets a new connection every len(nodes)/rate on average: the
+	// last-connection figure cannot resolve anything shorter. The data
+	// plane's own timestamp has no such limit.
+	resolution := time.Duration(float64(time.Second) * float64(len(c.Nodes)) / float64(rate))
+	fmt.Fprintf(os.Stderr, "cutover over %d runs at %d conn/s: last new connection p50 %s p99 %s (resolution %s: the mean gap between a node's new connections); taint write to Down applied p50 %s p99 %s\n",
+		runs, rate, report.Percentile(cutovers, 0.5), report.Percentile(cutovers, 0.99), resolution,
+		report.Percentile(b.apiToApplied, 0.5), report.Percentile(b.apiToApplied, 0.99))
 	spotFailed, _, err := b.spotRuns(ctx, spotRuns)
 	stop()
 	if err != nil {
@@ -115,6 +125,9 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 		"requests_sent":                 sent,
 		"cutover_ms_p50":                ms(p50),
 		"cutover_ms_p99":                ms(report.Percentile(cutovers, 0.99)),
+		"cutover_resolution_ms":         ms(resolution),
+		"api_to_applied_ms_p50":         ms(report.Percentile(b.apiToApplied, 0.5)),
+		"api_to_applied_ms_p99":         ms(report.Percentile(b.apiToApplied, 0.99)),
 		"probe_only_cutover_ms_p50":     ms(probeP50),
 		"cutover_speedup_vs_probe":      float64(int(speedup*10)) / 10,
 		"spot_failed_requests":          spotFailed,

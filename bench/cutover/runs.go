@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/ebbdev/ebb/bench/internal/scrape"
+	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
@@ -24,6 +26,9 @@ type bench struct {
 	c        *localcluster.Cluster
 	nodePort int32
 	load     *loadgen.Requests
+	// apiToApplied: from the start of each taint's API write to ebb lb's
+	// own timestamp of applying Down.
+	apiToApplied []time.Duration
 }
 
 // cutovers taints each node in turn with out-of-service and measures the
@@ -43,12 +48,35 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 		time.Sleep(time.Second)
 		cut := max(b.c.LastNewConnection(node, b.nodePort).Sub(t0), 0)
 		out = append(out, cut)
+		applied, err := appliedAt(node)
+		if err != nil {
+			return nil, err
+		}
+		if applied.Before(t0) {
+			return nil, fmt.Errorf("run %d: ebb lb did not apply Down to node %s within a second of the taint", i+1, node)
+		}
+		b.apiToApplied = append(b.apiToApplied, applied.Sub(t0))
 		if err := b.setTaint(ctx, node, nil); err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(os.Stderr, "cutover run %d (%s): %s\n", i+1, node, cut)
+		fmt.Fprintf(os.Stderr, "cutover run %d (%s): last new connection %s, Down applied %s after the taint write began\n", i+1, node, cut, applied.Sub(t0))
 	}
 	return out, nil
+}
+
+// appliedAt is when `ebb lb` last applied Down to node's backends, from
+// its own timestamp (same clock as the bench's: one machine).
+func appliedAt(node string) (time.Time, error) {
+	f, err := scrape.Families(clustercmd.LBMetricsAddress)
+	if err != nil {
+		return time.Time{}, err
+	}
+	const name = "ebb_lb_admin_state_applied_timestamp_seconds"
+	if _, ok := f[name]; !ok {
+		return time.Time{}, fmt.Errorf("ebb lb exports no %s", name)
+	}
+	sec := scrape.Sum(f, name, map[string][]string{"node": {node}, "state": {"Down"}})
+	return time.Unix(0, int64(sec*1e9)), nil
 }
 
 // spotRuns announces a spot eviction of each node in turn, kills its data

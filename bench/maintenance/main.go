@@ -101,7 +101,7 @@ func run(o options) error {
 
 	// Draining: every maintenance created in Drain at once, until all are
 	// Drained.
-	before, err := scrape()
+	before, err := readCounters()
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func run(o options) error {
 		return err
 	}
 	drainTime := time.Since(start)
-	after, err := scrape()
+	after, err := readCounters()
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ func run(o options) error {
 	// Steady state: the maintenances are drained; elsewhere a Deployment
 	// scales up and down.
 	time.Sleep(5 * time.Second) // the last writes of the drain and their echoes
-	before, err = scrape()
+	before, err = readCounters()
 	if err != nil {
 		return err
 	}
@@ -141,7 +141,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	after, err = scrape()
+	after, err = readCounters()
 	if err != nil {
 		return err
 	}

@@ -2,17 +2,13 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"slices"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/bench/internal/scrape"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 )
 
@@ -43,46 +39,18 @@ func (a counters) perMinute(d time.Duration) counters {
 	return counters{a.writes / m, a.nodeMaintenanceReconciles / m, a.evacuationReconciles / m}
 }
 
-// scrape reads the counters from `ebb controller`'s /metrics.
-func scrape() (counters, error) {
-	resp, err := http.Get("http://" + clustercmd.ControllerMetricsAddress + "/metrics")
+// readCounters reads the counters from `ebb controller`'s /metrics.
+func readCounters() (counters, error) {
+	f, err := scrape.Families(clustercmd.ControllerMetricsAddress)
 	if err != nil {
-		return counters{}, fmt.Errorf("scraping ebb controller: %w", err)
+		return counters{}, err
 	}
-	defer resp.Body.Close()
-	return parse(resp.Body)
-}
-
-func parse(r io.Reader) (counters, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(r)
-	if err != nil {
-		return counters{}, fmt.Errorf("parsing ebb controller's metrics: %w", err)
+	if _, ok := f["rest_client_requests_total"]; !ok {
+		return counters{}, fmt.Errorf("ebb controller exports no rest_client_requests_total: cannot count its writes")
 	}
-	var c counters
-	if f, ok := families["rest_client_requests_total"]; ok {
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "method" && slices.Contains([]string{"POST", "PUT", "PATCH", "DELETE"}, l.GetValue()) {
-					c.writes += m.GetCounter().GetValue()
-				}
-			}
-		}
-	} else {
-		return c, fmt.Errorf("ebb controller exports no rest_client_requests_total")
-	}
-	if f, ok := families["controller_runtime_reconcile_total"]; ok {
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				switch {
-				case l.GetName() != "controller":
-				case l.GetValue() == "nodemaintenance":
-					c.nodeMaintenanceReconciles += m.GetCounter().GetValue()
-				case l.GetValue() == "evacuation":
-					c.evacuationReconciles += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return c, nil
+	return counters{
+		writes:                    scrape.Sum(f, "rest_client_requests_total", map[string][]string{"method": {"POST", "PUT", "PATCH", "DELETE"}}),
+		nodeMaintenanceReconciles: scrape.Sum(f, "controller_runtime_reconcile_total", map[string][]string{"controller": {"nodemaintenance"}}),
+		evacuationReconciles:      scrape.Sum(f, "controller_runtime_reconcile_total", map[string][]string{"controller": {"evacuation"}}),
+	}, nil
 }

@@ -51,6 +51,7 @@ type adminFastPath struct {
 	transitions *prometheus.CounterVec
 	errors      prometheus.Counter
 	latency     prometheus.Histogram
+	appliedAt   *prometheus.GaugeVec
 }
 
 // wantedState is one node's desired admin state.
@@ -81,11 +82,18 @@ func newAdminFastPath(dp adminStateSetter, model lbmodel.Options, recorder event
 			Help:    "Time from a node's taint change being observed to its backends' admin state being applied.",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
 		}),
+		// When, not how long: the one figure that can be compared with
+		// an event outside the process (the taint's API write, a
+		// client's last connection) on the same clock.
+		appliedAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_lb_admin_state_applied_timestamp_seconds",
+			Help: "Unix time at which the fast path last applied a node's admin state to its backends.",
+		}, []string{"node", "state"}),
 	}
 }
 
 func (a *adminFastPath) collectors() []prometheus.Collector {
-	return []prometheus.Collector{a.transitions, a.errors, a.latency}
+	return []prometheus.Collector{a.transitions, a.errors, a.latency, a.appliedAt}
 }
 
 // observe is called with every added or updated node. It queues the node
@@ -164,7 +172,9 @@ func (a *adminFastPath) apply(log logr.Logger, name string) {
 	a.mu.Lock()
 	delete(a.failed, name)
 	a.mu.Unlock()
-	a.latency.Observe(time.Since(w.observed).Seconds())
+	now := time.Now()
+	a.latency.Observe(now.Sub(w.observed).Seconds())
 	a.transitions.WithLabelValues(string(w.state)).Inc()
+	a.appliedAt.WithLabelValues(name, string(w.state)).Set(float64(now.UnixNano()) / 1e9)
 	log.Info("Applied a node's admin state", "node", klog.KRef("", name), "state", w.state, "backends", n, "latency", time.Since(w.observed))
 }

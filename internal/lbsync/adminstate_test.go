@@ -81,8 +81,15 @@ func TestAdminFastPath(t *testing.T) {
 
 	fast.observe(node("n1", "uid-1"))
 	fast.observe(node("n2", "uid-2"))
+	before := time.Now()
 	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining))
 	waitState("n1", dataplane.AdminDown)
+	// The applied state is stamped when it was applied, on the wall
+	// clock, so that it can be compared with the taint's API write.
+	time.Sleep(10 * time.Millisecond) // the gauge is set right after the data plane
+	if at := testutil.ToFloat64(fast.appliedAt.WithLabelValues("n1", "Down")); at < float64(before.UnixNano())/1e9 || at > float64(time.Now().UnixNano())/1e9 {
+		t.Errorf("applied timestamp %f, want between %s and now", at, before)
+	}
 	if stateOf("n2") != dataplane.AdminNone {
 		t.Error("an untainted node changed")
 	}
