@@ -179,6 +179,9 @@ type BackendStatus struct {
 	AdminState AdminState
 	// Healthy is the probe's verdict (true without a health check).
 	Healthy bool
+	// Confirmed: a probe has succeeded (true without a health check).
+	// Healthy starts true; only Confirmed says the backend was reached.
+	Confirmed bool
 	// Eligible means new connections may go to the backend.
 	Eligible bool
 	// Active counts established TCP connections (or live UDP flows).
@@ -197,7 +200,8 @@ func (d *DataPlane) Status() []BackendStatus {
 			out = append(out, BackendStatus{
 				Frontend: set.cfg.Name, Address: b.key, Owner: b.owner,
 				AdminState: adminStates[b.admin.Load()],
-				Healthy:    p == nil || p.healthy.Load(), Eligible: b.eligible(), Active: b.active.Load(),
+				Healthy:    p == nil || p.healthy.Load(), Confirmed: p == nil || p.confirmed.Load(),
+				Eligible: b.eligible(), Active: b.active.Load(),
 			})
 		}
 	}

@@ -59,8 +59,11 @@ func probeKeyFor(hc *HealthCheck, b Backend) probeKey {
 type prober struct {
 	key     probeKey
 	healthy atomic.Bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// confirmed: a probe has succeeded (healthy alone starts true, as
+	// HAProxy starts servers up, so it says nothing until a probe ran).
+	confirmed atomic.Bool
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 // dialFunc dials a network address.
@@ -94,6 +97,7 @@ func startProber(k probeKey, dial dialFunc, clk clock.WithTicker, m *metrics, lo
 			}
 			if err == nil {
 				oks, fails = oks+1, 0
+				p.confirmed.Store(true)
 			} else {
 				oks, fails = 0, fails+1
 			}

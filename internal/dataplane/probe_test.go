@@ -127,3 +127,33 @@ func TestProbersAreSharedAndStopped(t *testing.T) {
 		t.Errorf("%d probers left without health checks, want 0", n)
 	}
 }
+
+// A backend starts healthy (as HAProxy starts servers up) but is confirmed
+// only once a probe succeeded: what a mode switch waits for.
+func TestConfirmedOnlyAfterAProbeSucceeds(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	var probes atomic.Int64
+	health := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if failing.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		probes.Add(1)
+	}))
+	defer health.Close()
+	a := newTestBackend(t)
+	clk := testingclock.NewFakeClock(time.Now())
+	d := newDataPlane(t, Options{Clock: clk})
+	fe := tcpFrontend("web", freeAddr(t, "tcp"), a.backend())
+	fe.Backends[0].ProbePort = health.Listener.Addr().(*net.TCPAddr).AddrPort().Port()
+	fe.HealthCheck = &HealthCheck{Protocol: ProbeHTTP, Path: "/healthz", Interval: Duration{time.Second}, UnhealthyThreshold: 2, HealthyThreshold: 2}
+	mustApply(t, d, fe)
+	waitFor(t, "the first probe", func() bool { return probes.Load() >= 1 })
+	time.Sleep(20 * time.Millisecond) // the prober records the result after the answer
+	if st := d.Status()[0]; !st.Healthy || st.Confirmed {
+		t.Fatalf("after one failed probe: healthy %v confirmed %v, want healthy (threshold 2), not confirmed", st.Healthy, st.Confirmed)
+	}
+	failing.Store(false)
+	clk.Step(time.Second)
+	waitFor(t, "a confirmed backend", func() bool { return d.Status()[0].Confirmed })
+}

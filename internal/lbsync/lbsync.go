@@ -40,17 +40,29 @@ const resync = 5 * time.Minute
 // retryAfter is how soon a failed apply is tried again.
 const retryAfter = time.Second
 
-// modeSwitchOverlap is how long a Service that switched between node and
-// pod mode keeps its old backends next to the new ones (make before
-// break): the new path (a node port that kube-proxy opens, or endpoints
-// reached directly) may not be ready the instant the switch is seen, and a
-// dial that fails moves on to another backend.
-const modeSwitchOverlap = 5 * time.Second
+// A Service that switches between node and pod mode keeps its old
+// backends next to the new ones (make before break) until the new path is
+// known to work: every frontend has a new backend whose probe has
+// succeeded and that is eligible, and at least modeSwitchMinOverlap has
+// passed. The probe proves most in pod mode (a TCP connect to the endpoint
+// itself); in node mode it is the node's health port (kube-proxy's
+// /healthz), which says the node is healthy but not that kube-proxy has
+// opened the new node port yet, which the minimum covers. While it waits,
+// a dial that fails moves on to another backend, old ones included.
+// modeSwitchMaxOverlap bounds the wait: a new mode that never works must
+// not keep old backends that may be gone for good (node ports
+// deallocated); its probes then say why. The overlap is re-checked every
+// modeSwitchCheck.
+const (
+	modeSwitchMinOverlap = 5 * time.Second
+	modeSwitchMaxOverlap = 60 * time.Second
+	modeSwitchCheck      = 250 * time.Millisecond
+)
 
 // transition is a Service's switch between backend modes.
 type transition struct {
 	old   map[string][]dataplane.Backend // frontend name -> backends before
-	until time.Time
+	since time.Time
 }
 
 // Syncer drives a data plane from the cluster.
@@ -82,6 +94,9 @@ type Syncer struct {
 	last        map[string][]dataplane.Frontend
 	transitions map[string]transition
 	now         func() time.Time
+	// status reads the data plane's backends (DataPlane.Status; a fake in
+	// tests): the overlap of a mode switch ends on it.
+	status func() []dataplane.BackendStatus
 }
 
 // Ready reports whether the caches have synced and a configuration has
@@ -96,6 +111,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	s.skips = newSkipReporter(s.Recorder)
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.status == nil {
+		s.status = s.DataPlane.Status
 	}
 	syncSeconds := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ebb_lbsync_sync_duration_seconds",
@@ -187,8 +205,8 @@ func (s *Syncer) Run(ctx context.Context) error {
 				next = retryAfter
 			}
 		}
-		if end, ok := s.nextTransitionEnd(); ok && (next == 0 || time.Until(end) < next) {
-			next = time.Until(end)
+		if at, ok := s.nextTransitionCheck(); ok && (next == 0 || time.Until(at) < next) {
+			next = max(time.Until(at), time.Millisecond)
 		}
 		if next > 0 {
 			retry.Reset(next)
@@ -269,16 +287,20 @@ func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes [
 		for _, fe := range s.last[key] {
 			old[fe.Name] = fe.Backends
 		}
-		s.transitions[key] = transition{old: old, until: s.now().Add(modeSwitchOverlap)}
-		log.Info("Service switches backend mode; keeping the old backends for a moment", "service", klog.KObj(svc), "from", prev, "to", mode, "overlap", modeSwitchOverlap)
+		s.transitions[key] = transition{old: old, since: s.now()}
+		log.Info("Service switches backend mode; keeping the old backends until a new one answers its probe", "service", klog.KObj(svc), "from", prev, "to", mode, "atMost", modeSwitchMaxOverlap)
 	}
 	s.modes[key], s.last[key] = mode, fes
 	t, ok := s.transitions[key]
 	if !ok {
 		return fes
 	}
-	if !s.now().Before(t.until) {
+	elapsed := s.now().Sub(t.since)
+	if working := elapsed >= modeSwitchMinOverlap && s.newPathWorks(fes); working || elapsed >= modeSwitchMaxOverlap {
 		delete(s.transitions, key)
+		if !working {
+			log.Info("Service's new backend mode has no backend that answered its probe; dropping the old backends anyway", "service", klog.KObj(svc), "mode", mode, "after", modeSwitchMaxOverlap)
+		}
 		return fes
 	}
 	out := make([]dataplane.Frontend, len(fes))
@@ -312,13 +334,55 @@ func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes [
 	return out
 }
 
-// nextTransitionEnd returns when the earliest overlap ends.
-func (s *Syncer) nextTransitionEnd() (time.Time, bool) {
+// newPathWorks reports whether every frontend has a new backend the data
+// plane has reached (a probe succeeded), that is healthy and eligible. A
+// frontend without backends has nothing to wait for.
+func (s *Syncer) newPathWorks(fes []dataplane.Frontend) bool {
+	works := map[string]bool{}
+	for _, b := range s.status() {
+		if b.Confirmed && b.Healthy && b.Eligible {
+			works[b.Frontend+"|"+b.Address.String()] = true
+		}
+	}
+	for _, fe := range fes {
+		if len(fe.Backends) == 0 {
+			continue
+		}
+		ok := false
+		for _, b := range fe.Backends {
+			addr, err := netip.ParseAddr(b.Address)
+			if err == nil && works[fe.Name+"|"+netip.AddrPortFrom(addr, b.Port).String()] {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// nextTransitionCheck returns when an overlap must be looked at again:
+// at its minimum, then often until its new backends' probes end it (or
+// the cap does).
+func (s *Syncer) nextTransitionCheck() (time.Time, bool) {
 	var next time.Time
 	for _, t := range s.transitions {
-		if next.IsZero() || t.until.Before(next) {
-			next = t.until
+		at := t.since.Add(modeSwitchMinOverlap)
+		if now := s.now(); !now.Before(at) {
+			at = minTime(now.Add(modeSwitchCheck), t.since.Add(modeSwitchMaxOverlap))
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
 		}
 	}
 	return next, !next.IsZero()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
