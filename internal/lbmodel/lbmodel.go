@@ -306,6 +306,14 @@ func podBackends(port corev1.ServicePort, vip netip.Addr, slices []*discoveryv1.
 		out = terminating
 	}
 	sortBackends(out)
+	if port.Protocol == corev1.ProtocolUDP {
+		// A UDP endpoint cannot be probed generically, and a TCP connect
+		// to its port fails unless the pod happens to listen on TCP too:
+		// it would take every UDP backend out after two probes. The
+		// EndpointSlice's readiness (the pod's own probes) decides, as
+		// for kube-proxy.
+		return out, nil
+	}
 	return out, &dataplane.HealthCheck{Protocol: dataplane.ProbeTCP}
 }
 

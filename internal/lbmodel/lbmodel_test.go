@@ -153,6 +153,19 @@ func TestFrontends(t *testing.T) {
 		wantBackends: []dataplane.Backend{be("10.244.1.5", 8080, "n1", none)},
 		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeTCP},
 	}, {
+		name: "pod mode, a UDP port: no probe (a TCP connect to a UDP port fails), the slice's readiness decides",
+		svc: service(func(s *corev1.Service) {
+			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+			s.Spec.Ports[0].NodePort, s.Spec.Ports[0].Protocol = 0, corev1.ProtocolUDP
+		}),
+		slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+			s := slice(discoveryv1.AddressTypeIPv4, 8080, ep{ip: "10.244.1.5", node: "n1"}, ep{ip: "10.244.2.5", node: "n2", ready: yes})
+			s.Ports[0].Protocol = ptr.To(corev1.ProtocolUDP)
+			return s
+		}()},
+		nodes:        threeNodes,
+		wantBackends: []dataplane.Backend{be("10.244.1.5", 8080, "n1", none), be("10.244.2.5", 8080, "n2", none)},
+	}, {
 		name: "an IPv6 address takes IPv6 node addresses",
 		svc: service(func(s *corev1.Service) {
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "fd00:96::1"}}

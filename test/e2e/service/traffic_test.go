@@ -95,6 +95,11 @@ func TestTCPAndUDPWithSessionAffinity(t *testing.T) {
 	}
 
 	e2eutil.ExpectUDPEcho(t, ctx, net.JoinHostPort(ip, "81"))
+	// Still served after the probes would have taken the UDP backends out
+	// (two failures 5 s apart): a pod-mode UDP port is not probed with a
+	// TCP connect, which a UDP-only pod refuses.
+	time.Sleep(12 * time.Second)
+	e2eutil.ExpectUDPEcho(t, ctx, net.JoinHostPort(ip, "81"))
 }
 
 // Switching a Service between pod mode and node mode at runtime
