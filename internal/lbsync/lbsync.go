@@ -90,6 +90,7 @@ type Syncer struct {
 
 	// Only Run's goroutine uses these.
 	skips       *skipReporter
+	unreachable *unreachableReporter
 	modes       map[string]lbmodel.BackendMode
 	last        map[string][]dataplane.Frontend
 	transitions map[string]transition
@@ -109,6 +110,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	s.trigger = make(chan struct{}, 1)
 	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
 	s.skips = newSkipReporter(s.Recorder)
+	s.unreachable = newUnreachableReporter(s.Recorder)
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -179,6 +181,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 	}
 	s.kick()
+	go s.unreachable.run(ctx, log, s.status)
 	retry := time.NewTimer(0)
 	<-retry.C
 	for {
@@ -199,6 +202,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		syncSeconds.Observe(time.Since(start).Seconds())
 		next := s.skips.report(log, res.Skipped)
+		s.unreachable.expect(cfg, owners)
 		if s.Addresses != nil {
 			if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
 				log.Error(err, "Making the load balancer's addresses local to this host, or announcing them; retrying")

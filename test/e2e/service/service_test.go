@@ -15,10 +15,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -253,6 +255,56 @@ func TestPodModeWithoutNodePorts(t *testing.T) {
 		}
 		return len(seen) == 3, fmt.Sprintf("reached %v", seen)
 	})
+}
+
+// A pod-mode Service whose pods the load balancer cannot reach at all (here
+// a targetPort nothing listens on; on a real network, a pod network the LB
+// hosts are not part of) gets a Warning event that says what to check, and
+// a Normal one once the pods answer.
+func TestUnreachablePodBackendsAreReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "nowhere", 2)
+	svc := lbService(ns, "nowhere", ebbClass)
+	svc.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+	svc.Spec.Ports = svc.Spec.Ports[:1]
+	svc.Spec.Ports[0].TargetPort = intstr.FromInt32(9999)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitAddress(t, ctx, ns, "nowhere")
+	serviceEvent := func(reason string) func(context.Context) (bool, string) {
+		return func(ctx context.Context) (bool, string) {
+			list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=nowhere"})
+			if err != nil {
+				return false, err.Error()
+			}
+			var seen []string
+			for _, e := range list.Items {
+				if e.Reason == reason {
+					return true, e.Note
+				}
+				seen = append(seen, e.Reason)
+			}
+			return false, fmt.Sprintf("events %v", seen)
+		}
+	}
+	eventually(t, ctx, 45*time.Second, "a "+lbsync.ReasonPodBackendsUnreachable+" Warning", serviceEvent(lbsync.ReasonPodBackendsUnreachable))
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "nowhere", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Spec.Ports[0].TargetPort = intstr.FromInt32(8080)
+		_, err = cluster.Client.CoreV1().Services(ns).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 45*time.Second, "a "+lbsync.ReasonPodBackendsReachable+" event once the pods answer", serviceEvent(lbsync.ReasonPodBackendsReachable))
 }
 
 // An SCTP port is refused with a Warning event that says what to change,

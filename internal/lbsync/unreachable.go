@@ -1,0 +1,142 @@
+package lbsync
+
+import (
+	"context"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// Event reasons on a pod-mode Service none of whose pods this replica can
+// reach, and once it can again.
+const (
+	ReasonPodBackendsUnreachable = "PodBackendsUnreachable"
+	ReasonPodBackendsReachable   = "PodBackendsReachable"
+)
+
+// unreachableCheck is how often the probes' verdicts are looked at.
+const unreachableCheck = 5 * time.Second
+
+// unreachableReporter tells the owner of a pod-mode Service (KEP-1864:
+// traffic straight to the pods) when this replica reaches none of its
+// pods: every pod backend has failed its probes. That is what a pod
+// network the LB hosts are not part of looks like (or a targetPort nothing
+// listens on), and without the event it shows only as refused connections
+// and probe metrics. Once per change, like skipReporter.
+type unreachableReporter struct {
+	recorder events.EventRecorder
+
+	mu sync.Mutex
+	// services are the pod-mode Services of the last configuration, with
+	// their probed backends by frontend name.
+	services map[string]podService
+	// reported are the Services last reported unreachable.
+	reported map[string]bool
+}
+
+type podService struct {
+	svc      *corev1.Service
+	backends map[string][]netip.AddrPort // frontend name -> backends
+}
+
+func newUnreachableReporter(recorder events.EventRecorder) *unreachableReporter {
+	return &unreachableReporter{recorder: recorder, services: map[string]podService{}, reported: map[string]bool{}}
+}
+
+// expect records the pod-mode Services of the configuration just applied.
+func (r *unreachableReporter) expect(cfg dataplane.Config, owners map[string]*corev1.Service) {
+	services := map[string]podService{}
+	for _, fe := range cfg.Frontends {
+		svc := owners[fe.Name]
+		if svc == nil || fe.HealthCheck == nil || lbmodel.ModeOf(svc) != lbmodel.PodMode {
+			continue // node mode, or not probed: nothing to tell
+		}
+		key := svc.Namespace + "/" + svc.Name
+		ps, ok := services[key]
+		if !ok {
+			ps = podService{svc: svc, backends: map[string][]netip.AddrPort{}}
+		}
+		for _, b := range fe.Backends {
+			if addr, err := netip.ParseAddr(b.Address); err == nil {
+				ps.backends[fe.Name] = append(ps.backends[fe.Name], netip.AddrPortFrom(addr, b.Port))
+			}
+		}
+		services[key] = ps
+	}
+	r.mu.Lock()
+	r.services = services
+	r.mu.Unlock()
+}
+
+// check compares the data plane's backends with what was last reported.
+func (r *unreachableReporter) check(log logr.Logger, status []dataplane.BackendStatus) {
+	healthy := map[string]bool{}
+	for _, b := range status {
+		if b.Healthy {
+			healthy[b.Frontend+"|"+b.Address.String()] = true
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keys := make([]string, 0, len(r.services))
+	for key := range r.services {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	now := map[string]bool{}
+	for _, key := range keys {
+		ps := r.services[key]
+		total, up := 0, 0
+		for fe, backends := range ps.backends {
+			for _, b := range backends {
+				total++
+				if healthy[fe+"|"+b.String()] {
+					up++
+				}
+			}
+		}
+		switch {
+		case total > 0 && up == 0:
+			now[key] = true
+			if r.reported[key] {
+				continue
+			}
+			log.Info("No pod of a pod-mode Service answers this replica's probes", "service", klog.KObj(ps.svc), "backends", total)
+			if r.recorder != nil {
+				r.recorder.Eventf(ps.svc, nil, corev1.EventTypeWarning, ReasonPodBackendsUnreachable, "Probe",
+					"ebb lb reaches none of the %d pod endpoint(s) of this Service (pod mode sends traffic straight to the pods): either this load-balancer host cannot reach the pod network (route the pod CIDRs to the LB hosts, or allow them in network policies), or the pods do not listen on the target port; new connections are refused meanwhile", total)
+			}
+		case r.reported[key]:
+			log.Info("A pod-mode Service's pods answer this replica's probes again", "service", klog.KObj(ps.svc))
+			if r.recorder != nil {
+				r.recorder.Eventf(ps.svc, nil, corev1.EventTypeNormal, ReasonPodBackendsReachable, "Probe",
+					"ebb lb reaches %d of the %d pod endpoint(s) of this Service again", up, total)
+			}
+		}
+	}
+	r.reported = now
+}
+
+// run checks every unreachableCheck until ctx is done: probes change
+// without any change in the cluster.
+func (r *unreachableReporter) run(ctx context.Context, log logr.Logger, status func() []dataplane.BackendStatus) {
+	t := time.NewTicker(unreachableCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.check(log, status())
+		}
+	}
+}
