@@ -41,7 +41,11 @@ func Eventually(t *testing.T, ctx context.Context, timeout time.Duration, what s
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		ok, reason := cond(ctx)
-		last = reason
+		if ctx.Err() == nil || last == "" {
+			// A poll cut short by the deadline says only that; keep
+			// what the one before saw.
+			last = reason
+		}
 		return ok, nil
 	})
 	if err != nil {
