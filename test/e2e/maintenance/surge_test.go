@@ -34,8 +34,13 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	dep := localcluster.EchoDeployment(ns, "single", 1)
 	dep.Annotations = map[string]string{surge.OptInAnnotation: "true"}
-	// The application rides out endpoint propagation as it should.
-	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	// The application rides out endpoint propagation as it should: it keeps
+	// serving until every node's kube-proxy has forgotten it. 2 s was not
+	// always enough on a loaded 2-core CI machine running three real
+	// kube-proxies (78 requests to the old pod timed out once after it
+	// stopped), the race docs/benchmarks.md describes for bench-drain.
+	dep.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](10)
+	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 5}}}
 	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
