@@ -8,7 +8,7 @@ GO ?= go
 # repository; hack/tools.sh prints where.
 TOOLS_BIN = $(shell hack/tools.sh --print)
 E2E_TIMEOUT ?= 30m
-# Extra flags for `ebb demo`, e.g. make demo DEMO_FLAGS=--baseline
+# Extra flags for `ebb demo`, e.g. make demo DEMO_FLAGS=--baseline=false (ebb only)
 DEMO_FLAGS ?=
 # The image `make image` builds and `make release` pins by digest.
 IMAGE ?= ghcr.io/ebbdev/ebb
@@ -69,7 +69,7 @@ verify: generate lint
 	$(TOOLS_BIN)/kubectl kustomize config/cert-manager >/dev/null
 	$(GO) mod tidy -diff
 
-## demo: drain a node of the local cluster under live traffic with ebb, and report (DEMO_FLAGS=--baseline compares)
+## demo: drain a node of the local cluster under live traffic with ebb and the way clusters do it today, and report both side by side
 demo: tools build
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo $(DEMO_FLAGS)
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -102,20 +103,79 @@ func WriteHTML(path string, results ...*Result) error {
 	row("drain duration", func(r *Result) string { return fmt.Sprintf("%.1f s", r.DrainSeconds) }, nil)
 	row("p99 latency (drain and downtime)", func(r *Result) string { return ms(r.P99Ms) }, nil)
 	b.WriteString("</table>")
-	for _, r := range results {
-		fmt.Fprintf(&b, "<h2>%s: requests per second by serving node (%s is maintained)</h2>", html.EscapeString(r.Mode), html.EscapeString(r.Node))
-		b.WriteString(chart(r))
+	// The runs side by side (wrapping on a narrow screen): the comparison
+	// is the point of the first screen.
+	width := 900.0
+	if len(results) > 1 {
+		width = 620
 	}
+	b.WriteString(`<div style="display:flex;flex-wrap:wrap;gap:1.5em">`)
+	for _, r := range results {
+		fmt.Fprintf(&b, "<div><h2>%s: requests per second by serving node (%s is maintained)</h2>", html.EscapeString(r.Mode), html.EscapeString(r.Node))
+		b.WriteString(chart(r, width))
+		b.WriteString("</div>")
+	}
+	b.WriteString("</div>")
 	b.WriteString("</body></html>\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// markerRowHeight is the height of one row of marker labels; a label's
+// width is estimated from its length at font-size 10.
+const (
+	markerRowHeight = 11.0
+	markerCharWidth = 5.6
+)
+
+// markerLabel is a marker placed on the chart.
+type markerLabel struct {
+	label string
+	x     float64
+	row   int
+}
+
+// layoutMarkers places the scenario's markers (those that happened) in
+// time order, each label on the first row where it does not overlap the
+// label before it: markers a few milliseconds apart (the drain and the
+// first eviction, the node going down and Drained) stack instead of
+// printing over each other. Each label carries its time.
+func layoutMarkers(m Markers, x func(sec float64) float64) []markerLabel {
+	marks := []struct {
+		at    time.Duration
+		label string
+	}{{m.Drain, "drain"}, {m.FirstEviction, "first eviction"}, {m.Drained, "drained"}, {m.NodeDown, "node down"}, {m.NodeUp, "node up"}, {m.Complete, "complete"}}
+	sort.SliceStable(marks, func(i, j int) bool { return marks[i].at < marks[j].at })
+	var out []markerLabel
+	var rowEnds []float64 // the x where each row's last label ends
+	for _, mk := range marks {
+		if mk.at == 0 {
+			continue
+		}
+		l := markerLabel{label: fmt.Sprintf("%s %.1fs", mk.label, mk.at.Seconds()), x: x(mk.at.Seconds())}
+		start, end := l.x+3, l.x+3+float64(len(l.label))*markerCharWidth
+		l.row = len(rowEnds)
+		for i, e := range rowEnds {
+			if start > e+4 {
+				l.row = i
+				break
+			}
+		}
+		if l.row == len(rowEnds) {
+			rowEnds = append(rowEnds, end)
+		} else {
+			rowEnds[l.row] = end
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 var palette = []string{"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22"}
 
 // chart draws requests per second per node, failures in red, and the
 // scenario's markers.
-func chart(r *Result) string {
-	const w, h, left, bottom, top = 900.0, 320.0, 50.0, 30.0, 20.0
+func chart(r *Result, w float64) string {
+	const h, left, bottom, top = 320.0, 50.0, 30.0, 20.0
 	secs := int(math.Ceil(r.Markers.End.Seconds()))
 	if secs < 1 {
 		secs = 1
@@ -163,17 +223,9 @@ func chart(r *Result) string {
 	}
 	poly(failed[:secs], "#d62728", `stroke-dasharray="4 3"`)
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="#d62728">failed</text>`, left+10+float64(len(r.Nodes))*110, top-5)
-	m := r.Markers
-	for i, mk := range []struct {
-		at    time.Duration
-		label string
-	}{{m.Drain, "drain"}, {m.FirstEviction, "first eviction"}, {m.Drained, "drained"}, {m.NodeDown, "node down"}, {m.NodeUp, "node up"}, {m.Complete, "complete"}} {
-		if mk.at == 0 {
-			continue
-		}
-		xx := x(mk.at.Seconds())
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#555" stroke-dasharray="2 3"/>`, xx, top, xx, h-bottom)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" font-size="10" fill="#555">%s</text>`, xx+3, top+12+float64(i%3)*11, html.EscapeString(mk.label))
+	for _, l := range layoutMarkers(r.Markers, x) {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#555" stroke-dasharray="2 3"/>`, l.x, top+float64(l.row)*markerRowHeight, l.x, h-bottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" font-size="10" fill="#555">%s</text>`, l.x+3, top+10+float64(l.row)*markerRowHeight, html.EscapeString(l.label))
 	}
 	b.WriteString("</svg>")
 	return b.String()

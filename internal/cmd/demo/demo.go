@@ -51,9 +51,10 @@ replica that uses the surge evacuator, both behind ebb.dev/l4 LoadBalancer
 Services, sends constant HTTP traffic through their addresses, drains the
 single replica's node with a NodeMaintenance, takes the node down for its
 maintenance, brings it back and completes the maintenance. Prints a report
-and writes a self-contained HTML report. --baseline also runs the scenario
-the way clusters do it today (cordon, kubectl's drain library, a load
-balancer driven by health probes only) and puts both side by side.`,
+and writes a self-contained HTML report. Then it runs the scenario the way
+clusters do it today (cordon, kubectl's drain library, a load balancer
+driven by health probes only) and puts both side by side; --baseline=false
+skips that run (about half the time).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Report == "" {
@@ -85,7 +86,7 @@ balancer driven by health probes only) and puts both side by side.`,
 	f.IntVar(&o.Scenario.Rate, "rate", o.Scenario.Rate, "new connections per second through the load balancers")
 	f.IntVar(&o.Scenario.LongLived, "long-lived", o.Scenario.LongLived, "long-lived connections kept open (each replaced every few seconds)")
 	f.DurationVar(&o.Scenario.Downtime, "downtime", o.Scenario.Downtime, "how long the drained node is down for its maintenance")
-	f.BoolVar(&o.Baseline, "baseline", false, "also run the scenario the way clusters do it today, and compare")
+	f.BoolVar(&o.Baseline, "baseline", true, "also run the scenario the way clusters do it today, and compare (false: ebb only, about half the time)")
 	f.BoolVar(&o.Short, "short", false, "a quicker, lighter run (for CI)")
 	f.BoolVar(&o.Keep, "keep", false, "leave the cluster up afterwards (until Ctrl-C) and say how to look inside")
 	f.BoolVar(&o.JSON, "json", false, "print a JSON summary as the last line")
