@@ -26,6 +26,7 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -70,7 +71,7 @@ func run(o options) error {
 		return err
 	}
 	defer stop()
-	cl, err := client.New(c.Config, client.Options{Scheme: scheme()})
+	cl, err := client.New(c.Config, client.Options{Scheme: demo.Scheme()})
 	if err != nil {
 		return err
 	}
@@ -166,27 +167,19 @@ func run(o options) error {
 	})
 }
 
-// hostNetworkDeployment runs replicas pods on the bare nodes. Host network:
-// the local cluster's pod servers leave such pods alone (a bare node has
-// no host to run them on); kwok still runs their lifecycle.
+// hostNetworkDeployment runs replicas of the echo app on the bare nodes.
+// Host network: the local cluster's pod servers leave such pods alone (a
+// bare node has no host to run them on); kwok still runs their lifecycle.
+// No container ports: on the host network they would be host ports, and
+// at most one pod per node could have them.
 func hostNetworkDeployment(name string, replicas int32) *appsv1.Deployment {
-	labels := map[string]string{"app": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					HostNetwork:                   true,
-					NodeSelector:                  map[string]string{poolLabel: "scale"},
-					TerminationGracePeriodSeconds: ptr.To[int64](1),
-					Containers:                    []corev1.Container{{Name: "app", Image: "ebb.dev/bench:local"}},
-				},
-			},
-		},
-	}
+	dep := localcluster.EchoDeployment(metav1.NamespaceDefault, name, replicas)
+	spec := &dep.Spec.Template.Spec
+	spec.HostNetwork = true
+	spec.NodeSelector = map[string]string{poolLabel: "scale"}
+	spec.TerminationGracePeriodSeconds = ptr.To[int64](1)
+	spec.Containers[0].Ports = nil
+	return dep
 }
 
 // byName selects nodes by name (matchFields on metadata.name takes one

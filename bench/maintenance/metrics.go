@@ -4,20 +4,9 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-
-	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/bench/internal/scrape"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 )
-
-func scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(s)
-	_ = v1alpha1.AddToScheme(s)
-	return s
-}
 
 // counters are the controller's cumulative counts the bench reads.
 type counters struct {

@@ -51,7 +51,7 @@ type backend struct {
 }
 
 func newBackend(b Backend, m backendMetrics) *backend {
-	ap := b.addrPort()
+	ap := b.AddrPort()
 	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m, conns: map[net.Conn]struct{}{}}
 	be.update(b)
 	return be

@@ -266,7 +266,7 @@ func (f Frontend) validate() (Frontend, error) {
 		if err != nil {
 			return f, fmt.Errorf("backends[%d]: %w", i, err)
 		}
-		ap := nb.addrPort()
+		ap := nb.AddrPort()
 		if seen[ap] {
 			return f, fmt.Errorf("backends[%d]: %s is listed twice", i, ap)
 		}
@@ -311,7 +311,9 @@ func (b Backend) validate() (Backend, error) {
 	return b, nil
 }
 
-func (b Backend) addrPort() netip.AddrPort {
+// AddrPort is the backend's address and port as the data plane keys it
+// (BackendStatus.Address): an IPv4-mapped IPv6 address is unmapped.
+func (b Backend) AddrPort() netip.AddrPort {
 	addr, _ := netip.ParseAddr(b.Address)
 	return netip.AddrPortFrom(addr.Unmap(), b.Port)
 }

@@ -48,7 +48,7 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 	backends := make([]*backend, 0, len(cfg.Backends))
 	keep := map[netip.AddrPort]bool{}
 	for _, bc := range cfg.Backends {
-		ap := bc.addrPort()
+		ap := bc.AddrPort()
 		keep[ap] = true
 		b, ok := f.backends[ap]
 		if !ok {

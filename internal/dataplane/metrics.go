@@ -84,7 +84,7 @@ type backendMetrics struct {
 var adminStates = [3]AdminState{AdminNone, AdminDown, AdminUp}
 
 func (m *metrics) forBackend(frontend string, b Backend) backendMetrics {
-	l := []string{frontend, b.addrPort().String(), b.Owner}
+	l := []string{frontend, b.AddrPort().String(), b.Owner}
 	bm := backendMetrics{
 		active:     m.connsActive.WithLabelValues(l...),
 		total:      m.connsTotal.WithLabelValues(l...),

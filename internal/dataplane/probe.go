@@ -36,7 +36,7 @@ func (k probeKey) String() string {
 
 // probeKeyFor returns the probe of backend b under health check hc.
 func probeKeyFor(hc *HealthCheck, b Backend) probeKey {
-	addr := b.addrPort().Addr()
+	addr := b.AddrPort().Addr()
 	if b.ProbeAddress != "" {
 		addr, _ = netip.ParseAddr(b.ProbeAddress)
 	}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -255,6 +256,7 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 	}
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Namespace+"/"+svcs[i].Name < svcs[j].Namespace+"/"+svcs[j].Name })
 	var cfg dataplane.Config
+	working := sync.OnceValue(func() map[backendRef]bool { return backendsWhere(s.status(), provenWorking) })
 	seen := map[string]bool{}
 	owners := map[string]*corev1.Service{}
 	for _, svc := range svcs {
@@ -266,7 +268,7 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 		if err != nil {
 			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
 		}
-		for _, fe := range s.overlap(log, svc, key, fes) {
+		for _, fe := range s.overlap(log, svc, key, fes, working) {
 			cfg.Frontends = append(cfg.Frontends, fe)
 			owners[fe.Name] = svc
 		}
@@ -283,8 +285,10 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 }
 
 // overlap records a Service's frontends and, while it switches between
-// backend modes, adds its previous backends to the new ones.
-func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes []dataplane.Frontend) []dataplane.Frontend {
+// backend modes, adds its previous backends to the new ones. working
+// returns the backends the data plane has proven (read once per sync, and
+// only if a switch needs it).
+func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes []dataplane.Frontend, working func() map[backendRef]bool) []dataplane.Frontend {
 	mode := lbmodel.ModeOf(svc)
 	if prev, ok := s.modes[key]; ok && prev != mode {
 		old := map[string][]dataplane.Backend{}
@@ -300,9 +304,9 @@ func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes [
 		return fes
 	}
 	elapsed := s.now().Sub(t.since)
-	if working := elapsed >= modeSwitchMinOverlap && s.newPathWorks(fes); working || elapsed >= modeSwitchMaxOverlap {
+	if works := elapsed >= modeSwitchMinOverlap && newPathWorks(fes, working()); works || elapsed >= modeSwitchMaxOverlap {
 		delete(s.transitions, key)
-		if !working {
+		if !works {
 			log.Info("Service's new backend mode has no backend that answered its probe; dropping the old backends anyway", "service", klog.KObj(svc), "mode", mode, "after", modeSwitchMaxOverlap)
 		}
 		return fes
@@ -338,24 +342,38 @@ func (s *Syncer) overlap(log logr.Logger, svc *corev1.Service, key string, fes [
 	return out
 }
 
-// newPathWorks reports whether every frontend has a new backend the data
-// plane has reached (a probe succeeded), that is healthy and eligible. A
-// frontend without backends has nothing to wait for.
-func (s *Syncer) newPathWorks(fes []dataplane.Frontend) bool {
-	works := map[string]bool{}
-	for _, b := range s.status() {
-		if b.Confirmed && b.Healthy && b.Eligible {
-			works[b.Frontend+"|"+b.Address.String()] = true
+// backendRef names one backend of one frontend in the data plane.
+type backendRef struct {
+	frontend string
+	addr     netip.AddrPort
+}
+
+// backendsWhere indexes the backends of status for which keep holds.
+func backendsWhere(status []dataplane.BackendStatus, keep func(dataplane.BackendStatus) bool) map[backendRef]bool {
+	out := map[backendRef]bool{}
+	for _, b := range status {
+		if keep(b) {
+			out[backendRef{b.Frontend, b.Address}] = true
 		}
 	}
+	return out
+}
+
+// provenWorking: a probe has succeeded on the backend, and it is healthy
+// and eligible.
+func provenWorking(b dataplane.BackendStatus) bool { return b.Confirmed && b.Healthy && b.Eligible }
+
+// newPathWorks reports whether every frontend has a new backend among
+// working (the data plane has reached it: provenWorking). A frontend
+// without backends has nothing to wait for.
+func newPathWorks(fes []dataplane.Frontend, working map[backendRef]bool) bool {
 	for _, fe := range fes {
 		if len(fe.Backends) == 0 {
 			continue
 		}
 		ok := false
 		for _, b := range fe.Backends {
-			addr, err := netip.ParseAddr(b.Address)
-			if err == nil && works[fe.Name+"|"+netip.AddrPortFrom(addr, b.Port).String()] {
+			if working[backendRef{fe.Name, b.AddrPort()}] {
 				ok = true
 				break
 			}

@@ -23,9 +23,10 @@ import (
 func TestModeSwitchOverlap(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var status []dataplane.BackendStatus
+	working := func() map[backendRef]bool { return backendsWhere(status, provenWorking) }
 	newSyncer := func() *Syncer {
 		return &Syncer{modes: map[string]lbmodel.BackendMode{}, last: map[string][]dataplane.Frontend{}, transitions: map[string]transition{},
-			now: func() time.Time { return now }, status: func() []dataplane.BackendStatus { return status }}
+			now: func() time.Time { return now }}
 	}
 	podMode := func() *corev1.Service {
 		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}, Spec: corev1.ServiceSpec{
@@ -44,7 +45,7 @@ func TestModeSwitchOverlap(t *testing.T) {
 	}
 
 	s, svc := newSyncer(), podMode()
-	if got := s.overlap(logr.Discard(), svc, "ns/web", pod); !reflect.DeepEqual(got, pod) {
+	if got := s.overlap(logr.Discard(), svc, "ns/web", pod, working); !reflect.DeepEqual(got, pod) {
 		t.Fatalf("first sight: %+v", got)
 	}
 	toNodeMode(svc)
@@ -62,7 +63,7 @@ func TestModeSwitchOverlap(t *testing.T) {
 		{"a new backend answered its probe", []dataplane.BackendStatus{backend("10.0.0.2:30080", true, true)}, 0, node[0].Backends},
 	} {
 		status, now = tc.status, now.Add(tc.after)
-		got := s.overlap(logr.Discard(), svc, "ns/web", node)
+		got := s.overlap(logr.Discard(), svc, "ns/web", node, working)
 		if !reflect.DeepEqual(got[0].Backends, tc.want) {
 			t.Fatalf("%s:\n got %+v\nwant %+v", tc.what, got[0].Backends, tc.want)
 		}
@@ -77,9 +78,9 @@ func TestModeSwitchOverlap(t *testing.T) {
 
 	// A new mode that never works: the old backends go at the cap.
 	s, svc, status = newSyncer(), podMode(), nil
-	s.overlap(logr.Discard(), svc, "ns/web", pod)
+	s.overlap(logr.Discard(), svc, "ns/web", pod, working)
 	toNodeMode(svc)
-	if got := s.overlap(logr.Discard(), svc, "ns/web", node); !reflect.DeepEqual(got[0].Backends, merged) {
+	if got := s.overlap(logr.Discard(), svc, "ns/web", node, working); !reflect.DeepEqual(got[0].Backends, merged) {
 		t.Fatalf("the switch: %+v", got[0].Backends)
 	}
 	now = now.Add(modeSwitchMaxOverlap - time.Millisecond)
@@ -87,7 +88,7 @@ func TestModeSwitchOverlap(t *testing.T) {
 		t.Errorf("last check %v, want the cap", at)
 	}
 	now = now.Add(time.Millisecond)
-	if got := s.overlap(logr.Discard(), svc, "ns/web", node); !reflect.DeepEqual(got, node) {
+	if got := s.overlap(logr.Discard(), svc, "ns/web", node, working); !reflect.DeepEqual(got, node) {
 		t.Errorf("after the cap: %+v", got)
 	}
 	if _, ok := s.nextTransitionCheck(); ok {

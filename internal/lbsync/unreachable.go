@@ -2,7 +2,6 @@ package lbsync
 
 import (
 	"context"
-	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -45,7 +44,7 @@ type unreachableReporter struct {
 
 type podService struct {
 	svc      *corev1.Service
-	backends map[string][]netip.AddrPort // frontend name -> backends
+	backends []backendRef
 }
 
 func newUnreachableReporter(recorder events.EventRecorder) *unreachableReporter {
@@ -61,14 +60,10 @@ func (r *unreachableReporter) expect(cfg dataplane.Config, owners map[string]*co
 			continue // node mode, or not probed: nothing to tell
 		}
 		key := svc.Namespace + "/" + svc.Name
-		ps, ok := services[key]
-		if !ok {
-			ps = podService{svc: svc, backends: map[string][]netip.AddrPort{}}
-		}
+		ps := services[key]
+		ps.svc = svc
 		for _, b := range fe.Backends {
-			if addr, err := netip.ParseAddr(b.Address); err == nil {
-				ps.backends[fe.Name] = append(ps.backends[fe.Name], netip.AddrPortFrom(addr, b.Port))
-			}
+			ps.backends = append(ps.backends, backendRef{fe.Name, b.AddrPort()})
 		}
 		services[key] = ps
 	}
@@ -79,12 +74,7 @@ func (r *unreachableReporter) expect(cfg dataplane.Config, owners map[string]*co
 
 // check compares the data plane's backends with what was last reported.
 func (r *unreachableReporter) check(log logr.Logger, status []dataplane.BackendStatus) {
-	healthy := map[string]bool{}
-	for _, b := range status {
-		if b.Healthy {
-			healthy[b.Frontend+"|"+b.Address.String()] = true
-		}
-	}
+	healthy := backendsWhere(status, func(b dataplane.BackendStatus) bool { return b.Healthy })
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	keys := make([]string, 0, len(r.services))
@@ -95,13 +85,10 @@ func (r *unreachableReporter) check(log logr.Logger, status []dataplane.BackendS
 	now := map[string]bool{}
 	for _, key := range keys {
 		ps := r.services[key]
-		total, up := 0, 0
-		for fe, backends := range ps.backends {
-			for _, b := range backends {
-				total++
-				if healthy[fe+"|"+b.String()] {
-					up++
-				}
+		total, up := len(ps.backends), 0
+		for _, b := range ps.backends {
+			if healthy[b] {
+				up++
 			}
 		}
 		switch {

@@ -513,11 +513,9 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			return false, nil
 		}
 		ready := 0
-		for _, n := range nodes.Items {
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-					ready++
-				}
+		for i := range nodes.Items {
+			if nodeReady(&nodes.Items[i]) {
+				ready++
 			}
 		}
 		if ready < len(c.Nodes) {
