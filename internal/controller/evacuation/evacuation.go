@@ -155,7 +155,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 func (r *Reconciler) step(ctx context.Context, e *v1alpha1.Evacuation, pod *corev1.Pod) (ctrl.Result, error) {
 	now := r.Clock.Now()
 	if pod.DeletionTimestamp != nil {
-		e.Status.Message = "The pod is terminating"
+		// A terminating pod's deletionTimestamp is when its grace period
+		// runs out: the latest it can be gone. An evacuator's or our own
+		// eviction's message says more than "terminating" and stays.
+		if e.Status.ExpectedEvacuationFinishTime == nil {
+			finish := *pod.DeletionTimestamp
+			e.Status.ExpectedEvacuationFinishTime = &finish
+			e.Status.Message = "The pod is terminating"
+		}
 		return ctrl.Result{}, nil
 	}
 	if drainplan.TypeOf(pod) == v1alpha1.Static {
@@ -250,7 +257,15 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 	switch {
 	case err == nil:
 		r.Metrics.evictions.WithLabelValues("evicted").Inc()
-		e.Status.Message = "Evicted; waiting for the pod to terminate"
+		// As an evacuator would (KEP-4212's examples): when the pod should
+		// be gone, and why it goes.
+		grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
+		if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+			grace = *g
+		}
+		progress, finish := metav1.NewTime(now), metav1.NewTime(now.Add(time.Duration(grace)*time.Second))
+		e.Status.EvacuationProgressTimestamp, e.Status.ExpectedEvacuationFinishTime = &progress, &finish
+		e.Status.Message = evictedMessage(e)
 		r.Recorder.Eventf(e, pod, corev1.EventTypeNormal, ReasonEvicted, "Evict", "Evicted pod %s", pod.Name)
 		return ctrl.Result{}, nil
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
@@ -270,6 +285,22 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		r.Metrics.evictions.WithLabelValues("error").Inc()
 		e.Status.Message = fmt.Sprintf("Eviction failed: %v", err)
 		return ctrl.Result{}, fmt.Errorf("evicting pod %s: %w", klog.KObj(pod), err)
+	}
+}
+
+// evictedMessage says that the pod is terminating and, for an Evacuation a
+// node maintenance asked for, which one and why, in the words of
+// KEP-4212's examples ("... is terminating the pod due to node maintenance
+// (OS upgrade).").
+func evictedMessage(e *v1alpha1.Evacuation) string {
+	by, reason := e.Annotations[v1alpha1.RequestedByAnnotation], e.Annotations[v1alpha1.ReasonAnnotation]
+	switch {
+	case by != "" && reason != "":
+		return fmt.Sprintf("The Eviction API is terminating the pod due to node maintenance %s (%s).", by, reason)
+	case by != "":
+		return fmt.Sprintf("The Eviction API is terminating the pod due to node maintenance %s.", by)
+	default:
+		return "The Eviction API is terminating the pod."
 	}
 }
 

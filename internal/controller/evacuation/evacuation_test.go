@@ -260,3 +260,54 @@ func TestPodEventsWakeOnlyTheirEvacuation(t *testing.T) {
 		t.Errorf("a pod without an Evacuation wakes %v", got)
 	}
 }
+
+// An eviction reports what KEP-4212's examples show an evacuator
+// reporting: progress now, the expected finish at now plus the pod's grace
+// period, and which maintenance is terminating the pod and why. A pod that
+// terminates without us gets its deletionTimestamp as the expected finish.
+func TestEvictionReportsWhenAndWhy(t *testing.T) {
+	pod := testPod()
+	pod.Finalizers = []string{"test/keep"} // stays terminating after the eviction
+	grace := int64(45)
+	pod.Spec.TerminationGracePeriodSeconds = &grace
+	r, cl, clk, req := setup(t, pod)
+	e := get(t, cl, req)
+	e.Annotations = map[string]string{v1alpha1.RequestedByAnnotation: "kernel-upgrade", v1alpha1.ReasonAnnotation: "OS upgrade"}
+	if err := cl.Update(context.Background(), e); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, r, req)
+	e = get(t, cl, req)
+	now := clk.Now()
+	if p := e.Status.EvacuationProgressTimestamp; p == nil || !p.Time.Equal(now) {
+		t.Errorf("evacuationProgressTimestamp %v, want %v", p, now)
+	}
+	if f := e.Status.ExpectedEvacuationFinishTime; f == nil || !f.Time.Equal(now.Add(45*time.Second)) {
+		t.Errorf("expectedEvacuationFinishTime %v, want now + 45 s", f)
+	}
+	if want := "The Eviction API is terminating the pod due to node maintenance kernel-upgrade (OS upgrade)."; e.Status.Message != want {
+		t.Errorf("message %q, want %q", e.Status.Message, want)
+	}
+	// The pod is terminating now: a later pass keeps the message.
+	clk.Step(time.Second)
+	reconcileOnce(t, r, req)
+	if got := get(t, cl, req).Status.Message; got != e.Status.Message {
+		t.Errorf("message changed to %q while the pod terminates", got)
+	}
+
+	// Someone else deletes a pod before any eviction.
+	other := testPod()
+	other.Finalizers = []string{"test/keep"}
+	r, cl, _, req = setup(t, other, v1alpha1.Evacuator{EvacuatorClass: "slow.example", Priority: 1})
+	if err := cl.Delete(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	terminating := &corev1.Pod{}
+	if err := cl.Get(context.Background(), client.ObjectKeyFromObject(other), terminating); err != nil || terminating.DeletionTimestamp == nil {
+		t.Fatalf("the pod is not terminating: %v", err)
+	}
+	reconcileOnce(t, r, req)
+	if f := get(t, cl, req).Status.ExpectedEvacuationFinishTime; f == nil || !f.Time.Equal(terminating.DeletionTimestamp.Time) {
+		t.Errorf("expectedEvacuationFinishTime %v, want the pod's deletionTimestamp %v", f, terminating.DeletionTimestamp)
+	}
+}

@@ -3,6 +3,7 @@ package nodemaintenance
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,9 +12,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -189,4 +192,144 @@ func nodeConditionStatus(n *corev1.Node, typ string) corev1.ConditionStatus {
 		}
 	}
 	return ""
+}
+
+// The node status counts pods as KEP-4212's example does: every pod on the
+// node that has no Evacuation yet is pending (targeted now or later), every
+// pod with one is evacuating; drainTargets and drainMessage follow the
+// plan. (The example shows node one with 100 pending while only priority
+// 5000 and below is targeted.)
+func TestNodeStatusCountsPodsAsTheKEPDoes(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "one"}}
+	pod := func(name string, priority int32, daemonSet bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)},
+			Spec: corev1.PodSpec{NodeName: "one", Priority: &priority}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if daemonSet {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "agent", UID: "ds", Controller: ptr.To(true)}}
+		}
+		return p
+	}
+	low, high, agent := pod("low", 1000, false), pod("high", 12000, false), pod("agent", 2000, true)
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "maintenance-a", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "OS upgrade",
+			DrainPlan: drainplan.WithDefaults([]v1alpha1.DrainPlanEntry{
+				{PodPriority: 5000, PodType: v1alpha1.Default}, {PodPriority: 15000, PodType: v1alpha1.Default}, {PodPriority: 3000, PodType: v1alpha1.DaemonSet},
+			}),
+			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"one"}}},
+			}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, low, high, agent, nm)
+	ctx := context.Background()
+	status := func() v1alpha1.NodeMaintenanceNodeStatus {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
+			t.Fatal(err)
+		}
+		got := &v1alpha1.NodeMaintenance{}
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Status.NodeStatuses) != 1 {
+			t.Fatalf("node statuses %v, want one", got.Status.NodeStatuses)
+		}
+		return got.Status.NodeStatuses[0]
+	}
+	check := func(step string, ns v1alpha1.NodeMaintenanceNodeStatus, pending, evacuating int32, targets drainplan.Level) {
+		t.Helper()
+		if ns.PodsPendingEvacuation != pending || ns.PodsEvacuating != evacuating || ns.DrainMessage != "Evacuating" || drainplan.LevelOf(ns.DrainTargets) != targets {
+			t.Errorf("%s: pending %d evacuating %d message %q targets %v; want %d, %d, \"Evacuating\", %v",
+				step, ns.PodsPendingEvacuation, ns.PodsEvacuating, ns.DrainMessage, ns.DrainTargets, pending, evacuating, targets)
+		}
+	}
+	check("start", status(), 2, 1, drainplan.Level{Rank: 0, Priority: 5000, General: 5000})
+
+	// The low-priority pod leaves: the next entry targets the other pod.
+	if err := cl.Delete(ctx, low); err != nil {
+		t.Fatal(err)
+	}
+	status() // advances the plan; the Evacuation is created on the next pass
+	check("5000 drained", status(), 1, 1, drainplan.Level{Rank: 0, Priority: 15000, General: 15000})
+}
+
+// A newer maintenance whose node an older one has already drained further
+// is fast-forwarded, says so in drainMessage, and records a Warning event,
+// as KEP-4212 asks ("we can at least emit an event saying that we are
+// fast-forwarding maintenance-c due to existing older maintenance(s)").
+func TestFastForwardedMaintenanceIsReported(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "one"}}
+	priority := int32(9000)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "db", UID: "uid-db"},
+		Spec: corev1.PodSpec{NodeName: "one", Priority: &priority}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	t0 := metav1.NewTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	// As in the KEP, maintenance-c also selects node four, whose pod keeps
+	// it at its first entry.
+	four := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "four"}}
+	lowPriority := int32(1000)
+	web := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "uid-web"},
+		Spec: corev1.PodSpec{NodeName: "four", Priority: &lowPriority}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	maintenance := func(name string, created metav1.Time, first int32, nodes ...string) *v1alpha1.NodeMaintenance {
+		var terms []corev1.NodeSelectorTerm // one per node: a field selector takes one name
+		for _, n := range nodes {
+			terms = append(terms, corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{n}}}})
+		}
+		return &v1alpha1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: created, Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+			Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "test",
+				DrainPlan:    drainplan.WithDefaults([]v1alpha1.DrainPlanEntry{{PodPriority: first, PodType: v1alpha1.Default}}),
+				NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: terms}},
+		}
+	}
+	b := maintenance("maintenance-b", t0, 10000, "one")
+	r, cl, rec := newFakeReconciler(t, node, four, pod, web, b)
+	ctx := context.Background()
+	reconcile := func(nm *v1alpha1.NodeMaintenance) v1alpha1.NodeMaintenanceNodeStatus {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
+			t.Fatal(err)
+		}
+		got := &v1alpha1.NodeMaintenance{}
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			t.Fatal(err)
+		}
+		ns := oldNodeStatus(got, "one")
+		if ns == nil {
+			t.Fatalf("%s: no status for node one in %v", nm.Name, got.Status.NodeStatuses)
+		}
+		return *ns
+	}
+	if ns := reconcile(b); ns.DrainMessage != "Evacuating" {
+		t.Fatalf("maintenance-b: %q", ns.DrainMessage)
+	}
+	drainEvents(rec)
+
+	c := maintenance("maintenance-c", metav1.NewTime(t0.Add(time.Hour)), 2000, "one", "four")
+	if err := cl.Create(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	ns := reconcile(c)
+	if want := "Evacuating (fast-forwarded by older maintenance-b)"; ns.DrainMessage != want || drainplan.LevelOf(ns.DrainTargets).Priority != 10000 {
+		t.Errorf("maintenance-c: message %q targets %v, want %q at 10000", ns.DrainMessage, ns.DrainTargets, want)
+	}
+	if got := drainEvents(rec); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, "Warning "+ReasonFastForwarded) }) {
+		t.Errorf("events %q, want a Warning %s", got, ReasonFastForwarded)
+	}
+	reconcile(c)
+	if got := drainEvents(rec); slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, ReasonFastForwarded) }) {
+		t.Errorf("the event repeats on the next pass: %q", got)
+	}
+}
+
+// drainEvents returns the events recorded so far.
+func drainEvents(rec *events.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
 }

@@ -73,7 +73,9 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 			if d.static > 0 {
 				ns.DrainMessage += fmt.Sprintf("; %d static pod(s) cannot be evacuated through the API: stop them on the node", d.static)
 			}
-			if old := oldNodeStatus(orig, name); old != nil && !isFastForward(old.DrainMessage) && isFastForward(ns.DrainMessage) {
+			// Once per node when it becomes fast-forwarded, also on the
+			// maintenance's first status (the KEP's maintenance-c case).
+			if old := oldNodeStatus(orig, name); (old == nil || !isFastForward(old.DrainMessage)) && isFastForward(ns.DrainMessage) {
 				r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonFastForwarded, "Drain",
 					"Node %s: %s; pods this plan would have kept until later may already be gone", name, ns.DrainMessage)
 			}
