@@ -6,17 +6,20 @@ package azureadminstate
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -26,98 +29,213 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// resync re-applies everything periodically (the manager's cache is
-// invalidated), so a change made behind ebb's back heals.
-const resync = 10 * time.Minute
+const (
+	// resync re-reads every pool and converges both ways this often when
+	// no node is Down, so that a change made behind ebb's back heals.
+	resync = 10 * time.Minute
+	// DefaultDriftCheck is how often every pool is re-read while a node
+	// is Down: cloud-provider-azure rewrites the same pools (from a cache
+	// up to 120 s old) and can put a Down entry back to None; ebb puts it
+	// back within this period. One list per load balancer per period,
+	// writes only when something drifted.
+	DefaultDriftCheck = 5 * time.Second
+)
 
 // Applier is the part of the manager the controller uses.
 type Applier interface {
-	SetAdminStates(ctx context.Context, want map[*azure.Node]armnetwork.LoadBalancerBackendAddressAdminState) error
+	SetAdminStates(ctx context.Context, want map[*azure.Node]azure.State) error
 	Forget(node string)
 	Invalidate()
 }
 
-// Reconciler applies nodes' admin states through the manager.
+// Reconciler applies nodes' admin states through the manager. Every node
+// event wakes one reconcile of all nodes (a single key), so that nodes
+// changing together are written together and a requeue is one pass, not
+// one per node.
 type Reconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
 	Manager  Applier
 	Model    lbmodel.Options
+	// DriftCheck overrides DefaultDriftCheck.
+	DriftCheck time.Duration
+	Clock      clock.PassiveClock
 
 	mu sync.Mutex
-	// applied is the state last applied per node UID (the draining set).
-	applied map[types.UID]armnetwork.LoadBalancerBackendAddressAdminState
+	// applied is the state last converged per node UID (the draining set
+	// and the nodes known to be None).
+	applied map[types.UID]azure.State
+	// known is each live node's identity in the pools, kept so that a
+	// deleted node's entries can be turned Down before cloud-provider-azure
+	// removes them; gone holds deleted nodes not yet turned Down.
+	known, gone map[types.UID]*azure.Node
 	// uids maps node names to the UID last seen, to notice replacements.
-	uids     map[string]types.UID
+	uids map[string]types.UID
+	// failing is the state whose failure was reported per node: one
+	// Warning event per failing transition, not one per retry.
+	failing  map[types.UID]azure.State
 	lastFull time.Time
 }
 
+// allNodes is the single work key.
+const allNodes = "all-nodes"
+
 // SetupWithManager registers the controller on nodes.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).Named("azure-adminstate").For(&corev1.Node{}).Complete(r)
+	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: allNodes}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("azure-adminstate").Watches(&corev1.Node{}, all).Complete(r)
+}
+
+func (r *Reconciler) init() {
+	if r.applied == nil {
+		r.applied, r.uids, r.failing = map[types.UID]azure.State{}, map[string]types.UID{}, map[types.UID]azure.State{}
+		r.known, r.gone = map[types.UID]*azure.Node{}, map[types.UID]*azure.Node{}
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.DriftCheck <= 0 {
+		r.DriftCheck = DefaultDriftCheck
+	}
 }
 
 // Reconcile applies, in one batch, every node whose state differs from the
-// one applied (not only the node that changed: draining several nodes at
-// once makes one write per pool).
+// one applied. The first pass after a start, every resync, and every
+// DriftCheck while a node is Down, is a full pass: every pool is re-read
+// and every node, None ones too, converges, so that entries a previous run
+// (or another writer) left wrong are put right.
 func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.applied == nil {
-		r.applied, r.uids = map[types.UID]armnetwork.LoadBalancerBackendAddressAdminState{}, map[string]types.UID{}
-	}
-	if time.Since(r.lastFull) > resync {
-		r.Manager.Invalidate()
-		r.applied = map[types.UID]armnetwork.LoadBalancerBackendAddressAdminState{}
-		r.lastFull = time.Now()
-	}
+	r.init()
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
-	want := map[*azure.Node]armnetwork.LoadBalancerBackendAddressAdminState{}
-	byName := map[string]*corev1.Node{}
-	seen := map[types.UID]bool{}
+	states := map[types.UID]azure.State{}
+	anyDown := len(r.gone) > 0
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		seen[n.UID] = true
+		states[n.UID] = wanted(n, r.Model)
+		anyDown = anyDown || states[n.UID] == azure.StateDown
+	}
+	now := r.Clock.Now()
+	if since := now.Sub(r.lastFull); r.lastFull.IsZero() || since >= resync || anyDown && since >= r.DriftCheck {
+		r.Manager.Invalidate()
+		r.applied = map[types.UID]azure.State{}
+		r.lastFull = now
+	}
+
+	want := map[*azure.Node]azure.State{}
+	byNode := map[*azure.Node]*corev1.Node{}
+	live := map[string]bool{}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		live[n.Name] = true
 		if old, ok := r.uids[n.Name]; ok && old != n.UID {
 			r.Manager.Forget(n.Name) // replaced under the same name
+			delete(r.applied, old)
 		}
 		r.uids[n.Name] = n.UID
-		state := armnetwork.LoadBalancerBackendAddressAdminStateNone
-		if lbmodel.AdminState(n, r.Model) == dataplane.AdminDown {
-			state = armnetwork.LoadBalancerBackendAddressAdminStateDown
-		}
-		if last, ok := r.applied[n.UID]; ok && last == state || !ok && state == armnetwork.LoadBalancerBackendAddressAdminStateNone {
+		an := azureNode(n)
+		r.known[n.UID] = an
+		if last, ok := r.applied[n.UID]; ok && last == states[n.UID] {
 			continue
 		}
-		want[azureNode(n)] = state
-		byName[n.Name] = n
+		want[an], byNode[an] = states[n.UID], n
 	}
-	for uid := range r.applied {
-		if !seen[uid] {
-			delete(r.applied, uid) // deleted: its entries go with normal reconciliation
-		}
+	r.noticeDeleted(states, live)
+	for _, an := range r.gone {
+		want[an] = azure.StateDown
+	}
+
+	result := ctrl.Result{RequeueAfter: resync}
+	if anyDown {
+		result.RequeueAfter = r.DriftCheck
 	}
 	if len(want) == 0 {
-		return ctrl.Result{RequeueAfter: resync}, nil
+		return result, nil
 	}
 	if err := r.Manager.SetAdminStates(ctx, want); err != nil {
-		names := make([]string, 0, len(byName))
-		for name, n := range byName {
-			names = append(names, name)
-			r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, lbmodel.ReasonAdminStateUpdateFailed, "AdminState",
-				"Could not set this node's Azure load balancer backends' admin state: %v (retrying with backoff)", err)
-		}
-		sort.Strings(names)
-		return ctrl.Result{}, fmt.Errorf("setting the admin state of %v on Azure: %w", names, err)
+		r.reportFailure(want, byNode, err)
+		return ctrl.Result{}, fmt.Errorf("setting the admin state of %v on Azure: %w", names(want), err)
 	}
 	for an, s := range want {
-		r.applied[byName[an.Name].UID] = s
+		if n := byNode[an]; n != nil {
+			r.applied[n.UID] = s
+			delete(r.failing, n.UID)
+		}
 	}
-	log.FromContext(ctx).Info("Applied admin states on Azure", "nodes", len(want))
-	return ctrl.Result{RequeueAfter: resync}, nil
+	for uid, an := range r.gone {
+		r.Manager.Forget(an.Name)
+		delete(r.gone, uid)
+	}
+	log.FromContext(ctx).V(1).Info("Applied admin states on Azure", "nodes", names(want))
+	return result, nil
+}
+
+// noticeDeleted moves nodes that left the API to gone: their entries turn
+// Down now (seed 000: "nodes being deleted trigger state flips prior to
+// resource removal"); cloud-provider-azure removes them later. A node
+// whose name or address a live node now has is a replacement: its entries
+// are the live node's, and stay as that node wants them.
+func (r *Reconciler) noticeDeleted(states map[types.UID]azure.State, live map[string]bool) {
+	var liveIPs []string
+	for uid, an := range r.known {
+		if _, ok := states[uid]; ok {
+			liveIPs = append(liveIPs, an.IPs...)
+		}
+	}
+	for uid, an := range r.known {
+		if _, ok := states[uid]; ok {
+			continue
+		}
+		delete(r.known, uid)
+		delete(r.applied, uid)
+		delete(r.failing, uid)
+		if r.uids[an.Name] == uid {
+			delete(r.uids, an.Name)
+		}
+		if live[an.Name] || slices.ContainsFunc(an.IPs, func(ip string) bool { return slices.Contains(liveIPs, ip) }) {
+			continue
+		}
+		r.gone[uid] = an
+	}
+}
+
+// reportFailure records one Warning event per node and failing state.
+func (r *Reconciler) reportFailure(want map[*azure.Node]azure.State, byNode map[*azure.Node]*corev1.Node, err error) {
+	for an, s := range want {
+		n := byNode[an]
+		if n == nil {
+			continue
+		}
+		if last, ok := r.failing[n.UID]; ok && last == s {
+			continue
+		}
+		r.failing[n.UID] = s
+		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, lbmodel.ReasonAdminStateUpdateFailed, "AdminState",
+			"Could not set this node's Azure load balancer backends to admin state %s: %v (retrying with backoff; no further event until it changes)", s, err)
+	}
+}
+
+// wanted is a node's admin state on Azure.
+func wanted(n *corev1.Node, model lbmodel.Options) azure.State {
+	if lbmodel.AdminState(n, model) == dataplane.AdminDown {
+		return azure.StateDown
+	}
+	return azure.StateNone
+}
+
+func names(want map[*azure.Node]azure.State) []string {
+	out := make([]string, 0, len(want))
+	for an := range want {
+		out = append(out, an.Name)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // azureNode is what identifies a node's backend entries.

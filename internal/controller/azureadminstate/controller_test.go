@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -31,7 +34,7 @@ func node(name, uid, ip string, taints ...string) *corev1.Node {
 }
 
 func entryState(c *azurefake.Cloud, ip string) string {
-	for _, e := range c.Pool("kubernetes", "pool").Properties.LoadBalancerBackendAddresses {
+	for _, e := range c.Pool("kubernetes", "kubernetes").Properties.LoadBalancerBackendAddresses {
 		if *e.Properties.IPAddress == ip && e.Properties.AdminState != nil {
 			return string(*e.Properties.AdminState)
 		}
@@ -48,7 +51,7 @@ func TestTaintsDriveAzureAdminState(t *testing.T) {
 	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
 		entries = append(entries, &armnetwork.LoadBalancerBackendAddress{Name: &ip, Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{IPAddress: &ip}})
 	}
-	name := "pool"
+	name := "kubernetes"
 	cloud.AddPool("kubernetes", armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: entries}})
 	cfg, err := azure.ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerBackendPoolConfigurationType":"nodeIP"}`))
 	if err != nil {
@@ -101,5 +104,160 @@ func TestTaintsDriveAzureAdminState(t *testing.T) {
 	}
 	if entryState(cloud, "10.0.0.1") != "None" {
 		t.Error("untainting did not restore None")
+	}
+}
+
+// setup is a cluster whose default load balancer has one IP-based node
+// pool with an entry per address, Down where down says so, and a
+// Reconciler on a fake clock.
+func setup(t *testing.T, down map[string]bool, nodes ...client.Object) (*Reconciler, *azurefake.Cloud, client.Client, *events.FakeRecorder, *clocktesting.FakeClock) {
+	t.Helper()
+	cloud := azurefake.New()
+	var entries []*armnetwork.LoadBalancerBackendAddress
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+		e := &armnetwork.LoadBalancerBackendAddress{Name: ptr.To(ip), Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{IPAddress: ptr.To(ip)}}
+		if down[ip] {
+			e.Properties.AdminState = ptr.To(azure.StateDown)
+		}
+		entries = append(entries, e)
+	}
+	cloud.AddPool("kubernetes", armnetwork.BackendAddressPool{Name: ptr.To("kubernetes"), Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: entries}})
+	cfg, err := azure.ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerBackendPoolConfigurationType":"nodeIP"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := azure.NewManager(cfg, azurefake.Credential{}, cloud.ClientOptions(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(nodes...).Build()
+	rec := events.NewFakeRecorder(100)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC))
+	return &Reconciler{Client: kube, Recorder: rec, Manager: mgr, Clock: clk}, cloud, kube, rec, clk
+}
+
+func reconcileOnce(t *testing.T, r *Reconciler) ctrl.Result {
+	t.Helper()
+	res, err := r.Reconcile(context.Background(), ctrl.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// After a restart (nothing in memory) entries a previous run left Down
+// for nodes that are no longer leaving (untainted while ebb was down, or a
+// replacement with the same address) are set back to None.
+func TestRestartConvergesBothWays(t *testing.T) {
+	r, cloud, _, _, _ := setup(t, map[string]bool{"10.0.0.1": true, "10.0.0.2": true},
+		node("a", "1", "10.0.0.1"), node("b", "2", "10.0.0.2", lbmodel.TaintDraining), node("c", "3", "10.0.0.3", lbmodel.TaintOutOfService))
+	reconcileOnce(t, r)
+	for ip, want := range map[string]string{"10.0.0.1": "None", "10.0.0.2": "Down", "10.0.0.3": "Down"} {
+		if got := entryState(cloud, ip); got != want {
+			t.Errorf("%s: %s after a restart, want %s", ip, got, want)
+		}
+	}
+}
+
+// While a node is Down, every DriftCheck re-reads the pools: another
+// writer that puts the entry back to None (cloud-provider-azure from its
+// cache) is undone within that period, and the addresses it added stay.
+func TestDriftIsPutRightWhileANodeIsDown(t *testing.T) {
+	r, cloud, kube, _, clk := setup(t, nil, node("a", "1", "10.0.0.1", lbmodel.TaintDraining), node("b", "2", "10.0.0.2"))
+	if res := reconcileOnce(t, r); res.RequeueAfter != DefaultDriftCheck {
+		t.Errorf("requeue after %s while a node is Down, want %s", res.RequeueAfter, DefaultDriftCheck)
+	}
+	if entryState(cloud, "10.0.0.1") != "Down" {
+		t.Fatal("not Down")
+	}
+	cloud.Rewrite("kubernetes", "kubernetes", func(p *armnetwork.BackendAddressPool) {
+		for _, e := range p.Properties.LoadBalancerBackendAddresses {
+			e.Properties.AdminState = nil
+		}
+		p.Properties.LoadBalancerBackendAddresses = append(p.Properties.LoadBalancerBackendAddresses,
+			&armnetwork.LoadBalancerBackendAddress{Name: ptr.To("10.0.0.9"), Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{IPAddress: ptr.To("10.0.0.9")}})
+	})
+	reconcileOnce(t, r)
+	if entryState(cloud, "10.0.0.1") != "None" {
+		t.Fatal("re-read before the drift check: the test cannot tell a drift check from any pass")
+	}
+	clk.Step(DefaultDriftCheck)
+	reconcileOnce(t, r)
+	if entryState(cloud, "10.0.0.1") != "Down" {
+		t.Error("the other writer's None stayed past the drift check")
+	}
+	found := false
+	for _, e := range cloud.Pool("kubernetes", "kubernetes").Properties.LoadBalancerBackendAddresses {
+		found = found || *e.Name == "10.0.0.9"
+	}
+	if !found {
+		t.Error("an address another writer added was removed")
+	}
+
+	a := &corev1.Node{}
+	_ = kube.Get(context.Background(), client.ObjectKey{Name: "a"}, a)
+	a.Spec.Taints = nil
+	_ = kube.Update(context.Background(), a)
+	if res := reconcileOnce(t, r); res.RequeueAfter != resync || entryState(cloud, "10.0.0.1") != "None" {
+		t.Errorf("no node Down: requeue after %s, state %s; want %s and None", res.RequeueAfter, entryState(cloud, "10.0.0.1"), resync)
+	}
+}
+
+// A failure that repeats is one Warning event, not one per retry; a new
+// failing state is a new event.
+func TestOneFailureEventPerFailingTransition(t *testing.T) {
+	r, cloud, kube, rec, _ := setup(t, nil, node("a", "1", "10.0.0.1", lbmodel.TaintDraining))
+	cloud.FailNext = 3
+	for range 3 {
+		if _, err := r.Reconcile(context.Background(), ctrl.Request{}); err == nil {
+			t.Fatal("the failure was not returned (no retry)")
+		}
+	}
+	if n := len(rec.Events); n != 1 {
+		t.Errorf("%d events for one failing transition retried 3 times, want 1", n)
+	}
+	reconcileOnce(t, r)
+	a := &corev1.Node{}
+	_ = kube.Get(context.Background(), client.ObjectKey{Name: "a"}, a)
+	a.Spec.Taints = nil
+	_ = kube.Update(context.Background(), a)
+	cloud.FailNext = 1
+	if _, err := r.Reconcile(context.Background(), ctrl.Request{}); err == nil {
+		t.Fatal("the failure was not returned")
+	}
+	if n := len(rec.Events); n != 2 {
+		t.Errorf("%d events after a second failing transition, want 2", n)
+	}
+}
+
+// A deleted node's entries turn Down before cloud-provider-azure removes
+// them (seed 000's EnsureLoadBalancerDeleted path); a node replaced by one
+// with the same address is left as the new node wants.
+func TestDeletedNodeTurnsDownFirst(t *testing.T) {
+	r, cloud, kube, _, _ := setup(t, nil, node("a", "1", "10.0.0.1"), node("b", "2", "10.0.0.2"))
+	reconcileOnce(t, r)
+	ctx := context.Background()
+	if err := kube.Delete(ctx, node("b", "2", "10.0.0.2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Delete(ctx, node("a", "1", "10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Create(ctx, node("a2", "4", "10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOnce(t, r)
+	if got := entryState(cloud, "10.0.0.2"); got != "Down" {
+		t.Errorf("the deleted node's entry is %s, want Down", got)
+	}
+	if got := entryState(cloud, "10.0.0.1"); got != "None" {
+		t.Errorf("the address a replacement took over is %s, want None", got)
+	}
+	puts := cloud.Count("put")
+	reconcileOnce(t, r)
+	if cloud.Count("put") != puts {
+		t.Error("the deleted node is written again and again")
 	}
 }

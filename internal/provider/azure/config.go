@@ -132,6 +132,34 @@ func (c *Config) LoadBalancerNames() []string {
 	return []string{"kubernetes"}
 }
 
+// internalSuffix names a load balancer's internal twin, as
+// cloud-provider-azure does: internal Services' frontends live on
+// "<name>-internal".
+const internalSuffix = "-internal"
+
+// AdminStateLoadBalancers are the load balancers whose backends carry
+// admin state: every Standard load balancer of the cluster and its
+// internal twin (either may not exist yet).
+func (c *Config) AdminStateLoadBalancers() []string {
+	var out []string
+	for _, lb := range c.LoadBalancerNames() {
+		out = append(out, lb, lb+internalSuffix)
+	}
+	return out
+}
+
+// BackendPoolNames are the node pools cloud-provider-azure manages on
+// each of those load balancers: "<cluster>" for IPv4 and "<cluster>-IPv6"
+// for IPv6. Other pools (an outbound-only pool, a user's own) are not
+// ebb's to write.
+func (c *Config) BackendPoolNames() []string {
+	cluster := c.ClusterName
+	if cluster == "" {
+		cluster = "kubernetes"
+	}
+	return []string{cluster, cluster + "-IPv6"}
+}
+
 // VNetID and SubnetID are the cluster's virtual network and subnet.
 func (c *Config) VNetID() string {
 	rg := c.VnetResourceGroup

@@ -13,9 +13,10 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
-	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Node is what identifies a node's entries in backend pools: its
@@ -32,8 +33,18 @@ type Node struct {
 // and the retries of a throttled write.
 const conflictRetries = 3
 
+// State is a backend address entry's admin state.
+type State = armnetwork.LoadBalancerBackendAddressAdminState
+
+// The states ebb sets.
+const (
+	StateDown = armnetwork.LoadBalancerBackendAddressAdminStateDown
+	StateNone = armnetwork.LoadBalancerBackendAddressAdminStateNone
+)
+
 // Manager sets the admin state of nodes' backend address entries on every
-// load balancer of the cluster.
+// load balancer of the cluster. Each load balancer converges on its own:
+// one that fails (or does not exist yet) does not hold the others back.
 type Manager struct {
 	cfg   *Config
 	pools *armnetwork.LoadBalancerBackendAddressPoolsClient
@@ -44,8 +55,11 @@ type Manager struct {
 	ThrottleBackoff time.Duration
 
 	mu sync.Mutex
-	// applied is the last state written per node name.
-	applied map[string]armnetwork.LoadBalancerBackendAddressAdminState
+	// applied is, per load balancer, the state each node's entries last
+	// converged to there.
+	applied map[string]map[string]State
+	// skipped are the pools already logged as not ebb's to write.
+	skipped map[string]bool
 }
 
 // NewManager returns a Manager using cred; opts may carry a test
@@ -58,82 +72,136 @@ func NewManager(cfg *Config, cred azcore.TokenCredential, opts *arm.ClientOption
 	if err != nil {
 		return nil, fmt.Errorf("creating the backend address pools client: %w", err)
 	}
-	return &Manager{cfg: cfg, pools: pools, m: m, applied: map[string]armnetwork.LoadBalancerBackendAddressAdminState{}}, nil
+	return &Manager{cfg: cfg, pools: pools, m: m, applied: map[string]map[string]State{}, skipped: map[string]bool{}}, nil
 }
 
 // Forget drops a node from the cache (deleted, or replaced: the next call
 // writes whatever its new entries need).
 func (m *Manager) Forget(node string) {
 	m.mu.Lock()
-	delete(m.applied, node)
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	for _, nodes := range m.applied {
+		delete(nodes, node)
+	}
 }
 
-// Invalidate empties the cache, so the next call reads and writes afresh.
+// Invalidate empties the cache, so the next call reads every load
+// balancer afresh and rewrites whatever drifted.
 func (m *Manager) Invalidate() {
 	m.mu.Lock()
-	m.applied = map[string]armnetwork.LoadBalancerBackendAddressAdminState{}
+	m.applied = map[string]map[string]State{}
 	m.mu.Unlock()
 }
 
-// SetAdminStates sets each node's entries to its state, on every pool of
-// every load balancer: a fresh read per pool, one write per pool that
-// changes (several nodes in one call), none when nothing changes. On
-// failure the previous state stays and the error says which pools failed.
-func (m *Manager) SetAdminStates(ctx context.Context, want map[*Node]armnetwork.LoadBalancerBackendAddressAdminState) error {
+// SetAdminStates sets each node's entries to its state, on every managed
+// pool of every load balancer: a fresh read per load balancer that has
+// work, one write per pool that changes (several nodes in one call), none
+// when nothing changes. A load balancer that does not exist has nothing to
+// set. On failure the previous state stays there and the error says which
+// load balancers and pools failed; the others are done and not redone.
+func (m *Manager) SetAdminStates(ctx context.Context, want map[*Node]State) error {
 	start := time.Now()
-	todo := map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{}
-	m.mu.Lock()
-	for n, s := range want {
-		if last, ok := m.applied[n.Name]; !ok || last != s {
-			todo[n] = s
-		}
-	}
-	m.mu.Unlock()
-	if len(todo) == 0 {
-		return nil
-	}
 	var errs []error
-	for _, lb := range m.cfg.LoadBalancerNames() {
-		pager := m.pools.NewListPager(m.cfg.LoadBalancerResourceGroup, lb, nil)
-		for pager.More() {
-			page, err := pager.NextPage(ctx)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("listing the backend pools of load balancer %s: %w", lb, err))
-				break
-			}
-			for _, pool := range page.Value {
-				if err := m.updatePool(ctx, lb, pool, todo); err != nil {
-					errs = append(errs, err)
-				}
-			}
+	worked := false
+	for _, lb := range m.cfg.AdminStateLoadBalancers() {
+		todo := m.todo(lb, want)
+		if len(todo) == 0 {
+			continue
 		}
+		worked = true
+		if err := m.setOn(ctx, lb, todo); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.mu.Lock()
+		if m.applied[lb] == nil {
+			m.applied[lb] = map[string]State{}
+		}
+		for n, s := range todo {
+			m.applied[lb][n.Name] = s
+		}
+		m.mu.Unlock()
+	}
+	if !worked {
+		return nil
 	}
 	err := errors.Join(errs...)
 	m.m.observe(time.Since(start), err)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	for n, s := range todo {
-		m.applied[n.Name] = s
-	}
-	m.mu.Unlock()
-	return nil
+	return err
 }
 
-// updatePool writes one pool if any of its entries must change, retrying
-// an etag conflict with a fresh read.
-func (m *Manager) updatePool(ctx context.Context, lb string, pool *armnetwork.BackendAddressPool, want map[*Node]armnetwork.LoadBalancerBackendAddressAdminState) error {
+// todo are the nodes whose state on lb is not known to be the wanted one.
+func (m *Manager) todo(lb string, want map[*Node]State) map[*Node]State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[*Node]State{}
+	for n, s := range want {
+		if last, ok := m.applied[lb][n.Name]; !ok || last != s {
+			out[n] = s
+		}
+	}
+	return out
+}
+
+// setOn converges the nodes' entries on one load balancer.
+func (m *Manager) setOn(ctx context.Context, lb string, todo map[*Node]State) error {
+	var errs []error
+	pager := m.pools.NewListPager(m.cfg.LoadBalancerResourceGroup, lb, nil)
+	for pager.More() {
+		var raw *http.Response
+		start := time.Now()
+		page, err := pager.NextPage(policy.WithCaptureResponse(ctx, &raw))
+		m.m.call(m.cfg, requestList, start, raw, err)
+		if isNotFound(err) {
+			// cloud-provider-azure creates a load balancer (the internal
+			// one especially) with the first Service that needs it;
+			// until then there is nothing to set.
+			log.FromContext(ctx).V(1).Info("Load balancer does not exist: no admin state to set", "loadBalancer", lb)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("listing the backend pools of load balancer %s: %w", lb, err)
+		}
+		for _, pool := range page.Value {
+			if !m.manages(ctx, lb, pool) {
+				continue
+			}
+			if err := m.updatePool(ctx, lb, pool, todo); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// manages reports whether a pool is one of the node pools
+// cloud-provider-azure keeps (the only ones ebb writes), logging the
+// others once.
+func (m *Manager) manages(ctx context.Context, lb string, pool *armnetwork.BackendAddressPool) bool {
+	name := deref(pool.Name)
+	if slices.ContainsFunc(m.cfg.BackendPoolNames(), func(n string) bool { return strings.EqualFold(n, name) }) {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if key := lb + "/" + name; !m.skipped[key] {
+		m.skipped[key] = true
+		log.FromContext(ctx).Info("Leaving a backend pool alone: not one of the cluster's node pools (an outbound-only or user pool)",
+			"loadBalancer", lb, "pool", name, "nodePools", m.cfg.BackendPoolNames())
+	}
+	return false
+}
+
+// updatePool writes one pool if any of its entries must change, with its
+// etag in If-Match (ARM ignores the etag in the body), retrying a
+// conflict or a throttled write with a fresh read.
+func (m *Manager) updatePool(ctx context.Context, lb string, pool *armnetwork.BackendAddressPool, want map[*Node]State) error {
 	name := deref(pool.Name)
 	for attempt := 0; ; attempt++ {
 		if !m.apply(pool, want) {
 			return nil
 		}
-		poller, err := m.pools.BeginCreateOrUpdate(ctx, m.cfg.LoadBalancerResourceGroup, lb, name, *pool, nil)
-		if err == nil {
-			_, err = poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: time.Second})
-		}
+		err := m.write(ctx, lb, name, pool)
 		if err == nil {
 			return nil
 		}
@@ -151,7 +219,10 @@ func (m *Manager) updatePool(ctx context.Context, lb string, pool *armnetwork.Ba
 		default:
 			return fmt.Errorf("updating backend pool %s of load balancer %s: %w", name, lb, err)
 		}
-		fresh, err := m.pools.Get(ctx, m.cfg.LoadBalancerResourceGroup, lb, name, nil)
+		var raw *http.Response
+		start := time.Now()
+		fresh, err := m.pools.Get(policy.WithCaptureResponse(ctx, &raw), m.cfg.LoadBalancerResourceGroup, lb, name, nil)
+		m.m.call(m.cfg, requestGet, start, raw, err)
 		if err != nil {
 			return fmt.Errorf("re-reading backend pool %s of load balancer %s after a conflict: %w", name, lb, err)
 		}
@@ -159,9 +230,29 @@ func (m *Manager) updatePool(ctx context.Context, lb string, pool *armnetwork.Ba
 	}
 }
 
+// write puts a pool, conditional on the etag it was read with.
+func (m *Manager) write(ctx context.Context, lb, name string, pool *armnetwork.BackendAddressPool) error {
+	if pool.Etag != nil {
+		ctx = policy.WithHTTPHeader(ctx, http.Header{"If-Match": []string{*pool.Etag}})
+	}
+	var raw *http.Response
+	start := time.Now()
+	poller, err := m.pools.BeginCreateOrUpdate(policy.WithCaptureResponse(ctx, &raw), m.cfg.LoadBalancerResourceGroup, lb, name, *pool, nil)
+	if err == nil {
+		_, err = poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: time.Second})
+	}
+	m.m.call(m.cfg, requestUpdate, start, raw, err)
+	return err
+}
+
+func isNotFound(err error) bool {
+	var rerr *azcore.ResponseError
+	return errors.As(err, &rerr) && rerr.StatusCode == http.StatusNotFound
+}
+
 // apply sets the entries of the wanted nodes in pool; it reports whether
 // anything changed.
-func (m *Manager) apply(pool *armnetwork.BackendAddressPool, want map[*Node]armnetwork.LoadBalancerBackendAddressAdminState) bool {
+func (m *Manager) apply(pool *armnetwork.BackendAddressPool, want map[*Node]State) bool {
 	if pool.Properties == nil {
 		return false
 	}
@@ -229,45 +320,4 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
-}
-
-// Metrics, with the design's prefix loadbalancer_adminstate.
-type Metrics struct {
-	latency   prometheus.Histogram
-	errors    prometheus.Counter
-	throttled prometheus.Counter
-}
-
-// NewMetrics registers the metrics with reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "loadbalancer_adminstate_operation_duration_seconds",
-			Help: "Time to set nodes' admin state on every Azure load balancer of the cluster.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "loadbalancer_adminstate_errors_total",
-			Help: "Admin state operations that failed."}),
-		throttled: prometheus.NewCounter(prometheus.CounterOpts{Name: "loadbalancer_adminstate_throttled_total",
-			Help: "Throttled (429) admin state writes that reached ebb after the SDK's own retries; ebb waits Retry-After (or backs off) and retries."}),
-	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.throttled} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
-}
-
-func (m *Metrics) observe(d time.Duration, err error) {
-	if m == nil {
-		return
-	}
-	m.latency.Observe(d.Seconds())
-	if err != nil {
-		m.errors.Inc()
-	}
-}
-
-func (m *Metrics) throttle() {
-	if m != nil {
-		m.throttled.Inc()
-	}
 }

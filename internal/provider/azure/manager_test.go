@@ -2,6 +2,8 @@ package azure
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ebbdev/ebb/internal/provider/azure/azurefake"
 )
@@ -29,17 +32,22 @@ func pool(name string, entries ...*armnetwork.LoadBalancerBackendAddress) armnet
 	return armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: entries}}
 }
 
-// A cluster with two Standard load balancers: dual-stack IP-based pools on
-// the first, a NIC-based pool on the second.
-func setup(t *testing.T) (*Manager, *azurefake.Cloud, *Metrics) {
+// A cluster's default Standard load balancer with dual-stack IP-based node
+// pools (cloud-provider-azure's names) and an outbound-only pool holding a
+// node's address too, and its internal twin with a NIC-based node pool.
+func setup(t *testing.T) (*Manager, *azurefake.Cloud) {
 	t.Helper()
 	cloud := azurefake.New()
-	cloud.AddPool("kubernetes", pool("kubernetes-ipv4", ipEntry("10.0.0.4"), ipEntry("10.0.0.5")))
-	cloud.AddPool("kubernetes", pool("kubernetes-ipv6", ipEntry("fd00::4"), ipEntry("fd00::5")))
-	cloud.AddPool("kubernetes", pool("other", ipEntry("10.0.0.9")))
+	cloud.AddPool("kubernetes", pool("kubernetes", ipEntry("10.0.0.4"), ipEntry("10.0.0.5")))
+	cloud.AddPool("kubernetes", pool("kubernetes-IPv6", ipEntry("fd00::4"), ipEntry("fd00::5")))
+	cloud.AddPool("kubernetes", pool("aksOutboundBackendPool", ipEntry("10.0.0.4")))
 	cloud.AddPool("kubernetes-internal", pool("kubernetes", nicEntry("0"), nicEntry("1")))
-	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","aadClientId":"a","aadClientSecret":"b",
-		"multipleStandardLoadBalancerConfigurations":[{"name":"kubernetes"},{"name":"kubernetes-internal"}],"enableLoadBalancerAdminState":true}`))
+	return newManager(t, cloud, `{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","aadClientId":"a","aadClientSecret":"b","enableLoadBalancerAdminState":true}`), cloud
+}
+
+func newManager(t *testing.T, cloud *azurefake.Cloud, config string) *Manager {
+	t.Helper()
+	cfg, err := ParseConfig([]byte(config))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +60,7 @@ func setup(t *testing.T) (*Manager, *azurefake.Cloud, *Metrics) {
 		t.Fatal(err)
 	}
 	mgr.ThrottleBackoff = time.Millisecond
-	return mgr, cloud, m
+	return mgr
 }
 
 var (
@@ -75,22 +83,22 @@ const down, none = armnetwork.LoadBalancerBackendAddressAdminStateDown, armnetwo
 // NIC-based; several nodes in one write per pool; nothing written when
 // nothing changes.
 func TestSetAdminStatesBatchesAndSkips(t *testing.T) {
-	mgr, cloud, _ := setup(t)
+	mgr, cloud := setup(t)
 	ctx := context.Background()
 	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down, n1: down}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ lb, pool, entry string }{
-		{"kubernetes", "kubernetes-ipv4", "10.0.0.4"}, {"kubernetes", "kubernetes-ipv4", "10.0.0.5"},
-		{"kubernetes", "kubernetes-ipv6", "fd00::4"}, {"kubernetes", "kubernetes-ipv6", "fd00::5"},
+		{"kubernetes", "kubernetes", "10.0.0.4"}, {"kubernetes", "kubernetes", "10.0.0.5"},
+		{"kubernetes", "kubernetes-IPv6", "fd00::4"}, {"kubernetes", "kubernetes-IPv6", "fd00::5"},
 		{"kubernetes-internal", "kubernetes", "0"}, {"kubernetes-internal", "kubernetes", "1"},
 	} {
 		if got := state(cloud, c.lb, c.pool, c.entry); got != down {
 			t.Errorf("%s/%s/%s: %s, want Down", c.lb, c.pool, c.entry, got)
 		}
 	}
-	if got := state(cloud, "kubernetes", "other", "10.0.0.9"); got != none {
-		t.Errorf("an unrelated entry changed: %s", got)
+	if got := state(cloud, "kubernetes", "aksOutboundBackendPool", "10.0.0.4"); got != none {
+		t.Errorf("the outbound-only pool was written: %s", got)
 	}
 	if puts := cloud.Count("put"); puts != 3 {
 		t.Errorf("%d writes for two nodes on three pools, want 3 (one per pool that changes)", puts)
@@ -113,7 +121,7 @@ func TestSetAdminStatesBatchesAndSkips(t *testing.T) {
 	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: none}); err != nil {
 		t.Fatal(err)
 	}
-	if state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.4") != none || state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.5") != down {
+	if state(cloud, "kubernetes", "kubernetes", "10.0.0.4") != none || state(cloud, "kubernetes", "kubernetes", "10.0.0.5") != down {
 		t.Error("restoring n0 to None did not change only n0")
 	}
 }
@@ -122,14 +130,15 @@ func TestSetAdminStatesBatchesAndSkips(t *testing.T) {
 // retried by the SDK and counted; a failure leaves the previous state and
 // the next call recovers.
 func TestConflictThrottlingAndFailure(t *testing.T) {
-	mgr, cloud, m := setup(t)
+	mgr, cloud := setup(t)
+	m := mgr.m
 	ctx := context.Background()
 	cloud.ConflictNext = 1
 	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down}); err != nil {
 		t.Fatalf("an etag conflict was not retried: %v", err)
 	}
-	if cloud.Count("get") != 1 || state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.4") != down {
-		t.Errorf("after a conflict: %d fresh reads, state %s", cloud.Count("get"), state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.4"))
+	if cloud.Count("get") != 1 || state(cloud, "kubernetes", "kubernetes", "10.0.0.4") != down {
+		t.Errorf("after a conflict: %d fresh reads, state %s", cloud.Count("get"), state(cloud, "kubernetes", "kubernetes", "10.0.0.4"))
 	}
 
 	cloud.ThrottleNext = 2
@@ -151,9 +160,9 @@ func TestConflictThrottlingAndFailure(t *testing.T) {
 	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: none}); err != nil {
 		t.Fatalf("no recovery after a failure: %v", err)
 	}
-	for _, p := range []string{"kubernetes-ipv4", "kubernetes-ipv6"} {
+	for _, p := range []string{"kubernetes", "kubernetes-IPv6"} {
 		for _, e := range []string{"10.0.0.4", "fd00::4"} {
-			if strings.Contains(e, ":") != strings.HasSuffix(p, "ipv6") {
+			if strings.Contains(e, ":") != strings.HasSuffix(p, "IPv6") {
 				continue
 			}
 			if got := state(cloud, "kubernetes", p, e); got != none {
@@ -166,7 +175,7 @@ func TestConflictThrottlingAndFailure(t *testing.T) {
 // A node replaced under the same name (new VM, new addresses): forgetting
 // the old one makes the next call write the new entries.
 func TestReplacedNode(t *testing.T) {
-	mgr, cloud, _ := setup(t)
+	mgr, cloud := setup(t)
 	ctx := context.Background()
 	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{n0: down}); err != nil {
 		t.Fatal(err)
@@ -176,7 +185,7 @@ func TestReplacedNode(t *testing.T) {
 	if err := mgr.SetAdminStates(ctx, map[*Node]armnetwork.LoadBalancerBackendAddressAdminState{replacement: down}); err != nil {
 		t.Fatal(err)
 	}
-	if state(cloud, "kubernetes", "kubernetes-ipv4", "10.0.0.5") != down {
+	if state(cloud, "kubernetes", "kubernetes", "10.0.0.5") != down {
 		t.Error("the replacement's entry was not written")
 	}
 }
@@ -196,5 +205,88 @@ func TestConfigErrors(t *testing.T) {
 	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"clusterName":"c1"}`))
 	if err != nil || cfg.LoadBalancerResourceGroup != "rg" || cfg.LoadBalancerNames()[0] != "c1" || cfg.LoadBalancerBackendPoolConfigurationType != PoolTypeNIC {
 		t.Errorf("defaults: %+v %v", cfg, err)
+	}
+}
+
+// Each load balancer converges on its own: the cluster's second Standard
+// load balancer and the default one's internal twin do not exist yet (no
+// error: nothing to set there), and a write that fails on one load
+// balancer leaves the other done, so the retry reads and writes only the
+// failed one.
+func TestEachLoadBalancerConvergesOnItsOwn(t *testing.T) {
+	cloud := azurefake.New()
+	cloud.AddPool("kubernetes", pool("kubernetes", ipEntry("10.0.0.4")))
+	cloud.AddPool("blue-internal", pool("kubernetes", ipEntry("10.0.0.4")))
+	mgr := newManager(t, cloud, `{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,
+		"loadBalancerBackendPoolConfigurationType":"nodeIP","multipleStandardLoadBalancerConfigurations":[{"name":"kubernetes"},{"name":"blue"}]}`)
+	ctx := context.Background()
+	n := &Node{Name: "n0", IPs: []string{"10.0.0.4"}}
+	cloud.FailNext = 1 // the first write: load balancer kubernetes
+	err := mgr.SetAdminStates(ctx, map[*Node]State{n: down})
+	if err == nil || !strings.Contains(err.Error(), "load balancer kubernetes:") || strings.Contains(err.Error(), "blue") {
+		t.Fatalf("error %v, want one naming only load balancer kubernetes", err)
+	}
+	if state(cloud, "blue-internal", "kubernetes", "10.0.0.4") != down {
+		t.Error("the internal load balancer was not written (or held back by the other's failure)")
+	}
+	lists, puts := cloud.Count("list"), cloud.Count("put")
+	if err := mgr.SetAdminStates(ctx, map[*Node]State{n: down}); err != nil {
+		t.Fatal(err)
+	}
+	if state(cloud, "kubernetes", "kubernetes", "10.0.0.4") != down {
+		t.Error("the retry did not write the failed load balancer")
+	}
+	if l, p := cloud.Count("list")-lists, cloud.Count("put")-puts; l != 1 || p != 1 {
+		t.Errorf("the retry listed %d load balancers and wrote %d pools, want 1 and 1 (only the failed one)", l, p)
+	}
+}
+
+// A write names the etag it read in If-Match: when another writer
+// (cloud-provider-azure adding a node) changes the pool in between, the
+// write is refused and redone on a fresh read, so neither change is lost.
+func TestWriteIsConditionalOnTheEtagItRead(t *testing.T) {
+	mgr, cloud := setup(t)
+	cloud.OtherWriterNext = func(_, _ string, p *armnetwork.BackendAddressPool) {
+		p.Properties.LoadBalancerBackendAddresses = append(p.Properties.LoadBalancerBackendAddresses, ipEntry("10.0.0.7"))
+	}
+	if err := mgr.SetAdminStates(context.Background(), map[*Node]State{n0: down}); err != nil {
+		t.Fatal(err)
+	}
+	p := cloud.Pool("kubernetes", "kubernetes")
+	if !slices.ContainsFunc(p.Properties.LoadBalancerBackendAddresses, func(e *armnetwork.LoadBalancerBackendAddress) bool { return *e.Name == "10.0.0.7" }) {
+		t.Error("the other writer's address was lost: the write overwrote it")
+	}
+	if state(cloud, "kubernetes", "kubernetes", "10.0.0.4") != down {
+		t.Error("ebb's change was lost")
+	}
+}
+
+// Every Azure call is observed in cloud-provider-azure's series, with its
+// labels.
+func TestCallsAreObservedWithCloudProviderAzureLabels(t *testing.T) {
+	mgr, _ := setup(t)
+	if err := mgr.SetAdminStates(context.Background(), map[*Node]State{n0: down}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"request": "loadbalancer_adminstate_update_backend_pool", "resource_group": "rg", "subscription_id": "s", "source": "ebb-adminstate", "result_code": "200"}
+	ch := make(chan prometheus.Metric, 100)
+	mgr.m.requestLatency.Collect(ch)
+	close(ch)
+	found := false
+	for metric := range ch {
+		var d dto.Metric
+		if err := metric.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, l := range d.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if maps.Equal(got, want) && d.GetHistogram().GetSampleCount() > 0 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no update observed with labels %v", want)
 	}
 }

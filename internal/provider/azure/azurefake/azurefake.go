@@ -1,16 +1,21 @@
 // Package azurefake is an in-memory Azure Load Balancer backend-pool API
 // behind the SDK's own fake server (armnetwork/v9/fake): pools are stored
-// as ARM would (a fresh copy per read), etags change on every write and a
-// write with a stale etag is refused (412); conflicts, throttling and
-// failures can be injected; calls are counted.
+// as ARM would (a fresh copy per read), etags change on every write, and,
+// as in ARM, the etag in a body is ignored: only an If-Match header that
+// names a stale etag makes a write fail (412); a write without one wins
+// over whatever another writer did. Listing a load balancer that does not
+// exist is a 404. Another writer, conflicts, throttling and failures can
+// be injected; calls are counted.
 package azurefake
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +42,10 @@ type Cloud struct {
 	ThrottleNext int
 	// FailNext answers the next writes 400.
 	FailNext int
+	// OtherWriterNext, when set, runs once just before the next write is
+	// applied, as another writer (cloud-provider-azure) changing the
+	// stored pool between ebb's read and ebb's write; the etag changes.
+	OtherWriterNext func(lb, pool string, p *armnetwork.BackendAddressPool)
 }
 
 // New returns an empty cloud.
@@ -61,6 +70,26 @@ func (c *Cloud) AddPool(lb string, pool armnetwork.BackendAddressPool) {
 	c.pools[lb][*pool.Name] = data
 }
 
+// Rewrite changes a stored pool as another writer would (for example
+// cloud-provider-azure's EnsureHostsInPool from its cache): f edits it and
+// the etag changes.
+func (c *Cloud) Rewrite(lb, name string, f func(*armnetwork.BackendAddressPool)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rewrite(lb, name, f)
+}
+
+func (c *Cloud) rewrite(lb, name string, f func(*armnetwork.BackendAddressPool)) {
+	var p armnetwork.BackendAddressPool
+	_ = json.Unmarshal(c.pools[lb][name], &p)
+	f(&p)
+	c.etag++
+	p.Etag = new(string)
+	*p.Etag = fmt.Sprintf("W/\"%d\"", c.etag)
+	data, _ := json.Marshal(p)
+	c.pools[lb][name] = data
+}
+
 // Pool returns a copy of a stored pool.
 func (c *Cloud) Pool(lb, name string) armnetwork.BackendAddressPool {
 	c.mu.Lock()
@@ -81,7 +110,7 @@ func (c *Cloud) Count(kind string) int {
 // retries.
 func (c *Cloud) ClientOptions() *arm.ClientOptions {
 	return &arm.ClientOptions{ClientOptions: policy.ClientOptions{
-		Transport: fake.NewLoadBalancerBackendAddressPoolsServerTransport(c.Server()),
+		Transport: c.transport(),
 		Retry:     policy.RetryOptions{MaxRetries: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond},
 	}}
 }
@@ -92,6 +121,45 @@ type Credential struct{}
 // GetToken returns a fake token.
 func (Credential) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
 	return azcore.AccessToken{Token: "fake", ExpiresOn: time.Now().Add(time.Hour)}, nil
+}
+
+// ifMatchKey carries a request's If-Match header to the fake server's
+// functions, which see only the request's context.
+type ifMatchKey struct{}
+
+// transport answers what the SDK's fake server cannot and passes the
+// headers the fake must enforce on.
+type transport struct {
+	c    *Cloud
+	next policy.Transporter
+}
+
+func (c *Cloud) transport() transport {
+	return transport{c: c, next: fake.NewLoadBalancerBackendAddressPoolsServerTransport(c.Server())}
+}
+
+func (t transport) Do(req *http.Request) (*http.Response, error) {
+	// Listing the pools of a load balancer that does not exist is a 404,
+	// answered here: the fake server keeps a pager whose first page is an
+	// error, and answers the next list of the same load balancer "empty".
+	if parts := strings.Split(strings.TrimSuffix(req.URL.Path, "/"), "/"); req.Method == http.MethodGet && len(parts) > 2 && parts[len(parts)-1] == "backendAddressPools" {
+		lb := parts[len(parts)-2]
+		t.c.mu.Lock()
+		_, ok := t.c.pools[lb]
+		if !ok {
+			t.c.Calls["list"]++
+		}
+		t.c.mu.Unlock()
+		if !ok {
+			body := fmt.Sprintf(`{"error":{"code":"ResourceNotFound","message":"The Resource 'Microsoft.Network/loadBalancers/%s' was not found."}}`, lb)
+			return &http.Response{StatusCode: http.StatusNotFound, Status: "404 Not Found", Request: req, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header: http.Header{"Content-Type": []string{"application/json"}, "X-Ms-Error-Code": []string{"ResourceNotFound"}}, Body: io.NopCloser(strings.NewReader(body))}, nil
+		}
+	}
+	if v := req.Header.Get("If-Match"); v != "" {
+		req = req.WithContext(context.WithValue(req.Context(), ifMatchKey{}, v))
+	}
+	return t.next.Do(req)
 }
 
 func (c *Cloud) throttled() bool {
@@ -132,7 +200,7 @@ func (c *Cloud) Server() *fake.LoadBalancerBackendAddressPoolsServer {
 			resp.SetResponse(http.StatusOK, armnetwork.LoadBalancerBackendAddressPoolsClientGetResponse{BackendAddressPool: p}, nil)
 			return
 		},
-		BeginCreateOrUpdate: func(_ context.Context, _ string, lb, name string, pool armnetwork.BackendAddressPool, _ *armnetwork.LoadBalancerBackendAddressPoolsClientBeginCreateOrUpdateOptions) (resp azfake.PollerResponder[armnetwork.LoadBalancerBackendAddressPoolsClientCreateOrUpdateResponse], errResp azfake.ErrorResponder) {
+		BeginCreateOrUpdate: func(ctx context.Context, _ string, lb, name string, pool armnetwork.BackendAddressPool, _ *armnetwork.LoadBalancerBackendAddressPoolsClientBeginCreateOrUpdateOptions) (resp azfake.PollerResponder[armnetwork.LoadBalancerBackendAddressPoolsClientCreateOrUpdateResponse], errResp azfake.ErrorResponder) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.Calls["put"]++
@@ -145,17 +213,17 @@ func (c *Cloud) Server() *fake.LoadBalancerBackendAddressPoolsServer {
 				errResp.SetResponseError(http.StatusBadRequest, "InvalidRequest")
 				return
 			}
-			var cur armnetwork.BackendAddressPool
-			_ = json.Unmarshal(c.pools[lb][name], &cur)
 			if c.ConflictNext > 0 {
 				c.ConflictNext--
-				c.etag++
-				cur.Etag = new(string)
-				*cur.Etag = fmt.Sprintf("W/\"%d\"", c.etag)
-				data, _ := json.Marshal(cur)
-				c.pools[lb][name] = data
+				c.rewrite(lb, name, func(*armnetwork.BackendAddressPool) {})
 			}
-			if pool.Etag == nil || cur.Etag == nil || *pool.Etag != *cur.Etag {
+			if f := c.OtherWriterNext; f != nil {
+				c.OtherWriterNext = nil
+				c.rewrite(lb, name, func(p *armnetwork.BackendAddressPool) { f(lb, name, p) })
+			}
+			var cur armnetwork.BackendAddressPool
+			_ = json.Unmarshal(c.pools[lb][name], &cur)
+			if ifMatch, _ := ctx.Value(ifMatchKey{}).(string); ifMatch != "" && (cur.Etag == nil || ifMatch != *cur.Etag) {
 				errResp.SetResponseError(http.StatusPreconditionFailed, "PreconditionFailed")
 				return
 			}

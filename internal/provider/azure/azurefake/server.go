@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
-
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9/fake"
 )
 
 // TokenPath is where the server answers managed-identity token requests
@@ -26,7 +24,7 @@ const TokenPath = "/msi/token"
 // IDENTITY_ENDPOINT=URL+TokenPath and IDENTITY_HEADER to anything, and
 // trust the returned CA (SSL_CERT_FILE).
 func (c *Cloud) Serve() (srv *httptest.Server, caPEM []byte) {
-	transport := fake.NewLoadBalancerBackendAddressPoolsServerTransport(c.Server())
+	transport := c.transport()
 	mux := http.NewServeMux()
 	mux.HandleFunc(TokenPath, func(w http.ResponseWriter, _ *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]string{
