@@ -30,6 +30,10 @@ import (
 var (
 	cluster *localcluster.Cluster
 	cloud   *azurefake.Cloud
+	// controllerArgs start ebb controller against the fake; stopController
+	// stops the running one.
+	controllerArgs []string
+	stopController func()
 )
 
 func TestMain(m *testing.M) {
@@ -48,8 +52,12 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 		ip := n.IP
 		v4 = append(v4, &armnetwork.LoadBalancerBackendAddress{Name: &ip, Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{IPAddress: &ip}})
 	}
+	// The cluster's load balancer and its internal twin, each with
+	// cloud-provider-azure's node pool.
 	name := "kubernetes"
-	cloud.AddPool("kubernetes", armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: v4}})
+	for _, lb := range []string{"kubernetes", "kubernetes-internal"} {
+		cloud.AddPool(lb, armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: v4}})
+	}
 	srv, ca := cloud.Serve()
 	dir := c.Dir()
 	caFile, cfgFile := filepath.Join(dir, "azure-ca.pem"), filepath.Join(dir, "azure.json")
@@ -68,19 +76,37 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 			return nil, err
 		}
 	}
-	stop, err := clustercmd.StartController(c, bin, "--cloud", "azure", "--azure-config", cfgFile)
+	controllerArgs = []string{"--cloud", "azure", "--azure-config", cfgFile}
+	stop, err := clustercmd.StartController(c, bin, controllerArgs...)
 	if err != nil {
 		srv.Close()
 		return nil, err
 	}
+	stopController = stop
 	return func() {
-		stop()
+		stopController()
 		srv.Close()
 	}, nil
 }
 
-func entryState(ip string) string {
-	for _, e := range cloud.Pool("kubernetes", "kubernetes").Properties.LoadBalancerBackendAddresses {
+// restartController stops ebb controller and runs it again: a new process
+// with nothing in memory.
+func restartController(t *testing.T) {
+	t.Helper()
+	stopController()
+	stop, err := clustercmd.StartController(cluster, os.Getenv("EBB_BIN"), controllerArgs...)
+	if err != nil {
+		t.Fatalf("restarting ebb controller: %v", err)
+	}
+	stopController = stop
+}
+
+// entryState is ip's admin state on the external load balancer;
+// entryStateOn on any.
+func entryState(ip string) string { return entryStateOn("kubernetes", ip) }
+
+func entryStateOn(lb, ip string) string {
+	for _, e := range cloud.Pool(lb, "kubernetes").Properties.LoadBalancerBackendAddresses {
 		if *e.Properties.IPAddress == ip && e.Properties.AdminState != nil {
 			return string(*e.Properties.AdminState)
 		}
@@ -128,22 +154,99 @@ func TestTaintsSetAzureAdminState(t *testing.T) {
 	a, b, c := cluster.Nodes[0], cluster.Nodes[1], cluster.Nodes[2]
 	setTaint(t, ctx, a.Name, lbmodel.TaintOutOfService, true)
 	setTaint(t, ctx, b.Name, lbmodel.TaintAzureDraining, true)
-	e2eutil.Eventually(t, ctx, 20*time.Second, "both tainted nodes Down on Azure", func(context.Context) (bool, string) {
-		return entryState(a.IP) == "Down" && entryState(b.IP) == "Down", fmt.Sprintf("%s %s", entryState(a.IP), entryState(b.IP))
+	puts := cloud.Count("put")
+	both := func(ip string) string { return entryStateOn("kubernetes", ip) + "/" + entryStateOn("kubernetes-internal", ip) }
+	e2eutil.Eventually(t, ctx, 20*time.Second, "both tainted nodes Down on the external and internal load balancers", func(context.Context) (bool, string) {
+		return both(a.IP) == "Down/Down" && both(b.IP) == "Down/Down", fmt.Sprintf("%s %s", both(a.IP), both(b.IP))
 	})
-	if entryState(c.IP) != "None" {
-		t.Errorf("the untainted node is %s", entryState(c.IP))
+	if both(c.IP) != "None/None" {
+		t.Errorf("the untainted node is %s", both(c.IP))
 	}
 	setTaint(t, ctx, a.Name, lbmodel.TaintOutOfService, false)
 	setTaint(t, ctx, b.Name, lbmodel.TaintAzureDraining, false)
-	e2eutil.Eventually(t, ctx, 20*time.Second, "both back to None", func(context.Context) (bool, string) {
-		return entryState(a.IP) == "None" && entryState(b.IP) == "None", fmt.Sprintf("%s %s", entryState(a.IP), entryState(b.IP))
+	e2eutil.Eventually(t, ctx, 20*time.Second, "both back to None on both load balancers", func(context.Context) (bool, string) {
+		return both(a.IP) == "None/None" && both(b.IP) == "None/None", fmt.Sprintf("%s %s", both(a.IP), both(b.IP))
 	})
 	page := e2eutil.Scrape(t, clustercmd.ControllerMetricsAddress)
 	if !strings.Contains(page, "loadbalancer_adminstate_operation_duration_seconds_count") {
 		t.Error("no loadbalancer_adminstate metrics on the controller")
 	}
-	if puts := cloud.Count("put"); puts < 2 || puts > 4 {
-		t.Errorf("%d writes for two transitions of two nodes, want 2 to 4", puts)
+	if !strings.Contains(page, `cloudprovider_azure_api_request_duration_seconds_count{request="loadbalancer_adminstate_update_backend_pool",resource_group="rg",result_code="200",source="ebb-adminstate",subscription_id="sub"}`) {
+		t.Error("no cloudprovider_azure_api_request_duration_seconds series for the pool updates")
 	}
+	// Two transitions of two nodes on two load balancers: one write per
+	// pool per transition when both nodes go together, two when apart.
+	if puts := cloud.Count("put") - puts; puts < 4 || puts > 8 {
+		t.Errorf("%d writes for two transitions of two nodes on two load balancers, want 4 to 8", puts)
+	}
+}
+
+// A node left Down when ebb controller stopped, and untainted while it was
+// gone, is set back to None by the next run: restart-safety both ways.
+func TestRestartConvergesEntriesLeftDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a := cluster.Nodes[0]
+	setTaint(t, ctx, a.Name, lbmodel.TaintDraining, true)
+	e2eutil.Eventually(t, ctx, 20*time.Second, "the tainted node Down", func(context.Context) (bool, string) {
+		return entryState(a.IP) == "Down" && entryStateOn("kubernetes-internal", a.IP) == "Down", entryState(a.IP)
+	})
+	stopController()
+	setTaint(t, ctx, a.Name, lbmodel.TaintDraining, false)
+	start := time.Now()
+	restartController(t)
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the untainted node back to None after the restart", func(context.Context) (bool, string) {
+		return entryState(a.IP) == "None" && entryStateOn("kubernetes-internal", a.IP) == "None", entryState(a.IP)
+	})
+	t.Logf("None %s after the restart began (process start included)", time.Since(start).Round(time.Millisecond))
+}
+
+// Another writer that keeps rewriting the pool from a stale copy (as
+// cloud-provider-azure's EnsureHostsInPool may, from its cache) cannot keep
+// a draining node None for longer than ebb's drift check: the longest
+// stretch of None is measured and bounded.
+func TestCompetingWriterCannotKeepADrainingNodeNone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b := cluster.Nodes[1]
+	setTaint(t, ctx, b.Name, lbmodel.TaintDraining, true)
+	defer setTaint(t, context.Background(), b.Name, lbmodel.TaintDraining, false)
+	e2eutil.Eventually(t, ctx, 20*time.Second, "the draining node Down", func(context.Context) (bool, string) {
+		return entryState(b.IP) == "Down", entryState(b.IP)
+	})
+	stale := func(p *armnetwork.BackendAddressPool) {
+		for _, e := range p.Properties.LoadBalancerBackendAddresses {
+			e.Properties.AdminState = nil
+		}
+	}
+	const window, every = 20 * time.Second, 3 * time.Second
+	var longest, noneSince time.Duration
+	var rewrites int
+	start := time.Now()
+	nextRewrite := time.Duration(0)
+	for elapsed := time.Duration(0); elapsed < window; elapsed = time.Since(start) {
+		if elapsed >= nextRewrite {
+			cloud.Rewrite("kubernetes", "kubernetes", stale)
+			rewrites++
+			nextRewrite += every
+		}
+		if entryState(b.IP) == "None" {
+			if noneSince == 0 {
+				noneSince = max(elapsed, time.Nanosecond)
+			}
+			longest = max(longest, elapsed-noneSince)
+		} else {
+			noneSince = 0
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%d stale rewrites in %s: the draining node was None for at most %s at a time", rewrites, window, longest.Round(10*time.Millisecond))
+	// The drift check runs every 5 s while a node is Down; a rewrite just
+	// after one waits at most that, plus one list and one write.
+	if longest > 7*time.Second {
+		t.Errorf("a competing writer kept the draining node None for %s, want at most 7 s", longest)
+	}
+	e2eutil.Eventually(t, ctx, 10*time.Second, "Down again after the writer stops", func(context.Context) (bool, string) {
+		return entryState(b.IP) == "Down", entryState(b.IP)
+	})
 }
