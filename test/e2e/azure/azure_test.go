@@ -155,7 +155,9 @@ func TestTaintsSetAzureAdminState(t *testing.T) {
 	setTaint(t, ctx, a.Name, lbmodel.TaintOutOfService, true)
 	setTaint(t, ctx, b.Name, lbmodel.TaintAzureDraining, true)
 	puts := cloud.Count("put")
-	both := func(ip string) string { return entryStateOn("kubernetes", ip) + "/" + entryStateOn("kubernetes-internal", ip) }
+	both := func(ip string) string {
+		return entryStateOn("kubernetes", ip) + "/" + entryStateOn("kubernetes-internal", ip)
+	}
 	e2eutil.Eventually(t, ctx, 20*time.Second, "both tainted nodes Down on the external and internal load balancers", func(context.Context) (bool, string) {
 		return both(a.IP) == "Down/Down" && both(b.IP) == "Down/Down", fmt.Sprintf("%s %s", both(a.IP), both(b.IP))
 	})
