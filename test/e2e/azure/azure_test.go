@@ -152,9 +152,9 @@ func TestTaintsSetAzureAdminState(t *testing.T) {
 		}
 	})
 	a, b, c := cluster.Nodes[0], cluster.Nodes[1], cluster.Nodes[2]
+	puts := cloud.Count("put")
 	setTaint(t, ctx, a.Name, lbmodel.TaintOutOfService, true)
 	setTaint(t, ctx, b.Name, lbmodel.TaintAzureDraining, true)
-	puts := cloud.Count("put")
 	both := func(ip string) string {
 		return entryStateOn("kubernetes", ip) + "/" + entryStateOn("kubernetes-internal", ip)
 	}
