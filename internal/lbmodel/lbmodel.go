@@ -46,6 +46,10 @@ const (
 	TaintOutOfService  = "node.kubernetes.io/out-of-service"
 	TaintAzureDraining = "cloudprovider.azure.microsoft.com/draining"
 	TaintDraining      = "ebb.dev/draining"
+	// SpotEvictionValue is the value of TaintAzureDraining that means a
+	// spot eviction (seed 000: cloudprovider.azure.microsoft.com/draining=
+	// spot-eviction); the key with any other value is not ebb's signal.
+	SpotEvictionValue = "spot-eviction"
 	// TaintToBeDeleted is the cluster autoscaler's; it counts by default
 	// (KEP-3836 fails /healthz on it; counting it here also skips the probe
 	// delay) and Options.IgnoreAutoscalerTaint turns that off.
@@ -108,8 +112,12 @@ func ModeOf(svc *corev1.Service) BackendMode {
 func IsLeaving(node *corev1.Node, opts Options) (bool, string) {
 	for _, t := range node.Spec.Taints {
 		switch t.Key {
-		case TaintOutOfService, TaintAzureDraining, TaintDraining:
+		case TaintOutOfService, TaintDraining:
 			return true, t.Key
+		case TaintAzureDraining:
+			if t.Value == SpotEvictionValue {
+				return true, t.Key
+			}
 		case TaintToBeDeleted:
 			if !opts.IgnoreAutoscalerTaint {
 				return true, t.Key

@@ -24,9 +24,11 @@ func node(name, ip string, mutate ...func(*corev1.Node)) *corev1.Node {
 	return n
 }
 
-func tainted(key string) func(*corev1.Node) {
+func tainted(key string) func(*corev1.Node) { return taintedWith(key, "") }
+
+func taintedWith(key, value string) func(*corev1.Node) {
 	return func(n *corev1.Node) {
-		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Value: value, Effect: corev1.TaintEffectNoSchedule})
 	}
 }
 
@@ -119,11 +121,16 @@ func TestFrontends(t *testing.T) {
 		name: "admin Down for each leaving taint; cordon and other taints leave it None",
 		svc:  service(),
 		nodes: []*corev1.Node{
-			node("n1", "10.0.0.1", tainted(TaintOutOfService)), node("n2", "10.0.0.2", tainted(TaintAzureDraining)),
+			node("n1", "10.0.0.1", tainted(TaintOutOfService)), node("n2", "10.0.0.2", taintedWith(TaintAzureDraining, SpotEvictionValue)),
 			node("n3", "10.0.0.3", tainted(TaintDraining)), node("n4", "10.0.0.4", tainted(TaintToBeDeleted)),
 			node("n5", "10.0.0.5", tainted(corev1.TaintNodeUnschedulable), func(n *corev1.Node) { n.Spec.Unschedulable = true }),
 		},
 		wantBackends: []dataplane.Backend{be("10.0.0.1", 30080, "n1", down), be("10.0.0.2", 30080, "n2", down), be("10.0.0.3", 30080, "n3", down), be("10.0.0.4", 30080, "n4", down), be("10.0.0.5", 30080, "n5", none)},
+		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 10256},
+	}, {
+		name: "the Azure draining key means a spot eviction only with value spot-eviction (seed 000)", svc: service(),
+		nodes:        []*corev1.Node{node("n2", "10.0.0.2", taintedWith(TaintAzureDraining, "something-else"))},
+		wantBackends: []dataplane.Backend{be("10.0.0.2", 30080, "n2", none)},
 		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 10256},
 	}, {
 		name: "the autoscaler's taint can be ignored", svc: service(), opts: Options{IgnoreAutoscalerTaint: true},

@@ -110,6 +110,7 @@ func NewCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			o.cloudDefaults(cmd.Flags().Changed)
 			ctx := logr.NewContext(cmd.Context(), zap.New(zap.UseFlagOptions(&zapOpts)))
 			return o.Run(ctx, cfg)
 		},
@@ -123,7 +124,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
-	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added to a node on its first PreemptScheduled event (cloudprovider.azure.microsoft.com/draining on Azure); empty turns this off")
+	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added (value spot-eviction) to a node on its first PreemptScheduled event (default with --cloud azure: cloudprovider.azure.microsoft.com/draining, as cloud-provider-azure's design says); empty turns this off")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
@@ -245,6 +246,16 @@ func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, sche
 		return fmt.Errorf("providing the webhook certificate: %w", err)
 	}
 	return nil
+}
+
+// cloudDefaults applies what --cloud changes in other flags' defaults:
+// on Azure, a spot preemption is marked as seed 000 says,
+// cloudprovider.azure.microsoft.com/draining=spot-eviction, unless
+// --spot-taint-key was given.
+func (o *Options) cloudDefaults(changed func(flag string) bool) {
+	if o.Cloud == "azure" && !changed("spot-taint-key") {
+		o.SpotTaintKey = lbmodel.TaintAzureDraining
+	}
 }
 
 // setupCloud runs the provider-backed admin state (--cloud).

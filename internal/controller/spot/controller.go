@@ -32,7 +32,7 @@ const (
 	// eviction.
 	ReasonPreemptScheduled = "PreemptScheduled"
 	// TaintValue is the draining taint's value for a spot eviction.
-	TaintValue = "spot-eviction"
+	TaintValue = lbmodel.SpotEvictionValue
 	// HandledEventAnnotation records on the node the creation time of the
 	// newest PreemptScheduled Event acted on: an Event no newer never taints
 	// the node again (after a restart, or after an operator cleared the

@@ -128,7 +128,11 @@ func setTaint(t *testing.T, ctx context.Context, node, key string, on bool) {
 			}
 		}
 		if on {
-			taints = append(taints, corev1.Taint{Key: key, Value: "e2e", Effect: corev1.TaintEffectNoSchedule})
+			value := "e2e"
+			if key == lbmodel.TaintAzureDraining {
+				value = lbmodel.SpotEvictionValue // the only value that means leaving
+			}
+			taints = append(taints, corev1.Taint{Key: key, Value: value, Effect: corev1.TaintEffectNoSchedule})
 		}
 		n.Spec.Taints = taints
 		_, err = cluster.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
