@@ -3,21 +3,28 @@ package azurecmd
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/provider/azure"
 )
 
-// InternalAnnotation marks an internal Azure LoadBalancer Service.
-const InternalAnnotation = "service.beta.kubernetes.io/azure-load-balancer-internal"
+// cloud-provider-azure's Service annotations: an internal load balancer,
+// and the address a Service asks for, per family.
+const (
+	InternalAnnotation = "service.beta.kubernetes.io/azure-load-balancer-internal"
+	IPv4Annotation     = "service.beta.kubernetes.io/azure-load-balancer-ipv4"
+	IPv6Annotation     = "service.beta.kubernetes.io/azure-load-balancer-ipv6"
+)
 
 // NewCommand returns `ebb azure`.
 func NewCommand() *cobra.Command {
@@ -33,17 +40,29 @@ func newMigrateCommand() *cobra.Command {
 		Use:   "migrate-basic-lb",
 		Short: "Move the cluster's Services from Basic to Standard Azure load balancers, keeping every address",
 		Long: `Migrates the cluster from Basic to Standard Azure load balancers, as the
-Basic-to-Standard design describes: the Basic load balancers are deleted,
-the public IPs of external Services are upgraded to the Standard SKU in
-place, internal Services get a frontend with the same private address, and
-every node joins the Standard backend pool. Every Service keeps its
-address. Safe to run again: a re-run, or a run after a crash, does only
-what is left.
+Basic-to-Standard design describes, and leaves to cloud-provider-azure what
+it builds itself:
+
+  1. every Service's address is made to survive: Dynamic public IPs become
+     Static in place, and each Service that does not ask for its address
+     yet is pinned to it (annotation ` + IPv4Annotation + `
+     or -ipv6), so that cloud-provider-azure gives it the same one;
+  2. the VM scale sets and network interfaces that reference the Basic
+     load balancers' pools are detached, and the Basic load balancers
+     deleted (Azure refuses it the other way round);
+  3. the public IPs are upgraded to the Standard SKU.
+
+Then set loadBalancerSku to standard in azure.json and restart
+cloud-controller-manager: it builds the Standard load balancers (its own
+frontends, pools, rules and probes) with every Service's address and every
+node. Services of another class (spec.loadBalancerClass, such as ebb's own
+ebb.dev/l4) are not Azure's and are left alone. Safe to run again: a
+re-run, or a run after a crash, does only what is left.
 
 THIS MAY CAUSE DOWNTIME: Services do not answer between the deletion of
-the Basic load balancers and the creation of the Standard ones. Standard
-load balancers give no outbound connectivity by default: configure
-outbound rules (or a NAT gateway) yourself.`,
+the Basic load balancers and cloud-provider-azure's next reconcile.
+Standard load balancers give no outbound connectivity by default:
+configure outbound rules (or a NAT gateway) yourself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return migrate(cmd.Context(), cmd.OutOrStdout(), cfgPath, kubeconfigPath, dryRun)
@@ -75,10 +94,7 @@ func migrate(ctx context.Context, out io.Writer, cfgPath, kubeconfigPath string,
 // kube talks to; `ebb controller --cloud azure --azure-migrate-on-start`
 // runs it once at start when azure.json says the SKU is Standard.
 func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kubernetes.Interface, dryRun bool) error {
-	if cfg.Location == "" || cfg.VnetName == "" || cfg.SubnetName == "" {
-		return errors.New("the Azure configuration needs location, vnetName and subnetName to create the Standard load balancers")
-	}
-	services, nodeIPs, err := clusterAddresses(ctx, kube)
+	services, err := serviceAddresses(ctx, kube)
 	if err != nil {
 		return err
 	}
@@ -94,15 +110,16 @@ func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kuberne
 	if err != nil {
 		return err
 	}
-	m.Location, m.SubnetID, m.VNetID = cfg.Location, cfg.SubnetID(), cfg.VNetID()
-	steps, err := m.Plan(ctx, services, nodeIPs)
+	m.Pin = func(ctx context.Context, s azure.ServiceAddress) error { return pin(ctx, kube, s) }
+	steps, err := m.Plan(ctx, services)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "Migration of %d Service(s) and %d node(s) to Standard load balancers.\n", len(services), len(nodeIPs))
+	fmt.Fprintf(out, "Migration of %d Service address(es) from Basic to Standard load balancers.\n", len(services))
 	fmt.Fprintln(out, "WARNING: this may cause downtime, and Standard load balancers give no outbound connectivity: configure outbound rules or a NAT gateway yourself.")
 	if len(steps) == 0 {
-		fmt.Fprintln(out, "Nothing to do: the cluster is on Standard load balancers.")
+		fmt.Fprintln(out, "Nothing to do: no Basic load balancer is left, and every address is kept.")
+		fmt.Fprintln(out, nextStep)
 		return nil
 	}
 	for i, s := range steps {
@@ -115,39 +132,51 @@ func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kuberne
 	if err := m.Run(ctx, steps, func(s string) { fmt.Fprintln(out, s) }); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "Done: every Service keeps its address. Set loadBalancerSku to standard in azure.json if not done yet.")
+	fmt.Fprintln(out, "Done: the Basic load balancers are gone and every address is kept.")
+	fmt.Fprintln(out, nextStep)
 	return nil
 }
 
-// clusterAddresses lists the LoadBalancer Services' addresses and the
-// nodes' internal addresses.
-func clusterAddresses(ctx context.Context, kube kubernetes.Interface) ([]azure.ServiceAddress, []string, error) {
+const nextStep = "Next: set loadBalancerSku to standard in azure.json (if not yet) and restart cloud-controller-manager: it builds the Standard load balancers with every Service's address and every node."
+
+// serviceAddresses lists the addresses of the LoadBalancer Services
+// cloud-provider-azure serves (those without a spec.loadBalancerClass).
+func serviceAddresses(ctx context.Context, kube kubernetes.Interface) ([]azure.ServiceAddress, error) {
 	svcs, err := kube.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing Services: %w", err)
+		return nil, fmt.Errorf("listing Services: %w", err)
 	}
 	var out []azure.ServiceAddress
 	for _, s := range svcs.Items {
-		if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		if s.Spec.Type != corev1.ServiceTypeLoadBalancer || s.Spec.LoadBalancerClass != nil {
 			continue
 		}
 		for _, ing := range s.Status.LoadBalancer.Ingress {
-			if ing.IP != "" {
-				out = append(out, azure.ServiceAddress{Namespace: s.Namespace, Name: s.Name, IP: ing.IP, Internal: s.Annotations[InternalAnnotation] == "true"})
+			if ing.IP == "" {
+				continue
 			}
+			pinned := s.Spec.LoadBalancerIP == ing.IP || s.Annotations[annotationFor(ing.IP)] == ing.IP
+			out = append(out, azure.ServiceAddress{Namespace: s.Namespace, Name: s.Name, IP: ing.IP, Internal: s.Annotations[InternalAnnotation] == "true", Pinned: pinned})
 		}
 	}
-	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	return out, nil
+}
+
+func annotationFor(ip string) string {
+	if addr, err := netip.ParseAddr(ip); err == nil && addr.Unmap().Is6() {
+		return IPv6Annotation
+	}
+	return IPv4Annotation
+}
+
+// pin makes a Service ask cloud-provider-azure for the address it has.
+func pin(ctx context.Context, kube kubernetes.Interface, s azure.ServiceAddress) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{annotationFor(s.IP): s.IP}}})
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing nodes: %w", err)
+		return err
 	}
-	var ips []string
-	for _, n := range nodes.Items {
-		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP {
-				ips = append(ips, a.Address)
-			}
-		}
+	if _, err := kube.CoreV1().Services(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("pinning Service %s/%s to %s: %w", s.Namespace, s.Name, s.IP, err)
 	}
-	return out, ips, nil
+	return nil
 }

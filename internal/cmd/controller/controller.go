@@ -294,6 +294,9 @@ func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
 		logr.FromContextOrDiscard(ctx).Info("Azure admin state is off (enableLoadBalancerAdminState is false in the configuration)")
 		return nil
 	}
+	if err := cfg.ValidateForAdminState(); err != nil {
+		return fmt.Errorf("the Azure configuration %s: %w", o.AzureConfig, err)
+	}
 	cred, err := cfg.Credential()
 	if err != nil {
 		return fmt.Errorf("the Azure credential: %w", err)

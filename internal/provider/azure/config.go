@@ -50,12 +50,6 @@ type Config struct {
 	UseFederatedWorkloadIdentityExtension bool   `json:"useFederatedWorkloadIdentityExtension"`
 	AADFederatedTokenFile                 string `json:"aadFederatedTokenFile"`
 
-	// Where Standard load balancers go (the migration creates them).
-	Location          string `json:"location"`
-	VnetName          string `json:"vnetName"`
-	VnetResourceGroup string `json:"vnetResourceGroup"`
-	SubnetName        string `json:"subnetName"`
-
 	// ResourceManagerEndpoint overrides the cloud's ARM endpoint (for a
 	// sovereign cloud, or a test server).
 	ResourceManagerEndpoint string `json:"resourceManagerEndpoint"`
@@ -98,8 +92,10 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("loadBalancerBackendPoolConfigurationType %q is not supported: use %s or %s", c.LoadBalancerBackendPoolConfigurationType, PoolTypeNIC, PoolTypeIP))
 	}
-	if c.LoadBalancerSKU != "" && !strings.EqualFold(c.LoadBalancerSKU, "standard") {
-		errs = append(errs, fmt.Errorf("loadBalancerSku %q: admin state needs Standard load balancers (migrate with `ebb azure migrate-basic-lb`)", c.LoadBalancerSKU))
+	switch strings.ToLower(c.LoadBalancerSKU) {
+	case "", "standard", "basic":
+	default:
+		errs = append(errs, fmt.Errorf("loadBalancerSku %q is not an Azure load balancer SKU: use standard (or basic, to migrate from it)", c.LoadBalancerSKU))
 	}
 	secret := c.AADClientID != "" && c.AADClientSecret != ""
 	if !secret && !c.UseManagedIdentityExtension && !c.UseFederatedWorkloadIdentityExtension {
@@ -110,6 +106,16 @@ func (c *Config) Validate() error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("the Azure configuration: %w", err)
+	}
+	return nil
+}
+
+// ValidateForAdminState says why admin state cannot run with this
+// configuration: it needs Standard load balancers. (A Basic configuration
+// is valid for the migration itself.)
+func (c *Config) ValidateForAdminState() error {
+	if strings.EqualFold(c.LoadBalancerSKU, "basic") {
+		return errors.New("loadBalancerSku is basic: admin state needs Standard load balancers; run `ebb azure migrate-basic-lb`, then set loadBalancerSku to standard and restart cloud-controller-manager and ebb controller")
 	}
 	return nil
 }
@@ -159,15 +165,3 @@ func (c *Config) BackendPoolNames() []string {
 	}
 	return []string{cluster, cluster + "-IPv6"}
 }
-
-// VNetID and SubnetID are the cluster's virtual network and subnet.
-func (c *Config) VNetID() string {
-	rg := c.VnetResourceGroup
-	if rg == "" {
-		rg = c.ResourceGroup
-	}
-	return fmt.Sprintf("/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/virtualNetworks/%s", c.SubscriptionID, rg, c.VnetName)
-}
-
-// SubnetID is the subnet of internal load-balancer frontends.
-func (c *Config) SubnetID() string { return c.VNetID() + "/subnets/" + c.SubnetName }

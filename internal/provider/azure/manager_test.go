@@ -196,11 +196,20 @@ func TestConfigErrors(t *testing.T) {
 		{`{"tenantId":"t","resourceGroup":"rg","aadClientId":"a","aadClientSecret":"b"}`, "subscriptionId is required"},
 		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg"}`, "no credentials"},
 		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerBackendPoolConfigurationType":"podIP"}`, `"podIP" is not supported`},
-		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerSku":"basic"}`, "needs Standard load balancers"},
+		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerSku":"premium"}`, "not an Azure load balancer SKU"},
 	} {
 		if _, err := ParseConfig([]byte(tt.json)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want %q", tt.json, err, tt.want)
 		}
+	}
+	// A Basic configuration is valid (the migration reads it); admin
+	// state refuses it, naming the way out.
+	basic, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerSku":"basic"}`))
+	if err != nil {
+		t.Fatalf("a Basic configuration: %v", err)
+	}
+	if err := basic.ValidateForAdminState(); err == nil || !strings.Contains(err.Error(), "ebb azure migrate-basic-lb") {
+		t.Errorf("admin state with a Basic configuration: %v", err)
 	}
 	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"clusterName":"c1"}`))
 	if err != nil || cfg.LoadBalancerResourceGroup != "rg" || cfg.LoadBalancerNames()[0] != "c1" || cfg.LoadBalancerBackendPoolConfigurationType != PoolTypeNIC {

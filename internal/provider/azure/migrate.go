@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 )
 
@@ -19,9 +21,14 @@ import (
 type ServiceAddress struct {
 	Namespace, Name string
 	IP              string
-	// Internal Services get a private frontend on the internal load
-	// balancer; external ones keep their public IP.
+	// Internal Services' addresses are private, on the internal load
+	// balancer; external ones are public IPs.
 	Internal bool
+	// Pinned says the Service already asks for this address
+	// (spec.loadBalancerIP or cloud-provider-azure's
+	// azure-load-balancer-ipv4/ipv6 annotation), so cloud-provider-azure
+	// gives it the same one on the Standard load balancer.
+	Pinned bool
 }
 
 // MigrationStep is one change of the Basic-to-Standard migration.
@@ -30,19 +37,26 @@ type MigrationStep struct {
 	do          func(ctx context.Context) error
 }
 
-// Migrator plans and runs the Basic to Standard migration of the design:
-// the Basic load balancers go, their public IPs are upgraded to Standard
-// in place, and Standard load balancers serve every Service's address
-// with every node in their backend pool. The plan is computed from what
-// exists, so a re-run or a run after a crash does only what is left.
+// Migrator plans and runs the Basic to Standard migration of the design,
+// leaving to cloud-provider-azure what it builds itself: every Service's
+// address is made to survive (Dynamic public IPs become Static, each
+// Service is pinned to its address), the Basic load balancers are deleted
+// safely (the VM scale sets and network interfaces that reference their
+// pools are detached first, as Azure requires), and the public IPs are
+// upgraded to Standard. cloud-provider-azure, with loadBalancerSku
+// standard, then builds the Standard load balancers as it always does
+// (frontends, pools, rules and probes of its own making), so its next
+// reconcile has nothing to fight. The plan is computed from what exists,
+// so a re-run or a run after a crash does only what is left.
 type Migrator struct {
-	cfg  *Config
-	lbs  *armnetwork.LoadBalancersClient
-	pips *armnetwork.PublicIPAddressesClient
-	// Location of the load balancers to create.
-	Location string
-	// SubnetID of internal frontends and VNetID of the IP-based pools.
-	SubnetID, VNetID string
+	cfg       *Config
+	lbs       *armnetwork.LoadBalancersClient
+	pips      *armnetwork.PublicIPAddressesClient
+	nics      *armnetwork.InterfacesClient
+	scaleSets *armcompute.VirtualMachineScaleSetsClient
+	// Pin makes a Service ask for its current address; nil plans no
+	// pinning (the Services are pinned already, or by hand).
+	Pin func(ctx context.Context, s ServiceAddress) error
 }
 
 // NewMigrator returns a Migrator.
@@ -55,17 +69,20 @@ func NewMigrator(cfg *Config, cred azcore.TokenCredential, opts *arm.ClientOptio
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{cfg: cfg, lbs: lbs, pips: pips}, nil
+	nics, err := armnetwork.NewInterfacesClient(cfg.SubscriptionID, cred, opts)
+	if err != nil {
+		return nil, err
+	}
+	scaleSets, err := armcompute.NewVirtualMachineScaleSetsClient(cfg.SubscriptionID, cred, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{cfg: cfg, lbs: lbs, pips: pips, nics: nics, scaleSets: scaleSets}, nil
 }
 
-func (m *Migrator) names() (external, internal string) {
-	base := m.cfg.LoadBalancerNames()[0]
-	return base, base + "-internal"
-}
-
-// Plan lists the steps still needed to serve services from Standard load
-// balancers with every node (by address) in their backend pools.
-func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress, nodeIPs []string) ([]MigrationStep, error) {
+// Plan lists the steps still needed: addresses made to survive, Basic load
+// balancers detached and deleted, public IPs upgraded.
+func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]MigrationStep, error) {
 	sort.Slice(services, func(i, j int) bool {
 		return services[i].Namespace+"/"+services[i].Name < services[j].Namespace+"/"+services[j].Name
 	})
@@ -73,60 +90,86 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress, nodeIPs 
 	if err != nil {
 		return nil, err
 	}
-	var steps []MigrationStep
-	ext, in := m.names()
-	for _, lbName := range []string{ext, in} {
+	var keep, upgrade []MigrationStep
+	for _, s := range services {
+		if !s.Internal {
+			pip, ok := pipByIP[s.IP]
+			if !ok {
+				return nil, fmt.Errorf("the Service %s/%s has address %s but no public IP in resource group %s has it: the migration would lose it", s.Namespace, s.Name, s.IP, m.cfg.ResourceGroup)
+			}
+			p := *pip
+			if isBasicPIP(p.SKU) && !isStatic(&p) {
+				keep = append(keep, MigrationStep{Description: fmt.Sprintf("make public IP %s (%s, Service %s/%s) Static, in place: a Dynamic address is released when its load balancer goes", *p.Name, s.IP, s.Namespace, s.Name),
+					do: func(ctx context.Context) error { return m.makeStatic(ctx, p) }})
+			}
+			if isBasicPIP(p.SKU) {
+				upgrade = append(upgrade, MigrationStep{Description: fmt.Sprintf("upgrade public IP %s (%s, Service %s/%s) to the Standard SKU", *p.Name, s.IP, s.Namespace, s.Name),
+					do: func(ctx context.Context) error { return m.upgradePIP(ctx, *p.Name) }})
+			}
+		}
+		if !s.Pinned && m.Pin != nil {
+			s := s
+			keep = append(keep, MigrationStep{Description: fmt.Sprintf("pin Service %s/%s to its address %s, so that cloud-provider-azure gives it the same one", s.Namespace, s.Name, s.IP),
+				do: func(ctx context.Context) error { return m.Pin(ctx, s) }})
+		}
+	}
+	steps := keep
+	for _, lbName := range m.cfg.AdminStateLoadBalancers() {
 		lb, found, err := m.getLB(ctx, lbName)
 		if err != nil {
 			return nil, err
 		}
-		if found && isBasic(lb.SKU) {
-			name := lbName
-			steps = append(steps, MigrationStep{Description: fmt.Sprintf("delete Basic load balancer %s (its nodes and public IPs are released)", name), do: func(ctx context.Context) error {
-				return m.deleteLB(ctx, name)
-			}})
-		}
-	}
-	var extFE, inFE []*armnetwork.FrontendIPConfiguration
-	for _, s := range services {
-		feName := fmt.Sprintf("%s-%s", s.Namespace, s.Name)
-		if s.Internal {
-			ip := s.IP
-			inFE = append(inFE, &armnetwork.FrontendIPConfiguration{Name: &feName, Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{
-				PrivateIPAddress: &ip, PrivateIPAllocationMethod: ptr(armnetwork.IPAllocationMethodStatic), Subnet: &armnetwork.Subnet{ID: &m.SubnetID}}})
+		if !found || !isBasic(lb.SKU) {
 			continue
 		}
-		pip, ok := pipByIP[s.IP]
-		if !ok {
-			return nil, fmt.Errorf("the Service %s/%s has address %s but no public IP in resource group %s has it: the migration would lose it", s.Namespace, s.Name, s.IP, m.cfg.ResourceGroup)
-		}
-		if isBasicPIP(pip.SKU) {
-			p := *pip
-			steps = append(steps, MigrationStep{Description: fmt.Sprintf("upgrade public IP %s (%s, Service %s/%s) to the Standard SKU in place", *p.Name, s.IP, s.Namespace, s.Name), do: func(ctx context.Context) error {
-				return m.upgradePIP(ctx, p)
-			}})
-		}
-		extFE = append(extFE, &armnetwork.FrontendIPConfiguration{Name: &feName, Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{
-			PublicIPAddress: &armnetwork.PublicIPAddress{ID: pip.ID}}})
-	}
-	for _, want := range []struct {
-		name string
-		fes  []*armnetwork.FrontendIPConfiguration
-	}{{ext, extFE}, {in, inFE}} {
-		if len(want.fes) == 0 {
-			continue
-		}
-		lb, found, err := m.getLB(ctx, want.name)
+		detach, err := m.detachSteps(ctx, lbName)
 		if err != nil {
 			return nil, err
 		}
-		if found && !isBasic(lb.SKU) && m.complete(lb, want.fes, nodeIPs) {
-			continue
-		}
-		target := m.standardLB(want.name, want.fes, nodeIPs)
-		steps = append(steps, MigrationStep{Description: fmt.Sprintf("create Standard load balancer %s with %d frontend(s) and %d node(s) in its backend pool", want.name, len(want.fes), len(nodeIPs)), do: func(ctx context.Context) error {
-			return m.putLB(ctx, target)
+		steps = append(steps, detach...)
+		name := lbName
+		steps = append(steps, MigrationStep{Description: fmt.Sprintf("delete Basic load balancer %s", name), do: func(ctx context.Context) error {
+			return m.deleteLB(ctx, name)
 		}})
+	}
+	return append(steps, upgrade...), nil
+}
+
+// detachSteps are the steps that remove every reference to load balancer
+// lb's pools: Azure refuses to delete a load balancer a VM scale set's
+// model or a network interface still uses (cloud-provider-azure's safe
+// delete does the same first).
+func (m *Migrator) detachSteps(ctx context.Context, lb string) ([]MigrationStep, error) {
+	var steps []MigrationStep
+	sets := m.scaleSets.NewListPager(m.cfg.ResourceGroup, nil)
+	for sets.More() {
+		page, err := sets.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("listing VM scale sets: %w", err)
+		}
+		for _, ss := range page.Value {
+			if ss.Name == nil || !scaleSetUses(ss, lb) {
+				continue
+			}
+			name := *ss.Name
+			steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach VM scale set %s from Basic load balancer %s (model and instances)", name, lb),
+				do: func(ctx context.Context) error { return m.detachScaleSet(ctx, name, lb) }})
+		}
+	}
+	nics := m.nics.NewListPager(m.cfg.ResourceGroup, nil)
+	for nics.More() {
+		page, err := nics.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("listing network interfaces: %w", err)
+		}
+		for _, nic := range page.Value {
+			if nic.Name == nil || !interfaceUses(nic, lb) {
+				continue
+			}
+			name := *nic.Name
+			steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach network interface %s from Basic load balancer %s", name, lb),
+				do: func(ctx context.Context) error { return m.detachInterface(ctx, name, lb) }})
+		}
 	}
 	return steps, nil
 }
@@ -141,57 +184,6 @@ func (m *Migrator) Run(ctx context.Context, steps []MigrationStep, progress func
 		}
 	}
 	return nil
-}
-
-func (m *Migrator) standardLB(name string, fes []*armnetwork.FrontendIPConfiguration, nodeIPs []string) armnetwork.LoadBalancer {
-	pool := "kubernetes"
-	var addrs []*armnetwork.LoadBalancerBackendAddress
-	for _, ip := range nodeIPs {
-		ip := ip
-		addrs = append(addrs, &armnetwork.LoadBalancerBackendAddress{Name: &ip, Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{
-			IPAddress: &ip, VirtualNetwork: &armnetwork.SubResource{ID: &m.VNetID}}})
-	}
-	return armnetwork.LoadBalancer{
-		Name: &name, Location: &m.Location, SKU: &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard)},
-		Properties: &armnetwork.LoadBalancerPropertiesFormat{
-			FrontendIPConfigurations: fes,
-			BackendAddressPools:      []*armnetwork.BackendAddressPool{{Name: &pool, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: addrs}}},
-		},
-	}
-}
-
-// complete reports whether a Standard load balancer already has every
-// wanted frontend and node.
-func (m *Migrator) complete(lb armnetwork.LoadBalancer, fes []*armnetwork.FrontendIPConfiguration, nodeIPs []string) bool {
-	if lb.Properties == nil {
-		return false
-	}
-	have := map[string]bool{}
-	for _, fe := range lb.Properties.FrontendIPConfigurations {
-		have[*fe.Name] = true
-	}
-	for _, fe := range fes {
-		if !have[*fe.Name] {
-			return false
-		}
-	}
-	nodes := map[string]bool{}
-	for _, p := range lb.Properties.BackendAddressPools {
-		if p.Properties == nil {
-			continue
-		}
-		for _, a := range p.Properties.LoadBalancerBackendAddresses {
-			if a.Properties != nil && a.Properties.IPAddress != nil {
-				nodes[*a.Properties.IPAddress] = true
-			}
-		}
-	}
-	for _, ip := range nodeIPs {
-		if !nodes[ip] {
-			return false
-		}
-	}
-	return true
 }
 
 func (m *Migrator) publicIPs(ctx context.Context) (map[string]*armnetwork.PublicIPAddress, error) {
@@ -233,25 +225,169 @@ func (m *Migrator) deleteLB(ctx context.Context, name string) error {
 	return err
 }
 
-func (m *Migrator) putLB(ctx context.Context, lb armnetwork.LoadBalancer) error {
-	p, err := m.lbs.BeginCreateOrUpdate(ctx, m.cfg.LoadBalancerResourceGroup, *lb.Name, lb, nil)
-	if err == nil {
-		_, err = p.PollUntilDone(ctx, pollOpts)
-	}
-	return err
-}
-
-func (m *Migrator) upgradePIP(ctx context.Context, pip armnetwork.PublicIPAddress) error {
-	pip.SKU = &armnetwork.PublicIPAddressSKU{Name: ptr(armnetwork.PublicIPAddressSKUNameStandard)}
+// makeStatic keeps a Basic public IP's address: changing the allocation
+// to Static in place is allowed while it is attached, and the address
+// stays.
+func (m *Migrator) makeStatic(ctx context.Context, pip armnetwork.PublicIPAddress) error {
 	if pip.Properties == nil {
 		pip.Properties = &armnetwork.PublicIPAddressPropertiesFormat{}
 	}
-	pip.Properties.PublicIPAllocationMethod = ptr(armnetwork.IPAllocationMethodStatic) // Standard requires static; the address stays
+	pip.Properties.PublicIPAllocationMethod = ptr(armnetwork.IPAllocationMethodStatic)
+	return m.putPIP(ctx, pip)
+}
+
+// upgradePIP moves a detached public IP to the Standard SKU (Static, as
+// Standard requires), reading it afresh: its load balancer is gone.
+func (m *Migrator) upgradePIP(ctx context.Context, name string) error {
+	resp, err := m.pips.Get(ctx, m.cfg.ResourceGroup, name, nil)
+	if err != nil {
+		return fmt.Errorf("reading public IP %s: %w", name, err)
+	}
+	pip := resp.PublicIPAddress
+	if pip.Properties == nil || pip.Properties.IPAddress == nil {
+		return fmt.Errorf("public IP %s has no address any more (it was Dynamic and its load balancer is gone): its Service's address is lost; give the Service a new one", name)
+	}
+	pip.SKU = &armnetwork.PublicIPAddressSKU{Name: ptr(armnetwork.PublicIPAddressSKUNameStandard)}
+	pip.Properties.PublicIPAllocationMethod = ptr(armnetwork.IPAllocationMethodStatic)
+	return m.putPIP(ctx, pip)
+}
+
+func (m *Migrator) putPIP(ctx context.Context, pip armnetwork.PublicIPAddress) error {
 	p, err := m.pips.BeginCreateOrUpdate(ctx, m.cfg.ResourceGroup, *pip.Name, pip, nil)
 	if err == nil {
 		_, err = p.PollUntilDone(ctx, pollOpts)
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("updating public IP %s: %w", *pip.Name, err)
+	}
+	return nil
+}
+
+// usesLB reports whether a resource ID is one of lb's pools or NAT pools.
+func usesLB(id *string, lb string) bool {
+	return id != nil && strings.Contains(strings.ToLower(*id), "/loadbalancers/"+strings.ToLower(lb)+"/")
+}
+
+func scaleSetUses(ss *armcompute.VirtualMachineScaleSet, lb string) bool {
+	found := false
+	forEachScaleSetIPConfig(ss, func(c *armcompute.VirtualMachineScaleSetIPConfigurationProperties) {
+		for _, r := range append(slices.Clone(c.LoadBalancerBackendAddressPools), c.LoadBalancerInboundNatPools...) {
+			found = found || r != nil && usesLB(r.ID, lb)
+		}
+	})
+	return found
+}
+
+func forEachScaleSetIPConfig(ss *armcompute.VirtualMachineScaleSet, f func(*armcompute.VirtualMachineScaleSetIPConfigurationProperties)) {
+	if ss.Properties == nil || ss.Properties.VirtualMachineProfile == nil || ss.Properties.VirtualMachineProfile.NetworkProfile == nil {
+		return
+	}
+	for _, nic := range ss.Properties.VirtualMachineProfile.NetworkProfile.NetworkInterfaceConfigurations {
+		if nic == nil || nic.Properties == nil {
+			continue
+		}
+		for _, ipc := range nic.Properties.IPConfigurations {
+			if ipc != nil && ipc.Properties != nil {
+				f(ipc.Properties)
+			}
+		}
+	}
+}
+
+// detachScaleSet removes lb's pools from a scale set's model, with a PUT of
+// only its location and network profile (as cloud-provider-azure does),
+// then brings every instance to the model.
+func (m *Migrator) detachScaleSet(ctx context.Context, name, lb string) error {
+	// Fresh: an earlier step may have detached it from another load
+	// balancer.
+	resp, err := m.scaleSets.Get(ctx, m.cfg.ResourceGroup, name, nil)
+	if err != nil {
+		return fmt.Errorf("reading VM scale set %s: %w", name, err)
+	}
+	ss := resp.VirtualMachineScaleSet
+	if !scaleSetUses(&ss, lb) {
+		return nil
+	}
+	keep := func(refs []*armcompute.SubResource) []*armcompute.SubResource {
+		return slices.DeleteFunc(refs, func(r *armcompute.SubResource) bool { return r == nil || usesLB(r.ID, lb) })
+	}
+	forEachScaleSetIPConfig(&ss, func(c *armcompute.VirtualMachineScaleSetIPConfigurationProperties) {
+		c.LoadBalancerBackendAddressPools, c.LoadBalancerInboundNatPools = keep(c.LoadBalancerBackendAddressPools), keep(c.LoadBalancerInboundNatPools)
+	})
+	update := armcompute.VirtualMachineScaleSet{Location: ss.Location, Properties: &armcompute.VirtualMachineScaleSetProperties{
+		VirtualMachineProfile: &armcompute.VirtualMachineScaleSetVMProfile{NetworkProfile: ss.Properties.VirtualMachineProfile.NetworkProfile}}}
+	p, err := m.scaleSets.BeginCreateOrUpdate(ctx, m.cfg.ResourceGroup, name, update, nil)
+	if err == nil {
+		_, err = p.PollUntilDone(ctx, pollOpts)
+	}
+	if err != nil {
+		return fmt.Errorf("updating the model of VM scale set %s: %w", name, err)
+	}
+	all := armcompute.VirtualMachineScaleSetVMInstanceRequiredIDs{InstanceIDs: []*string{ptr("*")}}
+	u, err := m.scaleSets.BeginUpdateInstances(ctx, m.cfg.ResourceGroup, name, all, nil)
+	if err == nil {
+		_, err = u.PollUntilDone(ctx, pollOpts)
+	}
+	if err != nil {
+		return fmt.Errorf("updating the instances of VM scale set %s: %w", name, err)
+	}
+	return nil
+}
+
+func interfaceUses(nic *armnetwork.Interface, lb string) bool {
+	if nic.Properties == nil {
+		return false
+	}
+	for _, ipc := range nic.Properties.IPConfigurations {
+		if ipc == nil || ipc.Properties == nil {
+			continue
+		}
+		for _, p := range ipc.Properties.LoadBalancerBackendAddressPools {
+			if p != nil && usesLB(p.ID, lb) {
+				return true
+			}
+		}
+		for _, r := range ipc.Properties.LoadBalancerInboundNatRules {
+			if r != nil && usesLB(r.ID, lb) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// detachInterface removes lb's pools and NAT rules from a network
+// interface (an availability-set VM's).
+func (m *Migrator) detachInterface(ctx context.Context, name, lb string) error {
+	resp, err := m.nics.Get(ctx, m.cfg.ResourceGroup, name, nil)
+	if err != nil {
+		return fmt.Errorf("reading network interface %s: %w", name, err)
+	}
+	nic := resp.Interface
+	if !interfaceUses(&nic, lb) {
+		return nil
+	}
+	for _, ipc := range nic.Properties.IPConfigurations {
+		if ipc == nil || ipc.Properties == nil {
+			continue
+		}
+		ipc.Properties.LoadBalancerBackendAddressPools = slices.DeleteFunc(ipc.Properties.LoadBalancerBackendAddressPools,
+			func(p *armnetwork.BackendAddressPool) bool { return p == nil || usesLB(p.ID, lb) })
+		ipc.Properties.LoadBalancerInboundNatRules = slices.DeleteFunc(ipc.Properties.LoadBalancerInboundNatRules,
+			func(r *armnetwork.InboundNatRule) bool { return r == nil || usesLB(r.ID, lb) })
+	}
+	p, err := m.nics.BeginCreateOrUpdate(ctx, m.cfg.ResourceGroup, name, nic, nil)
+	if err == nil {
+		_, err = p.PollUntilDone(ctx, pollOpts)
+	}
+	if err != nil {
+		return fmt.Errorf("updating network interface %s: %w", name, err)
+	}
+	return nil
+}
+
+func isStatic(p *armnetwork.PublicIPAddress) bool {
+	return p.Properties != nil && p.Properties.PublicIPAllocationMethod != nil && *p.Properties.PublicIPAllocationMethod == armnetwork.IPAllocationMethodStatic
 }
 
 func isBasic(s *armnetwork.LoadBalancerSKU) bool {

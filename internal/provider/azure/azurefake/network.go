@@ -11,27 +11,88 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
 	azfake "github.com/Azure/azure-sdk-for-go/sdk/azcore/fake"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	azruntime "github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	computefake "github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7/fake"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9/fake"
 )
 
-// Network is an in-memory set of load balancers and public IPs with
-// Azure's rules that matter to a SKU migration: a load balancer's SKU
-// cannot change in place (409), a public IP's SKU can change only while it
-// is not attached to a load balancer (400), and deleting a load balancer
-// detaches its public IPs. FailOn makes the next call of an operation
-// ("lb-put", "lb-delete", "pip-put") fail, as a crash between steps would.
+// Network is an in-memory set of load balancers, public IPs, network
+// interfaces and VM scale sets with Azure's rules that matter to a SKU
+// migration: a load balancer's SKU cannot change in place (409); a load
+// balancer whose backend pools a scale set's model or a network interface
+// still references cannot be deleted (400, as cloud-provider-azure's safe
+// delete expects); deleting a load balancer detaches its public IPs, and a
+// Dynamic one loses its address; a public IP's SKU can change only while
+// it is not attached (400), and a Standard one must be Static (400).
+// FailOn makes the next call of an operation ("lb-put", "lb-delete",
+// "pip-put", "vmss-put", "nic-put") fail, as a crash between steps would.
 type Network struct {
 	mu     sync.Mutex
 	lbs    map[string][]byte
 	pips   map[string][]byte
+	nics   map[string][]byte
+	vmss   map[string][]byte
 	FailOn map[string]int
 	Calls  map[string]int
+	// InstanceUpdates counts UpdateInstances calls per scale set.
+	InstanceUpdates map[string]int
 }
 
 // NewNetwork returns an empty network.
 func NewNetwork() *Network {
-	return &Network{lbs: map[string][]byte{}, pips: map[string][]byte{}, FailOn: map[string]int{}, Calls: map[string]int{}}
+	return &Network{lbs: map[string][]byte{}, pips: map[string][]byte{}, nics: map[string][]byte{}, vmss: map[string][]byte{},
+		FailOn: map[string]int{}, Calls: map[string]int{}, InstanceUpdates: map[string]int{}}
+}
+
+// AddInterface stores a network interface.
+func (n *Network) AddInterface(nic armnetwork.Interface) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.nics[*nic.Name] = enc(nic)
+}
+
+// Interface returns a stored network interface.
+func (n *Network) Interface(name string) armnetwork.Interface {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var nic armnetwork.Interface
+	_ = json.Unmarshal(n.nics[name], &nic)
+	return nic
+}
+
+// AddScaleSet stores a VM scale set.
+func (n *Network) AddScaleSet(ss armcompute.VirtualMachineScaleSet) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.vmss[*ss.Name] = enc(ss)
+}
+
+// ScaleSet returns a stored VM scale set.
+func (n *Network) ScaleSet(name string) armcompute.VirtualMachineScaleSet {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var ss armcompute.VirtualMachineScaleSet
+	_ = json.Unmarshal(n.vmss[name], &ss)
+	return ss
+}
+
+// usersLocked names what still references load balancer lb's pools.
+func (n *Network) usersLocked(lb string) []string {
+	ref := "/loadbalancers/" + strings.ToLower(lb) + "/"
+	var out []string
+	for name, data := range n.vmss {
+		if strings.Contains(strings.ToLower(string(data)), ref) {
+			out = append(out, "virtual machine scale set "+name)
+		}
+	}
+	for name, data := range n.nics {
+		if strings.Contains(strings.ToLower(string(data)), ref) {
+			out = append(out, "network interface "+name)
+		}
+	}
+	return out
 }
 
 func enc(v any) []byte { b, _ := json.Marshal(v); return b }
@@ -92,6 +153,27 @@ func (n *Network) attachLocked(lb *armnetwork.LoadBalancer, on bool) {
 	}
 }
 
+// releaseDynamicLocked drops the address of lb's Dynamic public IPs: in
+// Azure a Dynamic address is held only while the IP is in use.
+func (n *Network) releaseDynamicLocked(lb *armnetwork.LoadBalancer) {
+	if lb.Properties == nil {
+		return
+	}
+	for _, fe := range lb.Properties.FrontendIPConfigurations {
+		if fe.Properties == nil || fe.Properties.PublicIPAddress == nil || fe.Properties.PublicIPAddress.ID == nil {
+			continue
+		}
+		name := (*fe.Properties.PublicIPAddress.ID)[strings.LastIndex(*fe.Properties.PublicIPAddress.ID, "/")+1:]
+		var p armnetwork.PublicIPAddress
+		if json.Unmarshal(n.pips[name], &p) != nil || p.Properties == nil || p.Properties.PublicIPAllocationMethod == nil ||
+			*p.Properties.PublicIPAllocationMethod != armnetwork.IPAllocationMethodDynamic {
+			continue
+		}
+		p.Properties.IPAddress = nil
+		n.pips[name] = enc(p)
+	}
+}
+
 func (n *Network) fail(op string) bool {
 	n.Calls[op]++
 	if n.FailOn[op] > 0 {
@@ -101,12 +183,129 @@ func (n *Network) fail(op string) bool {
 	return false
 }
 
-// ClientOptions connect armnetwork clients to this network.
+// ClientOptions connect armnetwork and armcompute clients to this network.
 func (n *Network) ClientOptions() *arm.ClientOptions {
 	return &arm.ClientOptions{ClientOptions: policy.ClientOptions{
-		Transport: fake.NewServerFactoryTransport(&fake.ServerFactory{LoadBalancersServer: n.lbServer(), PublicIPAddressesServer: n.pipServer()}),
-		Retry:     policy.RetryOptions{MaxRetries: -1, RetryDelay: time.Millisecond},
+		Transport: routeTransport{
+			network: fake.NewServerFactoryTransport(&fake.ServerFactory{LoadBalancersServer: n.lbServer(), PublicIPAddressesServer: n.pipServer(), InterfacesServer: n.nicServer()}),
+			compute: computefake.NewServerFactoryTransport(&computefake.ServerFactory{VirtualMachineScaleSetsServer: n.vmssServer()}),
+		},
+		Retry: policy.RetryOptions{MaxRetries: -1, RetryDelay: time.Millisecond},
 	}}
+}
+
+// routeTransport sends compute clients' calls to the compute fake and the
+// rest to the network fake (each fake serves only its own clients).
+type routeTransport struct{ network, compute policy.Transporter }
+
+func (t routeTransport) Do(req *http.Request) (*http.Response, error) {
+	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachineScaleSets") {
+		return t.compute.Do(req)
+	}
+	return t.network.Do(req)
+}
+
+func (n *Network) nicServer() fake.InterfacesServer {
+	return fake.InterfacesServer{
+		Get: func(_ context.Context, _ string, name string, _ *armnetwork.InterfacesClientGetOptions) (resp azfake.Responder[armnetwork.InterfacesClientGetResponse], errResp azfake.ErrorResponder) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			data, ok := n.nics[name]
+			if !ok {
+				errResp.SetResponseError(http.StatusNotFound, "NotFound")
+				return
+			}
+			var nic armnetwork.Interface
+			_ = json.Unmarshal(data, &nic)
+			resp.SetResponse(http.StatusOK, armnetwork.InterfacesClientGetResponse{Interface: nic}, nil)
+			return
+		},
+		NewListPager: func(string, *armnetwork.InterfacesClientListOptions) (resp azfake.PagerResponder[armnetwork.InterfacesClientListResponse]) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			page := armnetwork.InterfacesClientListResponse{}
+			for _, data := range n.nics {
+				var nic armnetwork.Interface
+				_ = json.Unmarshal(data, &nic)
+				page.Value = append(page.Value, &nic)
+			}
+			resp.AddPage(http.StatusOK, page, nil)
+			return
+		},
+		BeginCreateOrUpdate: func(_ context.Context, _ string, name string, nic armnetwork.Interface, _ *armnetwork.InterfacesClientBeginCreateOrUpdateOptions) (resp azfake.PollerResponder[armnetwork.InterfacesClientCreateOrUpdateResponse], errResp azfake.ErrorResponder) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if n.fail("nic-put") {
+				errResp.SetResponseError(http.StatusInternalServerError, "InternalServerError")
+				return
+			}
+			n.nics[name] = enc(nic)
+			resp.SetTerminalResponse(http.StatusOK, armnetwork.InterfacesClientCreateOrUpdateResponse{Interface: nic}, nil)
+			return
+		},
+	}
+}
+
+func (n *Network) vmssServer() computefake.VirtualMachineScaleSetsServer {
+	return computefake.VirtualMachineScaleSetsServer{
+		Get: func(_ context.Context, _ string, name string, _ *armcompute.VirtualMachineScaleSetsClientGetOptions) (resp azfake.Responder[armcompute.VirtualMachineScaleSetsClientGetResponse], errResp azfake.ErrorResponder) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			data, ok := n.vmss[name]
+			if !ok {
+				errResp.SetResponseError(http.StatusNotFound, "NotFound")
+				return
+			}
+			var ss armcompute.VirtualMachineScaleSet
+			_ = json.Unmarshal(data, &ss)
+			resp.SetResponse(http.StatusOK, armcompute.VirtualMachineScaleSetsClientGetResponse{VirtualMachineScaleSet: ss}, nil)
+			return
+		},
+		NewListPager: func(string, *armcompute.VirtualMachineScaleSetsClientListOptions) (resp azfake.PagerResponder[armcompute.VirtualMachineScaleSetsClientListResponse]) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			page := armcompute.VirtualMachineScaleSetsClientListResponse{}
+			for _, data := range n.vmss {
+				var ss armcompute.VirtualMachineScaleSet
+				_ = json.Unmarshal(data, &ss)
+				page.Value = append(page.Value, &ss)
+			}
+			resp.AddPage(http.StatusOK, page, nil)
+			return
+		},
+		// A PUT with only the location and the network profile, as
+		// cloud-provider-azure sends to detach pools, changes only the
+		// network profile.
+		BeginCreateOrUpdate: func(_ context.Context, _ string, name string, ss armcompute.VirtualMachineScaleSet, _ *armcompute.VirtualMachineScaleSetsClientBeginCreateOrUpdateOptions) (resp azfake.PollerResponder[armcompute.VirtualMachineScaleSetsClientCreateOrUpdateResponse], errResp azfake.ErrorResponder) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if n.fail("vmss-put") {
+				errResp.SetResponseError(http.StatusInternalServerError, "InternalServerError")
+				return
+			}
+			var cur armcompute.VirtualMachineScaleSet
+			_ = json.Unmarshal(n.vmss[name], &cur)
+			if cur.Properties == nil {
+				cur.Properties = &armcompute.VirtualMachineScaleSetProperties{}
+			}
+			if cur.Properties.VirtualMachineProfile == nil {
+				cur.Properties.VirtualMachineProfile = &armcompute.VirtualMachineScaleSetVMProfile{}
+			}
+			if ss.Properties != nil && ss.Properties.VirtualMachineProfile != nil {
+				cur.Properties.VirtualMachineProfile.NetworkProfile = ss.Properties.VirtualMachineProfile.NetworkProfile
+			}
+			n.vmss[name] = enc(cur)
+			resp.SetTerminalResponse(http.StatusOK, armcompute.VirtualMachineScaleSetsClientCreateOrUpdateResponse{VirtualMachineScaleSet: cur}, nil)
+			return
+		},
+		BeginUpdateInstances: func(_ context.Context, _ string, name string, _ armcompute.VirtualMachineScaleSetVMInstanceRequiredIDs, _ *armcompute.VirtualMachineScaleSetsClientBeginUpdateInstancesOptions) (resp azfake.PollerResponder[armcompute.VirtualMachineScaleSetsClientUpdateInstancesResponse], errResp azfake.ErrorResponder) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			n.InstanceUpdates[name]++
+			resp.SetTerminalResponse(http.StatusOK, armcompute.VirtualMachineScaleSetsClientUpdateInstancesResponse{}, nil)
+			return
+		},
+	}
 }
 
 func (n *Network) lbServer() fake.LoadBalancersServer {
@@ -149,10 +348,15 @@ func (n *Network) lbServer() fake.LoadBalancersServer {
 				errResp.SetResponseError(http.StatusInternalServerError, "InternalServerError")
 				return
 			}
+			if users := n.usersLocked(name); len(users) > 0 {
+				errResp.SetResponseError(http.StatusBadRequest, "LoadBalancerInUseByVirtualMachineScaleSet")
+				return
+			}
 			var cur armnetwork.LoadBalancer
 			if data, ok := n.lbs[name]; ok {
 				_ = json.Unmarshal(data, &cur)
 				n.attachLocked(&cur, false)
+				n.releaseDynamicLocked(&cur)
 				delete(n.lbs, name)
 			}
 			resp.SetTerminalResponse(http.StatusOK, armnetwork.LoadBalancersClientDeleteResponse{}, nil)
@@ -163,6 +367,19 @@ func (n *Network) lbServer() fake.LoadBalancersServer {
 
 func (n *Network) pipServer() fake.PublicIPAddressesServer {
 	return fake.PublicIPAddressesServer{
+		Get: func(_ context.Context, _ string, name string, _ *armnetwork.PublicIPAddressesClientGetOptions) (resp azfake.Responder[armnetwork.PublicIPAddressesClientGetResponse], errResp azfake.ErrorResponder) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			data, ok := n.pips[name]
+			if !ok {
+				errResp.SetResponseError(http.StatusNotFound, "NotFound")
+				return
+			}
+			var p armnetwork.PublicIPAddress
+			_ = json.Unmarshal(data, &p)
+			resp.SetResponse(http.StatusOK, armnetwork.PublicIPAddressesClientGetResponse{PublicIPAddress: p}, nil)
+			return
+		},
 		NewListPager: func(string, *armnetwork.PublicIPAddressesClientListOptions) (resp azfake.PagerResponder[armnetwork.PublicIPAddressesClientListResponse]) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
@@ -187,6 +404,14 @@ func (n *Network) pipServer() fake.PublicIPAddressesServer {
 			if cur.Properties != nil && cur.Properties.IPConfiguration != nil && cur.SKU != nil && p.SKU != nil && *cur.SKU.Name != *p.SKU.Name {
 				errResp.SetResponseError(http.StatusBadRequest, "PublicIPAddressInUse")
 				return
+			}
+			if p.SKU != nil && p.SKU.Name != nil && *p.SKU.Name == armnetwork.PublicIPAddressSKUNameStandard &&
+				(p.Properties == nil || p.Properties.PublicIPAllocationMethod == nil || *p.Properties.PublicIPAllocationMethod != armnetwork.IPAllocationMethodStatic) {
+				errResp.SetResponseError(http.StatusBadRequest, "StandardSkuPublicIPAddressesMustBeStatic")
+				return
+			}
+			if cur.Properties != nil && p.Properties != nil {
+				p.Properties.IPAddress = cur.Properties.IPAddress // the address is Azure's, not the caller's
 			}
 			if p.Properties != nil && cur.Properties != nil {
 				p.Properties.IPConfiguration = cur.Properties.IPConfiguration
