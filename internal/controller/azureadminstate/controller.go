@@ -5,6 +5,7 @@ package azureadminstate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -158,15 +159,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	if len(want) == 0 {
 		return result, nil
 	}
-	if err := r.Manager.SetAdminStates(ctx, want); err != nil {
-		r.reportFailure(want, byNode, err)
+	err := r.Manager.SetAdminStates(ctx, want)
+	var unmatched *azure.UnmatchedError
+	if err != nil && !errors.As(err, &unmatched) {
+		r.reportFailure(want, byNode, lbmodel.ReasonAdminStateUpdateFailed, err)
 		return ctrl.Result{}, fmt.Errorf("setting the admin state of %v on Azure: %w", names(want), err)
 	}
 	for an, s := range want {
-		if n := byNode[an]; n != nil {
-			r.applied[n.UID] = s
-			delete(r.failing, n.UID)
+		n := byNode[an]
+		if n == nil {
+			continue
 		}
+		if _, excluded := n.Labels[lbmodel.ExcludeNodeLabel]; !excluded && unmatched != nil && slices.Contains(unmatched.Nodes, an.Name) {
+			// Not a success: reported once, looked at again by every
+			// drift check while the node is Down. (A node excluded from
+			// load balancers is in no pool by design.)
+			r.reportFailure(map[*azure.Node]azure.State{an: s}, byNode, ReasonBackendNotFound, unmatched)
+			continue
+		}
+		r.applied[n.UID] = s
+		delete(r.failing, n.UID)
 	}
 	for uid, an := range r.gone {
 		r.Manager.Forget(an.Name)
@@ -205,8 +217,12 @@ func (r *Reconciler) noticeDeleted(states map[types.UID]azure.State, live map[st
 	}
 }
 
+// ReasonBackendNotFound is the Node event when no backend pool entry is
+// the node's, so that its admin state cannot be set.
+const ReasonBackendNotFound = "LoadBalancerBackendNotFound"
+
 // reportFailure records one Warning event per node and failing state.
-func (r *Reconciler) reportFailure(want map[*azure.Node]azure.State, byNode map[*azure.Node]*corev1.Node, err error) {
+func (r *Reconciler) reportFailure(want map[*azure.Node]azure.State, byNode map[*azure.Node]*corev1.Node, reason string, err error) {
 	for an, s := range want {
 		n := byNode[an]
 		if n == nil {
@@ -216,8 +232,8 @@ func (r *Reconciler) reportFailure(want map[*azure.Node]azure.State, byNode map[
 			continue
 		}
 		r.failing[n.UID] = s
-		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, lbmodel.ReasonAdminStateUpdateFailed, "AdminState",
-			"Could not set this node's Azure load balancer backends to admin state %s: %v (retrying with backoff; no further event until it changes)", s, err)
+		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, reason, "AdminState",
+			"Could not set this node's Azure load balancer backends to admin state %s: %v (retrying; no further event until it changes)", s, err)
 	}
 }
 

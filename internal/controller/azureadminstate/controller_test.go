@@ -261,3 +261,34 @@ func TestDeletedNodeTurnsDownFirst(t *testing.T) {
 		t.Error("the deleted node is written again and again")
 	}
 }
+
+// A leaving node that no pool holds gets one Warning event saying so, not
+// a success, and does not hold back the others.
+func TestUnmatchedNodeGetsOneEvent(t *testing.T) {
+	r, cloud, _, rec, clk := setup(t, nil, node("a", "1", "10.0.0.1", lbmodel.TaintDraining), node("stray", "9", "10.9.9.9", lbmodel.TaintDraining))
+	reconcileOnce(t, r)
+	if entryState(cloud, "10.0.0.1") != "Down" {
+		t.Error("the matched node was held back")
+	}
+	evs := drain(rec)
+	if len(evs) != 1 || !strings.Contains(evs[0], "Warning "+ReasonBackendNotFound) || !strings.Contains(evs[0], "stray") {
+		t.Fatalf("events %q, want one %s about stray", evs, ReasonBackendNotFound)
+	}
+	clk.Step(DefaultDriftCheck)
+	reconcileOnce(t, r)
+	if evs := drain(rec); len(evs) != 0 {
+		t.Errorf("the event repeats: %q", evs)
+	}
+}
+
+func drain(rec *events.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}

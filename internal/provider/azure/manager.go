@@ -15,19 +15,10 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 )
-
-// Node is what identifies a node's entries in backend pools: its
-// addresses (IP-based pools, both families) and its provider ID (NIC-based
-// pools: the NIC IP configurations of a scale-set VM sit under it; a NIC
-// named after the node also matches).
-type Node struct {
-	Name       string
-	IPs        []string
-	ProviderID string
-}
 
 // conflictRetries bounds the fresh-read retries after an etag conflict,
 // and the retries of a throttled write.
@@ -54,10 +45,16 @@ type Manager struct {
 	// doubled per attempt. Default 1 s.
 	ThrottleBackoff time.Duration
 
+	vms *armcompute.VirtualMachinesClient
+
 	mu sync.Mutex
 	// applied is, per load balancer, the state each node's entries last
 	// converged to there.
 	applied map[string]map[string]State
+	// found are the nodes seen in some pool since the last Invalidate.
+	found map[string]bool
+	// nics caches the network interfaces of nodes on standalone VMs.
+	nics map[string]vmNICs
 	// skipped are the pools already logged as not ebb's to write.
 	skipped map[string]bool
 }
@@ -72,7 +69,12 @@ func NewManager(cfg *Config, cred azcore.TokenCredential, opts *arm.ClientOption
 	if err != nil {
 		return nil, fmt.Errorf("creating the backend address pools client: %w", err)
 	}
-	return &Manager{cfg: cfg, pools: pools, m: m, applied: map[string]map[string]State{}, skipped: map[string]bool{}}, nil
+	vms, err := armcompute.NewVirtualMachinesClient(cfg.SubscriptionID, cred, opts)
+	if err != nil {
+		return nil, fmt.Errorf("creating the virtual machines client: %w", err)
+	}
+	return &Manager{cfg: cfg, pools: pools, vms: vms, m: m, applied: map[string]map[string]State{}, skipped: map[string]bool{},
+		found: map[string]bool{}, nics: map[string]vmNICs{}}, nil
 }
 
 // Forget drops a node from the cache (deleted, or replaced: the next call
@@ -83,6 +85,8 @@ func (m *Manager) Forget(node string) {
 	for _, nodes := range m.applied {
 		delete(nodes, node)
 	}
+	delete(m.found, node)
+	delete(m.nics, node)
 }
 
 // Invalidate empties the cache, so the next call reads every load
@@ -90,6 +94,7 @@ func (m *Manager) Forget(node string) {
 func (m *Manager) Invalidate() {
 	m.mu.Lock()
 	m.applied = map[string]map[string]State{}
+	m.found = map[string]bool{}
 	m.mu.Unlock()
 }
 
@@ -102,6 +107,9 @@ func (m *Manager) Invalidate() {
 func (m *Manager) SetAdminStates(ctx context.Context, want map[*Node]State) error {
 	start := time.Now()
 	var errs []error
+	if err := m.resolveNICs(ctx, want); err != nil {
+		errs = append(errs, err)
+	}
 	worked := false
 	for _, lb := range m.cfg.AdminStateLoadBalancers() {
 		todo := m.todo(lb, want)
@@ -122,10 +130,13 @@ func (m *Manager) SetAdminStates(ctx context.Context, want map[*Node]State) erro
 		}
 		m.mu.Unlock()
 	}
-	if !worked {
+	if !worked && len(errs) == 0 {
 		return nil
 	}
 	err := errors.Join(errs...)
+	if err == nil {
+		err = m.unmatched(want)
+	}
 	m.m.observe(time.Since(start), err)
 	return err
 }
@@ -262,9 +273,12 @@ func (m *Manager) apply(pool *armnetwork.BackendAddressPool, want map[*Node]Stat
 			continue
 		}
 		for n, s := range want {
-			if !m.owns(n, entry.Properties) {
+			if !n.owns(entry.Properties) {
 				continue
 			}
+			m.mu.Lock()
+			m.found[n.Name] = true
+			m.mu.Unlock()
 			if cur := entry.Properties.AdminState; cur == nil && s == armnetwork.LoadBalancerBackendAddressAdminStateNone || cur != nil && *cur == s {
 				continue
 			}
@@ -274,21 +288,6 @@ func (m *Manager) apply(pool *armnetwork.BackendAddressPool, want map[*Node]Stat
 		}
 	}
 	return changed
-}
-
-// owns reports whether a backend address entry is the node's.
-func (m *Manager) owns(n *Node, p *armnetwork.LoadBalancerBackendAddressPropertiesFormat) bool {
-	if p.IPAddress != nil && slices.Contains(n.IPs, *p.IPAddress) {
-		return true
-	}
-	if p.NetworkInterfaceIPConfiguration == nil || p.NetworkInterfaceIPConfiguration.ID == nil {
-		return false
-	}
-	id := strings.ToLower(*p.NetworkInterfaceIPConfiguration.ID)
-	if pid := strings.ToLower(strings.TrimPrefix(n.ProviderID, "azure://")); pid != "" && strings.HasPrefix(id, pid+"/networkinterfaces/") {
-		return true
-	}
-	return strings.Contains(id, "/networkinterfaces/"+strings.ToLower(n.Name)+"/") || strings.Contains(id, "/networkinterfaces/"+strings.ToLower(n.Name)+"-nic")
 }
 
 // retryAfter is how long to wait after a 429: its Retry-After, else an

@@ -2,6 +2,7 @@ package azure
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -297,5 +298,58 @@ func TestCallsAreObservedWithCloudProviderAzureLabels(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no update observed with labels %v", want)
+	}
+}
+
+// Availability-set and VMSS Flex VMs are VM resources of their own: their
+// NIC's name says nothing about the node, so the NIC is found through the
+// VM (once, then cached).
+func TestStandaloneVMsAreMatchedThroughTheirNICs(t *testing.T) {
+	cloud := azurefake.New()
+	nic := "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/aks-nodepool1-12345-nic-0"
+	id := nic + "/ipConfigurations/ipconfig1"
+	cloud.AddPool("kubernetes", pool("kubernetes", &armnetwork.LoadBalancerBackendAddress{Name: ptr("as-0"), Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{
+		NetworkInterfaceIPConfiguration: &armnetwork.SubResource{ID: &id}}}))
+	cloud.AddVM("aks-nodepool1-12345-0", nic)
+	mgr := newManager(t, cloud, `{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true}`)
+	n := &Node{Name: "node-a", IPs: []string{"10.0.0.4"}, ProviderID: "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/aks-nodepool1-12345-0"}
+	ctx := context.Background()
+	if err := mgr.SetAdminStates(ctx, map[*Node]State{n: down}); err != nil {
+		t.Fatal(err)
+	}
+	if state(cloud, "kubernetes", "kubernetes", "as-0") != down {
+		t.Error("the standalone VM's entry was not matched")
+	}
+	mgr.Invalidate()
+	if err := mgr.SetAdminStates(ctx, map[*Node]State{{Name: n.Name, IPs: n.IPs, ProviderID: n.ProviderID}: none}); err != nil {
+		t.Fatal(err)
+	}
+	if state(cloud, "kubernetes", "kubernetes", "as-0") != none || cloud.Count("vm-get") != 1 {
+		t.Errorf("state %s after %d VM reads, want None after 1 (cached)", state(cloud, "kubernetes", "kubernetes", "as-0"), cloud.Count("vm-get"))
+	}
+}
+
+// A node to be set Down that no pool holds is an error naming it, and a
+// metric, not a success; the next call looks again.
+func TestUnmatchedNodeIsReportedNotSucceeded(t *testing.T) {
+	mgr, cloud := setup(t)
+	stray := &Node{Name: "stray", IPs: []string{"10.9.9.9"}}
+	err := mgr.SetAdminStates(context.Background(), map[*Node]State{stray: down, n0: down})
+	var unmatched *UnmatchedError
+	if !errors.As(err, &unmatched) || !slices.Equal(unmatched.Nodes, []string{"stray"}) {
+		t.Fatalf("error %v, want an UnmatchedError naming only stray", err)
+	}
+	if got := testutil.ToFloat64(mgr.m.unmatched); got != 1 {
+		t.Errorf("unmatched gauge %v, want 1", got)
+	}
+	lists := cloud.Count("list")
+	if err := mgr.SetAdminStates(context.Background(), map[*Node]State{stray: down, n0: down}); !errors.As(err, &unmatched) {
+		t.Fatalf("the second call: %v", err)
+	}
+	if cloud.Count("list") == lists {
+		t.Error("the unmatched node was cached as done: the second call did not look again")
+	}
+	if state(cloud, "kubernetes", "kubernetes", "10.0.0.4") != down {
+		t.Error("the matched node was not written")
 	}
 }

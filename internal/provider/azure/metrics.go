@@ -24,6 +24,7 @@ type Metrics struct {
 	latency   prometheus.Histogram
 	errors    prometheus.Counter
 	throttled prometheus.Counter
+	unmatched prometheus.Gauge
 
 	requestLatency   *prometheus.HistogramVec
 	requestErrors    *prometheus.CounterVec
@@ -50,6 +51,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Admin state operations that failed."}),
 		throttled: prometheus.NewCounter(prometheus.CounterOpts{Name: "loadbalancer_adminstate_throttled_total",
 			Help: "Throttled (429) admin state writes that reached ebb after the SDK's own retries; ebb waits Retry-After (or backs off) and retries."}),
+		unmatched: prometheus.NewGauge(prometheus.GaugeOpts{Name: "loadbalancer_adminstate_unmatched_nodes",
+			Help: "Nodes to be set Down that no backend pool entry matches, at the last operation: their new connections cannot be stopped."}),
 		requestLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "cloudprovider_azure_api_request_duration_seconds",
 			Help: "Latency of an Azure API call (cloud-provider-azure's series; ebb's calls have source ebb-adminstate).", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)},
 			append(labels, "result_code")),
@@ -58,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		requestThrottled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cloudprovider_azure_api_request_throttled_count",
 			Help: "Azure API calls answered 429 (cloud-provider-azure's series; ebb's calls have source ebb-adminstate)."}, labels),
 	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.throttled, m.requestLatency, m.requestErrors, m.requestThrottled} {
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.throttled, m.unmatched, m.requestLatency, m.requestErrors, m.requestThrottled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -79,6 +82,12 @@ func (m *Metrics) observe(d time.Duration, err error) {
 func (m *Metrics) throttle() {
 	if m != nil {
 		m.throttled.Inc()
+	}
+}
+
+func (m *Metrics) setUnmatched(n int) {
+	if m != nil {
+		m.unmatched.Set(float64(n))
 	}
 }
 

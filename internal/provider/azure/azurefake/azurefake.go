@@ -23,6 +23,9 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
 	azfake "github.com/Azure/azure-sdk-for-go/sdk/azcore/fake"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	azruntime "github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	computefake "github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7/fake"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9/fake"
 )
@@ -32,6 +35,7 @@ type Cloud struct {
 	mu    sync.Mutex
 	pools map[string]map[string][]byte // load balancer -> pool -> JSON
 	order map[string][]string
+	vms   map[string][]byte // virtual machine name -> JSON
 	etag  int
 	// Calls counts operations: "list", "get", "put".
 	Calls map[string]int
@@ -50,7 +54,7 @@ type Cloud struct {
 
 // New returns an empty cloud.
 func New() *Cloud {
-	return &Cloud{pools: map[string]map[string][]byte{}, order: map[string][]string{}, Calls: map[string]int{}}
+	return &Cloud{pools: map[string]map[string][]byte{}, order: map[string][]string{}, vms: map[string][]byte{}, Calls: map[string]int{}}
 }
 
 // AddPool stores a pool on a load balancer.
@@ -88,6 +92,18 @@ func (c *Cloud) rewrite(lb, name string, f func(*armnetwork.BackendAddressPool))
 	*p.Etag = fmt.Sprintf("W/\"%d\"", c.etag)
 	data, _ := json.Marshal(p)
 	c.pools[lb][name] = data
+}
+
+// AddVM stores a virtual machine (an availability-set or VMSS Flex VM, a
+// resource of its own) with its network interfaces.
+func (c *Cloud) AddVM(name string, nicIDs ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	vm := armcompute.VirtualMachine{Name: &name, Properties: &armcompute.VirtualMachineProperties{NetworkProfile: &armcompute.NetworkProfile{}}}
+	for _, id := range nicIDs {
+		vm.Properties.NetworkProfile.NetworkInterfaces = append(vm.Properties.NetworkProfile.NetworkInterfaces, &armcompute.NetworkInterfaceReference{ID: &id})
+	}
+	c.vms[name] = enc(vm)
 }
 
 // Pool returns a copy of a stored pool.
@@ -130,15 +146,38 @@ type ifMatchKey struct{}
 // transport answers what the SDK's fake server cannot and passes the
 // headers the fake must enforce on.
 type transport struct {
-	c    *Cloud
-	next policy.Transporter
+	c         *Cloud
+	next, vms policy.Transporter
 }
 
 func (c *Cloud) transport() transport {
-	return transport{c: c, next: fake.NewLoadBalancerBackendAddressPoolsServerTransport(c.Server())}
+	return transport{c: c, next: fake.NewLoadBalancerBackendAddressPoolsServerTransport(c.Server()),
+		vms: computefake.NewVirtualMachinesServerTransport(c.vmServer())}
+}
+
+func (c *Cloud) vmServer() *computefake.VirtualMachinesServer {
+	return &computefake.VirtualMachinesServer{
+		Get: func(_ context.Context, _ string, name string, _ *armcompute.VirtualMachinesClientGetOptions) (resp azfake.Responder[armcompute.VirtualMachinesClientGetResponse], errResp azfake.ErrorResponder) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.Calls["vm-get"]++
+			data, ok := c.vms[name]
+			if !ok {
+				errResp.SetResponseError(http.StatusNotFound, "ResourceNotFound")
+				return
+			}
+			var vm armcompute.VirtualMachine
+			_ = json.Unmarshal(data, &vm)
+			resp.SetResponse(http.StatusOK, armcompute.VirtualMachinesClientGetResponse{VirtualMachine: vm}, nil)
+			return
+		},
+	}
 }
 
 func (t transport) Do(req *http.Request) (*http.Response, error) {
+	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachinesClient.") {
+		return t.vms.Do(req)
+	}
 	// Listing the pools of a load balancer that does not exist is a 404,
 	// answered here: the fake server keeps a pager whose first page is an
 	// error, and answers the next list of the same load balancer "empty".

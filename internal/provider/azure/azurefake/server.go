@@ -41,6 +41,8 @@ func (c *Cloud) Serve() (srv *httptest.Server, caPEM []byte) {
 			api = "LoadBalancerBackendAddressPoolsClient.BeginCreateOrUpdate"
 		case r.Method == http.MethodDelete:
 			api = "LoadBalancerBackendAddressPoolsClient.BeginDelete"
+		case strings.Contains(r.URL.Path, "/Microsoft.Compute/virtualMachines/"):
+			api = "VirtualMachinesClient.Get"
 		case strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/backendAddressPools"):
 			api = "LoadBalancerBackendAddressPoolsClient.NewListPager"
 		}
