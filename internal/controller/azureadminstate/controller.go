@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -27,7 +29,8 @@ import (
 	"github.com/ebbdev/ebb/internal/provider/azure"
 )
 
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes;services,verbs=get;list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 const (
@@ -162,7 +165,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	err := r.Manager.SetAdminStates(ctx, want)
 	var unmatched *azure.UnmatchedError
 	if err != nil && !errors.As(err, &unmatched) {
-		r.reportFailure(want, byNode, lbmodel.ReasonAdminStateUpdateFailed, err)
+		r.reportFailure(ctx, want, byNode, lbmodel.ReasonAdminStateUpdateFailed, err)
 		return ctrl.Result{}, fmt.Errorf("setting the admin state of %v on Azure: %w", names(want), err)
 	}
 	for an, s := range want {
@@ -174,7 +177,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 			// Not a success: reported once, looked at again by every
 			// drift check while the node is Down. (A node excluded from
 			// load balancers is in no pool by design.)
-			r.reportFailure(map[*azure.Node]azure.State{an: s}, byNode, ReasonBackendNotFound, unmatched)
+			r.reportFailure(ctx, map[*azure.Node]azure.State{an: s}, byNode, ReasonBackendNotFound, unmatched)
 			continue
 		}
 		r.applied[n.UID] = s
@@ -221,8 +224,11 @@ func (r *Reconciler) noticeDeleted(states map[types.UID]azure.State, live map[st
 // the node's, so that its admin state cannot be set.
 const ReasonBackendNotFound = "LoadBalancerBackendNotFound"
 
-// reportFailure records one Warning event per node and failing state.
-func (r *Reconciler) reportFailure(want map[*azure.Node]azure.State, byNode map[*azure.Node]*corev1.Node, reason string, err error) {
+// reportFailure records one Warning event per node and failing state, on
+// the node and on the Services whose traffic it carries (seed 000: events
+// on the node and the Service, so that whoever owns either sees it).
+func (r *Reconciler) reportFailure(ctx context.Context, want map[*azure.Node]azure.State, byNode map[*azure.Node]*corev1.Node, reason string, err error) {
+	var reported []string
 	for an, s := range want {
 		n := byNode[an]
 		if n == nil {
@@ -232,9 +238,63 @@ func (r *Reconciler) reportFailure(want map[*azure.Node]azure.State, byNode map[
 			continue
 		}
 		r.failing[n.UID] = s
+		reported = append(reported, n.Name)
 		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, reason, "AdminState",
 			"Could not set this node's Azure load balancer backends to admin state %s: %v (retrying; no further event until it changes)", s, err)
 	}
+	if len(reported) == 0 {
+		return
+	}
+	sort.Strings(reported)
+	svcs, lerr := r.affectedServices(ctx, reported)
+	if lerr != nil {
+		log.FromContext(ctx).Error(lerr, "Finding the Services a failed admin-state change affects")
+		return
+	}
+	for i := range svcs {
+		r.Recorder.Eventf(&svcs[i], nil, corev1.EventTypeWarning, reason, "AdminState",
+			"Could not set the Azure load balancer admin state of node(s) %s, which carry this Service's traffic: %v", strings.Join(reported, ", "), err)
+	}
+}
+
+// affectedServices are the LoadBalancer Services cloud-provider-azure
+// serves (no loadBalancerClass) whose traffic goes through one of nodes:
+// every node with externalTrafficPolicy Cluster, the nodes with a local
+// endpoint with Local.
+func (r *Reconciler) affectedServices(ctx context.Context, nodes []string) ([]corev1.Service, error) {
+	var list corev1.ServiceList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing Services: %w", err)
+	}
+	var out []corev1.Service
+	for _, svc := range list.Items {
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.LoadBalancerClass != nil {
+			continue
+		}
+		if svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
+			out = append(out, svc)
+			continue
+		}
+		var eps discoveryv1.EndpointSliceList
+		if err := r.Client.List(ctx, &eps, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+			return nil, fmt.Errorf("listing the EndpointSlices of Service %s/%s: %w", svc.Namespace, svc.Name, err)
+		}
+		if hasEndpointOn(eps.Items, nodes) {
+			out = append(out, svc)
+		}
+	}
+	return out, nil
+}
+
+func hasEndpointOn(eps []discoveryv1.EndpointSlice, nodes []string) bool {
+	for _, s := range eps {
+		for _, e := range s.Endpoints {
+			if e.NodeName != nil && slices.Contains(nodes, *e.NodeName) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wanted is a node's admin state on Azure.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -290,5 +291,40 @@ func drain(rec *events.FakeRecorder) []string {
 		default:
 			return out
 		}
+	}
+}
+
+// A failure is also a Warning on the Services whose traffic the node
+// carries: Azure's LoadBalancer Services with externalTrafficPolicy
+// Cluster, and Local ones with an endpoint on the node; not ebb's own
+// class, not Local ones elsewhere.
+func TestFailureIsReportedOnAffectedServices(t *testing.T) {
+	svc := func(name string, mutate func(*corev1.Service)) *corev1.Service {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
+		if mutate != nil {
+			mutate(s)
+		}
+		return s
+	}
+	local := func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+	slice := func(service, nodeName string) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: service + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+			AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, NodeName: ptr.To(nodeName)}}}
+	}
+	r, cloud, _, rec, _ := setup(t, nil, node("a", "1", "10.0.0.1", lbmodel.TaintDraining),
+		svc("cluster", nil), svc("local-here", local), svc("local-elsewhere", local), svc("ebb", func(s *corev1.Service) { s.Spec.LoadBalancerClass = ptr.To("ebb.dev/l4") }),
+		slice("local-here", "a"), slice("local-elsewhere", "b"))
+	cloud.FailNext = 1
+	if _, err := r.Reconcile(context.Background(), ctrl.Request{}); err == nil {
+		t.Fatal("the failure was not returned")
+	}
+	var onServices []string
+	for _, e := range drain(rec) {
+		if strings.Contains(e, "carry this Service's traffic") {
+			onServices = append(onServices, e)
+		}
+	}
+	if len(onServices) != 2 {
+		t.Errorf("%d Service events, want 2 (cluster, local-here): %q", len(onServices), onServices)
 	}
 }
