@@ -12,7 +12,6 @@ import (
 
 	"github.com/ebbdev/ebb/bench/internal/scrape"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
-	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -128,7 +127,7 @@ func preemptScheduled(ctx context.Context, c *localcluster.Cluster, name string)
 	ev := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "preempt-"},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: node.UID, APIVersion: "v1"},
-		Reason:         spot.ReasonPreemptScheduled,
+		Reason:         lbmodel.ReasonPreemptScheduled,
 		Message:        "Preemption is scheduled",
 		Type:           corev1.EventTypeWarning,
 		Source:         corev1.EventSource{Component: "bench-cutover"},

@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/ebbdev/ebb/internal/controller/surge"
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -220,7 +220,7 @@ func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, sin
 	// endpoint left, as they must for any rolling update.
 	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
 	if single {
-		dep.Annotations = map[string]string{surge.OptInAnnotation: "true"}
+		dep.Annotations = map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}
 	}
 	if _, err := s.c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		return "", fmt.Errorf("creating Deployment %s: %w", name, err)

@@ -14,8 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/klog/v2"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 // The priorities of the default entries: the highest user-defined
@@ -113,6 +115,28 @@ func describe(e v1alpha1.DrainPlanEntry) string {
 
 // MirrorPodAnnotation marks a static pod's mirror in the API.
 const MirrorPodAnnotation = corev1.MirrorPodAnnotationKey
+
+// DrainingTaint is the taint a drain puts on its nodes: new pods stay away
+// and the load balancers turn the node's backends Down.
+func DrainingTaint() corev1.Taint {
+	return corev1.Taint{Key: lbmodel.TaintDraining, Value: v1alpha1.DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule}
+}
+
+// ToleratesDraining reports whether a DaemonSet pod tolerates the draining
+// taint: the DaemonSet controller would recreate it on the node at once,
+// so it is reported rather than fought.
+func ToleratesDraining(p *corev1.Pod) bool {
+	if TypeOf(p) != v1alpha1.DaemonSet {
+		return false
+	}
+	taint := DrainingTaint()
+	for _, t := range p.Spec.Tolerations {
+		if t.ToleratesTaint(klog.Background(), &taint, false) {
+			return true
+		}
+	}
+	return false
+}
 
 // TypeOf returns a pod's type: Static for mirror pods, DaemonSet for pods
 // a DaemonSet controls, Default for the rest.

@@ -66,6 +66,21 @@ const (
 	ReasonAdminStateUpdateFailed = "LoadBalancerAdminStateUpdateFailed"
 )
 
+// The spot preemption signal (seed 000).
+const (
+	// ReasonPreemptScheduled is the reason of the Event that announces an
+	// imminent spot eviction of a node.
+	ReasonPreemptScheduled = "PreemptScheduled"
+	// SpotHandledAnnotation records on the node the creation time of the
+	// newest PreemptScheduled Event acted on: an Event no newer never
+	// taints the node again (after a restart, or after an operator
+	// cleared the taint), while a newer one does.
+	SpotHandledAnnotation = "ebb.dev/spot-eviction-handled"
+	// ReasonSpotEvictionTainted is the Node event ebb emits when it adds
+	// the spot-eviction taint.
+	ReasonSpotEvictionTainted = "SpotEvictionTainted"
+)
+
 // Options tune the rules.
 type Options struct {
 	// NodeHealthPort is probed for externalTrafficPolicy Cluster in node

@@ -132,7 +132,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.Cloud, "cloud", "", "apply load-balancer admin state through a cloud's API as well: azure")
 	f.StringVar(&o.AzureConfig, "azure-config", "/etc/kubernetes/azure.json", "with --cloud azure: the azure.json file")
 	f.BoolVar(&o.AzureMigrateOnStart, "azure-migrate-on-start", false, "with --cloud azure and loadBalancerSku standard: run the Basic-to-Standard migration once at start (may cause downtime; see `ebb azure migrate-basic-lb --help`)")
-	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+surge.OptInAnnotation+": \"true\"")
+	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+v1alpha1.SurgeEvacuationAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.MaxDrainingNodes, "max-draining-nodes", 0, "nodes NodeMaintenances drain at once across maintenances; a maintenance that would exceed it waits in Drain, cordoned, with condition Drained=False reason WaitingForDrainSlot (0: no limit)")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
@@ -183,7 +183,7 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		// Only the spot preemption signal matters among Events: do not
 		// cache the others.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Event{}: {Field: fields.OneTermEqualSelector("reason", spot.ReasonPreemptScheduled)},
+			&corev1.Event{}: {Field: fields.OneTermEqualSelector("reason", lbmodel.ReasonPreemptScheduled)},
 		}},
 	}
 	if o.Webhook.Port != 0 {

@@ -11,7 +11,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 )
 
 func TestNodeSelector(t *testing.T) {
@@ -56,13 +55,13 @@ func TestBlockersAndBar(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	ts := metav1.NewTime(now.Add(-90 * time.Second))
 	evs := []v1alpha1.Evacuation{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{nodemaintenance.NodeLabel: "n1"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{v1alpha1.EvacuationNodeLabel: "n1"}},
 			Spec:   v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: "db-0"}},
 			Status: v1alpha1.EvacuationStatus{FailedEvictionCounter: 3, Message: "Eviction blocked: The disruption budget db needs 1 healthy pods and has 1 currently"}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{nodemaintenance.NodeLabel: "n1"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{v1alpha1.EvacuationNodeLabel: "n1"}},
 			Spec:   v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: "web-1"}},
 			Status: v1alpha1.EvacuationStatus{ActiveEvacuatorClass: "surge.maintenance.ebb.dev", EvacuationProgressTimestamp: &ts, Message: "Surged"}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{nodemaintenance.NodeLabel: "n2"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Labels: map[string]string{v1alpha1.EvacuationNodeLabel: "n2"}},
 			Spec: v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: "other"}}, Status: v1alpha1.EvacuationStatus{FailedEvictionCounter: 1}},
 	}
 	got := strings.Join(blockers(evs, "n1", now), "\n")

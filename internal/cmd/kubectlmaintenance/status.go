@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/drainplan"
 )
 
@@ -183,7 +182,7 @@ func (o *options) describe(ctx context.Context, c client.Client, w io.Writer, nm
 func blockers(evacs []v1alpha1.Evacuation, node string, now time.Time) []string {
 	var out []string
 	for _, e := range evacs {
-		if e.Labels[nodemaintenance.NodeLabel] != node {
+		if e.Labels[v1alpha1.EvacuationNodeLabel] != node {
 			continue
 		}
 		pod := e.Namespace + "/" + e.Spec.PodRef.Name
@@ -220,7 +219,7 @@ func heldBack(pods []corev1.Pod, evacuated map[string]bool, targets []v1alpha1.D
 		p := &pods[i]
 		key := p.Namespace + "/" + p.Name
 		if evacuated[key] || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
-			drainplan.TypeOf(p) == v1alpha1.Static || nodemaintenance.ToleratesDraining(p) || drainplan.Matches(targets, p) {
+			drainplan.TypeOf(p) == v1alpha1.Static || drainplan.ToleratesDraining(p) || drainplan.Matches(targets, p) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: held back by the drain plan (%s pod, priority %d): it leaves at a later step", key, drainplan.TypeOf(p), ptr.Deref(p.Spec.Priority, 0)))

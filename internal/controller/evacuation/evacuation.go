@@ -41,18 +41,6 @@ import (
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Condition types and reasons on an Evacuation.
-const (
-	// ConditionEvicting is True once the controller fell back to the
-	// Eviction API (no evacuator, or none left).
-	ConditionEvicting = "Evicting"
-
-	ReasonEvacuatorSelected = "EvacuatorSelected"
-	ReasonEvacuatorExpired  = "EvacuatorDeadlineExceeded"
-	ReasonEvictionBlocked   = "EvictionBlocked"
-	ReasonEvicted           = "Evicted"
-)
-
 // Phases reported by the metrics.
 const (
 	PhasePending    = "Pending"
@@ -169,7 +157,7 @@ func (r *Reconciler) step(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 		e.Status.Message = "A static pod cannot be evicted through the API: stop it on its node"
 		return ctrl.Result{}, nil
 	}
-	if !meta.IsStatusConditionTrue(e.Status.Conditions, ConditionEvicting) {
+	if !meta.IsStatusConditionTrue(e.Status.Conditions, v1alpha1.EvictingCondition) {
 		next, wait := r.handOff(ctx, e, now)
 		if !next {
 			return ctrl.Result{RequeueAfter: wait}, nil
@@ -203,7 +191,7 @@ func (r *Reconciler) handOff(ctx context.Context, e *v1alpha1.Evacuation, now ti
 			return false, wait
 		}
 		if expired && !st.ActiveEvacuatorCompleted {
-			r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonEvacuatorExpired, "HandOff",
+			r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1alpha1.ReasonEvacuatorExpired, "HandOff",
 				"Evacuator %s made no progress for %s; moving on", st.ActiveEvacuatorClass, deadline)
 		}
 	}
@@ -216,7 +204,7 @@ func (r *Reconciler) handOff(ctx context.Context, e *v1alpha1.Evacuation, now ti
 	st.ActiveEvacuatorClass, st.ActiveEvacuatorCompleted, st.EvacuationProgressTimestamp = next, false, &ts
 	st.ExpectedEvacuationFinishTime = nil
 	st.Message = fmt.Sprintf("Waiting for evacuator %s", next)
-	r.Recorder.Eventf(e, nil, corev1.EventTypeNormal, ReasonEvacuatorSelected, "HandOff", "Evacuator %s is now in charge", next)
+	r.Recorder.Eventf(e, nil, corev1.EventTypeNormal, v1alpha1.ReasonEvacuatorSelected, "HandOff", "Evacuator %s is now in charge", next)
 	log.FromContext(ctx).Info("Evacuator selected", "class", next)
 	return false, deadline
 }
@@ -245,7 +233,7 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 	if len(e.Spec.Evacuators) > 0 {
 		reason = "EvacuatorsExhausted"
 	}
-	meta.SetStatusCondition(&e.Status.Conditions, metav1.Condition{Type: ConditionEvicting, Status: metav1.ConditionTrue, Reason: reason,
+	meta.SetStatusCondition(&e.Status.Conditions, metav1.Condition{Type: v1alpha1.EvictingCondition, Status: metav1.ConditionTrue, Reason: reason,
 		Message: "evicting the pod through the Eviction API", ObservedGeneration: e.Generation})
 	uid := pod.UID
 	eviction := &policyv1.Eviction{
@@ -266,7 +254,7 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		progress, finish := metav1.NewTime(now), metav1.NewTime(now.Add(time.Duration(grace)*time.Second))
 		e.Status.EvacuationProgressTimestamp, e.Status.ExpectedEvacuationFinishTime = &progress, &finish
 		e.Status.Message = evictedMessage(e)
-		r.Recorder.Eventf(e, pod, corev1.EventTypeNormal, ReasonEvicted, "Evict", "Evicted pod %s", pod.Name)
+		r.Recorder.Eventf(e, pod, corev1.EventTypeNormal, v1alpha1.ReasonEvicted, "Evict", "Evicted pod %s", pod.Name)
 		return ctrl.Result{}, nil
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, or replaced (the UID precondition failed): done.
@@ -276,7 +264,7 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		r.Metrics.evictions.WithLabelValues("blocked").Inc()
 		e.Status.FailedEvictionCounter++
 		e.Status.Message = blockedMessage(err)
-		r.Recorder.Eventf(e, pod, corev1.EventTypeWarning, ReasonEvictionBlocked, "Evict", "%s (attempt %d)", e.Status.Message, e.Status.FailedEvictionCounter)
+		r.Recorder.Eventf(e, pod, corev1.EventTypeWarning, v1alpha1.ReasonEvictionBlocked, "Evict", "%s (attempt %d)", e.Status.Message, e.Status.FailedEvictionCounter)
 		wait := backoff(e.Status.FailedEvictionCounter)
 		next := metav1.NewTime(now.Add(wait))
 		e.Status.NextEvictionTime = &next
@@ -361,7 +349,7 @@ func equalStatus(a, b *v1alpha1.Evacuation) bool {
 // Phase is an Evacuation's phase for people and metrics.
 func Phase(e *v1alpha1.Evacuation) string {
 	switch {
-	case meta.IsStatusConditionTrue(e.Status.Conditions, ConditionEvicting):
+	case meta.IsStatusConditionTrue(e.Status.Conditions, v1alpha1.EvictingCondition):
 		return PhaseEvicting
 	case e.Status.ActiveEvacuatorClass != "":
 		return PhaseEvacuating

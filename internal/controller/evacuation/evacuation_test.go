@@ -103,7 +103,7 @@ func TestHandOffDeadlineAndEvictionFallback(t *testing.T) {
 	clk.Step(600 * time.Second)
 	reconcileOnce(t, r, req)
 	e = get(t, cl, req)
-	if e.Status.ActiveEvacuatorClass != "" || !meta.IsStatusConditionTrue(e.Status.Conditions, ConditionEvicting) {
+	if e.Status.ActiveEvacuatorClass != "" || !meta.IsStatusConditionTrue(e.Status.Conditions, v1alpha1.EvictingCondition) {
 		t.Fatalf("after the deadline: active %q conditions %v, want eviction", e.Status.ActiveEvacuatorClass, e.Status.Conditions)
 	}
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}); !apierrors.IsNotFound(err) {

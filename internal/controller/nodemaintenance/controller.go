@@ -26,7 +26,6 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
-	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=get;list;watch;update;patch
@@ -245,7 +244,7 @@ func (r *Reconciler) defaultDrainPlan(ctx context.Context, nm *v1alpha1.NodeMain
 	if err := r.Client.Update(ctx, nm); err != nil {
 		return fmt.Errorf("setting the default drain plan of %s: %w", nm.Name, err)
 	}
-	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonDrainPlanDefaulted, "Default",
+	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonDrainPlanDefaulted, "Default",
 		"No drain plan was given (admission did not default it): using the default plan of %d entries", len(nm.Spec.DrainPlan))
 	log.FromContext(ctx).Info("Drain plan defaulted")
 	return nil
@@ -271,24 +270,6 @@ func drainStates(w *world) []*drainState {
 		out = append(out, s)
 	}
 	return out
-}
-
-// drainingTaint is the taint a drain puts on its nodes.
-var drainingTaint = corev1.Taint{Key: lbmodel.TaintDraining, Value: DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule}
-
-// ToleratesDraining reports whether a DaemonSet pod tolerates the draining
-// taint: the DaemonSet controller would recreate it on the node at once,
-// so it is reported rather than fought.
-func ToleratesDraining(p *corev1.Pod) bool {
-	if drainplan.TypeOf(p) != v1alpha1.DaemonSet {
-		return false
-	}
-	for _, t := range p.Spec.Tolerations {
-		if t.ToleratesTaint(klog.Background(), &drainingTaint, false) {
-			return true
-		}
-	}
-	return false
 }
 
 // static reports whether a pod is a static pod's mirror: it cannot be

@@ -48,7 +48,7 @@ const otherInstigator = v1alpha1.InstigatorFinalizerPrefix + "someone-else"
 // stays, and the Evacuation is not deleted under it (its controller leaves
 // a deleting Evacuation alone, so that request would stall).
 func TestWithdrawLeavesOtherInstigatorsRequests(t *testing.T) {
-	e := &v1alpha1.Evacuation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "uid-web-1", Finalizers: []string{InstigatorFinalizer, otherInstigator}}}
+	e := &v1alpha1.Evacuation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "uid-web-1", Finalizers: []string{v1alpha1.InstigatorFinalizer, otherInstigator}}}
 	r, cl, _ := newFakeReconciler(t, e)
 	if err := r.withdraw(context.Background(), e); err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestMaintenanceWithoutDrainPlanGetsTheDefaults(t *testing.T) {
 	}
 	select {
 	case e := <-rec.Events:
-		if want := "Normal " + ReasonDrainPlanDefaulted; len(e) < len(want) || e[:len(want)] != want {
+		if want := "Normal " + v1alpha1.ReasonDrainPlanDefaulted; len(e) < len(want) || e[:len(want)] != want {
 			t.Errorf("event %q, want %s", e, want)
 		}
 	default:
@@ -163,7 +163,7 @@ func TestNodeThatLeavesTheSelectorIsReleased(t *testing.T) {
 		return n
 	}
 	n := reconcileAndGet()
-	if !n.Spec.Unschedulable || !hasTaint(n, drainingTaint.Key) || nodeConditionStatus(n, v1alpha1.NodeConditionMaintenanceInProgress) != corev1.ConditionTrue {
+	if !n.Spec.Unschedulable || !hasTaint(n, drainplan.DrainingTaint().Key) || nodeConditionStatus(n, v1alpha1.NodeConditionMaintenanceInProgress) != corev1.ConditionTrue {
 		t.Fatalf("under maintenance: unschedulable %v, taints %v, conditions %v", n.Spec.Unschedulable, n.Spec.Taints, n.Status.Conditions)
 	}
 
@@ -172,7 +172,7 @@ func TestNodeThatLeavesTheSelectorIsReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	n = reconcileAndGet()
-	if n.Spec.Unschedulable || hasTaint(n, drainingTaint.Key) || n.Annotations[CordonAnnotation] != "" {
+	if n.Spec.Unschedulable || hasTaint(n, drainplan.DrainingTaint().Key) || n.Annotations[v1alpha1.CordonAnnotation] != "" {
 		t.Errorf("after leaving the selector: unschedulable %v, taints %v, annotations %v", n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
 	}
 	if s := nodeConditionStatus(n, v1alpha1.NodeConditionMaintenanceInProgress); s != corev1.ConditionFalse {
@@ -312,11 +312,11 @@ func TestFastForwardedMaintenanceIsReported(t *testing.T) {
 	if want := "Evacuating (fast-forwarded by older maintenance-b)"; ns.DrainMessage != want || drainplan.LevelOf(ns.DrainTargets).Priority != 10000 {
 		t.Errorf("maintenance-c: message %q targets %v, want %q at 10000", ns.DrainMessage, ns.DrainTargets, want)
 	}
-	if got := drainEvents(rec); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, "Warning "+ReasonFastForwarded) }) {
-		t.Errorf("events %q, want a Warning %s", got, ReasonFastForwarded)
+	if got := drainEvents(rec); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, "Warning "+v1alpha1.ReasonFastForwarded) }) {
+		t.Errorf("events %q, want a Warning %s", got, v1alpha1.ReasonFastForwarded)
 	}
 	reconcile(c)
-	if got := drainEvents(rec); slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, ReasonFastForwarded) }) {
+	if got := drainEvents(rec); slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, v1alpha1.ReasonFastForwarded) }) {
 		t.Errorf("the event repeats on the next pass: %q", got)
 	}
 }

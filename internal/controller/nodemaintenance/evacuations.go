@@ -22,13 +22,6 @@ import (
 	"github.com/ebbdev/ebb/internal/drainplan"
 )
 
-// InstigatorFinalizer is the node maintenance controller's finalizer on
-// the Evacuations it requests.
-const InstigatorFinalizer = v1alpha1.InstigatorFinalizerPrefix + v1alpha1.NodeMaintenanceInstigator
-
-// NodeLabel on an Evacuation names the pod's node.
-const NodeLabel = "maintenance.ebb.dev/node"
-
 // drainResult is the drain of one maintenance after a reconcile.
 type drainResult struct {
 	res   *resolution
@@ -79,7 +72,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 	remaining := func(node string, targets []v1alpha1.DrainPlanEntry) int {
 		n := 0
 		for _, p := range pods[node] {
-			if !static(p) && !ToleratesDraining(p) && drainplan.Matches(targets, p) {
+			if !static(p) && !drainplan.ToleratesDraining(p) && drainplan.Matches(targets, p) {
 				n++
 			}
 		}
@@ -115,7 +108,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 				nd.static++
 				continue
 			}
-			if ToleratesDraining(p) {
+			if drainplan.ToleratesDraining(p) {
 				if ref := metav1.GetControllerOf(p); ref != nil && !slices.Contains(nd.tolerating, ref.Name) {
 					nd.tolerating = append(nd.tolerating, ref.Name)
 				}
@@ -123,7 +116,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 			}
 			e := existing[p.Namespace+"/"+v1alpha1.EvacuationName(p.UID, p.Name)]
 			if e != nil && e.Spec.PodRef.UID == p.UID {
-				if e.DeletionTimestamp != nil && controllerutil.ContainsFinalizer(e, InstigatorFinalizer) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+				if e.DeletionTimestamp != nil && controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
 					// Someone deleted (cancelled) it while our finalizer held
 					// it: nothing would evacuate the pod and the drain would
 					// wait forever. Let it go; once it is gone the pod's
@@ -136,9 +129,9 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 					continue
 				}
 				nd.evacuating++
-				if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
+				if !controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
 					patch := client.MergeFrom(e.DeepCopy())
-					controllerutil.AddFinalizer(e, InstigatorFinalizer)
+					controllerutil.AddFinalizer(e, v1alpha1.InstigatorFinalizer)
 					if err := r.Client.Patch(ctx, e, patch); err != nil {
 						return nil, fmt.Errorf("adding our finalizer to Evacuation %s: %w", klog.KObj(e), err)
 					}
@@ -227,7 +220,7 @@ func nodesOfDrains(w *world) []string {
 // createEvacuation requests the evacuation of pod, with the evacuators the
 // pod registered in its annotations.
 func (r *Reconciler) createEvacuation(ctx context.Context, nm *v1alpha1.NodeMaintenance, p *corev1.Pod, node string) error {
-	labels := map[string]string{NodeLabel: node}
+	labels := map[string]string{v1alpha1.EvacuationNodeLabel: node}
 	for k, v := range p.Labels {
 		labels[k] = v
 	}
@@ -235,7 +228,7 @@ func (r *Reconciler) createEvacuation(ctx context.Context, nm *v1alpha1.NodeMain
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name), Labels: labels,
 			Annotations: map[string]string{v1alpha1.RequestedByAnnotation: nm.Name, v1alpha1.ReasonAnnotation: nm.Spec.Reason},
-			Finalizers:  []string{InstigatorFinalizer},
+			Finalizers:  []string{v1alpha1.InstigatorFinalizer},
 		},
 		Spec: v1alpha1.EvacuationSpec{
 			PodRef:                  v1alpha1.PodReference{Name: p.Name, UID: p.UID},
@@ -283,10 +276,10 @@ func Evacuators(p *corev1.Pod) []v1alpha1.Evacuator {
 func (r *Reconciler) forgetGoneEvacuations(ctx context.Context, evacs []v1alpha1.Evacuation, draining []string) error {
 	for i := range evacs {
 		e := &evacs[i]
-		if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) {
+		if !controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) {
 			continue
 		}
-		if node := e.Labels[NodeLabel]; node != "" && !slices.Contains(draining, node) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+		if node := e.Labels[v1alpha1.EvacuationNodeLabel]; node != "" && !slices.Contains(draining, node) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
 			if err := r.withdraw(ctx, e); err != nil {
 				return err
 			}
@@ -314,7 +307,7 @@ func (r *Reconciler) forgetGoneEvacuations(ctx context.Context, evacs []v1alpha1
 // Evacuation controller leaves a deleting Evacuation alone).
 func (r *Reconciler) withdraw(ctx context.Context, e *v1alpha1.Evacuation) error {
 	patch := client.MergeFrom(e.DeepCopy())
-	controllerutil.RemoveFinalizer(e, InstigatorFinalizer)
+	controllerutil.RemoveFinalizer(e, v1alpha1.InstigatorFinalizer)
 	if err := r.Client.Patch(ctx, e, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("withdrawing from Evacuation %s: %w", klog.KObj(e), err)
 	}
@@ -331,8 +324,8 @@ func (r *Reconciler) releaseEvacuations(ctx context.Context, nm *v1alpha1.NodeMa
 	}
 	for i := range evacs.Items {
 		e := &evacs.Items[i]
-		node := e.Labels[NodeLabel]
-		if !controllerutil.ContainsFinalizer(e, InstigatorFinalizer) || !slices.Contains(w.selected[nm.Name], node) {
+		node := e.Labels[v1alpha1.EvacuationNodeLabel]
+		if !controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) || !slices.Contains(w.selected[nm.Name], node) {
 			continue
 		}
 		if len(w.covering(node, nm.Name, v1alpha1.Drain)) > 0 || e.Status.EvacuationCancellationPolicy == v1alpha1.CancellationForbid {

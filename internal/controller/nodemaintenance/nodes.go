@@ -15,39 +15,17 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
-// CordonAnnotation records on a node who cordoned it for maintenance:
-// "ebb" when a maintenance did, "preexisting" when it was already
-// unschedulable. Complete only uncordons what ebb cordoned.
-const CordonAnnotation = "maintenance.ebb.dev/cordon"
-
+// Who cordoned a node, in v1alpha1.CordonAnnotation.
 const (
 	cordonedByEbb  = "ebb"
 	cordonedByUser = "preexisting"
-)
-
-// DrainingTaintValue is the value of ebb.dev/draining during a drain.
-const DrainingTaintValue = "maintenance"
-
-// Event reasons.
-const (
-	ReasonStageStarted  = "StageStarted"
-	ReasonRecordoned    = "Recordoned"
-	ReasonDrained       = "Drained"
-	ReasonFastForwarded = "FastForwarded"
-	ReasonNodeReleased  = "NodeReleased"
-	// ReasonDrainPlanDefaulted: the controller gave a maintenance without
-	// a drain plan the default one (admission was not there to).
-	ReasonDrainPlanDefaulted = "DrainPlanDefaulted"
-	// ReasonWaitingForDrainSlot: the maintenance is in Drain but waits
-	// until fewer nodes drain (ebb controller --max-draining-nodes).
-	ReasonWaitingForDrainSlot = "WaitingForDrainSlot"
 )
 
 // cordon makes every selected node unschedulable and keeps it so.
 func (r *Reconciler) cordon(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world) error {
 	for _, name := range w.selected[nm.Name] {
 		node := w.node(name)
-		if node.Spec.Unschedulable && node.Annotations[CordonAnnotation] != "" {
+		if node.Spec.Unschedulable && node.Annotations[v1alpha1.CordonAnnotation] != "" {
 			continue
 		}
 		patch := client.MergeFrom(node.DeepCopy())
@@ -56,16 +34,16 @@ func (r *Reconciler) cordon(ctx context.Context, nm *v1alpha1.NodeMaintenance, w
 		}
 		switch {
 		case node.Spec.Unschedulable:
-			node.Annotations[CordonAnnotation] = cordonedByUser
-		case node.Annotations[CordonAnnotation] != "":
+			node.Annotations[v1alpha1.CordonAnnotation] = cordonedByUser
+		case node.Annotations[v1alpha1.CordonAnnotation] != "":
 			// Someone uncordoned a node under maintenance.
 			node.Spec.Unschedulable = true
-			node.Annotations[CordonAnnotation] = cordonedByEbb
-			r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, ReasonRecordoned, "Cordon",
+			node.Annotations[v1alpha1.CordonAnnotation] = cordonedByEbb
+			r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, v1alpha1.ReasonRecordoned, "Cordon",
 				"Node %s was made schedulable during maintenance %s; cordoned it again", name, nm.Name)
 		default:
 			node.Spec.Unschedulable = true
-			node.Annotations[CordonAnnotation] = cordonedByEbb
+			node.Annotations[v1alpha1.CordonAnnotation] = cordonedByEbb
 		}
 		if err := r.Client.Patch(ctx, node, patch); err != nil {
 			return fmt.Errorf("cordoning node %s: %w", name, err)
@@ -86,7 +64,7 @@ func (r *Reconciler) taint(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 			continue
 		}
 		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: lbmodel.TaintDraining, Value: DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule})
+		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: lbmodel.TaintDraining, Value: v1alpha1.DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule})
 		if err := r.Client.Patch(ctx, node, patch); err != nil {
 			return fmt.Errorf("tainting node %s draining: %w", name, err)
 		}
@@ -137,22 +115,22 @@ func (r *Reconciler) releaseNodes(ctx context.Context, nm *v1alpha1.NodeMaintena
 			continue
 		}
 		released := false
-		if node.Annotations[CordonAnnotation] != "" {
+		if node.Annotations[v1alpha1.CordonAnnotation] != "" {
 			patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-			if node.Annotations[CordonAnnotation] == cordonedByEbb {
+			if node.Annotations[v1alpha1.CordonAnnotation] == cordonedByEbb {
 				node.Spec.Unschedulable = false
 			}
-			delete(node.Annotations, CordonAnnotation)
+			delete(node.Annotations, v1alpha1.CordonAnnotation)
 			if err := r.Client.Patch(ctx, node, patch); err != nil {
 				return fmt.Errorf("uncordoning node %s: %w", name, err)
 			}
 			released = true
 		}
-		if hasTaintValue(node, lbmodel.TaintDraining, DrainingTaintValue) {
+		if hasTaintValue(node, lbmodel.TaintDraining, v1alpha1.DrainingTaintValue) {
 			patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			var kept []corev1.Taint
 			for _, t := range node.Spec.Taints {
-				if t.Key != lbmodel.TaintDraining || t.Value != DrainingTaintValue {
+				if t.Key != lbmodel.TaintDraining || t.Value != v1alpha1.DrainingTaintValue {
 					kept = append(kept, t)
 				}
 			}
@@ -163,7 +141,7 @@ func (r *Reconciler) releaseNodes(ctx context.Context, nm *v1alpha1.NodeMaintena
 			released = true
 		}
 		if released {
-			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonNodeReleased, "Complete", "Released node %s from maintenance %s", name, nm.Name)
+			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, v1alpha1.ReasonNodeReleased, "Complete", "Released node %s from maintenance %s", name, nm.Name)
 			log.FromContext(ctx).Info("Released", "node", klog.KObj(node), "schedulable", !node.Spec.Unschedulable)
 		}
 	}

@@ -28,7 +28,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 	waitMsg, waiting := w.waiting[nm.Name]
 	started := func(s *v1alpha1.StageStatus) {
 		s.StartTimestamp = &now
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
 	}
 	if n := len(st.StageStatuses); n == 0 || st.StageStatuses[n-1].Name != nm.Spec.Stage {
 		if n > 0 && st.StageStatuses[n-1].StartTimestamp != nil {
@@ -36,7 +36,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 		}
 		st.StageStatuses = append(st.StageStatuses, v1alpha1.StageStatus{Name: nm.Spec.Stage})
 		if waiting {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonWaitingForDrainSlot, "Drain", "%s", waitMsg)
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonWaitingForDrainSlot, "Drain", "%s", waitMsg)
 		} else {
 			started(&st.StageStatuses[n])
 		}
@@ -76,7 +76,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 			// Once per node when it becomes fast-forwarded, also on the
 			// maintenance's first status (the KEP's maintenance-c case).
 			if old := oldNodeStatus(orig, name); (old == nil || !isFastForward(old.DrainMessage)) && isFastForward(ns.DrainMessage) {
-				r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonFastForwarded, "Drain",
+				r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, v1alpha1.ReasonFastForwarded, "Drain",
 					"Node %s: %s; pods this plan would have kept until later may already be gone", name, ns.DrainMessage)
 			}
 		}
@@ -92,12 +92,12 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 	switch {
 	case nm.Spec.Stage == v1alpha1.Drain && drain.drained():
 		if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.DrainedCondition) {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(statuses))
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(statuses))
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionTrue, Reason: "PodsEvacuated",
 			Message: "every targeted pod on every selected node has terminated and the load balancers carry no more traffic through them", ObservedGeneration: nm.Generation})
 	case waiting:
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: ReasonWaitingForDrainSlot,
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonWaitingForDrainSlot,
 			Message: waitMsg, ObservedGeneration: nm.Generation})
 	case nm.Spec.Stage == v1alpha1.Drain:
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "Evacuating",

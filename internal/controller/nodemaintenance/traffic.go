@@ -24,12 +24,6 @@ const DefaultTrafficDrainTimeout = 300 * time.Second
 // hold a maintenance forever).
 const lbGate = 30 * time.Second
 
-// Event reasons of the traffic drain.
-const (
-	ReasonLoadBalancersNotDown = "LoadBalancersNotDown"
-	ReasonTrafficDrainTimeout  = "TrafficDrainTimeout"
-)
-
 // lbView is what the fresh LoadBalancerReports say about one node.
 type lbView struct {
 	// down: every replica that has backends on the node applies Down.
@@ -145,11 +139,11 @@ func trafficMessage(nd *nodeDrain) string {
 func (r *Reconciler) reportTraffic(nm *v1alpha1.NodeMaintenance, node string, nd *nodeDrain) {
 	old := oldNodeStatus(nm, node)
 	if nd.lbGateExpired && (old == nil || old.TrafficDrainStartTime == nil) && nd.evacuating > 0 && (old == nil || old.PodsEvacuating == 0) {
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonLoadBalancersNotDown, "Drain",
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, v1alpha1.ReasonLoadBalancersNotDown, "Drain",
 			"Node %s: the load balancers did not report its backends Down within %s; evacuating anyway", node, lbGate)
 	}
 	if nd.trafficTimedOut && (old == nil || !strings.Contains(old.DrainMessage, timedOutText)) {
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonTrafficDrainTimeout, "Drain",
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, v1alpha1.ReasonTrafficDrainTimeout, "Drain",
 			"Node %s: %d established connection(s) still go through it after the traffic-drain timeout; counting it drained", node, nd.connections)
 	}
 }

@@ -27,20 +27,8 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
-const (
-	// ReasonPreemptScheduled is the Event reason of an imminent spot
-	// eviction.
-	ReasonPreemptScheduled = "PreemptScheduled"
-	// TaintValue is the draining taint's value for a spot eviction.
-	TaintValue = lbmodel.SpotEvictionValue
-	// HandledEventAnnotation records on the node the creation time of the
-	// newest PreemptScheduled Event acted on: an Event no newer never taints
-	// the node again (after a restart, or after an operator cleared the
-	// taint), while a newer one does.
-	HandledEventAnnotation = "ebb.dev/spot-eviction-handled"
-	// ReasonTainted is the Node event emitted when the taint is added.
-	ReasonTainted = "SpotEvictionTainted"
-)
+// TaintValue is the draining taint's value for a spot eviction.
+const TaintValue = lbmodel.SpotEvictionValue
 
 // +kubebuilder:rbac:groups="",resources=events,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -56,7 +44,7 @@ type Reconciler struct {
 // isPreemption selects PreemptScheduled Events about Nodes.
 func isPreemption(obj client.Object) bool {
 	ev, ok := obj.(*corev1.Event)
-	return ok && ev.Reason == ReasonPreemptScheduled && ev.InvolvedObject.Kind == "Node"
+	return ok && ev.Reason == lbmodel.ReasonPreemptScheduled && ev.InvolvedObject.Kind == "Node"
 }
 
 // SetupWithManager registers the controller.
@@ -90,14 +78,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case ev.InvolvedObject.UID != "" && ev.InvolvedObject.UID != node.UID:
 		// About an earlier node of the same name: not this one.
 		return ctrl.Result{}, nil
-	case !newer(ev, node.Annotations[HandledEventAnnotation]):
+	case !newer(ev, node.Annotations[lbmodel.SpotHandledAnnotation]):
 		return ctrl.Result{}, nil // acted on already, or older than what was
 	}
 	patch := client.MergeFrom(node.DeepCopy())
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[HandledEventAnnotation] = ev.CreationTimestamp.UTC().Format(time.RFC3339)
+	node.Annotations[lbmodel.SpotHandledAnnotation] = ev.CreationTimestamp.UTC().Format(time.RFC3339)
 	tainted := hasTaint(node, r.TaintKey)
 	if !tainted {
 		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: r.TaintKey, Value: TaintValue, Effect: corev1.TaintEffectNoSchedule})
@@ -106,7 +94,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, fmt.Errorf("tainting node %s for a spot eviction: %w", node.Name, err)
 	}
 	if !tainted {
-		r.Recorder.Eventf(node, ev, corev1.EventTypeNormal, ReasonTainted, "Taint",
+		r.Recorder.Eventf(node, ev, corev1.EventTypeNormal, lbmodel.ReasonSpotEvictionTainted, "Taint",
 			"Spot eviction scheduled: tainted %s=%s:NoSchedule so load balancers stop sending new connections", r.TaintKey, TaintValue)
 		logger.Info("Tainted a node scheduled for spot eviction", "taint", r.TaintKey)
 	}

@@ -23,7 +23,7 @@ var epoch = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
 func preemption(name string, second int, node string, nodeUID types.UID) *corev1.Event {
 	return &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: name, CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(second) * time.Second))},
-		Reason:         ReasonPreemptScheduled,
+		Reason:         lbmodel.ReasonPreemptScheduled,
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: nodeUID},
 	}
 }
@@ -57,7 +57,7 @@ func TestSpotPreemptionTaintsOnce(t *testing.T) {
 		return count
 	}
 
-	if n := reconcile("e1"); drainingTaints(n) != 1 || n.Annotations[HandledEventAnnotation] != "2026-11-22T00:00:01Z" {
+	if n := reconcile("e1"); drainingTaints(n) != 1 || n.Annotations[lbmodel.SpotHandledAnnotation] != "2026-11-22T00:00:01Z" {
 		t.Fatalf("after the first event: taints %v, annotations %v", n.Spec.Taints, n.Annotations)
 	}
 	if len(rec.Events) != 1 {

@@ -49,19 +49,8 @@ import (
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 
-// Names of the surge evacuator.
+// Names of the surge evacuator (the others are in api/v1alpha1).
 const (
-	// Class is the evacuator class.
-	Class = "surge.maintenance.ebb.dev"
-	// OptInAnnotation on a Deployment asks for surge evacuation.
-	OptInAnnotation = "maintenance.ebb.dev/surge-evacuation"
-	// Priority and role registered on opted-in pods.
-	Registration = "10000/controller"
-	// LockAnnotation on a Deployment: "<evacuation>/<phase>" while one of
-	// its pods is being moved (one at a time).
-	LockAnnotation = "maintenance.ebb.dev/surge-lock"
-	// OriginalReplicasAnnotation on a Deployment: the count to restore.
-	OriginalReplicasAnnotation = "maintenance.ebb.dev/surge-original-replicas"
 	// DeletionCostAnnotation makes the ReplicaSet remove the marked pod
 	// first when scaling down.
 	DeletionCostAnnotation = "controller.kubernetes.io/pod-deletion-cost"
@@ -104,7 +93,7 @@ func (s *Evacuator) SetupWithManager(mgr ctrl.Manager) error {
 	// A Deployment opting in wakes its pods.
 	podsOf := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		dep, ok := o.(*appsv1.Deployment)
-		if !ok || dep.Annotations[OptInAnnotation] == "" {
+		if !ok || dep.Annotations[v1alpha1.SurgeEvacuationAnnotation] == "" {
 			return nil
 		}
 		sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
@@ -136,7 +125,7 @@ func (s *Evacuator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	active := e.Status.ActiveEvacuatorClass == Class && !e.Status.ActiveEvacuatorCompleted && e.DeletionTimestamp == nil
+	active := e.Status.ActiveEvacuatorClass == v1alpha1.SurgeEvacuatorClass && !e.Status.ActiveEvacuatorCompleted && e.DeletionTimestamp == nil
 	if !active {
 		// Handed on, completed, or cancelled: undo a surge of ours.
 		return ctrl.Result{}, s.releaseLocks(ctx, e.Namespace, e.Name)
@@ -196,7 +185,7 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 	case owner == "":
 		return ctrl.Result{RequeueAfter: recheck}, s.start(ctx, e, pod, dep)
 	case phase == phaseSurging:
-		original, _ := strconv.Atoi(dep.Annotations[OriginalReplicasAnnotation])
+		original, _ := strconv.Atoi(dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation])
 		if ptr.Deref(dep.Spec.Replicas, 1) != int32(original)+1 {
 			return ctrl.Result{}, s.fail(ctx, e, dep, fmt.Sprintf("Deployment %s was scaled to %d during the surge", dep.Name, ptr.Deref(dep.Spec.Replicas, 1)))
 		}
@@ -220,7 +209,7 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 		}
 		patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		dep.Spec.Replicas = ptr.To(int32(original))
-		dep.Annotations[LockAnnotation] = e.Name + "/" + phaseReleasing
+		dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseReleasing
 		if err := s.Client.Patch(ctx, dep, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("scaling Deployment %s back to %d: %w", dep.Name, original, err)
 		}
@@ -258,8 +247,8 @@ func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 	if dep.Annotations == nil {
 		dep.Annotations = map[string]string{}
 	}
-	dep.Annotations[LockAnnotation] = e.Name + "/" + phaseSurging
-	dep.Annotations[OriginalReplicasAnnotation] = strconv.Itoa(int(original))
+	dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseSurging
+	dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] = strconv.Itoa(int(original))
 	dep.Spec.Replicas = ptr.To(original + 1)
 	if err := s.Client.Patch(ctx, dep, patch); err != nil {
 		return fmt.Errorf("surging Deployment %s to %d: %w", dep.Name, original+1, err)
@@ -380,11 +369,11 @@ func (s *Evacuator) restore(ctx context.Context, dep *appsv1.Deployment, evacuat
 	}
 	_, phase := lockOf(dep)
 	patch := client.MergeFromWithOptions(dep.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if original, err := strconv.Atoi(dep.Annotations[OriginalReplicasAnnotation]); err == nil && phase == phaseSurging && ptr.Deref(dep.Spec.Replicas, 1) == int32(original)+1 {
+	if original, err := strconv.Atoi(dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation]); err == nil && phase == phaseSurging && ptr.Deref(dep.Spec.Replicas, 1) == int32(original)+1 {
 		dep.Spec.Replicas = ptr.To(int32(original))
 	}
-	delete(dep.Annotations, LockAnnotation)
-	delete(dep.Annotations, OriginalReplicasAnnotation)
+	delete(dep.Annotations, v1alpha1.SurgeLockAnnotation)
+	delete(dep.Annotations, v1alpha1.SurgeOriginalReplicasAnnotation)
 	if err := s.Client.Patch(ctx, dep, patch); err != nil {
 		return fmt.Errorf("restoring Deployment %s: %w", dep.Name, err)
 	}
@@ -405,7 +394,7 @@ func lockOwner(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 func lockOf(dep *appsv1.Deployment) (owner, phase string) {
-	v := dep.Annotations[LockAnnotation]
+	v := dep.Annotations[v1alpha1.SurgeLockAnnotation]
 	i := strings.LastIndex(v, "/")
 	if i < 0 {
 		return v, ""
@@ -424,7 +413,7 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if err := r.client.Get(ctx, req.NamespacedName, pod); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	key := v1alpha1.EvacuatorAnnotationPrefix + Class
+	key := v1alpha1.EvacuatorAnnotationPrefix + v1alpha1.SurgeEvacuatorClass
 	if _, ok := pod.Annotations[key]; ok || pod.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
@@ -444,14 +433,14 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: dref.Name}, dep); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if !slices.Contains([]string{"true", "True"}, dep.Annotations[OptInAnnotation]) {
+	if !slices.Contains([]string{"true", "True"}, dep.Annotations[v1alpha1.SurgeEvacuationAnnotation]) {
 		return ctrl.Result{}, nil
 	}
 	patch := client.MergeFrom(pod.DeepCopy())
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	pod.Annotations[key] = Registration
+	pod.Annotations[key] = v1alpha1.SurgeEvacuatorRegistration
 	if err := r.client.Patch(ctx, pod, patch); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}

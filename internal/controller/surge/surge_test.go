@@ -31,7 +31,7 @@ func objects() (*appsv1.Deployment, *appsv1.ReplicaSet, *corev1.Pod, *v1alpha1.E
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-1", UID: "r", Controller: ptr.To(true)}}}}
 	e := &v1alpha1.Evacuation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: v1alpha1.EvacuationName(pod.UID, pod.Name)},
 		Spec:   v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: pod.Name, UID: pod.UID}},
-		Status: v1alpha1.EvacuationStatus{ActiveEvacuatorClass: Class}}
+		Status: v1alpha1.EvacuationStatus{ActiveEvacuatorClass: v1alpha1.SurgeEvacuatorClass}}
 	return dep, rs, pod, e
 }
 
@@ -55,7 +55,7 @@ func TestSurgeStartsAndRestoresOnCancellation(t *testing.T) {
 	}
 	got := &appsv1.Deployment{}
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
-	if *got.Spec.Replicas != 2 || got.Annotations[OriginalReplicasAnnotation] != "1" || !strings.HasPrefix(got.Annotations[LockAnnotation], e.Name+"/") {
+	if *got.Spec.Replicas != 2 || got.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] != "1" || !strings.HasPrefix(got.Annotations[v1alpha1.SurgeLockAnnotation], e.Name+"/") {
 		t.Fatalf("after the start: replicas %d annotations %v", *got.Spec.Replicas, got.Annotations)
 	}
 	p := &corev1.Pod{}
@@ -71,7 +71,7 @@ func TestSurgeStartsAndRestoresOnCancellation(t *testing.T) {
 	}
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
-	if *got.Spec.Replicas != 1 || got.Annotations[LockAnnotation] != "" || p.Annotations[DeletionCostAnnotation] != "" {
+	if *got.Spec.Replicas != 1 || got.Annotations[v1alpha1.SurgeLockAnnotation] != "" || p.Annotations[DeletionCostAnnotation] != "" {
 		t.Errorf("after cancellation: replicas %d, annotations %v, pod %v", *got.Spec.Replicas, got.Annotations, p.Annotations)
 	}
 }
@@ -119,8 +119,8 @@ func TestSurgeMarksThePodRightBeforeScalingBack(t *testing.T) {
 	p, got := &corev1.Pod{}, &appsv1.Deployment{}
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
-	if p.Annotations[DeletionCostAnnotation] != "-2147483648" || *got.Spec.Replicas != 1 || !strings.HasSuffix(got.Annotations[LockAnnotation], "/"+phaseReleasing) {
-		t.Errorf("after the peer is Ready: pod %v, replicas %d, lock %q", p.Annotations, *got.Spec.Replicas, got.Annotations[LockAnnotation])
+	if p.Annotations[DeletionCostAnnotation] != "-2147483648" || *got.Spec.Replicas != 1 || !strings.HasSuffix(got.Annotations[v1alpha1.SurgeLockAnnotation], "/"+phaseReleasing) {
+		t.Errorf("after the peer is Ready: pod %v, replicas %d, lock %q", p.Annotations, *got.Spec.Replicas, got.Annotations[v1alpha1.SurgeLockAnnotation])
 	}
 }
 
@@ -130,7 +130,7 @@ func TestSurgeMarksThePodRightBeforeScalingBack(t *testing.T) {
 func TestALockWhoseEvacuationIsGoneIsReleased(t *testing.T) {
 	dep, rs, pod, e := objects()
 	dep.Spec.Replicas = ptr.To[int32](2)
-	dep.Annotations = map[string]string{LockAnnotation: e.Name + "/" + phaseSurging, OriginalReplicasAnnotation: "1"}
+	dep.Annotations = map[string]string{v1alpha1.SurgeLockAnnotation: e.Name + "/" + phaseSurging, v1alpha1.SurgeOriginalReplicasAnnotation: "1"}
 	s, cl := newEvacuator(t, dep, rs, pod) // the Evacuation is gone
 	s.SetupClock()
 	ctx := context.Background()
@@ -143,7 +143,7 @@ func TestALockWhoseEvacuationIsGoneIsReleased(t *testing.T) {
 	}
 	got := &appsv1.Deployment{}
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
-	if *got.Spec.Replicas != 1 || got.Annotations[LockAnnotation] != "" {
+	if *got.Spec.Replicas != 1 || got.Annotations[v1alpha1.SurgeLockAnnotation] != "" {
 		t.Errorf("replicas %d, annotations %v: the stale surge was not undone", *got.Spec.Replicas, got.Annotations)
 	}
 	unlocked := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "other"}}

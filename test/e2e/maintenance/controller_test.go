@@ -17,7 +17,6 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
-	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -35,8 +34,8 @@ func TestCordonFightsBackAndCompleteUncordonsOnlyItsOwn(t *testing.T) {
 	create(t, ctx, admin, maintenance("cordon", v1alpha1.Cordon, byName(mine, users)))
 	eventually(t, ctx, 20*time.Second, "both nodes cordoned for maintenance", func(ctx context.Context) (bool, string) {
 		a, b := getNode(t, ctx, mine), getNode(t, ctx, users)
-		return a.Spec.Unschedulable && a.Annotations[nodemaintenance.CordonAnnotation] == "ebb" &&
-				b.Spec.Unschedulable && b.Annotations[nodemaintenance.CordonAnnotation] == "preexisting" &&
+		return a.Spec.Unschedulable && a.Annotations[v1alpha1.CordonAnnotation] == "ebb" &&
+				b.Spec.Unschedulable && b.Annotations[v1alpha1.CordonAnnotation] == "preexisting" &&
 				nodeCondition(a, v1alpha1.NodeConditionMaintenanceInProgress) == corev1.ConditionTrue,
 			fmt.Sprintf("%s: %v %v; %s: %v %v", mine, a.Spec.Unschedulable, a.Annotations, users, b.Spec.Unschedulable, b.Annotations)
 	})
@@ -44,7 +43,7 @@ func TestCordonFightsBackAndCompleteUncordonsOnlyItsOwn(t *testing.T) {
 	setUnschedulable(t, ctx, mine, false)
 	eventually(t, ctx, 20*time.Second, "the uncordoned node cordoned again, with an event", func(ctx context.Context) (bool, string) {
 		n := getNode(t, ctx, mine)
-		return n.Spec.Unschedulable && slices.Contains(maintenanceEvents(t, ctx, "cordon"), nodemaintenance.ReasonRecordoned), fmt.Sprintf("unschedulable %v", n.Spec.Unschedulable)
+		return n.Spec.Unschedulable && slices.Contains(maintenanceEvents(t, ctx, "cordon"), v1alpha1.ReasonRecordoned), fmt.Sprintf("unschedulable %v", n.Spec.Unschedulable)
 	})
 
 	if err := setStage(ctx, admin, "cordon", v1alpha1.Complete); err != nil {
@@ -52,7 +51,7 @@ func TestCordonFightsBackAndCompleteUncordonsOnlyItsOwn(t *testing.T) {
 	}
 	eventually(t, ctx, 20*time.Second, "ebb's cordon lifted, the user's kept", func(ctx context.Context) (bool, string) {
 		a, b := getNode(t, ctx, mine), getNode(t, ctx, users)
-		return !a.Spec.Unschedulable && b.Spec.Unschedulable && a.Annotations[nodemaintenance.CordonAnnotation] == "" &&
+		return !a.Spec.Unschedulable && b.Spec.Unschedulable && a.Annotations[v1alpha1.CordonAnnotation] == "" &&
 				nodeCondition(a, v1alpha1.NodeConditionMaintenanceInProgress) == corev1.ConditionFalse,
 			fmt.Sprintf("%s unschedulable %v, %s unschedulable %v", mine, a.Spec.Unschedulable, users, b.Spec.Unschedulable)
 	})
@@ -82,7 +81,7 @@ func TestDrainThenDeleteCompletes(t *testing.T) {
 			fmt.Sprintf("unschedulable %v, taints %v, %d Evacuations", n.Spec.Unschedulable, n.Spec.Taints, len(evs))
 	})
 	for _, e := range evacuations(t, ctx, ns) {
-		if !slices.Contains(e.Finalizers, nodemaintenance.InstigatorFinalizer) || e.Spec.ProgressDeadlineSeconds != 1800 || e.Labels["app"] != "web" {
+		if !slices.Contains(e.Finalizers, v1alpha1.InstigatorFinalizer) || e.Spec.ProgressDeadlineSeconds != 1800 || e.Labels["app"] != "web" {
 			t.Errorf("Evacuation %s: finalizers %v, deadline %d, labels %v", e.Name, e.Finalizers, e.Spec.ProgressDeadlineSeconds, e.Labels)
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -35,18 +34,18 @@ func TestDrainSlotLimitsNodesDrainingAtOnce(t *testing.T) {
 	create(t, ctx, admin, maintenance("slot-first", v1alpha1.Drain, byName(first)))
 	eventually(t, ctx, 20*time.Second, "the first maintenance draining, blocked by the budget", func(ctx context.Context) (bool, string) {
 		evs := evacuations(t, ctx, ns)
-		return len(evs) == 1 && hasTaint(getNode(t, ctx, first), lbmodel.TaintDraining, nodemaintenance.DrainingTaintValue), fmt.Sprintf("%d Evacuations", len(evs))
+		return len(evs) == 1 && hasTaint(getNode(t, ctx, first), lbmodel.TaintDraining, v1alpha1.DrainingTaintValue), fmt.Sprintf("%d Evacuations", len(evs))
 	})
 	create(t, ctx, admin, maintenance("slot-second", v1alpha1.Drain, byName(second)))
 	eventually(t, ctx, 20*time.Second, "the second maintenance waiting for a slot, its node cordoned", func(ctx context.Context) (bool, string) {
 		nm := getNM(t, ctx, "slot-second")
 		c := meta.FindStatusCondition(nm.Status.Conditions, v1alpha1.DrainedCondition)
-		return c != nil && c.Reason == nodemaintenance.ReasonWaitingForDrainSlot && getNode(t, ctx, second).Spec.Unschedulable, fmt.Sprintf("%+v", c)
+		return c != nil && c.Reason == v1alpha1.ReasonWaitingForDrainSlot && getNode(t, ctx, second).Spec.Unschedulable, fmt.Sprintf("%+v", c)
 	})
 	// While it waits, nothing happens to its node beyond the cordon.
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if n := getNode(t, ctx, second); hasTaint(n, lbmodel.TaintDraining, nodemaintenance.DrainingTaintValue) {
+		if n := getNode(t, ctx, second); hasTaint(n, lbmodel.TaintDraining, v1alpha1.DrainingTaintValue) {
 			t.Fatalf("node %s tainted draining while its maintenance waits for a slot", second)
 		}
 		if _, ok := evacuations(t, ctx, ns)[waitsPod]; ok {
@@ -63,8 +62,8 @@ func TestDrainSlotLimitsNodesDrainingAtOnce(t *testing.T) {
 	} else {
 		t.Logf("the waiting node's status: %s", msg)
 	}
-	if !slices.Contains(maintenanceEvents(t, ctx, "slot-second"), nodemaintenance.ReasonWaitingForDrainSlot) {
-		t.Errorf("no %s event", nodemaintenance.ReasonWaitingForDrainSlot)
+	if !slices.Contains(maintenanceEvents(t, ctx, "slot-second"), v1alpha1.ReasonWaitingForDrainSlot) {
+		t.Errorf("no %s event", v1alpha1.ReasonWaitingForDrainSlot)
 	}
 
 	release()

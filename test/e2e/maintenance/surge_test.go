@@ -16,7 +16,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/controller/surge"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -33,7 +32,7 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 	admin, _ := newClient(t, "")
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	dep := localcluster.EchoDeployment(ns, "single", 1)
-	dep.Annotations = map[string]string{surge.OptInAnnotation: "true"}
+	dep.Annotations = map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}
 	// The application rides out endpoint propagation as it should: it keeps
 	// serving until every node's kube-proxy has forgotten it. 2 s was not
 	// always enough on a loaded 2-core CI machine running three real
@@ -50,7 +49,7 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 	pod := appPods(t, ctx, ns, "single")[0]
 	eventually(t, ctx, 20*time.Second, "the surge evacuator registered on the pod", func(ctx context.Context) (bool, string) {
 		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
-		return err == nil && p.Annotations[v1alpha1.EvacuatorAnnotationPrefix+surge.Class] == surge.Registration, fmt.Sprint(err)
+		return err == nil && p.Annotations[v1alpha1.EvacuatorAnnotationPrefix+v1alpha1.SurgeEvacuatorClass] == v1alpha1.SurgeEvacuatorRegistration, fmt.Sprint(err)
 	})
 	defer pdb(t, ctx, ns, "single", 1)()
 
@@ -94,7 +93,7 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *got.Spec.Replicas != 1 || got.Annotations[surge.LockAnnotation] != "" || got.Annotations[surge.OriginalReplicasAnnotation] != "" {
+	if *got.Spec.Replicas != 1 || got.Annotations[v1alpha1.SurgeLockAnnotation] != "" || got.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] != "" {
 		t.Errorf("Deployment after the surge: replicas %d, annotations %v", *got.Spec.Replicas, got.Annotations)
 	}
 	if n := metricValue(controllerMetrics(t), `ebb_evacuation_evictions_total{result="evicted"}`) - evictedBefore; n != 0 {

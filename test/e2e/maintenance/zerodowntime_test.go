@@ -17,7 +17,6 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
-	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -236,7 +235,7 @@ func TestStuckConnectionReleasesDrainedAtTheTimeout(t *testing.T) {
 	}
 	eventually(t, ctx, 10*time.Second, "a TrafficDrainTimeout event", func(ctx context.Context) (bool, string) {
 		evs := maintenanceEvents(t, ctx, "stuck")
-		return strings.Contains(strings.Join(evs, ","), nodemaintenance.ReasonTrafficDrainTimeout), fmt.Sprint(evs)
+		return strings.Contains(strings.Join(evs, ","), v1alpha1.ReasonTrafficDrainTimeout), fmt.Sprint(evs)
 	})
 	for i, l := range long {
 		if why := l.Broken(); why != "" {

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -34,7 +33,7 @@ func TestSpotPreemptionEventDrainsTheNode(t *testing.T) {
 	ev := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "preempt-"},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: node.UID, APIVersion: "v1"},
-		Reason:         spot.ReasonPreemptScheduled,
+		Reason:         lbmodel.ReasonPreemptScheduled,
 		Message:        "Preemption is scheduled",
 		Type:           corev1.EventTypeWarning,
 		Source:         corev1.EventSource{Component: "cloud"},
