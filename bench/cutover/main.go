@@ -33,10 +33,10 @@ import (
 
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 func main() {
@@ -58,7 +58,7 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 		return err
 	}
 	defer c.Stop()
-	stop, err := clustercmd.StartEbb(c, bin)
+	stop, err := ebbrun.StartEbb(c, bin)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 	}
 	fmt.Fprintf(os.Stderr, "spot eviction with ebb: %d failed requests over %d runs\n", spotFailed, spotRuns)
 
-	stop, err = clustercmd.StartEbb(c, bin, "--disable-admin-state")
+	stop, err = ebbrun.StartEbb(c, bin, "--disable-admin-state")
 	if err != nil {
 		return err
 	}

@@ -11,10 +11,10 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/bench/internal/scrape"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // requestTimeout is how long a client waits for an answer before counting
@@ -66,7 +66,7 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 // appliedAt is when `ebb lb` last applied Down to node's backends, from
 // its own timestamp (same clock as the bench's: one machine).
 func appliedAt(node string) (time.Time, error) {
-	f, err := scrape.Families(clustercmd.LBMetricsAddress)
+	f, err := scrape.Families(ebbrun.LBMetricsAddress)
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -21,9 +21,9 @@ import (
 
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 func main() {
@@ -44,7 +44,7 @@ func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string
 		return err
 	}
 	defer c.Stop()
-	stopController, err := clustercmd.StartController(c, bin)
+	stopController, err := ebbrun.StartController(c, bin)
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string
 			if baseline {
 				lbArgs = []string{"--disable-admin-state"}
 			}
-			stopLB, err := clustercmd.StartLB(c, bin, lbArgs...)
+			stopLB, err := ebbrun.StartLB(c, bin, lbArgs...)
 			if err != nil {
 				return err
 			}

@@ -25,9 +25,9 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // poolLabel marks the bench's bare nodes; its pods run only there.
@@ -66,7 +66,7 @@ func run(o options) error {
 	defer c.Stop()
 	// The controller alone: no `ebb lb` reports on these nodes, so a drain
 	// does not wait on load-balancer traffic, only on its pods.
-	stop, err := clustercmd.StartController(c, bin)
+	stop, err := ebbrun.StartController(c, bin)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/ebbdev/ebb/bench/internal/scrape"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // counters are the controller's cumulative counts the bench reads.
@@ -30,7 +30,7 @@ func (a counters) perMinute(d time.Duration) counters {
 
 // readCounters reads the counters from `ebb controller`'s /metrics.
 func readCounters() (counters, error) {
-	f, err := scrape.Families(clustercmd.ControllerMetricsAddress)
+	f, err := scrape.Families(ebbrun.ControllerMetricsAddress)
 	if err != nil {
 		return counters{}, err
 	}

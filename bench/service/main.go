@@ -25,9 +25,9 @@ import (
 
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
@@ -48,7 +48,7 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 		return err
 	}
 	defer c.Stop()
-	stop, err := clustercmd.StartEbb(c, bin)
+	stop, err := ebbrun.StartEbb(c, bin)
 	if err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n 
 
 // lbMetrics scrapes ebb lb's unlabelled series once.
 func lbMetrics() (map[string]float64, error) {
-	resp, err := http.Get("http://" + clustercmd.LBMetricsAddress + "/metrics")
+	resp, err := http.Get("http://" + ebbrun.LBMetricsAddress + "/metrics")
 	if err != nil {
 		return nil, err
 	}

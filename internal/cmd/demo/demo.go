@@ -21,6 +21,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // Options are the demo's flags.
@@ -132,12 +133,12 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		return fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	fmt.Fprintln(out, "[demo] starting ebb controller and ebb lb")
-	stopController, err := cluster.StartController(c, self)
+	stopController, err := ebbrun.StartController(c, self)
 	if err != nil {
 		return err
 	}
 	defer stopController()
-	stopLB, err := cluster.StartLB(c, self)
+	stopLB, err := ebbrun.StartLB(c, self)
 	if err != nil {
 		return err
 	}
@@ -151,7 +152,7 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 	results := []*demo.Result{ebb}
 	if o.Baseline {
 		fmt.Fprintln(out, "[demo] baseline: restarting ebb lb with admin state off (health probes only)")
-		if stopLB, err = cluster.StartLB(c, self, "--disable-admin-state"); err != nil {
+		if stopLB, err = ebbrun.StartLB(c, self, "--disable-admin-state"); err != nil {
 			return err
 		}
 		scenario.Baseline, scenario.Namespace = true, "demo-baseline"

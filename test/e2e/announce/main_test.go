@@ -19,8 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -50,7 +50,7 @@ func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	bgp := []string{"--bgp-asn", fmt.Sprint(localcluster.LBASN), "--bgp-peer", fmt.Sprintf("%s:%d", localcluster.RouterIP, localcluster.RouterASN), "--bgp-hold-time", holdTime.String()}
-	if err := clustercmd.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), clustercmd.ManifestOptions{LBArgs: bgp}); err != nil {
+	if err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBArgs: bgp}); err != nil {
 		return nil, err
 	}
 	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
@@ -73,7 +73,7 @@ func startLB(t *testing.T, ctx context.Context, node localcluster.Node) func() {
 		if value != nil {
 			v = fmt.Sprintf("%q", *value)
 		}
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, clustercmd.LBNodeLabel, v)
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, ebbrun.LBNodeLabel, v)
 		if _, err := cluster.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatalf("labelling %s: %v", node.Name, err)
 		}

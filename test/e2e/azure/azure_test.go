@@ -20,9 +20,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/provider/azure/azurefake"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -77,7 +77,7 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 		}
 	}
 	controllerArgs = []string{"--cloud", "azure", "--azure-config", cfgFile}
-	stop, err := clustercmd.StartController(c, bin, controllerArgs...)
+	stop, err := ebbrun.StartController(c, bin, controllerArgs...)
 	if err != nil {
 		srv.Close()
 		return nil, err
@@ -94,7 +94,7 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 func restartController(t *testing.T) {
 	t.Helper()
 	stopController()
-	stop, err := clustercmd.StartController(cluster, os.Getenv("EBB_BIN"), controllerArgs...)
+	stop, err := ebbrun.StartController(cluster, os.Getenv("EBB_BIN"), controllerArgs...)
 	if err != nil {
 		t.Fatalf("restarting ebb controller: %v", err)
 	}
@@ -173,7 +173,7 @@ func TestTaintsSetAzureAdminState(t *testing.T) {
 	e2eutil.Eventually(t, ctx, 20*time.Second, "both back to None on both load balancers", func(context.Context) (bool, string) {
 		return both(a.IP) == "None/None" && both(b.IP) == "None/None", fmt.Sprintf("%s %s", both(a.IP), both(b.IP))
 	})
-	page := e2eutil.Scrape(t, clustercmd.ControllerMetricsAddress)
+	page := e2eutil.Scrape(t, ebbrun.ControllerMetricsAddress)
 	if !strings.Contains(page, "loadbalancer_adminstate_operation_duration_seconds_count") {
 		t.Error("no loadbalancer_adminstate metrics on the controller")
 	}

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		err := clustercmd.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), clustercmd.ManifestOptions{LBNodes: []string{lbNode}})
+		err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBNodes: []string{lbNode}})
 		return func() {}, err
 	}))
 }

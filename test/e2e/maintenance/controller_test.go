@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -283,7 +283,7 @@ func TestControllerRestartMidDrain(t *testing.T) {
 // controllerMetrics scrapes ebb controller's metrics.
 func controllerMetrics(t *testing.T) string {
 	t.Helper()
-	return e2eutil.Scrape(t, clustercmd.ControllerMetricsAddress)
+	return e2eutil.Scrape(t, ebbrun.ControllerMetricsAddress)
 }
 
 func grepLines(s, sub string) string {

@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -51,10 +51,10 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	if stopController, err = clustercmd.StartController(c, bin); err != nil {
+	if stopController, err = ebbrun.StartController(c, bin); err != nil {
 		return nil, err
 	}
-	if stopLB, err = clustercmd.StartLB(c, bin); err != nil {
+	if stopLB, err = ebbrun.StartLB(c, bin); err != nil {
 		stopController()
 		return nil, err
 	}
@@ -73,7 +73,7 @@ func restartController(t *testing.T, args ...string) {
 		t.Fatal(err)
 	}
 	stopController()
-	if stopController, err = clustercmd.StartController(cluster, bin, args...); err != nil {
+	if stopController, err = ebbrun.StartController(cluster, bin, args...); err != nil {
 		t.Fatal(err)
 	}
 }

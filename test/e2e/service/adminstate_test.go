@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -165,7 +165,7 @@ func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 // lbMetrics scrapes ebb lb's metrics (the e2e setup serves them there).
 func lbMetrics(t *testing.T) string {
 	t.Helper()
-	return e2eutil.Scrape(t, clustercmd.LBMetricsAddress)
+	return e2eutil.Scrape(t, ebbrun.LBMetricsAddress)
 }
 
 // nodeConnections sums the connections the load balancer sent to a node's

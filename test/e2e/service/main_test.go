@@ -17,9 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -37,7 +37,7 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 	if bin == "" {
 		return nil, errors.New("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
 	}
-	return clustercmd.StartEbb(c, bin)
+	return ebbrun.StartEbb(c, bin)
 }
 
 // newNamespace creates a namespace for one test and deletes it afterwards.

@@ -18,10 +18,10 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	clustercmd "github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // A Service of class ebb.dev/l4 gets an address from the pool, with the
@@ -337,7 +337,7 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 	if len(got.Status.LoadBalancer.Ingress) != 0 {
 		t.Errorf("an SCTP Service got an address: %+v", got.Status.LoadBalancer)
 	}
-	resp, err := http.Get("http://" + clustercmd.ControllerMetricsAddress + "/metrics")
+	resp, err := http.Get("http://" + ebbrun.ControllerMetricsAddress + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

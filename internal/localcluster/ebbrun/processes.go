@@ -1,0 +1,98 @@
+package ebbrun
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+)
+
+// Addresses, inside the cluster's namespace, where StartEbb's components
+// serve their metrics (and the load balancer its /readyz).
+const (
+	ControllerMetricsAddress = "127.0.0.1:18080"
+	controllerHealthAddress  = "127.0.0.1:18081"
+	LBMetricsAddress         = "127.0.0.1:19464"
+)
+
+// StartEbb runs `ebb controller` and `ebb lb` of the ebb binary bin against
+// a local cluster, as processes in its namespace (logs in the cluster's
+// logs/), waits until both are ready, and returns a function that stops
+// them. lbArgs are added to ebb lb's flags.
+func StartEbb(c *localcluster.Cluster, bin string, lbArgs ...string) (func(), error) {
+	stopController, err := StartController(c, bin)
+	if err != nil {
+		return nil, err
+	}
+	stopLB, err := StartLB(c, bin, lbArgs...)
+	if err != nil {
+		stopController()
+		return nil, err
+	}
+	return func() {
+		stopLB()
+		stopController()
+	}, nil
+}
+
+// StartController installs ebb's API (CRDs, webhook configurations) and
+// runs `ebb controller` (with extra flags args) with its webhooks on
+// WebhookAddress; it returns once the controller is ready.
+func StartController(c *localcluster.Cluster, bin string, args ...string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := InstallAPI(ctx, c); err != nil {
+		return nil, fmt.Errorf("installing ebb's API: %w", err)
+	}
+	host, port, _ := strings.Cut(WebhookAddress, ":")
+	stop, err := c.StartProcess("ebb-controller", bin, append([]string{"controller", "--kubeconfig", c.Kubeconfig,
+		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
+		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress,
+		"--webhook-port", port, "--webhook-bind-host", host, "--webhook-ip-address", host,
+		"--webhook-cert-dir", filepath.Join(c.Dir(), "webhook-certs")}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, controllerHealthAddress); err != nil {
+		_ = stop()
+		return nil, fmt.Errorf("ebb controller did not become ready (logs in %s): %w", filepath.Join(c.Dir(), "logs"), err)
+	}
+	return func() { _ = stop() }, nil
+}
+
+// StartLB runs `ebb lb` (with extra flags args) and returns once it has
+// applied its first configuration.
+func StartLB(c *localcluster.Cluster, bin string, args ...string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stop, err := c.StartProcess("ebb-lb", bin, append([]string{"lb", "--kubeconfig", c.Kubeconfig, "--metrics-bind-address", LBMetricsAddress}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, LBMetricsAddress); err != nil {
+		_ = stop()
+		return nil, fmt.Errorf("ebb lb did not become ready (logs in %s): %w", filepath.Join(c.Dir(), "logs"), err)
+	}
+	return func() { _ = stop() }, nil
+}
+
+// waitReady polls a component's /readyz until it answers 200.
+func waitReady(ctx context.Context, address string) error {
+	for {
+		if resp, err := http.Get("http://" + address + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
