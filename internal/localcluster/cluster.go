@@ -138,6 +138,8 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 			return nil, err
 		}
 		c.opts.BinDir = dir
+	} else if err := CheckBinDir(opts.BinDir); err != nil {
+		return nil, err
 	}
 	c.BinDir = c.opts.BinDir
 	for _, d := range []string{"logs", "pki", "etcd"} {

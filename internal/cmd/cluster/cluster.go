@@ -22,6 +22,9 @@ type Options struct {
 	Name string
 	// StateRoot holds the state directories of all clusters.
 	StateRoot string
+	// ToolsBin holds the control-plane binaries (default:
+	// localcluster.FindBinDir).
+	ToolsBin string
 }
 
 // NewCommand returns `ebb cluster`.
@@ -38,6 +41,7 @@ there. Use "ebb cluster exec" to run commands (kubectl, curl) inside it.`,
 	}
 	cmd.PersistentFlags().StringVar(&o.Name, "name", "ebb", "name of the cluster")
 	cmd.PersistentFlags().StringVar(&o.StateRoot, "state-dir", DefaultStateRoot(), "directory holding the clusters' state")
+	cmd.PersistentFlags().StringVar(&o.ToolsBin, "tools-bin", "", "directory of the control-plane binaries `make tools` prints (default: $EBB_TOOLS_BIN, the checkout's hack/tools.sh, then the newest build in the tools cache)")
 	cmd.AddCommand(newUpCommand(o), newDownCommand(o), newExecCommand(o), newServeCommand(o))
 	return cmd
 }

@@ -65,8 +65,13 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, with
 	} else if pid != 0 {
 		return fmt.Errorf("cluster %q is already running (pid %d): use it, or stop it with `ebb cluster down --name %s`", o.Name, pid, o.Name)
 	}
-	binDir, err := localcluster.FindBinDir()
-	if err != nil {
+	binDir := o.ToolsBin
+	if binDir == "" {
+		var err error
+		if binDir, err = localcluster.FindBinDir(); err != nil {
+			return err
+		}
+	} else if err := localcluster.CheckBinDir(binDir); err != nil {
 		return err
 	}
 	dir := o.dir()

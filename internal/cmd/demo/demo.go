@@ -35,6 +35,9 @@ type Options struct {
 	Report   string
 	// StateDir is where --keep leaves the cluster for `ebb cluster exec`.
 	StateDir string
+	// ToolsBin holds the control-plane binaries (default:
+	// localcluster.FindBinDir).
+	ToolsBin string
 }
 
 // keepName is the cluster name --keep registers.
@@ -93,6 +96,7 @@ skips that run (about half the time).`,
 	f.BoolVar(&o.JSON, "json", false, "print a JSON summary as the last line")
 	f.StringVar(&o.Report, "report", "", "where to write the HTML report (default ./ebb-demo-report.html)")
 	f.StringVar(&o.StateDir, "state-dir", cluster.DefaultStateRoot(), "with --keep: the clusters' state directory of `ebb cluster`")
+	f.StringVar(&o.ToolsBin, "tools-bin", "", "directory of the control-plane binaries `make tools` prints (default: $EBB_TOOLS_BIN, the checkout's hack/tools.sh, then the newest build in the tools cache)")
 	return cmd
 }
 
@@ -115,7 +119,7 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		o.Scenario.Settle, o.Scenario.Downtime, o.Scenario.Replicas = time.Second, 4*time.Second, 3
 	}
 	start := time.Now()
-	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, Progress: out}
+	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, BinDir: o.ToolsBin, Progress: out}
 	if o.Keep {
 		copts.Dir = filepath.Join(o.StateDir, keepName)
 	}
