@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/ebbdev/ebb/internal/eventstest"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/provider/azure"
 	"github.com/ebbdev/ebb/internal/provider/azure/azurefake"
@@ -47,28 +48,8 @@ func entryState(c *azurefake.Cloud, ip string) string {
 // is reported as a Node event and retried; untainting restores None; a
 // replacement under the same name is handled afresh.
 func TestTaintsDriveAzureAdminState(t *testing.T) {
-	cloud := azurefake.New()
-	var entries []*armnetwork.LoadBalancerBackendAddress
-	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
-		entries = append(entries, &armnetwork.LoadBalancerBackendAddress{Name: &ip, Properties: &armnetwork.LoadBalancerBackendAddressPropertiesFormat{IPAddress: &ip}})
-	}
-	name := "kubernetes"
-	cloud.AddPool("kubernetes", armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: entries}})
-	cfg, err := azure.ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerBackendPoolConfigurationType":"nodeIP"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgr, err := azure.NewManager(cfg, azurefake.Credential{}, cloud.ClientOptions(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-		node("a", "1", "10.0.0.1", lbmodel.TaintOutOfService), node("b", "2", "10.0.0.2", lbmodel.TaintDraining), node("c", "3", "10.0.0.3"),
-	).Build()
-	rec := events.NewFakeRecorder(10)
-	r := &Reconciler{Client: kube, Recorder: rec, Manager: mgr}
+	r, cloud, kube, rec, _ := setup(t, nil,
+		node("a", "1", "10.0.0.1", lbmodel.TaintOutOfService), node("b", "2", "10.0.0.2", lbmodel.TaintDraining), node("c", "3", "10.0.0.3"))
 	ctx := context.Background()
 	req := ctrl.Request{}
 
@@ -271,26 +252,14 @@ func TestUnmatchedNodeGetsOneEvent(t *testing.T) {
 	if entryState(cloud, "10.0.0.1") != "Down" {
 		t.Error("the matched node was held back")
 	}
-	evs := drain(rec)
+	evs := eventstest.Recorded(rec)
 	if len(evs) != 1 || !strings.Contains(evs[0], "Warning "+ReasonBackendNotFound) || !strings.Contains(evs[0], "stray") {
 		t.Fatalf("events %q, want one %s about stray", evs, ReasonBackendNotFound)
 	}
 	clk.Step(DefaultDriftCheck)
 	reconcileOnce(t, r)
-	if evs := drain(rec); len(evs) != 0 {
+	if evs := eventstest.Recorded(rec); len(evs) != 0 {
 		t.Errorf("the event repeats: %q", evs)
-	}
-}
-
-func drain(rec *events.FakeRecorder) []string {
-	var out []string
-	for {
-		select {
-		case e := <-rec.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
 	}
 }
 
@@ -319,7 +288,7 @@ func TestFailureIsReportedOnAffectedServices(t *testing.T) {
 		t.Fatal("the failure was not returned")
 	}
 	var onServices []string
-	for _, e := range drain(rec) {
+	for _, e := range eventstest.Recorded(rec) {
 		if strings.Contains(e, "carry this Service's traffic") {
 			onServices = append(onServices, e)
 		}

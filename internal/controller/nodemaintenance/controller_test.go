@@ -23,6 +23,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/eventstest"
 )
 
 func newFakeReconciler(t *testing.T, objs ...client.Object) (*Reconciler, client.Client, *events.FakeRecorder) {
@@ -224,13 +225,7 @@ func TestNodeStatusCountsPodsAsTheKEPDoes(t *testing.T) {
 	ctx := context.Background()
 	status := func() v1alpha1.NodeMaintenanceNodeStatus {
 		t.Helper()
-		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
-			t.Fatal(err)
-		}
-		got := &v1alpha1.NodeMaintenance{}
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			t.Fatal(err)
-		}
+		got := reconcileMaintenance(t, r, cl, nm)
 		if len(got.Status.NodeStatuses) != 1 {
 			t.Fatalf("node statuses %v, want one", got.Status.NodeStatuses)
 		}
@@ -286,13 +281,7 @@ func TestFastForwardedMaintenanceIsReported(t *testing.T) {
 	ctx := context.Background()
 	reconcile := func(nm *v1alpha1.NodeMaintenance) v1alpha1.NodeMaintenanceNodeStatus {
 		t.Helper()
-		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
-			t.Fatal(err)
-		}
-		got := &v1alpha1.NodeMaintenance{}
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			t.Fatal(err)
-		}
+		got := reconcileMaintenance(t, r, cl, nm)
 		ns := oldNodeStatus(got, "one")
 		if ns == nil {
 			t.Fatalf("%s: no status for node one in %v", nm.Name, got.Status.NodeStatuses)
@@ -302,7 +291,7 @@ func TestFastForwardedMaintenanceIsReported(t *testing.T) {
 	if ns := reconcile(b); ns.DrainMessage != "Evacuating" {
 		t.Fatalf("maintenance-b: %q", ns.DrainMessage)
 	}
-	drainEvents(rec)
+	eventstest.Recorded(rec)
 
 	c := maintenance("maintenance-c", metav1.NewTime(t0.Add(time.Hour)), 2000, "one", "four")
 	if err := cl.Create(ctx, c); err != nil {
@@ -312,24 +301,25 @@ func TestFastForwardedMaintenanceIsReported(t *testing.T) {
 	if want := "Evacuating (fast-forwarded by older maintenance-b)"; ns.DrainMessage != want || drainplan.LevelOf(ns.DrainTargets).Priority != 10000 {
 		t.Errorf("maintenance-c: message %q targets %v, want %q at 10000", ns.DrainMessage, ns.DrainTargets, want)
 	}
-	if got := drainEvents(rec); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, "Warning "+v1alpha1.ReasonFastForwarded) }) {
+	if got := eventstest.Recorded(rec); !slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, "Warning "+v1alpha1.ReasonFastForwarded) }) {
 		t.Errorf("events %q, want a Warning %s", got, v1alpha1.ReasonFastForwarded)
 	}
 	reconcile(c)
-	if got := drainEvents(rec); slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, v1alpha1.ReasonFastForwarded) }) {
+	if got := eventstest.Recorded(rec); slices.ContainsFunc(got, func(e string) bool { return strings.Contains(e, v1alpha1.ReasonFastForwarded) }) {
 		t.Errorf("the event repeats on the next pass: %q", got)
 	}
 }
 
-// drainEvents returns the events recorded so far.
-func drainEvents(rec *events.FakeRecorder) []string {
-	var out []string
-	for {
-		select {
-		case e := <-rec.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
+// reconcileMaintenance reconciles nm once and returns it as stored.
+func reconcileMaintenance(t *testing.T, r *Reconciler, cl client.Client, nm *v1alpha1.NodeMaintenance) *v1alpha1.NodeMaintenance {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
+		t.Fatal(err)
 	}
+	got := &v1alpha1.NodeMaintenance{}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

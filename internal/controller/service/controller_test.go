@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/ebbdev/ebb/internal/eventstest"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -62,18 +63,6 @@ func reconcile(t *testing.T, r *Reconciler, name string) (ctrl.Result, *corev1.S
 		t.Fatal(err)
 	}
 	return res, svc
-}
-
-func drain(rec *events.FakeRecorder) []string {
-	var out []string
-	for {
-		select {
-		case e := <-rec.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
 }
 
 // After a restart, the addresses in the Services' status are claimed
@@ -124,7 +113,7 @@ func TestBadRequestsGetAWarningAndNoStatus(t *testing.T) {
 			if len(svc.Status.LoadBalancer.Ingress) != 0 {
 				t.Errorf("status written: %+v", svc.Status.LoadBalancer)
 			}
-			evs := drain(rec)
+			evs := eventstest.Recorded(rec)
 			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning SyncLoadBalancerFailed") || !strings.Contains(evs[0], tt.wantEvent) {
 				t.Errorf("events %q, want one Warning SyncLoadBalancerFailed containing %q", evs, tt.wantEvent)
 			}
@@ -145,7 +134,7 @@ func TestOtherClassesAndClasslessServices(t *testing.T) {
 			t.Errorf("%s was touched: %+v %+v", name, svc.Finalizers, svc.Status)
 		}
 	}
-	if evs := drain(rec); len(evs) != 0 {
+	if evs := eventstest.Recorded(rec); len(evs) != 0 {
 		t.Errorf("events about Services of other classes: %q", evs)
 	}
 	r.DefaultLoadBalancer = true

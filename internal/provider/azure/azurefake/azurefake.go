@@ -161,13 +161,11 @@ func (c *Cloud) vmServer() *computefake.VirtualMachinesServer {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.Calls["vm-get"]++
-			data, ok := c.vms[name]
+			vm, ok := decode[armcompute.VirtualMachine](c.vms, name)
 			if !ok {
 				errResp.SetResponseError(http.StatusNotFound, "ResourceNotFound")
 				return
 			}
-			var vm armcompute.VirtualMachine
-			_ = json.Unmarshal(data, &vm)
 			resp.SetResponse(http.StatusOK, armcompute.VirtualMachinesClientGetResponse{VirtualMachine: vm}, nil)
 			return
 		},
@@ -229,13 +227,11 @@ func (c *Cloud) Server() *fake.LoadBalancerBackendAddressPoolsServer {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.Calls["get"]++
-			data, ok := c.pools[lb][name]
+			p, ok := decode[armnetwork.BackendAddressPool](c.pools[lb], name)
 			if !ok {
 				errResp.SetResponseError(http.StatusNotFound, "NotFound")
 				return
 			}
-			var p armnetwork.BackendAddressPool
-			_ = json.Unmarshal(data, &p)
 			resp.SetResponse(http.StatusOK, armnetwork.LoadBalancerBackendAddressPoolsClientGetResponse{BackendAddressPool: p}, nil)
 			return
 		},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -57,8 +58,7 @@ func (n *Network) AddInterface(nic armnetwork.Interface) {
 func (n *Network) Interface(name string) armnetwork.Interface {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var nic armnetwork.Interface
-	_ = json.Unmarshal(n.nics[name], &nic)
+	nic, _ := decode[armnetwork.Interface](n.nics, name)
 	return nic
 }
 
@@ -73,8 +73,7 @@ func (n *Network) AddScaleSet(ss armcompute.VirtualMachineScaleSet) {
 func (n *Network) ScaleSet(name string) armcompute.VirtualMachineScaleSet {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var ss armcompute.VirtualMachineScaleSet
-	_ = json.Unmarshal(n.vmss[name], &ss)
+	ss, _ := decode[armcompute.VirtualMachineScaleSet](n.vmss, name)
 	return ss
 }
 
@@ -96,6 +95,32 @@ func (n *Network) usersLocked(lb string) []string {
 }
 
 func enc(v any) []byte { b, _ := json.Marshal(v); return b }
+
+// decode returns the stored JSON of name as a fresh T (ARM returns a copy
+// per read), and whether it exists.
+func decode[T any](store map[string][]byte, name string) (T, bool) {
+	var v T
+	data, ok := store[name]
+	if ok {
+		_ = json.Unmarshal(data, &v)
+	}
+	return v, ok
+}
+
+// decodeAll returns every stored object as a fresh T, in name order.
+func decodeAll[T any](store map[string][]byte) []*T {
+	names := make([]string, 0, len(store))
+	for name := range store {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	out := make([]*T, 0, len(names))
+	for _, name := range names {
+		v, _ := decode[T](store, name)
+		out = append(out, &v)
+	}
+	return out
+}
 
 // AddLoadBalancer stores a load balancer (its public IPs are attached).
 func (n *Network) AddLoadBalancer(lb armnetwork.LoadBalancer) {
@@ -126,8 +151,7 @@ func (n *Network) LoadBalancer(name string) (armnetwork.LoadBalancer, bool) {
 func (n *Network) PublicIP(name string) armnetwork.PublicIPAddress {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var p armnetwork.PublicIPAddress
-	_ = json.Unmarshal(n.pips[name], &p)
+	p, _ := decode[armnetwork.PublicIPAddress](n.pips, name)
 	return p
 }
 
@@ -210,13 +234,11 @@ func (n *Network) nicServer() fake.InterfacesServer {
 		Get: func(_ context.Context, _ string, name string, _ *armnetwork.InterfacesClientGetOptions) (resp azfake.Responder[armnetwork.InterfacesClientGetResponse], errResp azfake.ErrorResponder) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
-			data, ok := n.nics[name]
+			nic, ok := decode[armnetwork.Interface](n.nics, name)
 			if !ok {
 				errResp.SetResponseError(http.StatusNotFound, "NotFound")
 				return
 			}
-			var nic armnetwork.Interface
-			_ = json.Unmarshal(data, &nic)
 			resp.SetResponse(http.StatusOK, armnetwork.InterfacesClientGetResponse{Interface: nic}, nil)
 			return
 		},
@@ -224,11 +246,7 @@ func (n *Network) nicServer() fake.InterfacesServer {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			page := armnetwork.InterfacesClientListResponse{}
-			for _, data := range n.nics {
-				var nic armnetwork.Interface
-				_ = json.Unmarshal(data, &nic)
-				page.Value = append(page.Value, &nic)
-			}
+			page.Value = decodeAll[armnetwork.Interface](n.nics)
 			resp.AddPage(http.StatusOK, page, nil)
 			return
 		},
@@ -251,13 +269,11 @@ func (n *Network) vmssServer() computefake.VirtualMachineScaleSetsServer {
 		Get: func(_ context.Context, _ string, name string, _ *armcompute.VirtualMachineScaleSetsClientGetOptions) (resp azfake.Responder[armcompute.VirtualMachineScaleSetsClientGetResponse], errResp azfake.ErrorResponder) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
-			data, ok := n.vmss[name]
+			ss, ok := decode[armcompute.VirtualMachineScaleSet](n.vmss, name)
 			if !ok {
 				errResp.SetResponseError(http.StatusNotFound, "NotFound")
 				return
 			}
-			var ss armcompute.VirtualMachineScaleSet
-			_ = json.Unmarshal(data, &ss)
 			resp.SetResponse(http.StatusOK, armcompute.VirtualMachineScaleSetsClientGetResponse{VirtualMachineScaleSet: ss}, nil)
 			return
 		},
@@ -265,11 +281,7 @@ func (n *Network) vmssServer() computefake.VirtualMachineScaleSetsServer {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			page := armcompute.VirtualMachineScaleSetsClientListResponse{}
-			for _, data := range n.vmss {
-				var ss armcompute.VirtualMachineScaleSet
-				_ = json.Unmarshal(data, &ss)
-				page.Value = append(page.Value, &ss)
-			}
+			page.Value = decodeAll[armcompute.VirtualMachineScaleSet](n.vmss)
 			resp.AddPage(http.StatusOK, page, nil)
 			return
 		},
@@ -370,13 +382,11 @@ func (n *Network) pipServer() fake.PublicIPAddressesServer {
 		Get: func(_ context.Context, _ string, name string, _ *armnetwork.PublicIPAddressesClientGetOptions) (resp azfake.Responder[armnetwork.PublicIPAddressesClientGetResponse], errResp azfake.ErrorResponder) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
-			data, ok := n.pips[name]
+			p, ok := decode[armnetwork.PublicIPAddress](n.pips, name)
 			if !ok {
 				errResp.SetResponseError(http.StatusNotFound, "NotFound")
 				return
 			}
-			var p armnetwork.PublicIPAddress
-			_ = json.Unmarshal(data, &p)
 			resp.SetResponse(http.StatusOK, armnetwork.PublicIPAddressesClientGetResponse{PublicIPAddress: p}, nil)
 			return
 		},
@@ -384,11 +394,7 @@ func (n *Network) pipServer() fake.PublicIPAddressesServer {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			page := armnetwork.PublicIPAddressesClientListResponse{}
-			for _, data := range n.pips {
-				var p armnetwork.PublicIPAddress
-				_ = json.Unmarshal(data, &p)
-				page.Value = append(page.Value, &p)
-			}
+			page.Value = decodeAll[armnetwork.PublicIPAddress](n.pips)
 			resp.AddPage(http.StatusOK, page, nil)
 			return
 		},
