@@ -6,6 +6,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -128,7 +129,12 @@ func validateSpec(nm *v1alpha1.NodeMaintenance) (*nodeaffinity.NodeSelector, err
 	case ns == nil:
 		errs = append(errs, field.Required(spec.Child("nodeSelector"), "select the nodes to maintain, e.g. nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: In, values: [NODE]}]}]"))
 	case len(ns.NodeSelectorTerms) == 0:
-		errs = append(errs, field.Required(spec.Child("nodeSelector", "nodeSelectorTerms"), "give at least one term; a term without requirements selects every node"))
+		errs = append(errs, field.Required(spec.Child("nodeSelector", "nodeSelectorTerms"), "give at least one term with requirements, e.g. matchFields: [{key: metadata.name, operator: In, values: [NODE]}]"))
+	case !slices.ContainsFunc(ns.NodeSelectorTerms, func(t corev1.NodeSelectorTerm) bool { return len(t.MatchExpressions)+len(t.MatchFields) > 0 }):
+		// Kubernetes' node selectors match nothing with an empty term; a
+		// maintenance of no node is a mistake, most likely meant as "all".
+		errs = append(errs, field.Invalid(spec.Child("nodeSelector", "nodeSelectorTerms"), field.OmitValueType{},
+			"a term without matchExpressions or matchFields selects no node: name the nodes, e.g. matchFields: [{key: metadata.name, operator: In, values: [NODE]}], or, for every node, matchExpressions: [{key: kubernetes.io/hostname, operator: Exists}]"))
 	default:
 		var err error
 		if sel, err = nodeaffinity.NewNodeSelector(ns, field.WithPath(spec.Child("nodeSelector"))); err != nil {

@@ -1,0 +1,180 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
+)
+
+// newWebhook serves three nodes, a and b labelled pool=blue; the
+// authorizer lets "admin" delete every node and "operator" only a and b.
+func newWebhook(t *testing.T) *NodeMaintenance {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	blue := map[string]string{"pool": "blue"}
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: blue}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b", Labels: blue}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "c"}},
+	).WithInterceptorFuncs(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		sar, ok := obj.(*authorizationv1.SubjectAccessReview)
+		if !ok {
+			return c.Create(ctx, obj, opts...)
+		}
+		node := sar.Spec.ResourceAttributes.Name
+		sar.Status.Allowed = sar.Spec.User == "admin" || sar.Spec.User == "operator" && (node == "a" || node == "b")
+		return nil
+	}}).Build()
+	return &NodeMaintenance{Client: cl}
+}
+
+func as(user string) context.Context {
+	return admission.NewContextWithRequest(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UserInfo: authenticationv1.UserInfo{Username: user}}})
+}
+
+func maintenance(stage v1alpha1.NodeMaintenanceStage, sel *corev1.NodeSelector, plan ...v1alpha1.DrainPlanEntry) *v1alpha1.NodeMaintenance {
+	if plan == nil {
+		plan = drainplan.Defaults()
+	}
+	return &v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: stage, NodeSelector: sel, DrainPlan: plan}}
+}
+
+func byLabel(k, v string) *corev1.NodeSelector {
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: k, Operator: corev1.NodeSelectorOpIn, Values: []string{v}}}}}}
+}
+
+// everyNode selects every node (a term without requirements selects none).
+var everyNode = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"no-such-node"}}}}}}
+
+// wantErr checks an admission answer: "" means allowed, else the error
+// must be of the given kind and say the given text.
+func wantErr(t *testing.T, err error, kind, text string) {
+	t.Helper()
+	switch {
+	case kind == "" && err != nil:
+		t.Errorf("rejected: %v", err)
+	case kind == "invalid" && !apierrors.IsInvalid(err), kind == "forbidden" && !apierrors.IsForbidden(err):
+		t.Errorf("got %v, want %s", err, kind)
+	case kind != "" && !strings.Contains(err.Error(), text):
+		t.Errorf("message %q does not say %q", err.Error(), text)
+	}
+}
+
+func TestValidateCreate(t *testing.T) {
+	dup := drainplan.Defaults()
+	dup = append(dup, dup[0])
+	for _, tt := range []struct {
+		name, user string
+		nm         *v1alpha1.NodeMaintenance
+		kind, text string
+		warning    bool
+	}{
+		{"no selector", "admin", maintenance(v1alpha1.Idle, nil), "invalid", "select the nodes to maintain", false},
+		{"no terms", "admin", maintenance(v1alpha1.Idle, &corev1.NodeSelector{}), "invalid", "at least one term", false},
+		{"only an empty term (selects nothing)", "admin", maintenance(v1alpha1.Idle, &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{}}}), "invalid", "selects no node", false},
+		{"bad operator", "admin", maintenance(v1alpha1.Idle, &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "k", Operator: "Near"}}}}}), "invalid", "spec.nodeSelector", false},
+		{"duplicate plan entry", "admin", maintenance(v1alpha1.Idle, byLabel("pool", "blue"), dup...), "invalid", "spec.drainPlan", false},
+		{"operator on its nodes", "operator", maintenance(v1alpha1.Drain, byLabel("pool", "blue")), "", "", false},
+		{"operator beyond its nodes", "operator", maintenance(v1alpha1.Drain, everyNode), "forbidden", `user "operator" may not delete node(s) c`, false},
+		{"every node: a warning", "admin", maintenance(v1alpha1.Idle, everyNode), "", "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			warnings, err := newWebhook(t).ValidateCreate(as(tt.user), tt.nm)
+			wantErr(t, err, tt.kind, tt.text)
+			if got := len(warnings) > 0; got != tt.warning {
+				t.Errorf("warnings %q, want a warning: %v", warnings, tt.warning)
+			}
+		})
+	}
+}
+
+// An update needs what it changes: the added nodes when the selection
+// grows, every selected node when the stage changes, nothing when the
+// controller completes a maintenance being deleted.
+func TestValidateUpdate(t *testing.T) {
+	onlyA := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}
+	deleting := maintenance(v1alpha1.Complete, everyNode)
+	now := metav1.Now()
+	deleting.DeletionTimestamp = &now
+	for _, tt := range []struct {
+		name     string
+		old, new *v1alpha1.NodeMaintenance
+		kind     string
+	}{
+		{"widened within its nodes", maintenance(v1alpha1.Idle, onlyA), maintenance(v1alpha1.Idle, byLabel("pool", "blue")), ""},
+		{"widened beyond its nodes", maintenance(v1alpha1.Idle, onlyA), maintenance(v1alpha1.Idle, everyNode), "forbidden"},
+		{"someone's maintenance over every node moved to Drain", maintenance(v1alpha1.Idle, everyNode), maintenance(v1alpha1.Drain, everyNode), "forbidden"},
+		{"unchanged stage and selection", maintenance(v1alpha1.Drain, everyNode), maintenance(v1alpha1.Drain, everyNode), ""},
+		{"the controller completing a deleted maintenance", maintenance(v1alpha1.Drain, everyNode), deleting, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := newWebhook(t).ValidateUpdate(as("operator"), tt.old, tt.new)
+			wantErr(t, err, tt.kind, "may not delete")
+		})
+	}
+}
+
+func TestValidateDeleteAndDefault(t *testing.T) {
+	w := newWebhook(t)
+	if _, err := w.ValidateDelete(as("operator"), maintenance(v1alpha1.Drain, everyNode)); !apierrors.IsForbidden(err) {
+		t.Errorf("deleting a maintenance of nodes one may not delete: %v", err)
+	}
+	if _, err := w.ValidateDelete(as("operator"), maintenance(v1alpha1.Drain, byLabel("pool", "blue"))); err != nil {
+		t.Errorf("deleting one's own: %v", err)
+	}
+	nm := maintenance("", everyNode, v1alpha1.DrainPlanEntry{PodPriority: 5000, PodType: v1alpha1.Default})
+	if err := w.Default(context.Background(), nm); err != nil {
+		t.Fatal(err)
+	}
+	if nm.Spec.Stage != v1alpha1.Idle || len(nm.Spec.DrainPlan) != len(drainplan.Defaults())+1 {
+		t.Errorf("defaulted: stage %q, %d plan entries, want Idle and the defaults plus one", nm.Spec.Stage, len(nm.Spec.DrainPlan))
+	}
+}
+
+// validateSpec takes user input: whatever the spec, it never panics, an
+// accepted spec has a selector, and defaulting keeps a valid plan valid.
+func FuzzValidateSpec(f *testing.F) {
+	for _, seed := range []string{
+		`{"nodeSelector":{"nodeSelectorTerms":[{"matchFields":[{"key":"metadata.name","operator":"In","values":["a"]}]}]}}`,
+		`{"nodeSelector":{"nodeSelectorTerms":[{}]},"drainPlan":[{"podPriority":5000,"podType":"Default"},{"podPriority":1,"podType":"DaemonSet","podSelector":{"matchLabels":{"app":"x"}}}]}`,
+		`{"nodeSelector":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"k","operator":"Gt","values":["x"]}]}]}}`,
+		`{"drainPlan":[{"podPriority":-1,"podType":"Static"},{"podPriority":-1,"podType":"Static"}]}`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		nm := &v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "m"}}
+		if json.Unmarshal([]byte(spec), &nm.Spec) != nil {
+			return
+		}
+		sel, err := validateSpec(nm)
+		if err == nil && sel == nil {
+			t.Fatalf("accepted %s without a selector", spec)
+		}
+		if err != nil {
+			return
+		}
+		if errs := drainplan.Validate(drainplan.WithDefaults(nm.Spec.DrainPlan), nil); len(errs) > 0 {
+			t.Fatalf("defaulting made the valid plan of %s invalid: %v", spec, errs)
+		}
+	})
+}
