@@ -95,6 +95,9 @@ func TestDefaultingAndValidation(t *testing.T) {
 		{"empty selector terms", func(nm *v1alpha1.NodeMaintenance) {
 			nm.Spec.NodeSelector = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{}}
 		}, "give at least one term"},
+		{"only an empty term (Kubernetes matches nothing with it)", func(nm *v1alpha1.NodeMaintenance) {
+			nm.Spec.NodeSelector = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{}}}
+		}, "selects no node"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
