@@ -2,6 +2,7 @@ package evacuation
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -309,5 +310,48 @@ func TestEvictionReportsWhenAndWhy(t *testing.T) {
 	reconcileOnce(t, r, req)
 	if f := get(t, cl, req).Status.ExpectedEvacuationFinishTime; f == nil || !f.Time.Equal(terminating.DeletionTimestamp.Time) {
 		t.Errorf("expectedEvacuationFinishTime %v, want the pod's deletionTimestamp %v", f, terminating.DeletionTimestamp)
+	}
+}
+
+// The Eviction API's other answers: a 409 (the UID precondition failed:
+// the pod was replaced) or a 404 counts as gone, with no failure counted;
+// any other error is returned for a retry, with the message kept.
+func TestEvictionConflictNotFoundAndErrors(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		answer   error
+		wantErr  bool
+		outcome  string
+		wantText string
+	}{
+		{"409: replaced", apierrors.NewConflict(corev1.Resource("pods"), "web-1", errors.New("Precondition failed: UID in precondition: uid-1, UID in object meta: uid-2")), false, "gone", ""},
+		{"404: gone", apierrors.NewNotFound(corev1.Resource("pods"), "web-1"), false, "gone", ""},
+		{"500: retried", apierrors.NewInternalError(errors.New("etcd is slow")), true, "error", "Eviction failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, cl, _, req := setup(t, testPod())
+			r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
+				SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+					if sub == "eviction" {
+						return tt.answer
+					}
+					return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+				},
+			})
+			_, err := r.Reconcile(context.Background(), req)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("error %v, want one: %v", err, tt.wantErr)
+			}
+			if got := testutil.ToFloat64(r.Metrics.evictions.WithLabelValues(tt.outcome)); got != 1 {
+				t.Errorf("evictions{outcome=%s} = %v, want 1", tt.outcome, got)
+			}
+			e := get(t, cl, req)
+			if e.Status.FailedEvictionCounter != 0 {
+				t.Errorf("failedEvictionCounter %d, want 0: only a refusal by a budget counts", e.Status.FailedEvictionCounter)
+			}
+			if !strings.Contains(e.Status.Message, tt.wantText) {
+				t.Errorf("message %q, want %q", e.Status.Message, tt.wantText)
+			}
+		})
 	}
 }
