@@ -37,6 +37,7 @@ import (
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 func main() {
@@ -88,8 +89,8 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 	// plane's own timestamp has no such limit.
 	resolution := time.Duration(float64(time.Second) * float64(len(c.Nodes)) / float64(rate))
 	fmt.Fprintf(os.Stderr, "cutover over %d runs at %d conn/s: last new connection p50 %s p99 %s (resolution %s: the mean gap between a node's new connections); taint write to Down applied p50 %s p99 %s\n",
-		runs, rate, report.Percentile(cutovers, 0.5), report.Percentile(cutovers, 0.99), resolution,
-		report.Percentile(b.apiToApplied, 0.5), report.Percentile(b.apiToApplied, 0.99))
+		runs, rate, stats.Percentile(cutovers, 0.5), stats.Percentile(cutovers, 0.99), resolution,
+		stats.Percentile(b.apiToApplied, 0.5), stats.Percentile(b.apiToApplied, 0.99))
 	spotFailed, _, err := b.spotRuns(ctx, spotRuns)
 	stop()
 	if err != nil {
@@ -109,9 +110,9 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "spot eviction, probe-only baseline: %d failed requests over %d runs; cutover p50 %s\n", baseFailed, spotRuns, report.Percentile(probeCutovers, 0.5))
+	fmt.Fprintf(os.Stderr, "spot eviction, probe-only baseline: %d failed requests over %d runs; cutover p50 %s\n", baseFailed, spotRuns, stats.Percentile(probeCutovers, 0.5))
 
-	p50, probeP50 := report.Percentile(cutovers, 0.5), report.Percentile(probeCutovers, 0.5)
+	p50, probeP50 := stats.Percentile(cutovers, 0.5), stats.Percentile(probeCutovers, 0.5)
 	speedup := 0.0
 	if p50 > 0 {
 		speedup = float64(probeP50) / float64(p50)
@@ -124,10 +125,10 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 		"rate_per_second":               rate,
 		"requests_sent":                 sent,
 		"cutover_ms_p50":                ms(p50),
-		"cutover_ms_p99":                ms(report.Percentile(cutovers, 0.99)),
+		"cutover_ms_p99":                ms(stats.Percentile(cutovers, 0.99)),
 		"cutover_resolution_ms":         ms(resolution),
-		"api_to_applied_ms_p50":         ms(report.Percentile(b.apiToApplied, 0.5)),
-		"api_to_applied_ms_p99":         ms(report.Percentile(b.apiToApplied, 0.99)),
+		"api_to_applied_ms_p50":         ms(stats.Percentile(b.apiToApplied, 0.5)),
+		"api_to_applied_ms_p99":         ms(stats.Percentile(b.apiToApplied, 0.99)),
 		"probe_only_cutover_ms_p50":     ms(probeP50),
 		"cutover_speedup_vs_probe":      float64(int(speedup*10)) / 10,
 		"spot_failed_requests":          spotFailed,

@@ -11,13 +11,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 type round struct {
@@ -178,8 +178,8 @@ func measure(lb *lbProcess, backends []*echoBackend, direct string, d time.Durat
 	if err != nil {
 		return r, err
 	}
-	r.p50 = us(report.Percentile(via, 0.50) - report.Percentile(base, 0.50))
-	r.p99 = us(report.Percentile(via, 0.99) - report.Percentile(base, 0.99))
+	r.p50 = us(stats.Percentile(via, 0.50) - stats.Percentile(base, 0.50))
+	r.p99 = us(stats.Percentile(via, 0.99) - stats.Percentile(base, 0.99))
 
 	return r, drain(lb, backends, &r)
 }
@@ -283,9 +283,7 @@ func applyToEffect() (float64, float64, error) {
 		}
 		owner = append(owner, time.Since(start))
 	}
-	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-	sort.Slice(owner, func(i, j int) bool { return owner[i] < owner[j] })
-	return us(report.Percentile(times, 0.99)), us(report.Percentile(owner, 0.99)), nil
+	return us(stats.Percentile(times, 0.99)), us(stats.Percentile(owner, 0.99)), nil
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
@@ -297,11 +295,7 @@ func medians(rs []round) round {
 		for i, r := range rs {
 			v[i] = get(r)
 		}
-		sort.Float64s(v)
-		if len(v) == 0 {
-			return 0
-		}
-		return v[len(v)/2]
+		return stats.Median(v)
 	}
 	return round{
 		connRate: med(func(r round) float64 { return r.connRate }), connCPU: med(func(r round) float64 { return r.connCPU }),

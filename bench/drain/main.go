@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sort"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,6 +23,7 @@ import (
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 func main() {
@@ -106,13 +106,8 @@ func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string
 	return report.WriteSummary(out, summary)
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	sort.Float64s(v)
-	return float64(int(v[len(v)/2]*10)) / 10
-}
+// median is the median to one decimal.
+func median(v []float64) float64 { return float64(int(stats.Median(v)*10)) / 10 }
 
 func deleteNamespace(ctx context.Context, c *localcluster.Cluster, name string) error {
 	if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 func main() {
@@ -73,13 +74,13 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 		}
 		create = append(create, d)
 	}
-	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s\n", nServices, report.Percentile(create, 0.5), report.Percentile(create, 0.99))
+	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s\n", nServices, stats.Percentile(create, 0.5), stats.Percentile(create, 0.99))
 
 	updatesTimes, err := endpointUpdates(ctx, c, ns, nUpdates)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "EndpointSlice change to data plane over %d changes: p50 %s p99 %s\n", nUpdates, report.Percentile(updatesTimes, 0.5), report.Percentile(updatesTimes, 0.99))
+	fmt.Fprintf(os.Stderr, "EndpointSlice change to data plane over %d changes: p50 %s p99 %s\n", nUpdates, stats.Percentile(updatesTimes, 0.5), stats.Percentile(updatesTimes, 0.99))
 
 	syncMs, frontends, err := lbSyncFigures()
 	if err != nil {
@@ -97,10 +98,10 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 	summary := map[string]any{
 		"date":                           time.Now().UTC().Format(time.RFC3339),
 		"services":                       nServices,
-		"create_to_first_request_ms_p50": ms(report.Percentile(create, 0.5)),
-		"create_to_first_request_ms_p99": ms(report.Percentile(create, 0.99)),
-		"endpoint_update_ms_p50":         ms(report.Percentile(updatesTimes, 0.5)),
-		"endpoint_update_ms_p99":         ms(report.Percentile(updatesTimes, 0.99)),
+		"create_to_first_request_ms_p50": ms(stats.Percentile(create, 0.5)),
+		"create_to_first_request_ms_p99": ms(stats.Percentile(create, 0.99)),
+		"endpoint_update_ms_p50":         ms(stats.Percentile(updatesTimes, 0.5)),
+		"endpoint_update_ms_p99":         ms(stats.Percentile(updatesTimes, 0.99)),
 		"sync_ms_mean_small":             syncMs,
 		"scale_services":                 sc.services,
 		"scale_endpoints":                sc.endpoints,

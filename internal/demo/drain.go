@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 // ebbDrain creates a NodeMaintenance in stage Drain and waits for Drained.
@@ -195,9 +195,5 @@ func p99(samples []loadgen.Sample, from, to time.Duration) float64 {
 			lat = append(lat, s.Latency)
 		}
 	}
-	if len(lat) == 0 {
-		return 0
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return float64(lat[(len(lat)*99)/100].Microseconds()) / 1000
+	return float64(stats.Percentile(lat, 0.99).Microseconds()) / 1000
 }
