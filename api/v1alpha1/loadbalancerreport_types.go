@@ -4,12 +4,23 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// AdminState is a node's admin state on a load balancer (seed 000):
+// None, in rotation (the probes decide), or Down, no new connections.
+// +kubebuilder:validation:Enum=None;Down
+type AdminState string
+
+// Admin states.
+const (
+	AdminStateNone AdminState = "None"
+	AdminStateDown AdminState = "Down"
+)
+
 // NodeTraffic is what one load balancer replica sends through one node.
 type NodeTraffic struct {
 	// Name of the node.
 	Name string `json:"name"`
-	// AdminState of the node's backends on this replica: None or Down.
-	AdminState string `json:"adminState"`
+	// AdminState of the node's backends on this replica.
+	AdminState AdminState `json:"adminState"`
 	// Connections counts the established TCP connections and live UDP
 	// flows this replica has through the node's backends (and the pods
 	// on it, in pod mode).

@@ -142,18 +142,31 @@ func IsLeaving(node *corev1.Node, opts Options) (bool, string) {
 	return false, ""
 }
 
-// AdminState is the admin state of every backend on node: Down while the
+// NodeAdminState is the admin state of every backend on node: Down while the
 // node is leaving, None otherwise (and always None when the feature is
 // off, or for an unknown node).
-func AdminState(node *corev1.Node, opts Options) dataplane.AdminState {
+func NodeAdminState(node *corev1.Node, opts Options) AdminState {
 	if node == nil || opts.AdminStateDisabled {
-		return dataplane.AdminNone
+		return AdminNone
 	}
 	if leaving, _ := IsLeaving(node, opts); leaving {
-		return dataplane.AdminDown
+		return AdminDown
 	}
-	return dataplane.AdminNone
+	return AdminNone
 }
+
+// AdminState is a node's admin state on every load balancer, whatever
+// engine carries it out (each engine translates: dataplane.AdminState for
+// ebb's proxy, the AdminState of Azure's backend entries).
+type AdminState string
+
+// Admin states (seed 000's names).
+const (
+	// AdminNone: in rotation; the probes decide.
+	AdminNone AdminState = "None"
+	// AdminDown: no new connections; established ones continue.
+	AdminDown AdminState = "Down"
+)
 
 // EligibleNode reports whether a node may be a backend at all: not being
 // deleted and not excluded by label. Cordon does not matter.
@@ -285,7 +298,7 @@ func nodeBackends(svc *corev1.Service, port corev1.ServicePort, vip netip.Addr, 
 		if !ok {
 			continue
 		}
-		out = append(out, dataplane.Backend{Address: ip.String(), Port: uint16(port.NodePort), Owner: n.Name, AdminState: AdminState(n, opts)})
+		out = append(out, dataplane.Backend{Address: ip.String(), Port: uint16(port.NodePort), Owner: n.Name, AdminState: dataplane.AdminState(NodeAdminState(n, opts))})
 	}
 	sortBackends(out)
 	return out, hc
@@ -315,7 +328,7 @@ func podBackends(port corev1.ServicePort, vip netip.Addr, slices []*discoveryv1.
 			if ep.NodeName != nil {
 				node = *ep.NodeName
 			}
-			b := dataplane.Backend{Address: addr.String(), Port: uint16(target), Owner: node, AdminState: AdminState(nodes[node], opts)}
+			b := dataplane.Backend{Address: addr.String(), Port: uint16(target), Owner: node, AdminState: dataplane.AdminState(NodeAdminState(nodes[node], opts))}
 			switch {
 			case isTrue(ep.Conditions.Ready, true):
 				ready = append(ready, b)

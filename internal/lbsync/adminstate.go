@@ -101,7 +101,7 @@ func (a *adminFastPath) collectors() []prometheus.Collector {
 // updates that change nothing cost nothing, and a replacement node (a new
 // UID under the old name) gets its own state, not its predecessor's.
 func (a *adminFastPath) observe(node *corev1.Node) {
-	state := lbmodel.AdminState(node, a.model)
+	state := dataplane.AdminState(lbmodel.NodeAdminState(node, a.model))
 	a.mu.Lock()
 	last, ok := a.want[node.Name]
 	if !ok {

@@ -71,11 +71,11 @@ func NodeTraffic(status []dataplane.BackendStatus) []v1alpha1.NodeTraffic {
 		}
 		n, ok := byNode[b.Owner]
 		if !ok {
-			n = &v1alpha1.NodeTraffic{Name: b.Owner, AdminState: string(dataplane.AdminNone)}
+			n = &v1alpha1.NodeTraffic{Name: b.Owner, AdminState: v1alpha1.AdminStateNone}
 			byNode[b.Owner] = n
 		}
 		if b.AdminState == dataplane.AdminDown {
-			n.AdminState = string(dataplane.AdminDown)
+			n.AdminState = v1alpha1.AdminStateDown
 		}
 		n.Connections += b.Active
 	}
@@ -99,7 +99,7 @@ func urgent(last, now []v1alpha1.NodeTraffic) bool {
 		if l.Name != n.Name || l.AdminState != n.AdminState {
 			return true
 		}
-		if n.AdminState == string(dataplane.AdminDown) && l.Connections != n.Connections {
+		if n.AdminState == v1alpha1.AdminStateDown && l.Connections != n.Connections {
 			return true
 		}
 	}
@@ -127,7 +127,7 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic) erro
 	}
 	for _, n := range nodes {
 		report.Status.Connections += n.Connections
-		if n.AdminState == string(dataplane.AdminDown) {
+		if n.AdminState == v1alpha1.AdminStateDown {
 			report.Status.LeavingNodes++
 		}
 	}

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -49,10 +48,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, node); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	state := lbmodel.AdminState(node, r.Model)
-	reported := dataplane.AdminState(node.Annotations[ReportedAnnotation])
+	state := lbmodel.NodeAdminState(node, r.Model)
+	reported := lbmodel.AdminState(node.Annotations[ReportedAnnotation])
 	if reported == "" {
-		reported = dataplane.AdminNone // nodes start in rotation: nothing to report
+		reported = lbmodel.AdminNone // nodes start in rotation: nothing to report
 	}
 	if state == reported {
 		return ctrl.Result{}, nil
@@ -65,7 +64,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Patch(ctx, node, patch); err != nil {
 		return ctrl.Result{}, fmt.Errorf("recording the admin state of %s: %w", node.Name, err)
 	}
-	if state == dataplane.AdminDown {
+	if state == lbmodel.AdminDown {
 		_, taint := lbmodel.IsLeaving(node, r.Model)
 		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDown, "AdminState",
 			"Load balancers send no new connections to this node (taint %s); established connections continue", taint)

@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/provider/azure"
 )
@@ -299,7 +298,7 @@ func hasEndpointOn(eps []discoveryv1.EndpointSlice, nodes []string) bool {
 
 // wanted is a node's admin state on Azure.
 func wanted(n *corev1.Node, model lbmodel.Options) azure.State {
-	if lbmodel.AdminState(n, model) == dataplane.AdminDown {
+	if lbmodel.NodeAdminState(n, model) == lbmodel.AdminDown {
 		return azure.StateDown
 	}
 	return azure.StateNone

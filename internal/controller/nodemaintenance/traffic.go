@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/dataplane"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
@@ -52,7 +51,7 @@ func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) l
 			if !seen {
 				v.down = true
 			}
-			v.down = v.down && n.AdminState == string(dataplane.AdminDown)
+			v.down = v.down && n.AdminState == v1alpha1.AdminStateDown
 			v.connections += n.Connections
 			views[n.Name] = v
 		}
