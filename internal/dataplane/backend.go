@@ -121,9 +121,9 @@ func (b *backend) closeConns() {
 
 // drain marks the backend removed: it takes no new connection or UDP flow.
 // Its established connections continue, or end after timeout if one is set.
-func (b *backend) drain(timeout time.Duration) {
+func (b *backend) drain(timeout time.Duration, clk Clock) {
 	b.removed.Store(true)
 	if timeout > 0 {
-		time.AfterFunc(timeout, b.closeConns)
+		clk.AfterFunc(timeout, b.closeConns)
 	}
 }

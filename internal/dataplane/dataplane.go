@@ -28,8 +28,17 @@ type Options struct {
 	Logger     logr.Logger
 	// DialContext dials backends and probe targets. Default: net.Dialer.
 	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
-	// Clock paces the probes. Default: the real clock.
-	Clock clock.WithTicker
+	// Clock paces the probes and the drain timeouts. Default: the real
+	// clock.
+	Clock Clock
+}
+
+// Clock is what the data plane needs of a clock: tickers for the probes,
+// timers for the drain timeouts (clock.RealClock and the fake clock of
+// k8s.io/utils/clock/testing both are one).
+type Clock interface {
+	clock.WithTicker
+	AfterFunc(d time.Duration, f func()) clock.Timer
 }
 
 // DataPlane serves a Config. Apply may be called at any time; it is safe
@@ -37,7 +46,7 @@ type Options struct {
 type DataPlane struct {
 	log   logr.Logger
 	dial  dialFunc
-	clock clock.WithTicker
+	clock Clock
 	m     *metrics
 
 	mu        sync.Mutex // serialises Apply and Close

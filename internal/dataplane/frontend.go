@@ -67,7 +67,7 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 	f.set.Store(newBackendSet(cfg, backends, f.set.Load()))
 	for ap, b := range f.backends {
 		if !keep[ap] {
-			b.drain(cfg.DrainTimeout.Duration)
+			b.drain(cfg.DrainTimeout.Duration, f.d.clock)
 			f.d.m.forget(b.m)
 			delete(f.backends, ap)
 		}
@@ -96,7 +96,7 @@ func (f *frontend) remove() {
 	f.closeSocket()
 	drain := f.set.Load().cfg.DrainTimeout.Duration
 	for ap, b := range f.backends {
-		b.drain(drain)
+		b.drain(drain, f.d.clock)
 		f.d.m.forget(b.m)
 		delete(f.backends, ap)
 	}

@@ -153,3 +153,19 @@ func applyAll(d *DataPlane, cfg Config) error {
 	}
 	return res.Err()
 }
+
+// probeRounds is how many probe results every one of d's probers has
+// recorded at least: after a clock step, it grows once each prober has
+// probed and recorded the result.
+func probeRounds(d *DataPlane) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n uint64
+	first := true
+	for _, p := range d.probers {
+		if r := p.results.Load(); first || r < n {
+			n, first = r, false
+		}
+	}
+	return n
+}

@@ -62,8 +62,11 @@ type prober struct {
 	// confirmed: a probe has succeeded (healthy alone starts true, as
 	// HAProxy starts servers up, so it says nothing until a probe ran).
 	confirmed atomic.Bool
-	cancel    context.CancelFunc
-	done      chan struct{}
+	// results counts the probes whose result has been recorded, so that a
+	// test can wait for one instead of sleeping.
+	results atomic.Uint64
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 // dialFunc dials a network address.
@@ -102,6 +105,7 @@ func startProber(k probeKey, dial dialFunc, clk clock.WithTicker, m *metrics, lo
 				oks, fails = 0, fails+1
 			}
 			p.observe(oks, fails, err, m, log)
+			p.results.Add(1)
 			select {
 			case <-ctx.Done():
 				return

@@ -47,10 +47,9 @@ func TestProbeThresholdsAndAdminUp(t *testing.T) {
 	// a to be answered and its result recorded.
 	probe := func() {
 		t.Helper()
-		before := probes.Load()
+		before := probeRounds(d)
 		clk.Step(time.Second)
-		waitFor(t, "a probe", func() bool { return probes.Load() > before })
-		time.Sleep(20 * time.Millisecond) // the prober records the result after the answer
+		waitFor(t, "a probe's result", func() bool { return probeRounds(d) > before })
 	}
 	waitFor(t, "the first probe", func() bool { return probes.Load() >= 1 })
 	if !healthyA() {
@@ -148,8 +147,7 @@ func TestConfirmedOnlyAfterAProbeSucceeds(t *testing.T) {
 	fe.Backends[0].ProbePort = health.Listener.Addr().(*net.TCPAddr).AddrPort().Port()
 	fe.HealthCheck = &HealthCheck{Protocol: ProbeHTTP, Path: "/healthz", Interval: Duration{time.Second}, UnhealthyThreshold: 2, HealthyThreshold: 2}
 	mustApply(t, d, fe)
-	waitFor(t, "the first probe", func() bool { return probes.Load() >= 1 })
-	time.Sleep(20 * time.Millisecond) // the prober records the result after the answer
+	waitFor(t, "the first probe's result", func() bool { return probeRounds(d) >= 1 })
 	if st := d.Status()[0]; !st.Healthy || st.Confirmed {
 		t.Fatalf("after one failed probe: healthy %v confirmed %v, want healthy (threshold 2), not confirmed", st.Healthy, st.Confirmed)
 	}

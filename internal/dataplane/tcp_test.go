@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // Admin Down mid-stream: the established connection stays byte-exact, and
@@ -241,7 +243,8 @@ func TestRemovedBackendDrains(t *testing.T) {
 	for _, drain := range []time.Duration{0, 200 * time.Millisecond} {
 		t.Run(fmt.Sprintf("drainTimeout=%s", drain), func(t *testing.T) {
 			a, b := newTestBackend(t), newTestBackend(t)
-			d := newDataPlane(t, Options{})
+			clk := testingclock.NewFakeClock(time.Now())
+			d := newDataPlane(t, Options{Clock: clk})
 			at := freeAddr(t, "tcp")
 			fe := tcpFrontend("web", at, a.backend())
 			fe.DrainTimeout.Duration = drain
@@ -259,13 +262,14 @@ func TestRemovedBackendDrains(t *testing.T) {
 			if err := roundTrip(c, []byte("still there")); err != nil {
 				t.Fatalf("right after removal: %v", err)
 			}
-			time.Sleep(400 * time.Millisecond)
-			err = roundTrip(c, []byte("later"))
-			if drain == 0 && err != nil {
-				t.Errorf("without a drain timeout the connection broke: %v", err)
-			}
-			if drain > 0 && err == nil {
-				t.Error("the connection outlived the drain timeout")
+			// The drain timer runs on the injected clock: step past it.
+			clk.Step(400 * time.Millisecond)
+			if drain == 0 {
+				if err := roundTrip(c, []byte("later")); err != nil {
+					t.Errorf("without a drain timeout the connection broke: %v", err)
+				}
+			} else {
+				waitFor(t, "the connection to end at the drain timeout", func() bool { return roundTrip(c, []byte("later")) != nil })
 			}
 			if err := dialRoundTrip(at.String()); err != nil || a.accepted.Load() != 1 {
 				t.Errorf("new connection after removal: %v; removed backend accepted %d", err, a.accepted.Load())

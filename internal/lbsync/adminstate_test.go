@@ -2,6 +2,7 @@ package lbsync
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"net"
 	"strings"
@@ -65,15 +66,19 @@ func TestAdminFastPath(t *testing.T) {
 		}
 		return ""
 	}
-	waitState := func(owner string, want dataplane.AdminState) {
+	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(2 * time.Second)
-		for stateOf(owner) != want {
+		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s is %s, want %s", owner, stateOf(owner), want)
+				t.Fatalf("timed out waiting for %s", what)
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+	waitState := func(owner string, want dataplane.AdminState) {
+		t.Helper()
+		waitFor(fmt.Sprintf("%s to be %s", owner, want), func() bool { return stateOf(owner) == want })
 	}
 	transitions := func() float64 {
 		return testutil.ToFloat64(fast.transitions.WithLabelValues("Down")) + testutil.ToFloat64(fast.transitions.WithLabelValues("None"))
@@ -85,17 +90,23 @@ func TestAdminFastPath(t *testing.T) {
 	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining))
 	waitState("n1", dataplane.AdminDown)
 	// The applied state is stamped when it was applied, on the wall
-	// clock, so that it can be compared with the taint's API write.
-	time.Sleep(10 * time.Millisecond) // the gauge is set right after the data plane
+	// clock, so that it can be compared with the taint's API write (the
+	// gauge is set right after the data plane).
+	waitFor("the applied timestamp", func() bool { return testutil.ToFloat64(fast.appliedAt.WithLabelValues("n1", "Down")) > 0 })
 	if at := testutil.ToFloat64(fast.appliedAt.WithLabelValues("n1", "Down")); at < float64(before.UnixNano())/1e9 || at > float64(time.Now().UnixNano())/1e9 {
 		t.Errorf("applied timestamp %f, want between %s and now", at, before)
 	}
 	if stateOf("n2") != dataplane.AdminNone {
 		t.Error("an untainted node changed")
 	}
+	waitFor("the queue to empty", func() bool { return fast.queue.Len() == 0 })
 	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining, "unrelated"))
 	fast.observe(node("n1", "uid-1", lbmodel.TaintDraining))
-	time.Sleep(20 * time.Millisecond)
+	// observe decides synchronously: an update without a change queues
+	// nothing.
+	if n := fast.queue.Len(); n != 0 {
+		t.Errorf("%d queued for updates without a change, want 0", n)
+	}
 	if got := transitions(); got != 1 {
 		t.Errorf("%v transitions for one change, want 1 (updates without a change are ignored)", got)
 	}
