@@ -2,8 +2,8 @@ package lbsync
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
