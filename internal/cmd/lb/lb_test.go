@@ -128,7 +128,9 @@ func TestStandaloneFollowsConfigFile(t *testing.T) {
 	}
 
 	write("frontends: [{name: web, address: nonsense}]")
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, "the invalid file to be read and refused", func() bool {
+		return strings.Contains(scrape(t, metrics), `ebb_lb_config_reloads_total{result="error"} 1`)
+	})
 	if got, err := ask(fe); got != "b" {
 		t.Fatalf("an invalid file changed the running configuration: %q, %v", got, err)
 	}
