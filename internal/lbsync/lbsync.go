@@ -26,6 +26,7 @@ import (
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
@@ -38,8 +39,18 @@ import (
 // resync recomputes everything periodically, so anything missed heals.
 const resync = 5 * time.Minute
 
-// retryAfter is how soon a failed apply is tried again.
-const retryAfter = time.Second
+// The sync is one work item: every event adds it (added many times before
+// it runs, it runs once), a failure adds it back with exponential backoff
+// from 50 ms to 30 s, and a sync that knows when it must look again (a
+// skipped frontend, a mode switch's overlap) adds it after that long.
+const (
+	syncKey         = "sync"
+	syncBackoffBase = 50 * time.Millisecond
+	syncBackoffMax  = 30 * time.Second
+	// addressRetry is how soon addresses that could not be made local or
+	// announced are tried again.
+	addressRetry = time.Second
+)
 
 // A Service that switches between node and pod mode keeps its old
 // backends next to the new ones (make before break) until the new path is
@@ -86,8 +97,8 @@ type Syncer struct {
 	// (vipaddr.Table).
 	Addresses interface{ Sync([]netip.Addr) error }
 
-	ready   atomic.Bool
-	trigger chan struct{}
+	ready atomic.Bool
+	queue workqueue.TypedRateLimitingInterface[string]
 
 	// Only Run's goroutine uses these.
 	skips       *skipReporter
@@ -108,7 +119,10 @@ func (s *Syncer) Ready() bool { return s.ready.Load() }
 // Run syncs until ctx is done.
 func (s *Syncer) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("lbsync")
-	s.trigger = make(chan struct{}, 1)
+	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](syncBackoffBase, syncBackoffMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "lbsync"})
+	defer s.queue.ShutDown()
 	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
 	s.skips = newSkipReporter(s.Recorder)
 	s.unreachable = newUnreachableReporter(s.Recorder)
@@ -136,18 +150,57 @@ func (s *Syncer) Run(ctx context.Context) error {
 	services := factory.Core().V1().Services()
 	slices := factory.Discovery().V1().EndpointSlices()
 	nodes := factory.Core().V1().Nodes()
+	if err := s.watch(services.Informer(), slices.Informer(), nodes.Informer(), fast); err != nil {
+		return err
+	}
+	go fast.run(ctx, log.WithName("adminstate"))
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("caches of %v did not sync", typ)
+		}
+	}
+	s.kick()
+	go s.unreachable.run(ctx, log, s.status)
+	go func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+	}()
+	for {
+		key, shutdown := s.queue.Get()
+		if shutdown {
+			return nil
+		}
+		next, err := s.sync(log, services.Lister(), slices.Lister(), nodes.Lister(), syncSeconds, frontends)
+		switch {
+		case err != nil:
+			s.queue.AddRateLimited(key)
+		case next > 0:
+			s.queue.Forget(key)
+			s.queue.AddAfter(key, next)
+		default:
+			s.queue.Forget(key)
+		}
+		s.queue.Done(key)
+	}
+}
+
+// watch syncs on every change of Services and EndpointSlices, and feeds
+// node changes to the admin-state fast path first, then to the full sync.
+func (s *Syncer) watch(services, slices, nodes cache.SharedIndexInformer, fast *adminFastPath) error {
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.kick() },
 		UpdateFunc: func(any, any) { s.kick() },
 		DeleteFunc: func(any) { s.kick() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{services.Informer(), slices.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{services, slices} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return fmt.Errorf("watching the cluster: %w", err)
 		}
 	}
 	// Nodes feed the admin-state fast path first, then the full sync.
-	_, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if n, ok := obj.(*corev1.Node); ok {
 				fast.observe(n)
@@ -173,61 +226,41 @@ func (s *Syncer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watching nodes: %w", err)
 	}
-	go fast.run(ctx, log.WithName("adminstate"))
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("caches of %v did not sync", typ)
-		}
-	}
-	s.kick()
-	go s.unreachable.run(ctx, log, s.status)
-	retry := time.NewTimer(0)
-	<-retry.C
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.trigger:
-		case <-retry.C:
-		}
-		start := time.Now()
-		cfg, owners := s.desired(log, services.Lister(), slices.Lister(), nodes.Lister())
-		s.skips.expect(owners)
-		res, err := s.DataPlane.Apply(cfg)
-		if err != nil {
-			log.Error(err, "Applying the load balancer configuration; retrying", "frontends", len(cfg.Frontends))
-			retry.Reset(retryAfter)
-			continue
-		}
-		syncSeconds.Observe(time.Since(start).Seconds())
-		next := s.skips.report(log, res.Skipped)
-		s.unreachable.expect(cfg, owners)
-		if s.Addresses != nil {
-			if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
-				log.Error(err, "Making the load balancer's addresses local to this host, or announcing them; retrying")
-				next = retryAfter
-			}
-		}
-		if at, ok := s.nextTransitionCheck(); ok && (next == 0 || time.Until(at) < next) {
-			next = max(time.Until(at), time.Millisecond)
-		}
-		if next > 0 {
-			retry.Reset(next)
-		}
-		frontends.Set(float64(len(cfg.Frontends) - len(res.Skipped)))
-		s.ready.Store(true)
-		log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends), "skipped", len(res.Skipped))
-	}
+	return nil
 }
 
-func (s *Syncer) kick() {
-	select {
-	case s.trigger <- struct{}{}:
-	default:
+// sync computes the whole configuration from the caches and applies it;
+// it returns when it must run again without an event (0: only on one).
+func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodes corelisters.NodeLister,
+	syncSeconds prometheus.Histogram, frontends prometheus.Gauge) (time.Duration, error) {
+	start := time.Now()
+	cfg, owners := s.desired(log, services, slices, nodes)
+	s.skips.expect(owners)
+	res, err := s.DataPlane.Apply(cfg)
+	if err != nil {
+		log.Error(err, "Applying the load balancer configuration; retrying with backoff", "frontends", len(cfg.Frontends))
+		return 0, err
 	}
+	syncSeconds.Observe(time.Since(start).Seconds())
+	next := s.skips.report(log, res.Skipped)
+	s.unreachable.expect(cfg, owners)
+	if s.Addresses != nil {
+		if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
+			log.Error(err, "Making the load balancer's addresses local to this host, or announcing them; retrying")
+			next = addressRetry
+		}
+	}
+	if at, ok := s.nextTransitionCheck(); ok && (next == 0 || time.Until(at) < next) {
+		next = max(time.Until(at), time.Millisecond)
+	}
+	frontends.Set(float64(len(cfg.Frontends) - len(res.Skipped)))
+	s.ready.Store(true)
+	log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends), "skipped", len(res.Skipped))
+	return next, nil
 }
+
+// kick asks for a sync.
+func (s *Syncer) kick() { s.queue.Add(syncKey) }
 
 // serves reports whether a Service is one this load balancer serves.
 func (s *Syncer) serves(svc *corev1.Service) bool {
