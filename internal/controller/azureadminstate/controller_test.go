@@ -297,3 +297,15 @@ func TestFailureIsReportedOnAffectedServices(t *testing.T) {
 		t.Errorf("%d Service events, want 2 (cluster, local-here): %q", len(onServices), onServices)
 	}
 }
+
+// Node events wake the controller often; each asks to be woken for the
+// next drift check when it is due, counted from the last full pass, not
+// from now (else frequent events push the check back).
+func TestDriftCheckIsNotPushedBackByEvents(t *testing.T) {
+	r, _, _, _, clk := setup(t, nil, node("a", "1", "10.0.0.1", lbmodel.TaintDraining))
+	reconcileOnce(t, r) // a full pass
+	clk.Step(3 * time.Second)
+	if res := reconcileOnce(t, r); res.RequeueAfter != 2*time.Second {
+		t.Errorf("an event 3 s after the full pass asks to be woken after %s, want 2 s (when the drift check is due)", res.RequeueAfter)
+	}
+}
