@@ -61,6 +61,11 @@ const (
 	// DrainedCondition is True once every targeted pod on every selected
 	// node has terminated during the Drain stage.
 	DrainedCondition = "Drained"
+	// ReconciledCondition is True when the controller's last pass over
+	// the maintenance succeeded, and False with the failing step
+	// (CordonFailed, TaintFailed, DrainFailed, CompleteFailed,
+	// ReleaseFailed) and the error while one fails.
+	ReconciledCondition = "Reconciled"
 
 	// Node conditions published during a maintenance (KEP-5683's names).
 	NodeConditionMaintenanceInProgress = "MaintenanceInProgress"

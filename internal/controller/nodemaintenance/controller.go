@@ -7,6 +7,7 @@ package nodemaintenance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -14,6 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -191,32 +194,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	r.Metrics.observeStages(w.maintenances)
-	var result ctrl.Result
-	var drain *drainResult
 	// Read before updateStatus forgets them.
 	left := leftNodes(nm, w)
-	switch w.stage(nm) {
-	case v1alpha1.Cordon:
-		err = r.cordon(ctx, nm, w)
-	case v1alpha1.Drain:
-		if err = r.cordon(ctx, nm, w); err == nil {
-			err = r.taint(ctx, nm, w)
-		}
-		if err == nil {
-			drain, err = r.drain(ctx, nm, w)
-			result.RequeueAfter = drain.requeueAfter()
-		}
-	case v1alpha1.Complete:
-		err = r.complete(ctx, nm, w)
-	}
-	if _, ok := w.waiting[nm.Name]; ok {
-		result.RequeueAfter = drainResync
-	}
-	if err == nil && nm.Spec.Stage != v1alpha1.Idle {
-		err = r.releaseNodes(ctx, nm, w, left)
-	}
+	phase, drain, result, err := r.act(ctx, nm, w, left)
 	if err != nil {
-		return ctrl.Result{}, err
+		// A failing step shows in the status, not only in the log.
+		return ctrl.Result{}, errors.Join(err, r.reportFailure(ctx, nm, phase, err))
 	}
 	if err := r.updateStatus(ctx, nm, w, drain); err != nil {
 		return ctrl.Result{}, err
@@ -233,6 +216,63 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		logger.Info("Completed and released")
 	}
 	return result, nil
+}
+
+// act does what nm's stage asks of its nodes and pods; on failure it
+// names the step that failed (Cordon, Taint, Drain, Complete, Release).
+func (r *Reconciler) act(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world, left []string) (string, *drainResult, ctrl.Result, error) {
+	var result ctrl.Result
+	var drain *drainResult
+	switch w.stage(nm) {
+	case v1alpha1.Cordon:
+		if err := r.cordon(ctx, nm, w); err != nil {
+			return "Cordon", nil, result, err
+		}
+	case v1alpha1.Drain:
+		if err := r.cordon(ctx, nm, w); err != nil {
+			return "Cordon", nil, result, err
+		}
+		if err := r.taint(ctx, nm, w); err != nil {
+			return "Taint", nil, result, err
+		}
+		var err error
+		if drain, err = r.drain(ctx, nm, w); err != nil {
+			return "Drain", nil, result, err
+		}
+		result.RequeueAfter = drain.requeueAfter()
+	case v1alpha1.Complete:
+		if err := r.complete(ctx, nm, w); err != nil {
+			return "Complete", nil, result, err
+		}
+	}
+	if _, ok := w.waiting[nm.Name]; ok {
+		result.RequeueAfter = drainResync
+	}
+	if nm.Spec.Stage != v1alpha1.Idle {
+		if err := r.releaseNodes(ctx, nm, w, left); err != nil {
+			return "Release", nil, result, err
+		}
+	}
+	return "", drain, result, nil
+}
+
+// reportFailure records in the maintenance's Reconciled condition that a
+// step failed, and why; written only when that changes, so a failure that
+// repeats on every retry writes once.
+func (r *Reconciler) reportFailure(ctx context.Context, nm *v1alpha1.NodeMaintenance, phase string, cause error) error {
+	latest := &v1alpha1.NodeMaintenance{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(nm), latest); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	changed := meta.SetStatusCondition(&latest.Status.Conditions, metav1.Condition{Type: v1alpha1.ReconciledCondition, Status: metav1.ConditionFalse,
+		Reason: phase + "Failed", Message: cause.Error(), ObservedGeneration: latest.Generation})
+	if !changed {
+		return nil
+	}
+	if err := r.Client.Status().Update(ctx, latest); err != nil {
+		return fmt.Errorf("recording the failure of %s in the status of %s: %w", phase, nm.Name, err)
+	}
+	return nil
 }
 
 // defaultDrainPlan gives a maintenance that has no drain plan the default

@@ -21,9 +21,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"errors"
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
 	"github.com/ebbdev/ebb/internal/eventstest"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 func newFakeReconciler(t *testing.T, objs ...client.Object) (*Reconciler, client.Client, *events.FakeRecorder) {
@@ -322,4 +325,65 @@ func reconcileMaintenance(t *testing.T, r *Reconciler, cl client.Client, nm *v1a
 		t.Fatal(err)
 	}
 	return got
+}
+
+// A step that fails shows in the maintenance's status, with the step and
+// the error, once however often it is retried, and clears when it passes.
+func TestFailingStepShowsInTheStatus(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Cordon, Reason: "test", DrainPlan: drainplan.Defaults(), NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n1"}}},
+		}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, nm)
+	failing := true
+	statusWrites := 0
+	r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(*corev1.Node); ok && failing {
+				return apierrors.NewForbidden(corev1.Resource("nodes"), "n1", errors.New("a policy forbids it"))
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if _, ok := obj.(*corev1.Node); ok && failing {
+				return apierrors.NewForbidden(corev1.Resource("nodes"), "n1", errors.New("a policy forbids it"))
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			statusWrites++
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	})
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	for range 3 {
+		if _, err := r.Reconcile(ctx, req); err == nil {
+			t.Fatal("the failing cordon was not returned")
+		}
+	}
+	got := &v1alpha1.NodeMaintenance{}
+	if err := cl.Get(ctx, req.NamespacedName, got); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ReconciledCondition)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "CordonFailed" || !strings.Contains(c.Message, "a policy forbids it") {
+		t.Fatalf("condition %+v, want Reconciled=False CordonFailed with the error", c)
+	}
+	if statusWrites != 1 {
+		t.Errorf("%d status writes for a failure retried 3 times, want 1", statusWrites)
+	}
+	failing = false
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Get(ctx, req.NamespacedName, got); err != nil {
+		t.Fatal(err)
+	}
+	if !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ReconciledCondition) {
+		t.Errorf("conditions %+v after the cordon passed, want Reconciled=True", got.Status.Conditions)
+	}
 }

@@ -108,6 +108,8 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "NotDraining",
 			Message: fmt.Sprintf("stage %s does not drain", nm.Spec.Stage), ObservedGeneration: nm.Generation})
 	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ReconciledCondition, Status: metav1.ConditionTrue, Reason: "Succeeded",
+		Message: "the controller's last pass over this maintenance succeeded", ObservedGeneration: nm.Generation})
 	if apiequality.Semantic.DeepEqual(orig.Status, nm.Status) {
 		return nil
 	}
