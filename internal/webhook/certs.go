@@ -24,20 +24,31 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
 // +kubebuilder:rbac:groups="",namespace=ebb-system,resources=secrets,verbs=get;create;update
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;list;watch;patch
 
-// Keys of the certificate Secret.
+// Keys of the certificate Secret. The CA's key is kept so that a serving
+// certificate is renewed under the same CA: the webhook configurations'
+// caBundle, which the API server trusts, stays valid through a renewal.
 const (
 	caCertKey  = "ca.crt"
+	caKeyKey   = "ca.key"
 	certKey    = corev1.TLSCertKey
 	privKeyKey = corev1.TLSPrivateKeyKey
 )
 
-// renewBefore: a certificate closer than this to its end is replaced.
-const renewBefore = 30 * 24 * time.Hour
+// Lifetimes: the serving certificate lives a year and is replaced 30 days
+// before its end; the CA lives ten years.
+const (
+	renewBefore  = 30 * 24 * time.Hour
+	servingLife  = 365 * 24 * time.Hour
+	caLife       = 10 * 365 * 24 * time.Hour
+	caRenewAhead = servingLife + renewBefore
+)
 
 // SelfSignedCerts manages the webhook's serving certificate without
 // cert-manager: a CA and a serving certificate kept in a Secret (so every
@@ -58,7 +69,9 @@ type SelfSignedCerts struct {
 }
 
 // Ensure makes sure a valid certificate exists, is on disk and is trusted
-// by the webhook configurations.
+// by the webhook configurations. It is cheap when all is in place (one
+// read of the Secret and of each configuration, nothing written), so
+// Rotate calls it periodically.
 func (s *SelfSignedCerts) Ensure(ctx context.Context) error {
 	if s.Now == nil {
 		s.Now = time.Now
@@ -70,12 +83,53 @@ func (s *SelfSignedCerts) Ensure(ctx context.Context) error {
 	if err := os.MkdirAll(s.CertDir, 0o700); err != nil {
 		return fmt.Errorf("creating the webhook certificate directory: %w", err)
 	}
-	for _, k := range []string{certKey, privKeyKey} {
-		if err := os.WriteFile(filepath.Join(s.CertDir, k), data[k], 0o600); err != nil {
+	// The key first, then the certificate: controller-runtime's certificate
+	// watcher reloads on a change, and must not pair a new certificate
+	// with the old key for long. Unchanged files are not rewritten.
+	for _, k := range []string{privKeyKey, certKey} {
+		path := filepath.Join(s.CertDir, k)
+		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data[k]) {
+			continue
+		}
+		if err := os.WriteFile(path+".tmp", data[k], 0o600); err != nil {
+			return fmt.Errorf("writing the webhook certificate: %w", err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
 			return fmt.Errorf("writing the webhook certificate: %w", err)
 		}
 	}
 	return s.inject(ctx, data[caCertKey])
+}
+
+// Rotate runs Ensure every period until ctx is done: a certificate nearing
+// its end is renewed (by whichever replica gets there first; the others
+// pick it up from the Secret) and every replica's files follow, which the
+// webhook server reloads while running. Every replica runs it, leader or
+// not.
+func (s *SelfSignedCerts) Rotate(period time.Duration) manager.Runnable {
+	return rotator{s: s, period: period}
+}
+
+type rotator struct {
+	s      *SelfSignedCerts
+	period time.Duration
+}
+
+func (r rotator) NeedLeaderElection() bool { return false }
+
+func (r rotator) Start(ctx context.Context) error {
+	t := time.NewTicker(r.period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := r.s.Ensure(ctx); err != nil && ctx.Err() == nil {
+				log.FromContext(ctx).Error(err, "Renewing the webhook certificate; retrying next period", "period", r.period)
+			}
+		}
+	}
 }
 
 // secret returns the Secret's data, creating or renewing it when needed.
@@ -90,7 +144,7 @@ func (s *SelfSignedCerts) secret(ctx context.Context) (map[string][]byte, error)
 		if exists && s.valid(sec.Data) {
 			return sec.Data, nil
 		}
-		data, genErr := s.generate()
+		data, genErr := s.generate(sec.Data)
 		if genErr != nil {
 			return nil, genErr
 		}
@@ -139,30 +193,25 @@ func (s *SelfSignedCerts) valid(data map[string][]byte) bool {
 	return true
 }
 
-// generate makes a CA (10 years) and a serving certificate (1 year).
-func (s *SelfSignedCerts) generate() (map[string][]byte, error) {
+// generate makes a serving certificate (1 year) under the CA in old when
+// it has one with its key that outlives the new certificate, else under a
+// new CA (10 years).
+func (s *SelfSignedCerts) generate(old map[string][]byte) (map[string][]byte, error) {
 	now := s.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generating the webhook CA key: %w", err)
+	ca, caKey, caPEM, caKeyPEM := s.reusableCA(old)
+	if ca == nil {
+		var err error
+		if ca, caKey, caPEM, caKeyPEM, err = newCA(now); err != nil {
+			return nil, err
+		}
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: "ebb-webhook-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("signing the webhook CA: %w", err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating the webhook key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(now.UnixNano() + 1), Subject: pkix.Name{CommonName: firstOr(s.DNSNames, "ebb-webhook")},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour),
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(servingLife),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames: s.DNSNames, IPAddresses: s.IPs,
 	}
@@ -175,10 +224,53 @@ func (s *SelfSignedCerts) generate() (map[string][]byte, error) {
 		return nil, fmt.Errorf("encoding the webhook key: %w", err)
 	}
 	return map[string][]byte{
-		caCertKey:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		caCertKey:  caPEM,
+		caKeyKey:   caKeyPEM,
 		certKey:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		privKeyKey: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
 	}, nil
+}
+
+// reusableCA returns the CA in data when its key is there and it outlives
+// a new serving certificate by the renewal margin (nil otherwise).
+func (s *SelfSignedCerts) reusableCA(data map[string][]byte) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte) {
+	certBlock, _ := pem.Decode(data[caCertKey])
+	keyBlock, _ := pem.Decode(data[caKeyKey])
+	if certBlock == nil || keyBlock == nil {
+		return nil, nil, nil, nil
+	}
+	ca, err := x509.ParseCertificate(certBlock.Bytes)
+	if err != nil || !ca.IsCA || s.Now().Add(caRenewAhead).After(ca.NotAfter) {
+		return nil, nil, nil, nil
+	}
+	key, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+	if err != nil || !key.PublicKey.Equal(ca.PublicKey) {
+		return nil, nil, nil, nil
+	}
+	return ca, key, data[caCertKey], data[caKeyKey]
+}
+
+// newCA makes a self-signed CA valid ten years.
+func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("generating the webhook CA key: %w", err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: "ebb-webhook-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(caLife),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("signing the webhook CA: %w", err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	keyDER, err := x509.MarshalECPrivateKey(caKey)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("encoding the webhook CA key: %w", err)
+	}
+	return ca, caKey, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
 func firstOr(names []string, def string) string {

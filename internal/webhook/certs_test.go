@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,8 +76,11 @@ func TestSelfSignedCerts(t *testing.T) {
 	if err := renamed.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if string(secret().Data[caCertKey]) == string(ca) {
+	if got := serving(t, renamed.CertDir); got.Equal(leaf) || !slices.Contains(got.DNSNames, "other.ns.svc") {
 		t.Error("a certificate without a needed name was kept")
+	}
+	if string(secret().Data[caCertKey]) != string(ca) {
+		t.Error("the CA changed: the API server's trust would break while replicas catch up")
 	}
 	late := certs(t.TempDir(), "svc.ns.svc", "other.ns.svc")
 	late.Now = func() time.Time { return now.Add(340 * 24 * time.Hour) }
@@ -101,4 +106,71 @@ func serving(t *testing.T, dir string) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// A renewal keeps the CA (so the caBundle the API server trusts stays
+// valid), a Secret from before the CA key was kept gets a new CA, and
+// Rotate renews while running: every replica's files follow.
+func TestRenewalKeepsTheCAAndRotateFollows(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = corev1.AddToScheme(scheme)
+	_ = admissionregistrationv1.AddToScheme(scheme)
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "v"}, Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "b"}}},
+	).Build()
+	start := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	var now atomic.Int64
+	now.Store(start.UnixNano())
+	s := &SelfSignedCerts{Client: cl, Secret: types.NamespacedName{Namespace: "ebb-system", Name: "cert"}, DNSNames: []string{"svc.ns.svc"},
+		CertDir: t.TempDir(), Validating: []string{"v"}, Now: func() time.Time { return time.Unix(0, now.Load()) }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := serving(t, s.CertDir)
+	bundle := func() *x509.CertPool {
+		var v admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := cl.Get(ctx, client.ObjectKey{Name: "v"}, &v); err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(v.Webhooks[0].ClientConfig.CABundle)
+		return pool
+	}
+	trusted := bundle()
+
+	go func() { _ = s.Rotate(5 * time.Millisecond).Start(ctx) }()
+	late := start.Add(340 * 24 * time.Hour)
+	now.Store(late.UnixNano())
+	deadline := time.Now().Add(5 * time.Second)
+	for serving(t, s.CertDir).Equal(first) {
+		if time.Now().After(deadline) {
+			t.Fatal("Rotate did not renew a certificate 25 days from its end")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	renewed := serving(t, s.CertDir)
+	if _, err := renewed.Verify(x509.VerifyOptions{DNSName: "svc.ns.svc", Roots: trusted, CurrentTime: late}); err != nil {
+		t.Errorf("the renewed certificate does not verify against the caBundle injected before: %v", err)
+	}
+	cancel()
+
+	// A Secret written before the CA key was kept: the renewal makes a
+	// new CA and injects it.
+	var sec corev1.Secret
+	if err := cl.Get(context.Background(), s.Secret, &sec); err != nil {
+		t.Fatal(err)
+	}
+	delete(sec.Data, caKeyKey)
+	if err := cl.Update(context.Background(), &sec); err != nil {
+		t.Fatal(err)
+	}
+	now.Store(late.Add(340 * 24 * time.Hour).UnixNano())
+	if err := s.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := serving(t, s.CertDir).Verify(x509.VerifyOptions{DNSName: "svc.ns.svc", Roots: bundle(), CurrentTime: time.Unix(0, now.Load())}); err != nil {
+		t.Errorf("after a renewal with a new CA: %v", err)
+	}
 }

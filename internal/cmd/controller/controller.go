@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
@@ -186,8 +187,10 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 			&corev1.Event{}: {Field: fields.OneTermEqualSelector("reason", lbmodel.ReasonPreemptScheduled)},
 		}},
 	}
+	var certs *ebbwebhook.SelfSignedCerts
 	if o.Webhook.Port != 0 {
-		if err := o.ensureWebhookCerts(ctx, cfg, scheme); err != nil {
+		var err error
+		if certs, err = o.ensureWebhookCerts(ctx, cfg, scheme); err != nil {
 			return err
 		}
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir})
@@ -195,6 +198,11 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
+	}
+	if certs != nil {
+		if err := mgr.Add(certs.Rotate(webhookCertCheck)); err != nil {
+			return err
+		}
 	}
 	if err := o.setupLoadBalancing(ctx, mgr, ipam); err != nil {
 		return err
@@ -216,36 +224,41 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	return mgr.Start(ctx)
 }
 
+// webhookCertCheck is how often a running controller checks its
+// self-managed webhook certificate (renewed 30 days before its end).
+const webhookCertCheck = time.Hour
+
 // ensureWebhookCerts provides the serving certificate in self-managed
-// mode (a no-op when another tool provides it).
-func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) error {
+// mode and returns its manager, to keep it renewed (nil when another tool
+// provides it).
+func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) (*ebbwebhook.SelfSignedCerts, error) {
 	if o.Webhook.CertSecret == "" {
-		return nil
+		return nil, nil
 	}
 	ns, name, ok := strings.Cut(o.Webhook.CertSecret, "/")
 	if !ok || ns == "" || name == "" {
-		return fmt.Errorf("--webhook-cert-secret %q: want namespace/name", o.Webhook.CertSecret)
+		return nil, fmt.Errorf("--webhook-cert-secret %q: want namespace/name", o.Webhook.CertSecret)
 	}
 	var ips []net.IP
 	for _, s := range o.Webhook.IPs {
 		ip := net.ParseIP(s)
 		if ip == nil {
-			return fmt.Errorf("--webhook-ip-address %q is not an IP address", s)
+			return nil, fmt.Errorf("--webhook-ip-address %q is not an IP address", s)
 		}
 		ips = append(ips, ip)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		return fmt.Errorf("creating a client for the webhook certificate: %w", err)
+		return nil, fmt.Errorf("creating a client for the webhook certificate: %w", err)
 	}
 	certs := &ebbwebhook.SelfSignedCerts{
 		Client: c, Secret: client.ObjectKey{Namespace: ns, Name: name}, DNSNames: o.Webhook.DNSNames, IPs: ips,
 		CertDir: o.Webhook.CertDir, Mutating: o.Webhook.Mutating, Validating: o.Webhook.Validating,
 	}
 	if err := certs.Ensure(ctx); err != nil {
-		return fmt.Errorf("providing the webhook certificate: %w", err)
+		return nil, fmt.Errorf("providing the webhook certificate: %w", err)
 	}
-	return nil
+	return certs, nil
 }
 
 // cloudDefaults applies what --cloud changes in other flags' defaults:
