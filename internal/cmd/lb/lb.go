@@ -148,46 +148,74 @@ func (o *Options) Run(ctx context.Context) error {
 	// accepting the addresses.
 	defer addrs.close(log)
 
-	var ready func() bool
-	var syncer *lbsync.Syncer
-	var data []byte
-	hup := make(chan os.Signal, 1)
 	if o.ConfigFile != "" {
 		// Before the first load, so a SIGHUP sent once the file serves
 		// reloads it rather than ending the process.
+		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
-		if data, err = o.load(log, dp, addrs); err != nil {
+		data, err := o.load(log, dp, addrs)
+		if err != nil {
 			return err // the first configuration must be valid
 		}
 		reloads.WithLabelValues("success").Inc()
 		log.Info("Serving", "config", o.ConfigFile)
-		ready = func() bool { return true }
-	} else {
-		if syncer, err = o.syncer(dp); err != nil {
+		stop, err := o.serveDebug(log, reg, func() bool { return true })
+		if err != nil {
 			return err
 		}
-		syncer.Registerer = reg
-		syncer.Addresses = addrs
-		broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: syncer.Client.EventsV1()})
-		broadcaster.StartRecordingToSink(ctx.Done())
-		defer broadcaster.Shutdown()
-		syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
-		ready = syncer.Ready
-		if o.ReportName != "" {
-			reporter, err := o.reporter(dp)
-			if err != nil {
-				return err
-			}
-			go reporter.Run(ctx)
+		defer stop()
+		o.followFile(ctx, log, dp, addrs, reloads, data, hup)
+		return nil
+	}
+	syncer, err := o.syncer(dp)
+	if err != nil {
+		return err
+	}
+	syncer.Registerer = reg
+	syncer.Addresses = addrs
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: syncer.Client.EventsV1()})
+	broadcaster.StartRecordingToSink(ctx.Done())
+	defer broadcaster.Shutdown()
+	syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
+	if o.ReportName != "" {
+		reporter, err := o.reporter(dp)
+		if err != nil {
+			return err
+		}
+		go reporter.Run(ctx)
+	}
+	stop, err := o.serveDebug(log, reg, syncer.Ready)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
+	return syncer.Run(ctx)
+}
+
+// serveDebug serves /metrics, /healthz and /readyz (ready says when) on
+// --metrics-bind-address, and pprof on --pprof-bind-address, when set; stop
+// closes them.
+func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready func() bool) (stop func(), err error) {
+	var servers []*http.Server
+	stop = func() {
+		for _, srv := range servers {
+			_ = srv.Close()
 		}
 	}
-
-	if o.MetricsAddress != "" {
-		ln, err := net.Listen("tcp", o.MetricsAddress)
+	serve := func(what, address string, mux *http.ServeMux) error {
+		ln, err := net.Listen("tcp", address)
 		if err != nil {
-			return fmt.Errorf("listening for metrics on %s: %w", o.MetricsAddress, err)
+			return fmt.Errorf("listening for %s on %s: %w", what, address, err)
 		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, srv)
+		go func() { _ = srv.Serve(ln) }()
+		log.Info("Serving "+what, "address", ln.Addr().String())
+		return nil
+	}
+	if o.MetricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -198,36 +226,32 @@ func (o *Options) Run(ctx context.Context) error {
 			}
 			_, _ = w.Write([]byte("ok\n"))
 		})
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
-		log.Info("Serving metrics", "address", ln.Addr().String())
-	}
-
-	if o.PprofAddress != "" {
-		ln, err := net.Listen("tcp", o.PprofAddress)
-		if err != nil {
-			return fmt.Errorf("listening for pprof on %s: %w", o.PprofAddress, err)
+		if err := serve("metrics", o.MetricsAddress, mux); err != nil {
+			return stop, err
 		}
+	}
+	if o.PprofAddress != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
+		if err := serve("pprof", o.PprofAddress, mux); err != nil {
+			return stop, err
+		}
 	}
+	return stop, nil
+}
 
-	if syncer != nil {
-		log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
-		return syncer.Run(ctx)
-	}
+// followFile applies the configuration file again when it changes (polled)
+// or on SIGHUP, until ctx is done; a bad file keeps the running
+// configuration and is reported once.
+func (o *Options) followFile(ctx context.Context, log logr.Logger, dp *dataplane.DataPlane, addrs *addressSinks, reloads *prometheus.CounterVec, data []byte, hup <-chan os.Signal) {
 	poll := time.NewTicker(o.PollInterval)
 	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			log.Info("Stopping")
-			return nil
+			return
 		case <-hup:
 		case <-poll.C:
 			current, err := os.ReadFile(o.ConfigFile)
