@@ -17,15 +17,38 @@ import (
 )
 
 // updateStatus records the stage started, each node's drain and the
-// Drained condition, and emits events for what changed.
+// conditions, emits events for what changed, and writes the status only
+// when it changed.
 func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintenance, w *world, drain *drainResult) error {
 	orig := nm.DeepCopy()
+	waitMsg, waiting := w.waiting[nm.Name]
+	r.recordStage(nm, w, waitMsg, waiting)
+	st := &nm.Status
+	st.NodeStatuses = r.nodeStatuses(nm, orig, w, drain, waitMsg, waiting)
+	st.NodeCount = int32(len(st.NodeStatuses))
+	if drain != nil && drain.self != nil {
+		st.DrainPlanIndex = int32(drain.self.Index)
+		r.Metrics.setPods(nm.Name, st.NodeStatuses)
+	}
+	r.setDrained(nm, drain, waitMsg, waiting)
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ReconciledCondition, Status: metav1.ConditionTrue, Reason: "Succeeded",
+		Message: "the controller's last pass over this maintenance succeeded", ObservedGeneration: nm.Generation})
+	if apiequality.Semantic.DeepEqual(orig.Status, nm.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Update(ctx, nm); err != nil {
+		return fmt.Errorf("updating the status of %s: %w", nm.Name, err)
+	}
+	return nil
+}
+
+// recordStage appends the stage when it changes, with its start time (none
+// yet for a Drain waiting for a slot: the drain, and the traffic-drain
+// gate, count from when it gets one), and observes the previous stage's
+// duration.
+func (r *Reconciler) recordStage(nm *v1alpha1.NodeMaintenance, w *world, waitMsg string, waiting bool) {
 	now := metav1.NewTime(r.Clock.Now())
 	st := &nm.Status
-	// A Drain waiting for a slot has its stage status without a start
-	// time: the drain starts, and the traffic-drain gate counts, from
-	// when it gets one.
-	waitMsg, waiting := w.waiting[nm.Name]
 	started := func(s *v1alpha1.StageStatus) {
 		s.StartTimestamp = &now
 		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
@@ -43,7 +66,10 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 	} else if st.StageStatuses[n-1].StartTimestamp == nil && !waiting {
 		started(&st.StageStatuses[n-1])
 	}
+}
 
+// nodeStatuses builds each selected node's status from the drain.
+func (r *Reconciler) nodeStatuses(nm, orig *v1alpha1.NodeMaintenance, w *world, drain *drainResult, waitMsg string, waiting bool) []v1alpha1.NodeMaintenanceNodeStatus {
 	var statuses []v1alpha1.NodeMaintenanceNodeStatus
 	for _, name := range w.selected[nm.Name] {
 		ns := v1alpha1.NodeMaintenanceNodeStatus{NodeRef: v1alpha1.NodeReference{Name: name}}
@@ -82,17 +108,16 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 		}
 		statuses = append(statuses, ns)
 	}
-	st.NodeStatuses = statuses
-	st.NodeCount = int32(len(statuses))
-	if drain != nil && drain.self != nil {
-		st.DrainPlanIndex = int32(drain.self.Index)
-		r.Metrics.setPods(nm.Name, statuses)
-	}
+	return statuses
+}
 
+// setDrained sets the Drained condition for the stage and the drain.
+func (r *Reconciler) setDrained(nm *v1alpha1.NodeMaintenance, drain *drainResult, waitMsg string, waiting bool) {
+	st := &nm.Status
 	switch {
 	case nm.Spec.Stage == v1alpha1.Drain && drain.drained():
 		if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.DrainedCondition) {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(statuses))
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(st.NodeStatuses))
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionTrue, Reason: "PodsEvacuated",
 			Message: "every targeted pod on every selected node has terminated and the load balancers carry no more traffic through them", ObservedGeneration: nm.Generation})
@@ -108,15 +133,6 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionFalse, Reason: "NotDraining",
 			Message: fmt.Sprintf("stage %s does not drain", nm.Spec.Stage), ObservedGeneration: nm.Generation})
 	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ReconciledCondition, Status: metav1.ConditionTrue, Reason: "Succeeded",
-		Message: "the controller's last pass over this maintenance succeeded", ObservedGeneration: nm.Generation})
-	if apiequality.Semantic.DeepEqual(orig.Status, nm.Status) {
-		return nil
-	}
-	if err := r.Client.Status().Update(ctx, nm); err != nil {
-		return fmt.Errorf("updating the status of %s: %w", nm.Name, err)
-	}
-	return nil
 }
 
 func oldNodeStatus(nm *v1alpha1.NodeMaintenance, node string) *v1alpha1.NodeMaintenanceNodeStatus {
