@@ -131,28 +131,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		r.lastFull = now
 	}
 
-	want := map[*azure.Node]azure.State{}
-	byNode := map[*azure.Node]*corev1.Node{}
-	live := map[string]bool{}
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		live[n.Name] = true
-		if old, ok := r.uids[n.Name]; ok && old != n.UID {
-			r.Manager.Forget(n.Name) // replaced under the same name
-			delete(r.applied, old)
-		}
-		r.uids[n.Name] = n.UID
-		an := azureNode(n)
-		r.known[n.UID] = an
-		if last, ok := r.applied[n.UID]; ok && last == states[n.UID] {
-			continue
-		}
-		want[an], byNode[an] = states[n.UID], n
-	}
-	r.noticeDeleted(states, live)
-	for _, an := range r.gone {
-		want[an] = azure.StateDown
-	}
+	want, byNode := r.wants(nodes.Items, states)
 
 	// Wake for the next full pass when it is due, counted from the last
 	// one, whichever reconcile asks: node events come often and each asks
@@ -172,6 +151,43 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		r.reportFailure(ctx, want, byNode, lbmodel.ReasonAdminStateUpdateFailed, err)
 		return ctrl.Result{}, fmt.Errorf("setting the admin state of %v on Azure: %w", names(want), err)
 	}
+	r.recordApplied(ctx, want, byNode, unmatched)
+	log.FromContext(ctx).V(1).Info("Applied admin states on Azure", "nodes", names(want))
+	return result, nil
+}
+
+// wants are the nodes whose state is not known to be applied (all of them
+// after a full pass), and the deleted nodes to turn Down, with the Node
+// object of each live one.
+func (r *Reconciler) wants(nodes []corev1.Node, states map[types.UID]azure.State) (map[*azure.Node]azure.State, map[*azure.Node]*corev1.Node) {
+	want := map[*azure.Node]azure.State{}
+	byNode := map[*azure.Node]*corev1.Node{}
+	live := map[string]bool{}
+	for i := range nodes {
+		n := &nodes[i]
+		live[n.Name] = true
+		if old, ok := r.uids[n.Name]; ok && old != n.UID {
+			r.Manager.Forget(n.Name) // replaced under the same name
+			delete(r.applied, old)
+		}
+		r.uids[n.Name] = n.UID
+		an := azureNode(n)
+		r.known[n.UID] = an
+		if last, ok := r.applied[n.UID]; ok && last == states[n.UID] {
+			continue
+		}
+		want[an], byNode[an] = states[n.UID], n
+	}
+	r.noticeDeleted(states, live)
+	for _, an := range r.gone {
+		want[an] = azure.StateDown
+	}
+	return want, byNode
+}
+
+// recordApplied remembers what was applied, reports the nodes no pool
+// holds, and lets go of the deleted nodes turned Down.
+func (r *Reconciler) recordApplied(ctx context.Context, want map[*azure.Node]azure.State, byNode map[*azure.Node]*corev1.Node, unmatched *azure.UnmatchedError) {
 	for an, s := range want {
 		n := byNode[an]
 		if n == nil {
@@ -191,8 +207,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		r.Manager.Forget(an.Name)
 		delete(r.gone, uid)
 	}
-	log.FromContext(ctx).V(1).Info("Applied admin states on Azure", "nodes", names(want))
-	return result, nil
 }
 
 // noticeDeleted moves nodes that left the API to gone: their entries turn
