@@ -29,11 +29,7 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "web", 2)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "web", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	vip := netip.MustParseAddr(waitAddress(t, ctx, ns, "web"))
+	vip := netip.MustParseAddr(exposeApp(t, ctx, ns, "web", 2))
 	waitServes(t, ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80")))
 
 	if on := interfacesWith(t, vip); len(on) > 0 {
@@ -82,11 +78,7 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 		t.Error("ebb_dataplane_frontend_skipped does not show the busy frontend")
 	}
 	// The Service's other port, and a Service created meanwhile, serve.
-	deployApp(t, ctx, ns, "other", 1)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "other", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	otherVIP := waitAddress(t, ctx, ns, "other")
+	otherVIP := exposeApp(t, ctx, ns, "other", 1)
 	waitServes(t, ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(otherVIP, "80")))
 	if _, err := get(ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80"))); err != nil {
 		t.Errorf("port 80 of the Service with a busy port: %v", err)

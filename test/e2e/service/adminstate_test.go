@@ -28,11 +28,7 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "drain", 3)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "drain", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ip := waitAddress(t, ctx, ns, "drain")
+	ip := exposeApp(t, ctx, ns, "drain", 3)
 	if err := cluster.WaitServiceEndpoints(ctx, ns, "drain", 3, time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -117,11 +117,7 @@ func TestOutOfServiceLifecycleAndNodeReplacement(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "oos", 3)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "oos", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ip := waitAddress(t, ctx, ns, "oos")
+	ip := exposeApp(t, ctx, ns, "oos", 3)
 	if err := cluster.WaitServiceEndpoints(ctx, ns, "oos", 3, time.Minute); err != nil {
 		t.Fatal(err)
 	}

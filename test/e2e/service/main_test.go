@@ -73,6 +73,18 @@ func deployApp(t *testing.T, ctx context.Context, ns, name string, replicas int3
 }
 
 // waitAddress waits for the Service's load-balancer address.
+// exposeApp deploys the echo app with replicas behind a LoadBalancer
+// Service of ebb's class, both named name, and returns the Service's
+// address once it has one.
+func exposeApp(t *testing.T, ctx context.Context, ns, name string, replicas int32) string {
+	t.Helper()
+	deployApp(t, ctx, ns, name, replicas)
+	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, name, ebbClass), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return waitAddress(t, ctx, ns, name)
+}
+
 func waitAddress(t *testing.T, ctx context.Context, ns, name string) string {
 	t.Helper()
 	var ip string

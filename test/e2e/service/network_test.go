@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
@@ -21,11 +20,7 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "web", 2)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "web", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	vip := waitAddress(t, ctx, ns, "web")
+	vip := exposeApp(t, ctx, ns, "web", 2)
 	url := fmt.Sprintf("http://%s/", net.JoinHostPort(vip, "80"))
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,

@@ -31,11 +31,7 @@ func TestServiceOfOurClassServesTrafficThroughItsAddress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "web", 3)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "web", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ip := waitAddress(t, ctx, ns, "web")
+	ip := exposeApp(t, ctx, ns, "web", 3)
 	svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

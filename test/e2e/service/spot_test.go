@@ -20,11 +20,7 @@ func TestSpotPreemptionEventDrainsTheNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "spot", 3)
-	if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, lbService(ns, "spot", ebbClass), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitAddress(t, ctx, ns, "spot")
+	exposeApp(t, ctx, ns, "spot", 3)
 	name := cluster.Nodes[1].Name
 	node, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
