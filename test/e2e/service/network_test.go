@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
