@@ -91,7 +91,7 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 			return 0, nil, err
 		}
 		_, before := b.load.Counts()
-		if err := preemptScheduled(ctx, b.c, node); err != nil {
+		if err := b.c.EmitPreemptScheduled(ctx, node, "bench-cutover"); err != nil {
 			return 0, nil, err
 		}
 		time.Sleep(2 * time.Second)
@@ -115,26 +115,6 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 		}
 	}
 	return failed, cutovers, nil
-}
-
-// preemptScheduled creates the Event a cloud emits before a spot eviction.
-func preemptScheduled(ctx context.Context, c *localcluster.Cluster, name string) error {
-	node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	now := metav1.Now()
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "preempt-"},
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: node.UID, APIVersion: "v1"},
-		Reason:         lbmodel.ReasonPreemptScheduled,
-		Message:        "Preemption is scheduled",
-		Type:           corev1.EventTypeWarning,
-		Source:         corev1.EventSource{Component: "bench-cutover"},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-	}
-	_, err = c.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
-	return err
 }
 
 // setTaint replaces the node's leaving taints with taint (nil: none).

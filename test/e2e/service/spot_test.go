@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -22,20 +21,7 @@ func TestSpotPreemptionEventDrainsTheNode(t *testing.T) {
 	ns := newNamespace(t, ctx)
 	exposeApp(t, ctx, ns, "spot", 3)
 	name := cluster.Nodes[1].Name
-	node, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "preempt-"},
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, UID: node.UID, APIVersion: "v1"},
-		Reason:         lbmodel.ReasonPreemptScheduled,
-		Message:        "Preemption is scheduled",
-		Type:           corev1.EventTypeWarning,
-		Source:         corev1.EventSource{Component: "cloud"},
-		FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
-	}
-	if _, err := cluster.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if err := cluster.EmitPreemptScheduled(ctx, name, "cloud"); err != nil {
 		t.Fatal(err)
 	}
 	defer setTaint(t, context.Background(), name, false)
