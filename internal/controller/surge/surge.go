@@ -148,21 +148,9 @@ func (s *Evacuator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 // deploymentOf finds the pod's Deployment; without one (or when an HPA
 // owns its scale) it says why the surge does not apply.
 func (s *Evacuator) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv1.Deployment, string, error) {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil || ref.Kind != "ReplicaSet" {
-		return nil, "the pod is not managed by a Deployment", nil
-	}
-	rs := &appsv1.ReplicaSet{}
-	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, rs); err != nil {
-		return nil, "", client.IgnoreNotFound(err)
-	}
-	dref := metav1.GetControllerOf(rs)
-	if dref == nil || dref.Kind != "Deployment" {
-		return nil, "the pod's ReplicaSet is not managed by a Deployment", nil
-	}
-	dep := &appsv1.Deployment{}
-	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: dref.Name}, dep); err != nil {
-		return nil, "", client.IgnoreNotFound(err)
+	dep, why, err := owningDeployment(ctx, s.Client, pod)
+	if dep == nil || err != nil {
+		return nil, why, err
 	}
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
 	if err := s.Client.List(ctx, &hpas, client.InNamespace(pod.Namespace)); err != nil {
@@ -417,21 +405,9 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if _, ok := pod.Annotations[key]; ok || pod.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil || ref.Kind != "ReplicaSet" {
-		return ctrl.Result{}, nil
-	}
-	rs := &appsv1.ReplicaSet{}
-	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, rs); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	dref := metav1.GetControllerOf(rs)
-	if dref == nil || dref.Kind != "Deployment" {
-		return ctrl.Result{}, nil
-	}
-	dep := &appsv1.Deployment{}
-	if err := r.client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: dref.Name}, dep); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	dep, _, err := owningDeployment(ctx, r.client, pod)
+	if dep == nil || err != nil {
+		return ctrl.Result{}, err
 	}
 	if !slices.Contains([]string{"true", "True"}, dep.Annotations[v1alpha1.SurgeEvacuationAnnotation]) {
 		return ctrl.Result{}, nil
@@ -445,4 +421,26 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// owningDeployment walks from a pod to its ReplicaSet's Deployment; when
+// there is none (or it is gone), it says why.
+func owningDeployment(ctx context.Context, c client.Client, pod *corev1.Pod) (*appsv1.Deployment, string, error) {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "ReplicaSet" {
+		return nil, "the pod is not managed by a Deployment", nil
+	}
+	rs := &appsv1.ReplicaSet{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, rs); err != nil {
+		return nil, "the pod's ReplicaSet is gone", client.IgnoreNotFound(err)
+	}
+	dref := metav1.GetControllerOf(rs)
+	if dref == nil || dref.Kind != "Deployment" {
+		return nil, "the pod's ReplicaSet is not managed by a Deployment", nil
+	}
+	dep := &appsv1.Deployment{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: dref.Name}, dep); err != nil {
+		return nil, "the pod's Deployment is gone", client.IgnoreNotFound(err)
+	}
+	return dep, "", nil
 }
