@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -48,26 +49,36 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 		refuse(client)
 		return
 	}
+	if b, upstream := f.dialBackend(set, "tcp", clientAddr.Addr()); b != nil {
+		f.proxy(set, client, upstream, b)
+		return
+	}
+	f.d.m.refused.WithLabelValues(set.cfg.Name, "no_backend").Inc()
+	refuse(client)
+}
+
+// dialBackend connects to an eligible backend for a client, trying the
+// next one when a dial fails, up to maxDialAttempts; nil when none
+// answers.
+func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backend, net.Conn) {
 	var tried [maxDialAttempts]*backend
 	for attempt := range maxDialAttempts {
-		b := set.choose(clientAddr.Addr(), tried[:attempt])
+		b := set.choose(client, tried[:attempt])
 		if b == nil {
-			break
+			return nil, nil
 		}
 		tried[attempt] = b
 		ctx, cancel := context.WithTimeout(context.Background(), set.cfg.ConnectTimeout.Duration)
-		upstream, err := f.d.dial(ctx, "tcp", b.addr)
+		conn, err := f.d.dial(ctx, network, b.addr)
 		cancel()
 		if err != nil {
 			b.m.dialErrors.Inc()
 			f.d.log.V(4).Info("Dialing a backend failed", "frontend", set.cfg.Name, "backend", b.addr, "err", err.Error())
 			continue
 		}
-		f.proxy(set, client, upstream, b)
-		return
+		return b, conn
 	}
-	f.d.m.refused.WithLabelValues(set.cfg.Name, "no_backend").Inc()
-	refuse(client)
+	return nil, nil
 }
 
 // refuse closes a client connection with a reset, so that the client fails

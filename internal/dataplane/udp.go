@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -59,29 +58,17 @@ func (f *frontend) flowFor(set *backendSet, client netip.AddrPort) *udpFlow {
 		f.d.m.udpMigrations.WithLabelValues(set.cfg.Name).Inc()
 		f.endFlowLocked(flow)
 	}
-	var tried [maxDialAttempts]*backend
-	for attempt := range maxDialAttempts {
-		b := set.choose(client.Addr(), tried[:attempt])
-		if b == nil {
-			return nil
-		}
-		tried[attempt] = b
-		ctx, cancel := context.WithTimeout(context.Background(), set.cfg.ConnectTimeout.Duration)
-		conn, err := f.d.dial(ctx, "udp", b.addr)
-		cancel()
-		if err != nil {
-			b.m.dialErrors.Inc()
-			continue
-		}
-		flow := &udpFlow{client: client, backend: b, conn: conn}
-		f.flows[client] = flow
-		b.active.Add(1)
-		b.m.active.Inc()
-		b.m.total.Inc()
-		go f.udpReplies(flow, set.cfg.IdleTimeout.Duration)
-		return flow
+	b, conn := f.dialBackend(set, "udp", client.Addr())
+	if b == nil {
+		return nil
 	}
-	return nil
+	flow := &udpFlow{client: client, backend: b, conn: conn}
+	f.flows[client] = flow
+	b.active.Add(1)
+	b.m.active.Inc()
+	b.m.total.Inc()
+	go f.udpReplies(flow, set.cfg.IdleTimeout.Duration)
+	return flow
 }
 
 // udpReplies sends the backend's datagrams back to the client until the
