@@ -283,44 +283,44 @@ func firstOr(names []string, def string) string {
 // inject sets caBundle on every webhook of the named configurations.
 func (s *SelfSignedCerts) inject(ctx context.Context, ca []byte) error {
 	for _, name := range s.Mutating {
-		cfg := &admissionregistrationv1.MutatingWebhookConfiguration{}
-		err := s.patchCA(ctx, "MutatingWebhookConfiguration", name, cfg, ca, func() []*admissionregistrationv1.WebhookClientConfig {
-			out := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
-			for i := range cfg.Webhooks {
-				out[i] = &cfg.Webhooks[i].ClientConfig
-			}
-			return out
-		})
-		if err != nil {
+		if err := s.patchCA(ctx, "MutatingWebhookConfiguration", name, &admissionregistrationv1.MutatingWebhookConfiguration{}, ca); err != nil {
 			return err
 		}
 	}
 	for _, name := range s.Validating {
-		cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-		err := s.patchCA(ctx, "ValidatingWebhookConfiguration", name, cfg, ca, func() []*admissionregistrationv1.WebhookClientConfig {
-			out := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
-			for i := range cfg.Webhooks {
-				out[i] = &cfg.Webhooks[i].ClientConfig
-			}
-			return out
-		})
-		if err != nil {
+		if err := s.patchCA(ctx, "ValidatingWebhookConfiguration", name, &admissionregistrationv1.ValidatingWebhookConfiguration{}, ca); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// clientConfigs are the client configurations of a webhook configuration's
+// webhooks, to be changed in place.
+func clientConfigs(obj client.Object) []*admissionregistrationv1.WebhookClientConfig {
+	var out []*admissionregistrationv1.WebhookClientConfig
+	switch cfg := obj.(type) {
+	case *admissionregistrationv1.MutatingWebhookConfiguration:
+		for i := range cfg.Webhooks {
+			out = append(out, &cfg.Webhooks[i].ClientConfig)
+		}
+	case *admissionregistrationv1.ValidatingWebhookConfiguration:
+		for i := range cfg.Webhooks {
+			out = append(out, &cfg.Webhooks[i].ClientConfig)
+		}
+	}
+	return out
+}
+
 // patchCA reads one webhook configuration into obj and, if any of its
-// client configurations (as clientConfigs returns them, after the read)
-// lacks ca, patches it in.
-func (s *SelfSignedCerts) patchCA(ctx context.Context, kind, name string, obj client.Object, ca []byte, clientConfigs func() []*admissionregistrationv1.WebhookClientConfig) error {
+// webhooks lacks ca, patches it in.
+func (s *SelfSignedCerts) patchCA(ctx context.Context, kind, name string, obj client.Object, ca []byte) error {
 	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, obj); err != nil {
 		return fmt.Errorf("reading %s %s to inject the CA: %w", kind, name, err)
 	}
 	patch := client.MergeFromWithOptions(obj.DeepCopyObject().(client.Object), client.MergeFromWithOptimisticLock{})
 	changed := false
-	for _, cc := range clientConfigs() {
+	for _, cc := range clientConfigs(obj) {
 		if !bytes.Equal(cc.CABundle, ca) {
 			cc.CABundle, changed = ca, true
 		}
