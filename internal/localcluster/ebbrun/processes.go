@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -82,17 +84,16 @@ func StartLB(c *localcluster.Cluster, bin string, args ...string) (func(), error
 
 // waitReady polls a component's /readyz until it answers 200.
 func waitReady(ctx context.Context, address string) error {
-	for {
-		if resp, err := http.Get("http://" + address + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/readyz", nil)
+		if err != nil {
+			return false, err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil // not listening yet
 		}
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
 }
