@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -48,10 +47,7 @@ type adminFastPath struct {
 	failed map[string]dataplane.AdminState
 	queue  workqueue.TypedRateLimitingInterface[string]
 
-	transitions *prometheus.CounterVec
-	errors      prometheus.Counter
-	latency     prometheus.Histogram
-	appliedAt   *prometheus.GaugeVec
+	adminMetrics
 }
 
 // wantedState is one node's desired admin state.
@@ -69,31 +65,8 @@ func newAdminFastPath(dp adminStateSetter, model lbmodel.Options, recorder event
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "adminstate"}),
-		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ebb_lb_admin_state_transitions_total",
-			Help: "Admin state changes applied to a node's backends by the fast path; state is Down or None.",
-		}, []string{"state"}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ebb_lb_admin_state_errors_total",
-			Help: "Admin state changes the fast path could not apply (each attempt).",
-		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "ebb_lb_admin_state_apply_seconds",
-			Help:    "Time from a node's taint change being observed to its backends' admin state being applied.",
-			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
-		}),
-		// When, not how long: the one figure that can be compared with
-		// an event outside the process (the taint's API write, a
-		// client's last connection) on the same clock.
-		appliedAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ebb_lb_admin_state_applied_timestamp_seconds",
-			Help: "Unix time at which the fast path last applied a node's admin state to its backends.",
-		}, []string{"node", "state"}),
+		adminMetrics: newAdminMetrics(),
 	}
-}
-
-func (a *adminFastPath) collectors() []prometheus.Collector {
-	return []prometheus.Collector{a.transitions, a.errors, a.latency, a.appliedAt}
 }
 
 // observe is called with every added or updated node. It queues the node

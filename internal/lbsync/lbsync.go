@@ -132,15 +132,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	if s.status == nil {
 		s.status = s.DataPlane.Status
 	}
-	syncSeconds := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "ebb_lbsync_sync_duration_seconds",
-		Help:    "Time to compute the whole load balancer configuration from the cluster and apply it.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-	})
-	frontends := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lbsync_frontends", Help: "Frontends served from the cluster's Services."})
+	metrics := newSyncMetrics()
 	fast := newAdminFastPath(s.DataPlane, s.Model, s.Recorder)
 	if s.Registerer != nil {
-		for _, c := range append([]prometheus.Collector{syncSeconds, frontends}, fast.collectors()...) {
+		for _, c := range append(metrics.collectors(), fast.collectors()...) {
 			if err := s.Registerer.Register(c); err != nil {
 				return fmt.Errorf("registering sync metrics: %w", err)
 			}
@@ -172,7 +167,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		if shutdown {
 			return nil
 		}
-		next, err := s.sync(log, services.Lister(), slices.Lister(), nodes.Lister(), syncSeconds, frontends)
+		next, err := s.sync(log, services.Lister(), slices.Lister(), nodes.Lister(), metrics)
 		switch {
 		case err != nil:
 			s.queue.AddRateLimited(key)
@@ -231,8 +226,7 @@ func (s *Syncer) watch(services, slices, nodes cache.SharedIndexInformer, fast *
 
 // sync computes the whole configuration from the caches and applies it;
 // it returns when it must run again without an event (0: only on one).
-func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodes corelisters.NodeLister,
-	syncSeconds prometheus.Histogram, frontends prometheus.Gauge) (time.Duration, error) {
+func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodes corelisters.NodeLister, m syncMetrics) (time.Duration, error) {
 	start := time.Now()
 	cfg, owners := s.desired(log, services, slices, nodes)
 	s.skips.expect(owners)
@@ -241,7 +235,7 @@ func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slice
 		log.Error(err, "Applying the load balancer configuration; retrying with backoff", "frontends", len(cfg.Frontends))
 		return 0, err
 	}
-	syncSeconds.Observe(time.Since(start).Seconds())
+	m.seconds.Observe(time.Since(start).Seconds())
 	next := s.skips.report(log, res.Skipped)
 	s.unreachable.expect(cfg, owners)
 	if s.Addresses != nil {
@@ -253,7 +247,7 @@ func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slice
 	if at, ok := s.nextTransitionCheck(); ok && (next == 0 || time.Until(at) < next) {
 		next = max(time.Until(at), time.Millisecond)
 	}
-	frontends.Set(float64(len(cfg.Frontends) - len(res.Skipped)))
+	m.frontends.Set(float64(len(cfg.Frontends) - len(res.Skipped)))
 	s.ready.Store(true)
 	log.V(4).Info("Applied the load balancer configuration", "frontends", len(cfg.Frontends), "skipped", len(res.Skipped))
 	return next, nil

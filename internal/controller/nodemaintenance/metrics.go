@@ -1,0 +1,62 @@
+package nodemaintenance
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+)
+
+// Metrics are the controller's Prometheus metrics.
+type Metrics struct {
+	maintenances *prometheus.GaugeVec
+	pods         *prometheus.GaugeVec
+	stageSeconds *prometheus.HistogramVec
+}
+
+// NewMetrics registers the metrics with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		maintenances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_nodemaintenance_maintenances", Help: "NodeMaintenances by stage.",
+		}, []string{"stage"}),
+		pods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_nodemaintenance_pods", Help: "Pods on a maintenance's nodes: state is pending (no Evacuation yet) or evacuating.",
+		}, []string{"nodemaintenance", "state"}),
+		stageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ebb_nodemaintenance_stage_duration_seconds", Help: "How long a maintenance stayed in a stage.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}, []string{"stage"}),
+	}
+	for _, c := range []prometheus.Collector{m.maintenances, m.pods, m.stageSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering node maintenance metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) observeStages(nms []v1alpha1.NodeMaintenance) {
+	counts := map[v1alpha1.NodeMaintenanceStage]float64{v1alpha1.Idle: 0, v1alpha1.Cordon: 0, v1alpha1.Drain: 0, v1alpha1.Complete: 0}
+	for _, nm := range nms {
+		counts[nm.Spec.Stage]++
+	}
+	for s, n := range counts {
+		m.maintenances.WithLabelValues(string(s)).Set(n)
+	}
+}
+
+func (m *Metrics) setPods(name string, statuses []v1alpha1.NodeMaintenanceNodeStatus) {
+	var pending, evacuating int32
+	for _, s := range statuses {
+		pending += s.PodsPendingEvacuation
+		evacuating += s.PodsEvacuating
+	}
+	m.pods.WithLabelValues(name, "pending").Set(float64(pending))
+	m.pods.WithLabelValues(name, "evacuating").Set(float64(evacuating))
+}
+
+func (m *Metrics) forget(name string) {
+	m.pods.DeletePartialMatch(prometheus.Labels{"nodemaintenance": name})
+}
