@@ -120,24 +120,10 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		res.Nodes = append(res.Nodes, n.Name)
 	}
 	ns := s.o.Namespace
-	if _, err := s.c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("creating namespace %s: %w", ns, err)
-	}
-	s.step("%s: deploying web (%d replicas) and solo (1 replica, surge evacuation) behind %s LoadBalancer Services", mode, s.o.Replicas, lbmodel.ClassL4)
-	webURL, err := s.app(ctx, ns, "web", s.o.Replicas, false)
+	webURL, soloURL, err := s.deploy(ctx, res)
 	if err != nil {
 		return nil, err
 	}
-	soloURL, err := s.app(ctx, ns, "solo", 1, true)
-	if err != nil {
-		return nil, err
-	}
-	// The node to maintain is the one the single replica runs on.
-	pods, err := s.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=solo"})
-	if err != nil || len(pods.Items) == 0 {
-		return nil, fmt.Errorf("finding the single replica: %v", err)
-	}
-	res.Node = pods.Items[0].Spec.NodeName
 
 	s.step("%s: sending %d new connections/s and keeping %d long-lived connections", mode, s.o.Rate, s.o.LongLived)
 	web := &loadgen.Requests{URL: webURL + "/", Rate: max(s.o.Rate*2/3, 1)}
@@ -165,18 +151,9 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	m.Drained = drainEnd
 	res.DrainSeconds = (drainEnd - m.Drain).Seconds()
 
-	s.step("%s: %s is down for its maintenance (%s): its host is cut off the node network", mode, res.Node, s.o.Downtime)
-	m.NodeDown = since()
-	if err := s.c.Disconnect(res.Node); err != nil {
+	if err := s.takeDown(ctx, res, origin); err != nil {
 		return nil, err
 	}
-	sleep(ctx, s.o.Downtime)
-	lastAccept := s.c.LastNewConnection(res.Node)
-	if err := s.c.Reconnect(res.Node); err != nil {
-		return nil, err
-	}
-	m.NodeUp = since()
-	res.CutoverMs = float64(max(lastAccept.Sub(origin)-m.Drain, 0).Microseconds()) / 1000
 
 	s.step("%s: %s is back; completing the maintenance", mode, res.Node)
 	if err := complete(ctx); err != nil {
@@ -189,17 +166,7 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	long.stop()
 	m.End = since()
 
-	for _, g := range []*loadgen.Requests{web, solo} {
-		sent, failed := g.Counts()
-		res.RequestsSent += sent
-		res.RequestsFailed += failed
-		if failed > 0 {
-			res.LastError = g.LastError()
-		}
-		res.Samples = append(res.Samples, shift(g.Samples(), g.Started().Sub(origin))...)
-	}
-	res.ResetConnections, res.LongLivedOpened = long.resets.Load(), long.opened.Load()
-	res.P99Ms = p99(res.Samples, m.Drain, m.NodeUp)
+	s.tally(res, origin, long, web, solo)
 	s.step("%s: %d requests, %d failed; %d long-lived connections, %d reset", mode, res.RequestsSent, res.RequestsFailed, res.LongLivedOpened, res.ResetConnections)
 	if why := long.lastBroken(); why != "" {
 		s.step("%s: the last long-lived connection broke at %s", mode, why)
@@ -210,6 +177,63 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 			m.NodeDown.Round(time.Millisecond), m.NodeUp.Round(time.Millisecond), m.Complete.Round(time.Millisecond), res.LastError)
 	}
 	return res, nil
+}
+
+// deploy creates the namespace and the two apps behind ebb's Services,
+// and records the node to maintain: the one the single replica runs on.
+func (s *scenario) deploy(ctx context.Context, res *Result) (webURL, soloURL string, err error) {
+	ns := s.o.Namespace
+	if _, err := s.c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return "", "", fmt.Errorf("creating namespace %s: %w", ns, err)
+	}
+	s.step("%s: deploying web (%d replicas) and solo (1 replica, surge evacuation) behind %s LoadBalancer Services", res.Mode, s.o.Replicas, lbmodel.ClassL4)
+	if webURL, err = s.app(ctx, ns, "web", s.o.Replicas, false); err != nil {
+		return "", "", err
+	}
+	if soloURL, err = s.app(ctx, ns, "solo", 1, true); err != nil {
+		return "", "", err
+	}
+	pods, err := s.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=solo"})
+	if err != nil || len(pods.Items) == 0 {
+		return "", "", fmt.Errorf("finding the single replica: %v", err)
+	}
+	res.Node = pods.Items[0].Spec.NodeName
+	return webURL, soloURL, nil
+}
+
+// takeDown cuts the drained node off the node network for its downtime,
+// as a machine being maintained, and records when the load balancer last
+// sent it a new connection.
+func (s *scenario) takeDown(ctx context.Context, res *Result, origin time.Time) error {
+	m := &res.Markers
+	s.step("%s: %s is down for its maintenance (%s): its host is cut off the node network", res.Mode, res.Node, s.o.Downtime)
+	m.NodeDown = time.Since(origin)
+	if err := s.c.Disconnect(res.Node); err != nil {
+		return err
+	}
+	sleep(ctx, s.o.Downtime)
+	lastAccept := s.c.LastNewConnection(res.Node)
+	if err := s.c.Reconnect(res.Node); err != nil {
+		return err
+	}
+	m.NodeUp = time.Since(origin)
+	res.CutoverMs = float64(max(lastAccept.Sub(origin)-m.Drain, 0).Microseconds()) / 1000
+	return nil
+}
+
+// tally adds up what the clients saw.
+func (s *scenario) tally(res *Result, origin time.Time, long *longLived, gens ...*loadgen.Requests) {
+	for _, g := range gens {
+		sent, failed := g.Counts()
+		res.RequestsSent += sent
+		res.RequestsFailed += failed
+		if failed > 0 {
+			res.LastError = g.LastError()
+		}
+		res.Samples = append(res.Samples, shift(g.Samples(), g.Started().Sub(origin))...)
+	}
+	res.ResetConnections, res.LongLivedOpened = long.resets.Load(), long.opened.Load()
+	res.P99Ms = p99(res.Samples, res.Markers.Drain, res.Markers.NodeUp)
 }
 
 // app deploys the echo app behind an ebb load balancer and returns its URL
