@@ -132,41 +132,11 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 			retErr = err
 		}
 	}()
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("finding the ebb binary: %w", err)
-	}
-	fmt.Fprintln(out, "[demo] starting ebb controller and ebb lb")
-	stopController, err := ebbrun.StartController(c, self)
+	results, err := o.scenarios(ctx, c, out)
 	if err != nil {
 		return err
 	}
-	defer stopController()
-	stopLB, err := ebbrun.StartLB(c, self)
-	if err != nil {
-		return err
-	}
-	scenario := o.Scenario
-	scenario.Progress, scenario.Namespace = out, "demo-ebb"
-	ebb, err := demo.Run(ctx, c, scenario)
-	stopLB()
-	if err != nil {
-		return err
-	}
-	results := []*demo.Result{ebb}
-	if o.Baseline {
-		fmt.Fprintln(out, "[demo] baseline: restarting ebb lb with admin state off (health probes only)")
-		if stopLB, err = ebbrun.StartLB(c, self, "--disable-admin-state"); err != nil {
-			return err
-		}
-		scenario.Baseline, scenario.Namespace = true, "demo-baseline"
-		base, err := demo.Run(ctx, c, scenario)
-		stopLB()
-		if err != nil {
-			return err
-		}
-		results = append(results, base)
-	}
+	ebb := results[0]
 
 	fmt.Fprintln(out)
 	demo.WriteText(out, results...)
@@ -184,23 +154,70 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		<-ctx.Done()
 	}
 	if o.JSON {
-		summary := map[string]any{
-			"requests_sent": ebb.RequestsSent, "requests_failed": ebb.RequestsFailed, "reset_connections": ebb.ResetConnections,
-			"cutover_ms": ebb.CutoverMs, "drain_seconds": round(ebb.DrainSeconds), "p99_ms": ebb.P99Ms, "report_path": o.Report,
-		}
-		if len(results) > 1 {
-			b := results[1]
-			summary["baseline_requests_sent"], summary["baseline_requests_failed"] = b.RequestsSent, b.RequestsFailed
-			summary["baseline_reset_connections"], summary["baseline_cutover_ms"] = b.ResetConnections, b.CutoverMs
-			summary["baseline_drain_seconds"], summary["baseline_p99_ms"] = round(b.DrainSeconds), b.P99Ms
-		}
-		line, _ := json.Marshal(summary)
+		line, _ := json.Marshal(o.summary(results))
 		fmt.Fprintln(out, string(line))
 	}
 	if ebb.RequestsFailed > 0 || ebb.ResetConnections > 0 {
 		return fmt.Errorf("ebb let %d requests fail and %d long-lived connections break", ebb.RequestsFailed, ebb.ResetConnections)
 	}
 	return nil
+}
+
+// scenarios runs ebb's scenario, then, with --baseline, the same with the
+// load balancer's admin state off; ebb's result comes first.
+func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io.Writer) ([]*demo.Result, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the ebb binary: %w", err)
+	}
+	fmt.Fprintln(out, "[demo] starting ebb controller and ebb lb")
+	stopController, err := ebbrun.StartController(c, self)
+	if err != nil {
+		return nil, err
+	}
+	defer stopController()
+	stopLB, err := ebbrun.StartLB(c, self)
+	if err != nil {
+		return nil, err
+	}
+	scenario := o.Scenario
+	scenario.Progress, scenario.Namespace = out, "demo-ebb"
+	ebb, err := demo.Run(ctx, c, scenario)
+	stopLB()
+	if err != nil {
+		return nil, err
+	}
+	results := []*demo.Result{ebb}
+	if o.Baseline {
+		fmt.Fprintln(out, "[demo] baseline: restarting ebb lb with admin state off (health probes only)")
+		if stopLB, err = ebbrun.StartLB(c, self, "--disable-admin-state"); err != nil {
+			return nil, err
+		}
+		scenario.Baseline, scenario.Namespace = true, "demo-baseline"
+		base, err := demo.Run(ctx, c, scenario)
+		stopLB()
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, base)
+	}
+	return results, nil
+}
+
+// summary is the --json line: ebb's figures, and the baseline's beside.
+func (o *Options) summary(results []*demo.Result) map[string]any {
+	ebb := results[0]
+	summary := map[string]any{
+		"requests_sent": ebb.RequestsSent, "requests_failed": ebb.RequestsFailed, "reset_connections": ebb.ResetConnections,
+		"cutover_ms": ebb.CutoverMs, "drain_seconds": round(ebb.DrainSeconds), "p99_ms": ebb.P99Ms, "report_path": o.Report,
+	}
+	if len(results) > 1 {
+		b := results[1]
+		summary["baseline_requests_sent"], summary["baseline_requests_failed"] = b.RequestsSent, b.RequestsFailed
+		summary["baseline_reset_connections"], summary["baseline_cutover_ms"] = b.ResetConnections, b.CutoverMs
+		summary["baseline_drain_seconds"], summary["baseline_p99_ms"] = round(b.DrainSeconds), b.P99Ms
+	}
+	return summary
 }
 
 func round(v float64) float64 { return float64(int(v*10)) / 10 }
