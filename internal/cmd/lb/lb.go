@@ -47,7 +47,10 @@ type Options struct {
 	ConfigFile string
 	// MetricsAddress serves /metrics; empty turns it off.
 	MetricsAddress string
-	// PollInterval is how often the file is checked for changes.
+	// PollInterval is how often the file is checked for changes. Polled,
+	// not watched with inotify: a ConfigMap volume replaces the file by
+	// swapping a symlinked directory, which file watchers must special-
+	// case and polling compares by content for free.
 	PollInterval time.Duration
 	// PprofAddress serves net/http/pprof, for profiling; empty turns it off.
 	PprofAddress string

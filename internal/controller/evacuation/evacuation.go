@@ -305,6 +305,10 @@ func blockedMessage(err error) string {
 	return "Eviction blocked: " + err.Error()
 }
 
+// backoff is the wait after the given number of refused evictions: 2 s
+// doubling to 2 min. Computed from status.failedEvictionCounter and kept
+// as status.nextEvictionTime, not a workqueue rate limiter, so that it
+// survives a controller restart and a new leader.
 func backoff(failures int32) time.Duration {
 	d := backoffBase
 	for i := int32(1); i < failures && d < backoffMax; i++ {
