@@ -159,10 +159,11 @@ func (m *Manager) setOn(ctx context.Context, lb string, todo map[*Node]State) er
 	var errs []error
 	pager := m.pools.NewListPager(m.cfg.LoadBalancerResourceGroup, lb, nil)
 	for pager.More() {
-		var raw *http.Response
-		start := time.Now()
-		page, err := pager.NextPage(policy.WithCaptureResponse(ctx, &raw))
-		m.m.call(m.cfg, requestList, start, raw, err)
+		var page armnetwork.LoadBalancerBackendAddressPoolsClientListResponse
+		err := m.observed(ctx, requestList, func(ctx context.Context) (err error) {
+			page, err = pager.NextPage(ctx)
+			return err
+		})
 		if isNotFound(err) {
 			// cloud-provider-azure creates a load balancer (the internal
 			// one especially) with the first Service that needs it;
@@ -230,10 +231,11 @@ func (m *Manager) updatePool(ctx context.Context, lb string, pool *armnetwork.Ba
 		default:
 			return fmt.Errorf("updating backend pool %s of load balancer %s: %w", name, lb, err)
 		}
-		var raw *http.Response
-		start := time.Now()
-		fresh, err := m.pools.Get(policy.WithCaptureResponse(ctx, &raw), m.cfg.LoadBalancerResourceGroup, lb, name, nil)
-		m.m.call(m.cfg, requestGet, start, raw, err)
+		var fresh armnetwork.LoadBalancerBackendAddressPoolsClientGetResponse
+		err = m.observed(ctx, requestGet, func(ctx context.Context) (err error) {
+			fresh, err = m.pools.Get(ctx, m.cfg.LoadBalancerResourceGroup, lb, name, nil)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("re-reading backend pool %s of load balancer %s after a conflict: %w", name, lb, err)
 		}
@@ -246,13 +248,22 @@ func (m *Manager) write(ctx context.Context, lb, name string, pool *armnetwork.B
 	if pool.Etag != nil {
 		ctx = policy.WithHTTPHeader(ctx, http.Header{"If-Match": []string{*pool.Etag}})
 	}
+	return m.observed(ctx, requestUpdate, func(ctx context.Context) error {
+		poller, err := m.pools.BeginCreateOrUpdate(ctx, m.cfg.LoadBalancerResourceGroup, lb, name, *pool, nil)
+		if err == nil {
+			_, err = poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: time.Second})
+		}
+		return err
+	})
+}
+
+// observed runs one Azure call with a context that captures its HTTP
+// response, and records it in the request metrics.
+func (m *Manager) observed(ctx context.Context, request string, call func(ctx context.Context) error) error {
 	var raw *http.Response
 	start := time.Now()
-	poller, err := m.pools.BeginCreateOrUpdate(policy.WithCaptureResponse(ctx, &raw), m.cfg.LoadBalancerResourceGroup, lb, name, *pool, nil)
-	if err == nil {
-		_, err = poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: time.Second})
-	}
-	m.m.call(m.cfg, requestUpdate, start, raw, err)
+	err := call(policy.WithCaptureResponse(ctx, &raw))
+	m.m.call(m.cfg, request, start, raw, err)
 	return err
 }
 

@@ -2,9 +2,7 @@ package azure
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -205,8 +203,7 @@ func (m *Migrator) publicIPs(ctx context.Context) (map[string]*armnetwork.Public
 
 func (m *Migrator) getLB(ctx context.Context, name string) (armnetwork.LoadBalancer, bool, error) {
 	resp, err := m.lbs.Get(ctx, m.cfg.LoadBalancerResourceGroup, name, nil)
-	var rerr *azcore.ResponseError
-	if errors.As(err, &rerr) && rerr.StatusCode == http.StatusNotFound {
+	if isNotFound(err) {
 		return armnetwork.LoadBalancer{}, false, nil
 	}
 	if err != nil {
