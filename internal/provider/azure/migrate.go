@@ -112,6 +112,7 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]Migra
 		}
 	}
 	steps := keep
+	var users *lbUsers // read once, when a Basic load balancer is found
 	for _, lbName := range m.cfg.AdminStateLoadBalancers() {
 		lb, found, err := m.getLB(ctx, lbName)
 		if err != nil {
@@ -120,11 +121,12 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]Migra
 		if !found || !isBasic(lb.SKU) {
 			continue
 		}
-		detach, err := m.detachSteps(ctx, lbName)
-		if err != nil {
-			return nil, err
+		if users == nil {
+			if users, err = m.lbUsers(ctx); err != nil {
+				return nil, err
+			}
 		}
-		steps = append(steps, detach...)
+		steps = append(steps, m.detachSteps(users, lbName)...)
 		name := lbName
 		steps = append(steps, MigrationStep{Description: fmt.Sprintf("delete Basic load balancer %s", name), do: func(ctx context.Context) error {
 			return m.deleteLB(ctx, name)
@@ -133,26 +135,22 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]Migra
 	return append(steps, upgrade...), nil
 }
 
-// detachSteps are the steps that remove every reference to load balancer
-// lb's pools: Azure refuses to delete a load balancer a VM scale set's
-// model or a network interface still uses (cloud-provider-azure's safe
-// delete does the same first).
-func (m *Migrator) detachSteps(ctx context.Context, lb string) ([]MigrationStep, error) {
-	var steps []MigrationStep
+// lbUsers are what may reference a load balancer's pools: the resource
+// group's VM scale sets and network interfaces.
+type lbUsers struct {
+	scaleSets []*armcompute.VirtualMachineScaleSet
+	nics      []*armnetwork.Interface
+}
+
+func (m *Migrator) lbUsers(ctx context.Context) (*lbUsers, error) {
+	out := &lbUsers{}
 	sets := m.scaleSets.NewListPager(m.cfg.ResourceGroup, nil)
 	for sets.More() {
 		page, err := sets.NextPage(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("listing VM scale sets: %w", err)
 		}
-		for _, ss := range page.Value {
-			if ss.Name == nil || !scaleSetUses(ss, lb) {
-				continue
-			}
-			name := *ss.Name
-			steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach VM scale set %s from Basic load balancer %s (model and instances)", name, lb),
-				do: func(ctx context.Context) error { return m.detachScaleSet(ctx, name, lb) }})
-		}
+		out.scaleSets = append(out.scaleSets, page.Value...)
 	}
 	nics := m.nics.NewListPager(m.cfg.ResourceGroup, nil)
 	for nics.More() {
@@ -160,16 +158,34 @@ func (m *Migrator) detachSteps(ctx context.Context, lb string) ([]MigrationStep,
 		if err != nil {
 			return nil, fmt.Errorf("listing network interfaces: %w", err)
 		}
-		for _, nic := range page.Value {
-			if nic.Name == nil || !interfaceUses(nic, lb) {
-				continue
-			}
-			name := *nic.Name
-			steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach network interface %s from Basic load balancer %s", name, lb),
-				do: func(ctx context.Context) error { return m.detachInterface(ctx, name, lb) }})
-		}
+		out.nics = append(out.nics, page.Value...)
 	}
-	return steps, nil
+	return out, nil
+}
+
+// detachSteps are the steps that remove every reference to load balancer
+// lb's pools: Azure refuses to delete a load balancer a VM scale set's
+// model or a network interface still uses (cloud-provider-azure's safe
+// delete does the same first).
+func (m *Migrator) detachSteps(users *lbUsers, lb string) []MigrationStep {
+	var steps []MigrationStep
+	for _, ss := range users.scaleSets {
+		if ss.Name == nil || !scaleSetUses(ss, lb) {
+			continue
+		}
+		name := *ss.Name
+		steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach VM scale set %s from Basic load balancer %s (model and instances)", name, lb),
+			do: func(ctx context.Context) error { return m.detachScaleSet(ctx, name, lb) }})
+	}
+	for _, nic := range users.nics {
+		if nic.Name == nil || !interfaceUses(nic, lb) {
+			continue
+		}
+		name := *nic.Name
+		steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach network interface %s from Basic load balancer %s", name, lb),
+			do: func(ctx context.Context) error { return m.detachInterface(ctx, name, lb) }})
+	}
+	return steps
 }
 
 // Run runs the steps in order, stopping at the first failure (a re-run
