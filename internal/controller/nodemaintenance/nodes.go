@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/drainplan"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -64,7 +65,7 @@ func (r *Reconciler) taint(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 			continue
 		}
 		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: lbmodel.TaintDraining, Value: v1alpha1.DrainingTaintValue, Effect: corev1.TaintEffectNoSchedule})
+		node.Spec.Taints = append(node.Spec.Taints, drainplan.DrainingTaint())
 		if err := r.Client.Patch(ctx, node, patch); err != nil {
 			return fmt.Errorf("tainting node %s draining: %w", name, err)
 		}
