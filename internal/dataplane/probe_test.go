@@ -51,7 +51,10 @@ func TestProbeThresholdsAndAdminUp(t *testing.T) {
 		clk.Step(time.Second)
 		waitFor(t, "a probe's result", func() bool { return probeRounds(d) > before })
 	}
-	waitFor(t, "the first probe", func() bool { return probes.Load() >= 1 })
+	// Wait for every prober's first result to be recorded, not only for
+	// the health server to have answered: a result recorded after probe()
+	// read its count would pass for the next probe's.
+	waitFor(t, "the first probe's result", func() bool { return probes.Load() >= 1 && probeRounds(d) >= 1 })
 	if !healthyA() {
 		t.Fatal("a healthy backend is not healthy")
 	}
