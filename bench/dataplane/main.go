@@ -1,7 +1,9 @@
 // Command dataplane benchmarks ebb's data plane (`ebb lb`) against HAProxy
-// 2.6 in one run, on loopback: each load balancer pinned to core 0 with one
-// thread, the client and three echo backends on core 1. Rounds alternate
-// (ebb, HAProxy, ebb, HAProxy, ...) and medians are reported. The last line
+// 2.6 (as configured by default and with its fast options on) and a
+// minimal Go proxy in one run, on loopback: each load balancer pinned to
+// core 0 with one thread, the client and three echo backends on core 1.
+// Each round runs every contender, a different one first, and medians are
+// reported. The last line
 // printed is a JSON summary, also written to bench/results/dataplane.json.
 package main
 
@@ -10,7 +12,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,13 +26,21 @@ import (
 )
 
 type round struct {
-	connRate, connCPU          float64 // connections/s, µs CPU per connection
-	keepaliveRPS, keepaliveCPU float64
-	throughputMBs              float64
-	p50, p99                   float64 // added latency over direct, µs
-	drainNewConns, drainResets float64
-	drainCommandUs             float64
-	errors                     float64
+	connRate, connCPU, connCPUSystem               float64 // connections/s, µs CPU per connection
+	keepaliveRPS, keepaliveCPU, keepaliveCPUSystem float64
+	throughputMBs                                  float64
+	p50, p99                                       float64 // added latency over direct, µs
+	drainNewConns, drainResets                     float64
+	drainCommandUs                                 float64
+	errors                                         float64
+	syscallsPerConn, syscallsPerReq                float64 // first round only
+}
+
+// contender is one load balancer in the comparison; prefix names its keys
+// in the JSON summary ("" for ebb).
+type contender struct {
+	name, prefix string
+	start        func(frontend string, profile bool) (*lbProcess, error)
 }
 
 func main() {
@@ -36,14 +49,53 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds per load balancer (medians are reported)")
 	out := flag.String("out", "bench/results/dataplane.json", "where to write the JSON summary")
 	profile := flag.Bool("profile", false, "save CPU profiles of ebb under each load next to the JSON summary")
+	syscalls := flag.Bool("syscalls", true, "count each contender's system calls per connection and per request with strace -c in the first round")
+	only := flag.String("only", "", "comma-separated contenders to run (default: all)")
+	minimal := flag.String("serve-minimal-proxy", "", "internal: run as the minimal Go proxy listening on this address")
+	backends := flag.String("backends", "", "internal: the minimal Go proxy's backends")
 	flag.Parse()
-	if err := run(*ebbBin, *d, *rounds, *out, *profile); err != nil {
+	if *minimal != "" {
+		fmt.Fprintln(os.Stderr, serveMinimalProxy(*minimal, strings.Split(*backends, ",")))
+		os.Exit(1)
+	}
+	if _, err := exec.LookPath("strace"); err != nil && *syscalls {
+		fmt.Fprintln(os.Stderr, "bench-dataplane: no strace, system calls are not counted")
+		*syscalls = false
+	}
+	if err := run(*ebbBin, *d, *rounds, *out, *profile, *syscalls, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-dataplane:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ebbBin string, d time.Duration, rounds int, out string, profile bool) error {
+func contenders(ebbBin, dir string, addrs []string, only string) []contender {
+	all := []contender{
+		{name: "ebb", prefix: "", start: func(fe string, profile bool) (*lbProcess, error) {
+			return startEbb(ebbBin, dir, fe, addrs, profile)
+		}},
+		{name: "haproxy", prefix: "haproxy_", start: func(fe string, _ bool) (*lbProcess, error) {
+			return startHAProxy(dir, fe, addrs, false)
+		}},
+		{name: "haproxy-tuned", prefix: "haproxy_tuned_", start: func(fe string, _ bool) (*lbProcess, error) {
+			return startHAProxy(dir, fe, addrs, true)
+		}},
+		{name: "minimal-go", prefix: "minimal_go_", start: func(fe string, _ bool) (*lbProcess, error) {
+			return startMinimalGo(dir, fe, addrs)
+		}},
+	}
+	if only == "" {
+		return all
+	}
+	var out []contender
+	for _, c := range all {
+		if slices.Contains(strings.Split(only, ","), c.name) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscalls bool, only string) error {
 	dir, err := os.MkdirTemp("", "ebb-bench-")
 	if err != nil {
 		return err
@@ -59,70 +111,88 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile bool) e
 		backends = append(backends, b)
 		addrs = append(addrs, b.ln.Addr().String())
 	}
+	cs := contenders(ebbBin, dir, addrs, only)
 	results := map[string][]round{}
 	for r := range rounds {
-		order := []string{"ebb", "haproxy"}
-		if r%2 == 1 {
-			order = []string{"haproxy", "ebb"}
-		}
-		for _, name := range order {
-			frontend := freeAddr()
-			var lb *lbProcess
-			if name == "ebb" {
-				lb, err = startEbb(ebbBin, dir, frontend, addrs, profile && r == 0)
-			} else {
-				lb, err = startHAProxy(dir, frontend, addrs)
-			}
+		direct := measureDirect(addrs[0], d)
+		for i := range cs {
+			c := cs[(i+r)%len(cs)] // a different one goes first each round
+			lb, err := c.start(freeAddr(), profile && r == 0)
 			if err != nil {
 				return err
 			}
-			res, err := measure(lb, backends, addrs[0], d, filepath.Dir(out))
+			res, err := measure(lb, backends, addrs[0], direct, d, filepath.Dir(out))
+			if err == nil && syscalls && r == 0 {
+				err = countAll(lb, dir, &res)
+			}
 			lb.stop()
 			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
+				return fmt.Errorf("%s: %w", c.name, err)
 			}
-			fmt.Fprintf(os.Stderr, "round %d %-7s conn/s %7.0f (%5.1f µs CPU)  keepalive req/s %7.0f (%5.1f µs CPU)  MB/s %6.0f  added p50/p99 %5.1f/%6.1f µs  drain: %0.f new conns after, %0.f resets, command %0.f µs\n",
-				r+1, name, res.connRate, res.connCPU, res.keepaliveRPS, res.keepaliveCPU, res.throughputMBs, res.p50, res.p99, res.drainNewConns, res.drainResets, res.drainCommandUs)
-			results[name] = append(results[name], res)
+			printRound(r, c.name, res)
+			results[c.name] = append(results[c.name], res)
 		}
 	}
 	applyP99, ownerP99, err := applyToEffect()
 	if err != nil {
 		return err
 	}
-	e, h := medians(results["ebb"]), medians(results["haproxy"])
 	summary := map[string]any{
-		"date":                             time.Now().UTC().Format(time.RFC3339),
-		"rounds":                           rounds,
-		"conn_rate":                        e.connRate,
-		"haproxy_conn_rate":                h.connRate,
-		"conn_rate_ratio_vs_haproxy":       ratio(e.connRate, h.connRate),
-		"keepalive_rps":                    e.keepaliveRPS,
-		"haproxy_keepalive_rps":            h.keepaliveRPS,
-		"keepalive_rps_ratio_vs_haproxy":   ratio(e.keepaliveRPS, h.keepaliveRPS),
-		"throughput_mb_s":                  e.throughputMBs,
-		"haproxy_throughput_mb_s":          h.throughputMBs,
-		"throughput_ratio_vs_haproxy":      ratio(e.throughputMBs, h.throughputMBs),
-		"cpu_us_per_conn":                  e.connCPU,
-		"haproxy_cpu_us_per_conn":          h.connCPU,
-		"cpu_us_per_keepalive_req":         e.keepaliveCPU,
-		"haproxy_cpu_us_per_keepalive_req": h.keepaliveCPU,
-		"p50_added_latency_us":             e.p50,
-		"p99_added_latency_us":             e.p99,
-		"haproxy_p50_added_latency_us":     h.p50,
-		"haproxy_p99_added_latency_us":     h.p99,
-		"drain_new_conns_after_apply":      e.drainNewConns,
-		"drain_resets":                     e.drainResets,
-		"haproxy_drain_new_conns_after":    h.drainNewConns,
-		"haproxy_drain_resets":             h.drainResets,
-		"ebb_reload_command_us":            e.drainCommandUs,
-		"haproxy_drain_command_us":         h.drainCommandUs,
-		"apply_to_effect_us_p99":           applyP99,
-		"owner_admin_state_us_p99":         ownerP99,
-		"errors":                           e.errors,
-		"haproxy_errors":                   h.errors,
+		"date":                     time.Now().UTC().Format(time.RFC3339),
+		"rounds":                   rounds,
+		"apply_to_effect_us_p99":   applyP99,
+		"owner_admin_state_us_p99": ownerP99,
+	}
+	for _, c := range cs {
+		addKeys(summary, c.prefix, medians(results[c.name]))
+	}
+	if e, h := results["ebb"], results["haproxy"]; e != nil && h != nil {
+		addRatios(summary, medians(e), medians(h))
 	}
 	return report.WriteSummary(out, summary)
+}
+
+func printRound(r int, name string, res round) {
+	fmt.Fprintf(os.Stderr, "round %d %-13s conn/s %6.0f (CPU %5.1f µs, system %5.1f µs, %4.1f syscalls)  keepalive req/s %6.0f (CPU %4.1f µs, system %4.1f µs, %3.1f syscalls)  MB/s %5.0f  added p50/p99 %5.1f/%6.1f µs  drain: %0.f new conns after, %0.f resets, command %0.f µs\n",
+		r+1, name, res.connRate, res.connCPU, res.connCPUSystem, res.syscallsPerConn, res.keepaliveRPS, res.keepaliveCPU, res.keepaliveCPUSystem, res.syscallsPerReq,
+		res.throughputMBs, res.p50, res.p99, res.drainNewConns, res.drainResets, res.drainCommandUs)
+}
+
+// addKeys writes one contender's figures under its prefix.
+func addKeys(summary map[string]any, p string, r round) {
+	summary[p+"conn_rate"] = r.connRate
+	summary[p+"keepalive_rps"] = r.keepaliveRPS
+	summary[p+"throughput_mb_s"] = r.throughputMBs
+	summary[p+"cpu_us_per_conn"] = r.connCPU
+	summary[p+"cpu_us_per_conn_system"] = r.connCPUSystem
+	summary[p+"cpu_us_per_keepalive_req"] = r.keepaliveCPU
+	summary[p+"cpu_us_per_keepalive_req_system"] = r.keepaliveCPUSystem
+	summary[p+"p50_added_latency_us"] = r.p50
+	summary[p+"p99_added_latency_us"] = r.p99
+	summary[p+"syscalls_per_conn"] = r.syscallsPerConn
+	summary[p+"syscalls_per_keepalive_req"] = r.syscallsPerReq
+	summary[p+"errors"] = r.errors
+	switch p {
+	case "": // ebb's drain keys keep their first names
+		summary["drain_new_conns_after_apply"] = r.drainNewConns
+		summary["drain_resets"] = r.drainResets
+		summary["ebb_reload_command_us"] = r.drainCommandUs
+	case "minimal_go_": // no drain
+	default:
+		summary[p+"drain_new_conns_after"] = r.drainNewConns
+		summary[p+"drain_resets"] = r.drainResets
+		summary[p+"drain_command_us"] = r.drainCommandUs
+	}
+}
+
+// addRatios writes ebb's figures as multiples of HAProxy's.
+func addRatios(summary map[string]any, e, h round) {
+	summary["conn_rate_ratio_vs_haproxy"] = ratio(e.connRate, h.connRate)
+	summary["keepalive_rps_ratio_vs_haproxy"] = ratio(e.keepaliveRPS, h.keepaliveRPS)
+	summary["throughput_ratio_vs_haproxy"] = ratio(e.throughputMBs, h.throughputMBs)
+	summary["cpu_per_conn_ratio_vs_haproxy"] = ratio(e.connCPU, h.connCPU)
+	summary["cpu_per_keepalive_req_ratio_vs_haproxy"] = ratio(e.keepaliveCPU, h.keepaliveCPU)
+	summary["cpu_per_conn_system_ratio_vs_haproxy"] = ratio(e.connCPUSystem, h.connCPUSystem)
 }
 
 func ratio(a, b float64) float64 {
@@ -132,8 +202,25 @@ func ratio(a, b float64) float64 {
 	return float64(int(a/b*1000)) / 1000
 }
 
+// direct is what the client and the backends cost without a load balancer,
+// per operation, measured in the same round: the system-wide figures of a
+// contender are its busy time per operation minus these.
+type direct struct {
+	connSystem, reqSystem float64
+	latencies             []time.Duration
+}
+
+func measureDirect(addr string, d time.Duration) direct {
+	conn := measureCost(0, func() (int64, int64) { return newConnections(addr, 16, d) })
+	req := measureCost(0, func() (int64, int64) { return keepAlive(addr, 16, d) })
+	lat, _ := latencies(addr, latencySamples)
+	return direct{connSystem: perOp(conn.total, conn.ops), reqSystem: perOp(req.total, req.ops), latencies: lat}
+}
+
+const latencySamples = 20000
+
 // measure runs every load against one load balancer.
-func measure(lb *lbProcess, backends []*echoBackend, direct string, d time.Duration, profileDir string) (round, error) {
+func measure(lb *lbProcess, backends []*echoBackend, directAddr string, base direct, d time.Duration, profileDir string) (round, error) {
 	var r round
 	profile := func(name string) func() {
 		if lb.pprof == "" {
@@ -149,39 +236,57 @@ func measure(lb *lbProcess, backends []*echoBackend, direct string, d time.Durat
 		}()
 		return func() { <-done }
 	}
-	cpu0 := lb.cpuTime()
+	pid := lb.cmd.Process.Pid
 	wait := profile("conn")
-	n, errs := newConnections(lb.frontend, 16, d)
+	c := measureCost(pid, func() (int64, int64) { return newConnections(lb.frontend, 16, d) })
 	wait()
-	r.connRate = float64(n) / d.Seconds()
-	r.connCPU = us(lb.cpuTime()-cpu0) / float64(max(n, 1))
-	r.errors += float64(errs)
+	r.connRate = float64(c.ops) / d.Seconds()
+	r.connCPU = perOp(c.process, c.ops)
+	r.connCPUSystem = perOp(c.total, c.ops) - base.connSystem
+	r.errors += float64(c.errs)
 
-	cpu0 = lb.cpuTime()
 	wait = profile("keepalive")
-	n, errs = keepAlive(lb.frontend, 16, d)
+	c = measureCost(pid, func() (int64, int64) { return keepAlive(lb.frontend, 16, d) })
 	wait()
-	r.keepaliveRPS = float64(n) / d.Seconds()
-	r.keepaliveCPU = us(lb.cpuTime()-cpu0) / float64(max(n, 1))
-	r.errors += float64(errs)
+	r.keepaliveRPS = float64(c.ops) / d.Seconds()
+	r.keepaliveCPU = perOp(c.process, c.ops)
+	r.keepaliveCPUSystem = perOp(c.total, c.ops) - base.reqSystem
+	r.errors += float64(c.errs)
 
-	n, errs = bulk(lb.frontend, 4, d)
+	n, errs := bulk(lb.frontend, 4, d)
 	r.throughputMBs = float64(n) / d.Seconds() / 1e6
 	r.errors += float64(errs)
 
-	const samples = 20000
-	base, err := latencies(direct, samples)
+	via, err := latencies(lb.frontend, latencySamples)
 	if err != nil {
 		return r, err
 	}
-	via, err := latencies(lb.frontend, samples)
-	if err != nil {
-		return r, err
+	if base.latencies == nil {
+		return r, fmt.Errorf("no direct latencies")
 	}
-	r.p50 = us(stats.Percentile(via, 0.50) - stats.Percentile(base, 0.50))
-	r.p99 = us(stats.Percentile(via, 0.99) - stats.Percentile(base, 0.99))
-
+	r.p50 = us(stats.Percentile(via, 0.50) - stats.Percentile(base.latencies, 0.50))
+	r.p99 = us(stats.Percentile(via, 0.99) - stats.Percentile(base.latencies, 0.99))
+	if lb.drain == nil {
+		return r, nil
+	}
 	return r, drain(lb, backends, &r)
+}
+
+// countAll counts the system calls of a contender per new connection and
+// per kept-alive request.
+func countAll(lb *lbProcess, dir string, r *round) error {
+	pid := lb.cmd.Process.Pid
+	conn, err := countSyscalls(pid, dir, lb.name+"-conn", func() (int64, int64) { return newConnections(lb.frontend, 16, 2*time.Second) })
+	if err != nil {
+		return err
+	}
+	req, err := countSyscalls(pid, dir, lb.name+"-req", func() (int64, int64) { return keepAlive(lb.frontend, 16, 2*time.Second) })
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%s system calls per connection %s\n%s system calls per kept-alive request %s\n", lb.name, conn, lb.name, req)
+	r.syscallsPerConn, r.syscallsPerReq = conn.perOp, req.perOp
+	return nil
 }
 
 // drain sets backend 0 to drain under a constant stream of new connections
@@ -247,19 +352,31 @@ func applyToEffect() (float64, float64, error) {
 	}
 	defer dp.Close()
 	var cfg dataplane.Config
+	// Every port is held until all 50 are chosen, so that none is handed
+	// out twice.
+	var held []net.Listener
+	defer func() {
+		for _, ln := range held {
+			ln.Close()
+		}
+	}()
 	for f := range 50 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return 0, 0, err
 		}
+		held = append(held, ln)
 		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
 		fe := dataplane.Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "127.0.0.1", Port: uint16(port)}
 		for b := range 10 {
 			fe.Backends = append(fe.Backends, dataplane.Backend{Address: fmt.Sprintf("10.0.0.%d", b+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", b+1)})
 		}
 		cfg.Frontends = append(cfg.Frontends, fe)
 	}
+	for _, ln := range held {
+		ln.Close()
+	}
+	held = nil
 	if err := applyAll(dp, cfg); err != nil {
 		return 0, 0, err
 	}
@@ -299,7 +416,11 @@ func medians(rs []round) round {
 	}
 	return round{
 		connRate: med(func(r round) float64 { return r.connRate }), connCPU: med(func(r round) float64 { return r.connCPU }),
-		keepaliveRPS: med(func(r round) float64 { return r.keepaliveRPS }), keepaliveCPU: med(func(r round) float64 { return r.keepaliveCPU }),
+		connCPUSystem: med(func(r round) float64 { return r.connCPUSystem }),
+		keepaliveRPS:  med(func(r round) float64 { return r.keepaliveRPS }), keepaliveCPU: med(func(r round) float64 { return r.keepaliveCPU }),
+		keepaliveCPUSystem: med(func(r round) float64 { return r.keepaliveCPUSystem }),
+		// Counted in the first round only.
+		syscallsPerConn: rs[0].syscallsPerConn, syscallsPerReq: rs[0].syscallsPerReq,
 		throughputMBs: med(func(r round) float64 { return r.throughputMBs }),
 		p50:           med(func(r round) float64 { return r.p50 }), p99: med(func(r round) float64 { return r.p99 }),
 		// Drain failures are reported at their worst, not their median.

@@ -117,7 +117,9 @@ func (d *DataPlane) openListeners(frontends []Frontend) (map[frontendKey]any, []
 // Traffic reaches the socket once the host accepts the address as local
 // (see internal/vipaddr).
 func listen(k frontendKey) (any, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+	// No TCP keep-alive on accepted sockets: four system calls per
+	// connection, set per frontend instead (Frontend.TCPKeepAlive).
+	lc := net.ListenConfig{KeepAlive: -1, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
 			if k.addr.Addr().Is4() {

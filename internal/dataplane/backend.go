@@ -4,7 +4,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -45,14 +44,11 @@ type backend struct {
 
 	m              backendMetrics
 	adminPublished bool // only Apply (under the data plane's lock) reads or writes it
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{} // established TCP connections, both sides
 }
 
 func newBackend(b Backend, m backendMetrics) *backend {
 	ap := b.AddrPort()
-	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m, conns: map[net.Conn]struct{}{}}
+	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m}
 	be.update(b)
 	return be
 }
@@ -89,41 +85,11 @@ func (b *backend) eligible() bool {
 	return p == nil || p.healthy.Load()
 }
 
-// track records an established connection so that a drain can end it.
-func (b *backend) track(cs ...net.Conn) {
-	b.mu.Lock()
-	for _, c := range cs {
-		b.conns[c] = struct{}{}
-	}
-	b.mu.Unlock()
-}
-
-func (b *backend) untrack(cs ...net.Conn) {
-	b.mu.Lock()
-	for _, c := range cs {
-		delete(b.conns, c)
-	}
-	b.mu.Unlock()
-}
-
-// closeConns ends every established connection of the backend.
-func (b *backend) closeConns() {
-	b.mu.Lock()
-	conns := make([]net.Conn, 0, len(b.conns))
-	for c := range b.conns {
-		conns = append(conns, c)
-	}
-	b.mu.Unlock()
-	for _, c := range conns {
-		_ = c.Close()
-	}
-}
-
 // drain marks the backend removed: it takes no new connection or UDP flow.
 // Its established connections continue, or end after timeout if one is set.
-func (b *backend) drain(timeout time.Duration, clk Clock) {
+func (b *backend) drain(timeout time.Duration, clk Clock, conns *connTable) {
 	b.removed.Store(true)
 	if timeout > 0 {
-		clk.AfterFunc(timeout, b.closeConns)
+		clk.AfterFunc(timeout, func() { conns.closeBackend(b) })
 	}
 }

@@ -77,6 +77,11 @@ type Frontend struct {
 	// DrainTimeout, if set, closes the connections of a removed backend (or
 	// frontend) after this long; unset, they last until they close.
 	DrainTimeout Duration `json:"drainTimeout,omitempty"`
+	// TCPKeepAlive, if set, turns on TCP keep-alive probes on both sides of
+	// each connection after this much quiet (for peers that vanish without
+	// a FIN behind a NAT that forgets them). Unset, none are sent: each
+	// socket option costs a system call per connection.
+	TCPKeepAlive Duration `json:"tcpKeepAlive,omitempty"`
 	// HealthCheck probes the backends; unset, backends are always healthy.
 	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
 	Backends    []Backend    `json:"backends"`
@@ -240,7 +245,7 @@ func (f Frontend) validate() (Frontend, error) {
 			return f, fmt.Errorf("sourceRanges: %q is not a CIDR prefix like 192.0.2.0/24", r)
 		}
 	}
-	if f.ConnectTimeout.Duration < 0 || f.IdleTimeout.Duration < 0 || f.DrainTimeout.Duration < 0 {
+	if f.ConnectTimeout.Duration < 0 || f.IdleTimeout.Duration < 0 || f.DrainTimeout.Duration < 0 || f.TCPKeepAlive.Duration < 0 {
 		return f, errors.New("timeouts must not be negative")
 	}
 	if f.ConnectTimeout.Duration == 0 {

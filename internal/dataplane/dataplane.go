@@ -26,7 +26,8 @@ type Options struct {
 	// Registerer takes the metrics. Default: a private registry.
 	Registerer prometheus.Registerer
 	Logger     logr.Logger
-	// DialContext dials backends and probe targets. Default: net.Dialer.
+	// DialContext dials backends and probe targets. Default: net.Dialer
+	// without TCP keep-alive (see Frontend.TCPKeepAlive).
 	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
 	// Clock paces the probes and the drain timeouts. Default: the real
 	// clock.
@@ -49,6 +50,9 @@ type DataPlane struct {
 	clock Clock
 	m     *metrics
 
+	conns     *connTable
+	stopSweep chan struct{}
+
 	mu        sync.Mutex // serialises Apply and Close
 	frontends map[frontendKey]*frontend
 	probers   map[probeKey]*prober
@@ -61,7 +65,7 @@ func New(opts Options) (*DataPlane, error) {
 		opts.Registerer = prometheus.NewRegistry()
 	}
 	if opts.DialContext == nil {
-		opts.DialContext = (&net.Dialer{}).DialContext
+		opts.DialContext = (&net.Dialer{KeepAlive: -1}).DialContext
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
@@ -70,10 +74,13 @@ func New(opts Options) (*DataPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registering data plane metrics: %w", err)
 	}
-	return &DataPlane{
+	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
+		conns: newConnTable(), stopSweep: make(chan struct{}),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{},
-	}, nil
+	}
+	go d.conns.sweepIdle(d.clock, d.stopSweep)
+	return d, nil
 }
 
 // Apply makes cfg the data plane's configuration, frontend by frontend: a
@@ -169,10 +176,12 @@ func (d *DataPlane) Close() error {
 		return nil
 	}
 	d.closed = true
+	close(d.stopSweep)
 	for k, f := range d.frontends {
 		f.close()
 		delete(d.frontends, k)
 	}
+	d.conns.closeAll() // removed backends' draining connections too
 	for k, p := range d.probers {
 		p.stop(d.m)
 		delete(d.probers, k)

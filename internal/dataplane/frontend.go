@@ -67,7 +67,7 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 	f.set.Store(newBackendSet(cfg, backends, f.set.Load()))
 	for ap, b := range f.backends {
 		if !keep[ap] {
-			b.drain(cfg.DrainTimeout.Duration, f.d.clock)
+			b.drain(cfg.DrainTimeout.Duration, f.d.clock, f.d.conns)
 			f.d.m.forget(b.m)
 			delete(f.backends, ap)
 		}
@@ -96,7 +96,7 @@ func (f *frontend) remove() {
 	f.closeSocket()
 	drain := f.set.Load().cfg.DrainTimeout.Duration
 	for ap, b := range f.backends {
-		b.drain(drain, f.d.clock)
+		b.drain(drain, f.d.clock, f.d.conns)
 		f.d.m.forget(b.m)
 		delete(f.backends, ap)
 	}
@@ -108,7 +108,7 @@ func (f *frontend) close() {
 	f.closeSocket()
 	for _, b := range f.backends {
 		b.removed.Store(true)
-		b.closeConns()
+		f.d.conns.closeBackend(b)
 	}
 	f.closeFlows()
 }
@@ -128,6 +128,7 @@ func sameShape(a, b *Frontend) bool {
 	if a.Name != b.Name || a.Address != b.Address || a.Port != b.Port || a.Protocol != b.Protocol ||
 		a.Balancing != b.Balancing || a.ProxyProtocol != b.ProxyProtocol ||
 		a.ConnectTimeout != b.ConnectTimeout || a.IdleTimeout != b.IdleTimeout || a.DrainTimeout != b.DrainTimeout ||
+		a.TCPKeepAlive != b.TCPKeepAlive ||
 		!slices.Equal(a.SourceRanges, b.SourceRanges) || len(a.Backends) != len(b.Backends) {
 		return false
 	}

@@ -1,14 +1,12 @@
 package dataplane
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -68,9 +66,7 @@ func (f *frontend) dialBackend(set *backendSet, network string, client netip.Add
 			return nil, nil
 		}
 		tried[attempt] = b
-		ctx, cancel := context.WithTimeout(context.Background(), set.cfg.ConnectTimeout.Duration)
-		conn, err := f.d.dial(ctx, network, b.addr)
-		cancel()
+		conn, err := f.d.dial(connectDeadline{time.Now().Add(set.cfg.ConnectTimeout.Duration)}, network, b.addr)
 		if err != nil {
 			b.m.dialErrors.Inc()
 			f.d.log.V(4).Info("Dialing a backend failed", "frontend", set.cfg.Name, "backend", b.addr, "err", err.Error())
@@ -80,6 +76,29 @@ func (f *frontend) dialBackend(set *backendSet, network string, client netip.Add
 	}
 	return nil, nil
 }
+
+// connectDeadline is the context of a dial to a backend: a deadline and
+// nothing else. net.Dialer bounds the connect with the socket's write
+// deadline, a runtime timer it arms anyway; context.WithTimeout would add a
+// second timer per dial. It is never cancelled, and says so to
+// context.AfterFunc (which net.Dialer calls) so that no goroutine waits on
+// its Done channel.
+type connectDeadline struct{ at time.Time }
+
+func (c connectDeadline) Deadline() (time.Time, bool) { return c.at, true }
+func (connectDeadline) Done() <-chan struct{}         { return neverDone }
+func (connectDeadline) Err() error                    { return nil }
+func (connectDeadline) Value(any) any                 { return nil }
+
+// AfterFunc never runs f: the context is never cancelled (its deadline is
+// enforced on the socket).
+func (connectDeadline) AfterFunc(func()) (stop func() bool) { return stopNever }
+
+func stopNever() bool { return true }
+
+// neverDone is the Done channel of every connectDeadline: never closed and
+// never sent on, so sharing it is safe.
+var neverDone = make(chan struct{})
 
 // refuse closes a client connection with a reset, so that the client fails
 // fast instead of waiting.
@@ -91,16 +110,20 @@ func refuse(c *net.TCPConn) {
 // proxy copies both ways between client and upstream until both sides are
 // done, then closes them.
 func (f *frontend) proxy(set *backendSet, client *net.TCPConn, upstream net.Conn, b *backend) {
-	b.track(client, upstream)
+	if ka := set.cfg.TCPKeepAlive.Duration; ka > 0 {
+		setKeepAlive(client, ka)
+		setKeepAlive(upstream, ka)
+	}
+	c := &tcpConn{client: client, upstream: upstream, backend: b, idleTimeout: set.cfg.IdleTimeout.Duration, quietSince: f.d.clock.Now()}
+	f.d.conns.add(c)
 	b.active.Add(1)
 	b.m.active.Inc()
 	b.m.total.Inc()
 	defer func() {
-		b.untrack(client, upstream)
+		f.d.conns.remove(c)
 		b.active.Add(-1)
 		b.m.active.Dec()
-		_ = client.Close()
-		_ = upstream.Close()
+		c.close()
 	}()
 	if set.cfg.ProxyProtocol {
 		hdr := proxyHeaderV2(client.RemoteAddr().(*net.TCPAddr).AddrPort(), client.LocalAddr().(*net.TCPAddr).AddrPort())
@@ -108,23 +131,23 @@ func (f *frontend) proxy(set *backendSet, client *net.TCPConn, upstream net.Conn
 			return
 		}
 	}
-	idle := &idleWatch{timeout: set.cfg.IdleTimeout.Duration}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		n := proxyCopy(upstream, client, idle)
+		n := proxyCopy(upstream, client, c)
 		b.m.toBackend.Add(float64(n))
 	}()
-	n := proxyCopy(client, upstream, idle)
+	n := proxyCopy(client, upstream, c)
 	b.m.toClient.Add(float64(n))
 	<-done
 }
 
-// idleWatch ends a connection once both directions have been idle for a
-// whole timeout window.
-type idleWatch struct {
-	timeout time.Duration
-	idle    atomic.Int32 // directions idle in their last window
+// setKeepAlive turns on TCP keep-alive probes after idle of quiet. They
+// cost four system calls per socket, so they are set only when configured.
+func setKeepAlive(c net.Conn, idle time.Duration) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: idle, Interval: max(idle/5, time.Second), Count: 5})
+	}
 }
 
 // smallRead is the buffer of the first reads of a direction. A read that
@@ -134,76 +157,79 @@ const smallRead = 16 << 10
 var smallBufs = sync.Pool{New: func() any { b := make([]byte, smallRead); return &b }}
 
 // proxyCopy copies src to dst until src ends, then half-closes dst so the
-// far end sees the end of the stream (and may still answer). Like HAProxy's
-// splice-auto, small messages go through read and write, and once a read
-// fills the buffer the rest moves by the kernel's splice path (io.Copy
-// between two *net.TCPConn). It returns the number of bytes copied. On an
-// error or idle timeout both connections are closed, which also ends the
-// copy in the other direction.
-func proxyCopy(dst, src net.Conn, idle *idleWatch) int64 {
+// far end sees the end of the stream (and may still answer). It returns the
+// number of bytes copied. On an error, both sides are closed, which also
+// ends the copy in the other direction.
+//
+// Like HAProxy's splice-auto, small messages go through read and write with
+// no deadline (the connection table's sweeper ends idle connections), and
+// once a read fills the buffer the direction moves to the kernel's splice
+// path until it has been quiet for a whole idle timeout.
+func proxyCopy(dst, src net.Conn, c *tcpConn) int64 {
 	var total int64
-	idleHere := false
-	bulk := false
 	bufp := smallBufs.Get().(*[]byte)
 	defer smallBufs.Put(bufp)
 	buf := *bufp
 	for {
-		_ = src.SetReadDeadline(time.Now().Add(idle.timeout))
-		var n int64
-		var err error
-		if bulk {
-			// A LimitedReader around a *net.TCPConn still splices; the
-			// limit lets the deadline be renewed on a busy connection.
-			n, err = io.Copy(dst, &io.LimitedReader{R: src, N: copyChunk})
-			if err == nil && n < copyChunk {
-				err = io.EOF
+		m, err := src.Read(buf)
+		if m > 0 {
+			c.activity.Add(1)
+			total += int64(m)
+			if _, werr := dst.Write(buf[:m]); werr != nil {
+				err = werr
+			} else if m == len(buf) && err == nil {
+				var n int64
+				n, err = spliceCopy(dst, src, c)
+				total += n
 			}
-		} else {
-			var m int
-			m, err = src.Read(buf)
-			if m > 0 {
-				if _, werr := dst.Write(buf[:m]); werr != nil {
-					err = werr
-				}
-				bulk = m == len(buf)
-			}
-			n = int64(m)
-		}
-		total += n
-		if n > 0 && idleHere {
-			idleHere = false
-			idle.idle.Add(-1)
 		}
 		switch {
 		case err == nil:
 			continue
 		case errors.Is(err, io.EOF):
-			// End of stream from src: pass the half-close on. This
-			// direction is idle from now on.
-			if !idleHere {
-				idle.idle.Add(1)
-			}
-			if tcp, ok := dst.(interface{ CloseWrite() error }); ok {
-				_ = tcp.CloseWrite()
-			} else {
-				_ = dst.Close()
+			// End of stream from src: pass the half-close on, unless the
+			// other direction has ended too (then both sides close now,
+			// and close sends the FIN).
+			if c.eofs.Add(1) < 2 {
+				if tcp, ok := dst.(interface{ CloseWrite() error }); ok {
+					_ = tcp.CloseWrite()
+				} else {
+					_ = dst.Close()
+				}
 			}
 			return total
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			if n > 0 {
-				continue // traffic in this window
-			}
-			if !idleHere {
-				idleHere = true
-				if idle.idle.Add(1) < 2 {
-					continue // the other direction may still be busy
-				}
-			} else if idle.idle.Load() < 2 {
-				continue
-			}
 		}
-		_ = src.Close()
-		_ = dst.Close()
+		c.close()
 		return total
+	}
+}
+
+// spliceCopy moves a bulk direction by splice (io.Copy between two
+// *net.TCPConn) in chunks, each under a read deadline of the idle timeout,
+// until src ends (io.EOF) or has been quiet for a whole idle timeout (nil:
+// back to small reads, under the sweeper).
+func spliceCopy(dst, src net.Conn, c *tcpConn) (int64, error) {
+	c.bulk.Add(1)
+	defer func() {
+		_ = src.SetReadDeadline(time.Time{})
+		c.bulk.Add(-1)
+	}()
+	var total int64
+	for {
+		_ = src.SetReadDeadline(time.Now().Add(c.idleTimeout))
+		// A LimitedReader around a *net.TCPConn still splices; the limit
+		// lets the deadline be renewed on a busy connection.
+		n, err := io.Copy(dst, &io.LimitedReader{R: src, N: copyChunk})
+		total += n
+		switch {
+		case err == nil && n < copyChunk:
+			return total, io.EOF
+		case err == nil, errors.Is(err, os.ErrDeadlineExceeded) && n > 0:
+			continue // traffic in this window
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return total, nil
+		default:
+			return total, err
+		}
 	}
 }

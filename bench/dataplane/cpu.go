@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// systemBusy is the busy time of all CPUs so far (everything in /proc/stat
+// but idle and iowait): what a kernel data path costs shows up here and
+// not in the load balancer's own process time.
+func systemBusy() time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return 0
+	}
+	var busy int64
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(f, 10, 64)
+		busy += n
+	}
+	const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
+	return time.Duration(busy) * time.Second / clkTck
+}
+
+// processCPU is a process's user plus system CPU time so far.
+func processCPU(pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	// Fields after the command: state is [0]; utime [11], stime [12].
+	ut, _ := strconv.ParseInt(fields[11], 10, 64)
+	st, _ := strconv.ParseInt(fields[12], 10, 64)
+	const clkTck = 100
+	return time.Duration(ut+st) * time.Second / clkTck
+}
+
+// cost is what one load cost: operations done, the load balancer's own
+// CPU time and the busy time of the whole machine.
+type cost struct {
+	ops, errs      int64
+	process, total time.Duration
+}
+
+// measureCost runs load and reads both clocks around it; pid 0 measures
+// no process (the direct runs).
+func measureCost(pid int, load func() (int64, int64)) cost {
+	p0, s0 := processCPU(pid), systemBusy()
+	ops, errs := load()
+	c := cost{ops: ops, errs: errs, total: systemBusy() - s0}
+	if pid != 0 {
+		c.process = processCPU(pid) - p0
+	}
+	return c
+}
+
+// perOp is d per operation in µs.
+func perOp(d time.Duration, ops int64) float64 {
+	return us(d) / float64(max(ops, 1))
+}
