@@ -82,6 +82,17 @@ func contenders(ebbBin, dir string, addrs []string, only string) []contender {
 		{name: "minimal-go", prefix: "minimal_go_", start: func(fe string, _ bool) (*lbProcess, error) {
 			return startMinimalGo(dir, fe, addrs)
 		}},
+		// ebb's kernel engine: the process only programs nftables; the
+		// kernel forwards (DNAT in the output hook, since the client is on
+		// this host).
+		{name: "ebb-kernel", prefix: "nft_", start: func(fe string, _ bool) (*lbProcess, error) {
+			p, err := startEbb(ebbBin, dir, fe, addrs, false, "--engine", "Kernel", "--kernel-table", benchKernelTable)
+			if p != nil {
+				p.name = "ebb-kernel"
+				p.cleanup = removeKernelTable // its rules outlive it, by design
+			}
+			return p, err
+		}},
 	}
 	if only == "" {
 		return all
@@ -95,12 +106,25 @@ func contenders(ebbBin, dir string, addrs []string, only string) []contender {
 	return out
 }
 
+// benchKernelTable is the nftables table of the kernel engine under test,
+// removed when the benchmark ends (ebb lb leaves it in place at exit).
+const benchKernelTable = "ebb-bench"
+
+func removeKernelTable() {
+	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable})
+	if err == nil {
+		_ = dp.RemoveKernelTable()
+		_ = dp.Close()
+	}
+}
+
 func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscalls bool, only string) error {
 	dir, err := os.MkdirTemp("", "ebb-bench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	defer removeKernelTable()
 	var backends []*echoBackend
 	var addrs []string
 	for range 3 {
@@ -133,15 +157,21 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscal
 			results[c.name] = append(results[c.name], res)
 		}
 	}
-	applyP99, ownerP99, err := applyToEffect()
+	applyP99, ownerP99, err := applyToEffect(dataplane.EngineProxy)
 	if err != nil {
 		return err
 	}
+	nftApplyP99, nftOwnerP99, err := applyToEffect(dataplane.EngineKernel)
+	if err != nil {
+		return fmt.Errorf("kernel engine: %w", err)
+	}
 	summary := map[string]any{
-		"date":                     time.Now().UTC().Format(time.RFC3339),
-		"rounds":                   rounds,
-		"apply_to_effect_us_p99":   applyP99,
-		"owner_admin_state_us_p99": ownerP99,
+		"date":                         time.Now().UTC().Format(time.RFC3339),
+		"rounds":                       rounds,
+		"apply_to_effect_us_p99":       applyP99,
+		"owner_admin_state_us_p99":     ownerP99,
+		"nft_apply_to_effect_us_p99":   nftApplyP99,
+		"nft_owner_admin_state_us_p99": nftOwnerP99,
 	}
 	for _, c := range cs {
 		addKeys(summary, c.prefix, medians(results[c.name]))
@@ -345,12 +375,15 @@ func drain(lb *lbProcess, backends []*echoBackend, r *round) error {
 // (one backend per node each): by a whole-configuration Apply, and by the
 // node fast path SetOwnerAdminState. When either returns, the change is in
 // effect for every new connection. It returns both p99s in µs.
-func applyToEffect() (float64, float64, error) {
-	dp, err := dataplane.New(dataplane.Options{})
+func applyToEffect(engine dataplane.Engine) (float64, float64, error) {
+	dp, err := dataplane.New(dataplane.Options{Engine: engine, KernelTable: benchKernelTable})
 	if err != nil {
 		return 0, 0, err
 	}
 	defer dp.Close()
+	if engine == dataplane.EngineKernel {
+		defer removeKernelTable()
+	}
 	var cfg dataplane.Config
 	// Every port is held until all 50 are chosen, so that none is handed
 	// out twice.
@@ -380,27 +413,35 @@ func applyToEffect() (float64, float64, error) {
 	if err := applyAll(dp, cfg); err != nil {
 		return 0, 0, err
 	}
+	// Each loop flips the state every time, so that every call changes
+	// something (a call that changes nothing costs nothing in the kernel).
 	var times, owner []time.Duration
 	for i := range 1000 {
-		state := dataplane.AdminDown
-		if i%2 == 1 {
-			state = dataplane.AdminNone
-		}
 		for f := range cfg.Frontends {
-			cfg.Frontends[f].Backends[3].AdminState = state
+			cfg.Frontends[f].Backends[3].AdminState = alternate(i)
 		}
 		start := time.Now()
 		if err := applyAll(dp, cfg); err != nil {
 			return 0, 0, err
 		}
 		times = append(times, time.Since(start))
-		start = time.Now()
-		if _, err := dp.SetOwnerAdminState("node-4", state); err != nil {
+	}
+	for i := range 1000 {
+		start := time.Now()
+		if _, err := dp.SetOwnerAdminState("node-4", alternate(i+1)); err != nil {
 			return 0, 0, err
 		}
 		owner = append(owner, time.Since(start))
 	}
 	return us(stats.Percentile(times, 0.99)), us(stats.Percentile(owner, 0.99)), nil
+}
+
+// alternate is Down, None, Down, ...
+func alternate(i int) dataplane.AdminState {
+	if i%2 == 1 {
+		return dataplane.AdminNone
+	}
+	return dataplane.AdminDown
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

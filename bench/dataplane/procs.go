@@ -28,6 +28,8 @@ type lbProcess struct {
 	drain func(i int) error
 	// undrain restores backend i.
 	undrain func(i int) error
+	// cleanup, if set, runs after the process stopped.
+	cleanup func()
 }
 
 func (p *lbProcess) stop() {
@@ -39,6 +41,9 @@ func (p *lbProcess) stop() {
 	case <-time.After(5 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-done
+	}
+	if p.cleanup != nil {
+		p.cleanup()
 	}
 }
 
@@ -73,13 +78,13 @@ func ebbConfig(frontend string, backends []string, down map[int]bool) string {
 // startEbb runs `ebb lb` on core 0 with GOMAXPROCS=1 (HAProxy runs one
 // thread). Drain rewrites the file, sends SIGHUP and waits until the
 // metrics show the reload applied.
-func startEbb(ebbBin, dir, frontend string, backends []string, profile bool) (*lbProcess, error) {
+func startEbb(ebbBin, dir, frontend string, backends []string, profile bool, extraArgs ...string) (*lbProcess, error) {
 	file := filepath.Join(dir, "ebb.yaml")
 	if err := os.WriteFile(file, []byte(ebbConfig(frontend, backends, nil)), 0o644); err != nil {
 		return nil, err
 	}
 	metrics := freeAddr()
-	args := []string{"-c", "0", ebbBin, "lb", "--config", file, "--metrics-bind-address", metrics, "--poll-interval", "1h"}
+	args := append([]string{"-c", "0", ebbBin, "lb", "--config", file, "--metrics-bind-address", metrics, "--poll-interval", "1h"}, extraArgs...)
 	pprofAddr := ""
 	if profile {
 		pprofAddr = freeAddr()

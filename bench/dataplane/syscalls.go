@@ -52,8 +52,8 @@ func countSyscalls(pid int, dir, name string, load func() (int64, int64)) (sysca
 			c.top[f[len(f)-1]] = calls
 		}
 	}
-	if ops == 0 || total == 0 {
-		return c, fmt.Errorf("strace counted %d calls over %d operations", total, ops)
+	if ops == 0 {
+		return c, fmt.Errorf("no operation completed while strace counted %d calls", total)
 	}
 	c.perOp = float64(total) / float64(ops)
 	for k, v := range c.top {

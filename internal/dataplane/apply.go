@@ -25,6 +25,9 @@ const (
 	// SkipListenFailed: the socket could not be opened (the port is held
 	// by another process, the address family is not configured, ...).
 	SkipListenFailed SkipReason = "ListenFailed"
+	// SkipKernelFailed: the kernel engine's nftables table could not be
+	// installed (no CAP_NET_ADMIN, no nf_tables in the kernel, ...).
+	SkipKernelFailed SkipReason = "KernelFailed"
 )
 
 // SkippedFrontend is a frontend that Apply could not serve.
@@ -62,6 +65,13 @@ func (d *DataPlane) admit(cfg Config) ([]Frontend, []SkippedFrontend) {
 			skipped = append(skipped, SkippedFrontend{Name: name, Reason: SkipInvalid, Err: err})
 			continue
 		}
+		nf.Engine = d.engineFor(&nf)
+		if nf.Engine == EngineKernel {
+			if why := kernelUnsupported(&nf); why != "" {
+				skipped = append(skipped, SkippedFrontend{Name: nf.Name, Reason: SkipInvalid, Err: fmt.Errorf("engine Kernel (the data plane's default): %s", why)})
+				continue
+			}
+		}
 		valid = append(valid, nf)
 	}
 	// A frontend already serving a socket keeps it.
@@ -90,6 +100,23 @@ func (d *DataPlane) admit(cfg Config) ([]Frontend, []SkippedFrontend) {
 	return out, skipped
 }
 
+// engineFor resolves the engine of a valid frontend: its own, else the
+// data plane's default; Auto becomes the kernel when the frontend needs
+// nothing only the proxy can do.
+func (d *DataPlane) engineFor(f *Frontend) Engine {
+	e := f.Engine
+	if e == "" {
+		e = d.engine
+	}
+	if e == EngineAuto {
+		if kernelUnsupported(f) == "" {
+			return EngineKernel
+		}
+		return EngineProxy
+	}
+	return e
+}
+
 // openListeners binds the sockets of the frontends that are not served
 // yet. A socket that cannot be opened skips its frontend only.
 func (d *DataPlane) openListeners(frontends []Frontend) (map[frontendKey]any, []SkippedFrontend) {
@@ -98,6 +125,10 @@ func (d *DataPlane) openListeners(frontends []Frontend) (map[frontendKey]any, []
 	for _, fc := range frontends {
 		k := fc.key()
 		if _, ok := d.frontends[k]; ok {
+			continue
+		}
+		if fc.Engine == EngineKernel {
+			opened[k] = nil // no socket: the kernel forwards its flows
 			continue
 		}
 		l, err := listen(k)

@@ -42,6 +42,10 @@ type backend struct {
 	removed atomic.Bool
 	active  atomic.Int64
 
+	// inKernel: the kernel engine's installed table sends new flows to
+	// the backend (kernel frontends only).
+	inKernel atomic.Bool
+
 	m              backendMetrics
 	adminPublished bool // only Apply (under the data plane's lock) reads or writes it
 }
@@ -86,10 +90,11 @@ func (b *backend) eligible() bool {
 }
 
 // drain marks the backend removed: it takes no new connection or UDP flow.
-// Its established connections continue, or end after timeout if one is set.
-func (b *backend) drain(timeout time.Duration, clk Clock, conns *connTable) {
+// Its established connections continue, or end after timeout if one is set
+// (end ends them).
+func (b *backend) drain(timeout time.Duration, clk Clock, end func()) {
 	b.removed.Store(true)
 	if timeout > 0 {
-		clk.AfterFunc(timeout, func() { conns.closeBackend(b) })
+		clk.AfterFunc(timeout, end)
 	}
 }

@@ -84,7 +84,11 @@ type Frontend struct {
 	TCPKeepAlive Duration `json:"tcpKeepAlive,omitempty"`
 	// HealthCheck probes the backends; unset, backends are always healthy.
 	HealthCheck *HealthCheck `json:"healthCheck,omitempty"`
-	Backends    []Backend    `json:"backends"`
+	// Engine serves the frontend: Proxy, Kernel or Auto (the kernel when
+	// the frontend needs nothing only the proxy can do). Unset: the data
+	// plane's default (Options.Engine, `ebb lb --engine`).
+	Engine   Engine    `json:"engine,omitempty"`
+	Backends []Backend `json:"backends"`
 }
 
 // Backend is one destination of a frontend.
@@ -239,6 +243,15 @@ func (f Frontend) validate() (Frontend, error) {
 	}
 	if f.ProxyProtocol && f.Protocol != TCP {
 		return f, errors.New("proxyProtocol is supported for TCP frontends only")
+	}
+	switch f.Engine {
+	case "", EngineProxy, EngineAuto:
+	case EngineKernel:
+		if why := kernelUnsupported(&f); why != "" {
+			return f, fmt.Errorf("engine Kernel: %s", why)
+		}
+	default:
+		return f, fmt.Errorf("engine %q is not supported: use Proxy, Kernel or Auto", f.Engine)
 	}
 	for _, r := range f.SourceRanges {
 		if _, err := netip.ParsePrefix(r); err != nil {

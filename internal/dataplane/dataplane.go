@@ -32,6 +32,15 @@ type Options struct {
 	// Clock paces the probes and the drain timeouts. Default: the real
 	// clock.
 	Clock Clock
+	// Engine serves the frontends that name none. Default: EngineProxy.
+	Engine Engine
+	// KernelTable names the kernel engine's nftables table (family ip).
+	// Default: DefaultKernelTable.
+	KernelTable string
+	// KernelNetNS, if set, is a network namespace file descriptor whose
+	// nftables the kernel engine programs (tests); default: this
+	// process's.
+	KernelNetNS int
 }
 
 // Clock is what the data plane needs of a clock: tickers for the probes,
@@ -53,6 +62,15 @@ type DataPlane struct {
 	conns     *connTable
 	stopSweep chan struct{}
 
+	engine Engine
+	kernel *kernelEngine
+	// kernelDirty asks for the kernel table to be rebuilt (a probe
+	// changed a backend's health).
+	kernelDirty chan struct{}
+	// kernelInstalled: the table holds frontends, so the next change must
+	// rebuild it even when no kernel frontend is left.
+	kernelInstalled bool
+
 	mu        sync.Mutex // serialises Apply and Close
 	frontends map[frontendKey]*frontend
 	probers   map[probeKey]*prober
@@ -70,6 +88,13 @@ func New(opts Options) (*DataPlane, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	switch opts.Engine {
+	case "":
+		opts.Engine = EngineProxy
+	case EngineProxy, EngineKernel, EngineAuto:
+	default:
+		return nil, fmt.Errorf("engine %q is not supported: use Proxy, Kernel or Auto", opts.Engine)
+	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("registering data plane metrics: %w", err)
@@ -77,9 +102,11 @@ func New(opts Options) (*DataPlane, error) {
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
+		engine: opts.Engine, kernel: newKernelEngine(opts.KernelTable, opts.KernelNetNS), kernelDirty: make(chan struct{}, 1),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{},
 	}
 	go d.conns.sweepIdle(d.clock, d.stopSweep)
+	go d.resyncKernelOnProbes()
 	return d, nil
 }
 
@@ -100,6 +127,7 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 		return ApplyResult{}, errors.New("data plane is closed")
 	}
 	admitted, skipped := d.admit(cfg)
+	d.removeEngineSwitches(admitted)
 	opened, failed := d.openListeners(admitted)
 	skipped = append(skipped, failed...)
 	frontends := admitted[:0:0]
@@ -123,6 +151,7 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 		}
 		f.apply(fc, probers)
 	}
+	skipped = append(skipped, d.syncKernelLocked()...)
 	d.m.applySeconds.Observe(time.Since(start).Seconds())
 	// The new configuration is in effect; what follows starts serving new
 	// listeners and cleans up behind the old configuration.
@@ -162,7 +191,7 @@ func (d *DataPlane) startProbers(frontends []Frontend) map[probeKey]*prober {
 				out[k] = p
 				continue
 			}
-			out[k] = startProber(k, d.dial, d.clock, d.m, d.log)
+			out[k] = startProber(k, d.dial, d.clock, d.m, d.log, d.markKernelDirty)
 		}
 	}
 	return out
@@ -176,12 +205,17 @@ func (d *DataPlane) Close() error {
 		return nil
 	}
 	d.closed = true
+	// The kernel engine's table stays: the kernel keeps forwarding the
+	// frontends' flows, established and new, until the next data plane
+	// replaces the table (a restart or an upgrade drops nothing), or
+	// RemoveKernelTable removes it.
 	close(d.stopSweep)
 	for k, f := range d.frontends {
 		f.close()
 		delete(d.frontends, k)
 	}
 	d.conns.closeAll() // removed backends' draining connections too
+	d.kernel.close()
 	for k, p := range d.probers {
 		p.stop(d.m)
 		delete(d.probers, k)
@@ -200,7 +234,8 @@ type BackendStatus struct {
 	// Confirmed: a probe has succeeded (true without a health check).
 	// Healthy starts true; only Confirmed says the backend was reached.
 	Confirmed bool
-	// Eligible means new connections may go to the backend.
+	// Eligible means new connections may go to the backend (for the
+	// kernel engine: the table installed in the kernel says so).
 	Eligible bool
 	// Active counts established TCP connections (or live UDP flows).
 	Active int64
@@ -215,11 +250,15 @@ func (d *DataPlane) Status() []BackendStatus {
 		set := f.set.Load()
 		for _, b := range set.backends {
 			p := b.probe.Load()
+			eligible := b.eligible()
+			if f.kernel {
+				eligible = b.inKernel.Load()
+			}
 			out = append(out, BackendStatus{
 				Frontend: set.cfg.Name, Address: b.key, Owner: b.owner,
 				AdminState: adminStates[b.admin.Load()],
 				Healthy:    p == nil || p.healthy.Load(), Confirmed: p == nil || p.confirmed.Load(),
-				Eligible: b.eligible(), Active: b.active.Load(),
+				Eligible: eligible, Active: b.active.Load(),
 			})
 		}
 	}
@@ -264,12 +303,19 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := 0
+	kernel := false
 	for _, f := range d.frontends {
 		for _, b := range f.backends {
 			if b.owner == owner {
 				b.setAdminState(toAdminState(state))
 				n++
+				kernel = kernel || f.kernel
 			}
+		}
+	}
+	if kernel {
+		if skipped := d.syncKernelLocked(); len(skipped) > 0 {
+			return n, fmt.Errorf("setting %s's backends %s in the kernel engine: %w", owner, state, skipped[0].Err)
 		}
 	}
 	d.m.applySeconds.Observe(time.Since(start).Seconds())

@@ -14,6 +14,9 @@ type frontend struct {
 	key frontendKey
 	tcp *net.TCPListener
 	udp *net.UDPConn
+	// kernel: the kernel engine serves the frontend (no socket; the
+	// kernel engine's table holds its rules).
+	kernel bool
 
 	set atomic.Pointer[backendSet]
 	// backends by address; only Apply (under d.mu) changes it.
@@ -26,6 +29,8 @@ type frontend struct {
 func newFrontend(d *DataPlane, k frontendKey, listener any) *frontend {
 	f := &frontend{d: d, key: k, backends: map[netip.AddrPort]*backend{}, flows: map[netip.AddrPort]*udpFlow{}}
 	switch l := listener.(type) {
+	case nil:
+		f.kernel = true
 	case *net.TCPListener:
 		f.tcp = l
 	case *net.UDPConn:
@@ -67,7 +72,7 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 	f.set.Store(newBackendSet(cfg, backends, f.set.Load()))
 	for ap, b := range f.backends {
 		if !keep[ap] {
-			b.drain(cfg.DrainTimeout.Duration, f.d.clock, f.d.conns)
+			b.drain(cfg.DrainTimeout.Duration, f.d.clock, f.endConns(b))
 			f.d.m.forget(b.m)
 			delete(f.backends, ap)
 		}
@@ -76,18 +81,25 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 
 // serve starts accepting on the frontend's socket.
 func (f *frontend) serve() {
-	if f.tcp != nil {
+	switch {
+	case f.tcp != nil:
 		go f.acceptLoop()
-	} else {
+	case f.udp != nil:
 		go f.udpLoop()
 	}
 }
 
 func (f *frontend) addr() net.Addr {
-	if f.tcp != nil {
+	switch {
+	case f.tcp != nil:
 		return f.tcp.Addr()
+	case f.udp != nil:
+		return f.udp.LocalAddr()
+	case f.key.protocol == UDP:
+		return net.UDPAddrFromAddrPort(f.key.addr)
+	default:
+		return net.TCPAddrFromAddrPort(f.key.addr)
 	}
-	return f.udp.LocalAddr()
 }
 
 // remove stops the frontend taking new connections; its established TCP
@@ -96,11 +108,25 @@ func (f *frontend) remove() {
 	f.closeSocket()
 	drain := f.set.Load().cfg.DrainTimeout.Duration
 	for ap, b := range f.backends {
-		b.drain(drain, f.d.clock, f.d.conns)
+		b.drain(drain, f.d.clock, f.endConns(b))
 		f.d.m.forget(b.m)
 		delete(f.backends, ap)
 	}
 	f.closeFlows()
+}
+
+// endConns returns what ends a draining backend's established connections:
+// closing them (proxy), or deleting their conntrack entries (kernel: the
+// next packet of such a flow is answered with a reset).
+func (f *frontend) endConns(b *backend) func() {
+	if !f.kernel {
+		return func() { f.d.conns.closeBackend(b) }
+	}
+	return func() {
+		if err := f.d.kernel.dropFlows(f.key, b.key); err != nil {
+			f.d.log.Error(err, "Ending a drained backend's flows", "frontend", f.key.String(), "backend", b.addr)
+		}
+	}
 }
 
 // close ends everything at once (the data plane is shutting down).
@@ -128,7 +154,7 @@ func sameShape(a, b *Frontend) bool {
 	if a.Name != b.Name || a.Address != b.Address || a.Port != b.Port || a.Protocol != b.Protocol ||
 		a.Balancing != b.Balancing || a.ProxyProtocol != b.ProxyProtocol ||
 		a.ConnectTimeout != b.ConnectTimeout || a.IdleTimeout != b.IdleTimeout || a.DrainTimeout != b.DrainTimeout ||
-		a.TCPKeepAlive != b.TCPKeepAlive ||
+		a.TCPKeepAlive != b.TCPKeepAlive || a.Engine != b.Engine ||
 		!slices.Equal(a.SourceRanges, b.SourceRanges) || len(a.Backends) != len(b.Backends) {
 		return false
 	}

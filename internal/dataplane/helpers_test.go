@@ -27,6 +27,11 @@ func newTestBackend(t *testing.T, onAccept ...func(net.Conn)) *testBackend {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveEcho(t, ln, onAccept...)
+}
+
+// serveEcho echoes on every connection ln accepts until the test ends.
+func serveEcho(t *testing.T, ln net.Listener, onAccept ...func(net.Conn)) *testBackend {
 	b := &testBackend{ln: ln}
 	if len(onAccept) > 0 {
 		b.onAccept = onAccept[0]
@@ -52,6 +57,16 @@ func newTestBackend(t *testing.T, onAccept ...func(net.Conn)) *testBackend {
 		}
 	}()
 	return b
+}
+
+// lastPeer is the address the last accepted connection came from.
+func (b *testBackend) lastPeer() netip.AddrPort {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.conns) == 0 {
+		return netip.AddrPort{}
+	}
+	return b.conns[len(b.conns)-1].RemoteAddr().(*net.TCPAddr).AddrPort()
 }
 
 func (b *testBackend) close() {

@@ -75,7 +75,7 @@ type dialFunc func(ctx context.Context, network, address string) (net.Conn, erro
 // startProber starts probing; the target counts as healthy until it fails
 // the unhealthy threshold (as HAProxy starts servers up), and the first
 // probe runs at once.
-func startProber(k probeKey, dial dialFunc, clk clock.WithTicker, m *metrics, log logr.Logger) *prober {
+func startProber(k probeKey, dial dialFunc, clk clock.WithTicker, m *metrics, log logr.Logger, onChange func()) *prober {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &prober{key: k, cancel: cancel, done: make(chan struct{})}
 	p.healthy.Store(true)
@@ -104,7 +104,9 @@ func startProber(k probeKey, dial dialFunc, clk clock.WithTicker, m *metrics, lo
 			} else {
 				oks, fails = 0, fails+1
 			}
-			p.observe(oks, fails, err, m, log)
+			if p.observe(oks, fails, err, m, log) {
+				onChange()
+			}
 			p.results.Add(1)
 			select {
 			case <-ctx.Done():
@@ -116,8 +118,9 @@ func startProber(k probeKey, dial dialFunc, clk clock.WithTicker, m *metrics, lo
 	return p
 }
 
-// observe moves the health across a threshold and reports the transition.
-func (p *prober) observe(oks, fails int, err error, m *metrics, log logr.Logger) {
+// observe moves the health across a threshold and reports the
+// transition; it returns whether the health changed.
+func (p *prober) observe(oks, fails int, err error, m *metrics, log logr.Logger) bool {
 	was := p.healthy.Load()
 	switch {
 	case was && fails >= p.key.unhealthy:
@@ -125,12 +128,15 @@ func (p *prober) observe(oks, fails int, err error, m *metrics, log logr.Logger)
 		m.probeUp.WithLabelValues(p.key.String(), string(p.key.protocol)).Set(0)
 		m.probeTransitions.WithLabelValues(p.key.String(), string(p.key.protocol), "down").Inc()
 		log.Info("Probe target is down", "target", p.key.String(), "consecutiveFailures", fails, "err", err.Error())
+		return true
 	case !was && oks >= p.key.healthy:
 		p.healthy.Store(true)
 		m.probeUp.WithLabelValues(p.key.String(), string(p.key.protocol)).Set(1)
 		m.probeTransitions.WithLabelValues(p.key.String(), string(p.key.protocol), "up").Inc()
 		log.Info("Probe target is up", "target", p.key.String(), "consecutiveSuccesses", oks)
+		return true
 	}
+	return false
 }
 
 // probeOnce runs one probe: a TCP connect, or an HTTP GET that must answer

@@ -71,6 +71,10 @@ type Options struct {
 	BGPPeers []string
 	// BGPHoldTime applies to every peer.
 	BGPHoldTime time.Duration
+	// Engine serves frontends that name none (dataplane.Options.Engine);
+	// KernelTable names the kernel engine's nftables table.
+	Engine      string
+	KernelTable string
 
 	// incomplete is set while the last load left a frontend unserved.
 	incomplete bool
@@ -117,6 +121,8 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "a BGP peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 (repeatable)")
 	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
+	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
+	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables table (family ip) of the kernel engine; it is left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -138,9 +144,14 @@ func (o *Options) Run(ctx context.Context) error {
 		Name: "ebb_lb_config_reloads_total", Help: "Configuration file loads; result is success or error.",
 	}, []string{"result"})
 	reg.MustRegister(reloads)
-	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane")})
+	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable})
 	if err != nil {
-		return err
+		return fmt.Errorf("--engine: %w", err)
+	}
+	if o.Engine != string(dataplane.EngineProxy) {
+		if err := dataplane.CheckForwarding(); err != nil {
+			log.Info("The kernel engine cannot forward flows from other hosts", "reason", err.Error())
+		}
 	}
 	defer dp.Close()
 	addrs, err := o.addresses(ctx, log, reg)

@@ -68,6 +68,40 @@ func newHost(name string) (*Host, error) {
 	return h, nil
 }
 
+// NewHost makes a standalone host: a new network namespace with loopback
+// up, on no network (LinkHosts joins it to others). Close removes it.
+func NewHost(name string) (*Host, error) { return newHost(name) }
+
+// Close releases the host's namespace; it goes away once nothing (a
+// socket, a process) is left in it.
+func (h *Host) Close() { h.close() }
+
+// NetNS is the file descriptor of the host's network namespace, for
+// libraries that program a namespace from outside (nftables).
+func (h *Host) NetNS() int { return int(h.ns) }
+
+// LinkHosts joins two hosts by a veth pair, a's end devA with addrsA, b's
+// devB with addrsB. The pair is made inside a, whose interface names are
+// its own, so that nothing clashes with links of this process's namespace.
+func LinkHosts(a *Host, devA string, addrsA []netip.Prefix, b *Host, devB string, addrsB []netip.Prefix) error {
+	peer := "ebbpeer-" + devB
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: devA}, PeerName: peer}
+	if err := a.nl.LinkAdd(veth); err != nil {
+		return fmt.Errorf("creating a veth pair in %s: %w", a.Name, err)
+	}
+	inner, err := a.nl.LinkByName(peer)
+	if err != nil {
+		return fmt.Errorf("finding %s in %s: %w", peer, a.Name, err)
+	}
+	if err := a.nl.LinkSetNsFd(inner, int(b.ns)); err != nil {
+		return fmt.Errorf("moving %s into %s: %w", peer, b.Name, err)
+	}
+	if err := a.configure(devA, devA, addrsA); err != nil {
+		return err
+	}
+	return b.configure(peer, devB, addrsB)
+}
+
 // currentHost wraps the namespace this process runs in.
 func currentHost(name string) (*Host, error) {
 	ns, err := netns.Get()

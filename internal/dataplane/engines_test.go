@@ -1,0 +1,419 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+// The behaviour table below runs against both engines on a small network
+// the test makes: a client host (10.2.0.2) routed through the load
+// balancer's host (10.2.0.1 and 10.1.0.1, the frontend address 10.9.0.1
+// local to it) to a backend host (10.1.0.2) that has no route back to the
+// client, so that replies come back through the load balancer only if it
+// translates the source too.
+var (
+	frontendIP = netip.MustParseAddr("10.9.0.1")
+	backendIP  = netip.MustParseAddr("10.1.0.2")
+	clientIP   = netip.MustParseAddr("10.2.0.2")
+)
+
+// engineNet is the test network and a data plane of one engine on it.
+type engineNet struct {
+	engine                Engine
+	client, lb, backendNS *network.Host
+	d                     *DataPlane
+}
+
+func newEngineNet(t *testing.T, engine Engine) *engineNet {
+	t.Helper()
+	n := &engineNet{engine: engine}
+	for _, h := range []struct {
+		name string
+		to   **network.Host
+	}{{"client", &n.client}, {"lb", &n.lb}, {"backend", &n.backendNS}} {
+		host, err := network.NewHost(h.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(host.Close)
+		*h.to = host
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pfx := netip.MustParsePrefix
+	must(network.LinkHosts(n.lb, "to-client", []netip.Prefix{pfx("10.2.0.1/24")}, n.client, "eth0", []netip.Prefix{pfx("10.2.0.2/24")}))
+	must(network.LinkHosts(n.lb, "to-backend", []netip.Prefix{pfx("10.1.0.1/24")}, n.backendNS, "eth0", []netip.Prefix{pfx("10.1.0.2/24")}))
+	must(n.client.AddRoute(pfx("10.9.0.0/24"), netip.MustParseAddr("10.2.0.1")))
+	must(n.lb.AddAddress("lo", netip.PrefixFrom(frontendIP, 32)))
+	must(n.lb.SetSysctl("net/ipv4/ip_forward", "1"))
+	n.d = newDataPlane(t, Options{Engine: engine, KernelNetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
+	return n
+}
+
+// apply applies frontends inside the load balancer's host, where the
+// proxy engine's sockets must open.
+func (n *engineNet) apply(t *testing.T, fs ...Frontend) {
+	t.Helper()
+	if err := n.lb.Do(func() error { return applyAll(n.d, Config{Frontends: fs}) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// echo starts a TCP echo server on the backend host and returns it as a
+// Backend.
+func (n *engineNet) echo(t *testing.T, port uint16) (Backend, *testBackend) {
+	t.Helper()
+	ln, err := n.backendNS.Listen("tcp", netip.AddrPortFrom(backendIP, port).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := serveEcho(t, ln)
+	return Backend{Address: backendIP.String(), Port: port, Owner: fmt.Sprintf("node-%d", port)}, b
+}
+
+func (n *engineNet) dial(t *testing.T, port uint16) (net.Conn, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return n.client.DialContext(ctx, "tcp", netip.AddrPortFrom(frontendIP, port).String())
+}
+
+// roundTripNew opens a connection from the client, does one round trip
+// and closes it.
+func (n *engineNet) roundTripNew(t *testing.T, port uint16) error {
+	t.Helper()
+	c, err := n.dial(t, port)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return roundTrip(c, []byte("hello"))
+}
+
+func frontendOn(port uint16, backends ...Backend) Frontend {
+	return Frontend{Name: fmt.Sprintf("fe-%d", port), Address: frontendIP.String(), Port: port, Backends: backends}
+}
+
+func forEachEngine(t *testing.T, test func(t *testing.T, n *engineNet)) {
+	for _, e := range []Engine{EngineProxy, EngineKernel} {
+		t.Run(string(e), func(t *testing.T) { test(t, newEngineNet(t, e)) })
+	}
+}
+
+// New connections are spread over the backends and echo; the backend sees
+// the load balancer's address, not the client's (both engines translate
+// the source).
+func TestEnginesSpreadAndTranslate(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, sa := n.echo(t, 8080)
+		b, sb := n.echo(t, 8081)
+		n.apply(t, frontendOn(80, a, b))
+		for i := range 10 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+		}
+		if sa.accepted.Load() != 5 || sb.accepted.Load() != 5 {
+			t.Errorf("10 connections split %d/%d, want 5/5 (round robin)", sa.accepted.Load(), sb.accepted.Load())
+		}
+		if from := sa.lastPeer(); from.Addr() != netip.MustParseAddr("10.1.0.1") {
+			t.Errorf("the backend saw the client as %s, want the load balancer's 10.1.0.1", from)
+		}
+	})
+}
+
+// Admin Down: established connections continue, new ones go elsewhere;
+// every backend Down: a new connection is reset at once.
+func TestEnginesAdminDown(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, sa := n.echo(t, 8080)
+		b, sb := n.echo(t, 8081)
+		n.apply(t, frontendOn(80, a, b))
+		var open []net.Conn
+		for range 2 {
+			c, err := n.dial(t, 80)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := roundTrip(c, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			open = append(open, c)
+		}
+		if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
+			t.Fatal(err)
+		}
+		before := sa.accepted.Load()
+		for i := range 6 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("new connection %d with one backend Down: %v", i, err)
+			}
+		}
+		if sa.accepted.Load() != before {
+			t.Errorf("the Down backend took %d new connections", sa.accepted.Load()-before)
+		}
+		for i, c := range open {
+			if err := roundTrip(c, []byte("still there")); err != nil {
+				t.Errorf("established connection %d broke when its backend went Down: %v", i, err)
+			}
+		}
+		if _, err := n.d.SetOwnerAdminState(b.Owner, AdminDown); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err := n.roundTripNew(t, 80)
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+			t.Errorf("with every backend Down: %v, want a refusal or reset", err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("the refusal took %s", took)
+		}
+		_ = sb
+	})
+}
+
+// Source ranges: only the listed prefixes are served, others are refused.
+func TestEnginesSourceRanges(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, _ := n.echo(t, 8080)
+		allowed := frontendOn(80, a)
+		allowed.SourceRanges = []string{netip.PrefixFrom(clientIP, 24).Masked().String()}
+		denied := frontendOn(81, a)
+		denied.SourceRanges = []string{"10.3.0.0/16", "192.0.2.0/24"}
+		n.apply(t, allowed, denied)
+		if err := n.roundTripNew(t, 80); err != nil {
+			t.Errorf("a client in the source range: %v", err)
+		}
+		if err := n.roundTripNew(t, 81); err == nil {
+			t.Error("a client outside the source ranges was served")
+		}
+	})
+}
+
+// Weights: a backend of weight 2 takes twice the new connections.
+func TestEnginesWeights(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, sa := n.echo(t, 8080)
+		b, sb := n.echo(t, 8081)
+		a.Weight = 2
+		n.apply(t, frontendOn(80, a, b))
+		for i := range 9 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+		}
+		if sa.accepted.Load() != 6 || sb.accepted.Load() != 3 {
+			t.Errorf("9 connections split %d/%d, want 6/3 for weights 2 and 1", sa.accepted.Load(), sb.accepted.Load())
+		}
+	})
+}
+
+// A backend removed from the configuration drains: its established
+// connections continue, it gets no new ones.
+func TestEnginesRemovedBackendDrains(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, sa := n.echo(t, 8080)
+		b, _ := n.echo(t, 8081)
+		n.apply(t, frontendOn(80, a))
+		c, err := n.dial(t, 80)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		n.apply(t, frontendOn(80, b))
+		for i := range 4 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("new connection %d after the removal: %v", i, err)
+			}
+		}
+		if sa.accepted.Load() != 1 {
+			t.Errorf("the removed backend took %d new connections", sa.accepted.Load()-1)
+		}
+		if err := roundTrip(c, []byte("still there")); err != nil {
+			t.Errorf("the removed backend's established connection broke: %v", err)
+		}
+	})
+}
+
+// A backend whose probe fails stops getting new connections, in the kernel
+// engine too (the probe, in user space, rebuilds the kernel's table).
+func TestEnginesProbeTakesABackendOut(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, sa := n.echo(t, 8080)
+		b, sb := n.echo(t, 8081)
+		fe := frontendOn(80, a, b)
+		fe.HealthCheck = &HealthCheck{Protocol: ProbeTCP, Interval: Duration{100 * time.Millisecond}, UnhealthyThreshold: 1, HealthyThreshold: 1}
+		n.apply(t, fe)
+		_ = sa.ln.Close() // a stops accepting: its probe fails
+		waitFor(t, "backend a's probe to fail and take it out", func() bool {
+			for _, s := range n.d.Status() {
+				if s.Address.Port() == 8080 {
+					return !s.Eligible
+				}
+			}
+			return false
+		})
+		before := sb.accepted.Load()
+		for i := range 4 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("connection %d with backend a unhealthy: %v", i, err)
+			}
+		}
+		if got := sb.accepted.Load() - before; got != 4 {
+			t.Errorf("the healthy backend took %d of 4 new connections", got)
+		}
+	})
+}
+
+// UDP datagrams reach a backend and the answers come back.
+func TestEnginesUDP(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		pc, err := n.backendNS.ListenPacket("udp", netip.AddrPortFrom(backendIP, 5353).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		go func() {
+			buf := make([]byte, 1500)
+			for {
+				m, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = pc.WriteTo(buf[:m], from)
+			}
+		}()
+		fe := frontendOn(53, Backend{Address: backendIP.String(), Port: 5353})
+		fe.Protocol = UDP
+		n.apply(t, fe)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c, err := n.client.DialContext(ctx, "udp", netip.AddrPortFrom(frontendIP, 53).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for i := range 3 {
+			if err := roundTrip(c, []byte(fmt.Sprintf("datagram %d", i))); err != nil {
+				t.Fatalf("datagram %d: %v", i, err)
+			}
+		}
+	})
+}
+
+// A restart of the data plane: the kernel engine's flows survive it (the
+// kernel holds them, and the table stays until the next data plane
+// replaces it); the proxy engine's cannot, its process holds them.
+func TestEnginesRestart(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, _ := n.echo(t, 8080)
+		n.apply(t, frontendOn(80, a))
+		c, err := n.dial(t, 80)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		err = roundTrip(c, []byte("during the restart"))
+		switch n.engine {
+		case EngineKernel:
+			if err != nil {
+				t.Errorf("an established flow broke while the data plane was down: %v", err)
+			}
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Errorf("a new flow while the data plane was down: %v", err)
+			}
+		case EngineProxy:
+			if err == nil {
+				t.Error("the proxy engine kept a connection after Close; this test's premise is wrong")
+			}
+		}
+		n.d = newDataPlane(t, Options{Engine: n.engine, KernelNetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
+		n.apply(t, frontendOn(80, a))
+		if err := n.roundTripNew(t, 80); err != nil {
+			t.Errorf("a new connection after the restart: %v", err)
+		}
+		if n.engine == EngineKernel {
+			if err := roundTrip(c, []byte("after the restart")); err != nil {
+				t.Errorf("an established flow broke when the new data plane replaced the table: %v", err)
+			}
+		}
+	})
+}
+
+// Auto picks the kernel for a frontend that needs nothing only the proxy
+// can do, the proxy otherwise; Kernel asked for a proxy-only feature is
+// refused with the reason.
+func TestEngineChoice(t *testing.T) {
+	n := newEngineNet(t, EngineAuto)
+	a, _ := n.echo(t, 8080)
+	plain := frontendOn(80, a)
+	proxied := frontendOn(81, a)
+	proxied.ProxyProtocol = true
+	n.apply(t, plain, proxied)
+	n.d.mu.Lock()
+	for _, f := range n.d.frontends {
+		if want := f.set.Load().cfg.Name == plain.Name; f.kernel != want {
+			t.Errorf("frontend %s: kernel engine %v, want %v", f.set.Load().cfg.Name, f.kernel, want)
+		}
+	}
+	n.d.mu.Unlock()
+	if err := n.roundTripNew(t, 80); err != nil {
+		t.Errorf("through the kernel engine: %v", err)
+	}
+
+	bad := proxied
+	bad.Engine = EngineKernel
+	_, err := Config{Frontends: []Frontend{bad}}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "proxyProtocol needs the proxy engine") {
+		t.Errorf("Kernel with proxyProtocol: %v; want an error saying it needs the proxy engine", err)
+	}
+}
+
+// A removed backend's established connections end at the drain timeout.
+func TestEnginesDrainTimeout(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, _ := n.echo(t, 8080)
+		b, _ := n.echo(t, 8081)
+		fe := frontendOn(80, a)
+		fe.DrainTimeout.Duration = 300 * time.Millisecond
+		n.apply(t, fe)
+		c, err := n.dial(t, 80)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		fe.Backends = []Backend{b}
+		n.apply(t, fe)
+		if err := roundTrip(c, []byte("within the drain timeout")); err != nil {
+			t.Fatalf("right after the removal: %v", err)
+		}
+		waitFor(t, "the connection to end at the drain timeout", func() bool { return roundTrip(c, []byte("later")) != nil })
+	})
+}
