@@ -242,17 +242,29 @@ type BackendStatus struct {
 }
 
 // Status returns every configured backend, sorted by frontend and address.
+// A kernel-engine backend's Active is the number of its flows in the
+// kernel's connection tracking.
 func (d *DataPlane) Status() []BackendStatus {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	var out []BackendStatus
+	kernel := map[frontendKey]bool{}
+	// The kernel-engine backends: their index in out and their flows.
+	type kernelBackend struct {
+		at    int
+		flows flowKey
+	}
+	var kernelAt []kernelBackend
 	for _, f := range d.frontends {
 		set := f.set.Load()
+		if f.kernel {
+			kernel[f.key] = true
+		}
 		for _, b := range set.backends {
 			p := b.probe.Load()
 			eligible := b.eligible()
 			if f.kernel {
 				eligible = b.inKernel.Load()
+				kernelAt = append(kernelAt, kernelBackend{at: len(out), flows: flowKey{frontend: f.key, backend: b.key}})
 			}
 			out = append(out, BackendStatus{
 				Frontend: set.cfg.Name, Address: b.key, Owner: b.owner,
@@ -260,6 +272,17 @@ func (d *DataPlane) Status() []BackendStatus {
 				Healthy:    p == nil || p.healthy.Load(), Confirmed: p == nil || p.confirmed.Load(),
 				Eligible: eligible, Active: b.active.Load(),
 			})
+		}
+	}
+	d.mu.Unlock()
+	if len(kernelAt) > 0 {
+		// Outside the lock: the conntrack table may be long.
+		counts, err := d.kernel.activeFlows(kernel)
+		if err != nil {
+			d.log.Error(err, "Counting the kernel engine's flows; reporting none")
+		}
+		for _, k := range kernelAt {
+			out[k.at].Active = counts[k.flows]
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {

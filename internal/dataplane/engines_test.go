@@ -417,3 +417,37 @@ func TestEnginesDrainTimeout(t *testing.T) {
 		waitFor(t, "the connection to end at the drain timeout", func() bool { return roundTrip(c, []byte("later")) != nil })
 	})
 }
+
+// Status counts each backend's established connections while they last,
+// in the kernel engine from connection tracking (NodeMaintenance waits on
+// this count through the load balancers' reports).
+func TestEnginesCountActiveConnections(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, _ := n.echo(t, 8080)
+		n.apply(t, frontendOn(80, a))
+		var open []net.Conn
+		for range 3 {
+			c, err := n.dial(t, 80)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := roundTrip(c, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			open = append(open, c)
+		}
+		active := func() int64 {
+			var sum int64
+			for _, s := range n.d.Status() {
+				sum += s.Active
+			}
+			return sum
+		}
+		waitFor(t, "3 active connections", func() bool { return active() == 3 })
+		for _, c := range open {
+			_ = c.Close()
+		}
+		waitFor(t, "no active connection once they closed", func() bool { return active() == 0 })
+	})
+}

@@ -292,6 +292,55 @@ func (k *kernelEngine) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 	return nil
 }
 
+// flowKey names the flows of one backend of one frontend.
+type flowKey struct {
+	frontend frontendKey
+	backend  netip.AddrPort
+}
+
+// activeFlows counts the flows the kernel carries for the kernel
+// frontends, by frontend and backend: TCP connections until they close
+// (TIME_WAIT and CLOSE are over), UDP flows until conntrack forgets them.
+func (k *kernelEngine) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error) {
+	h, err := vnetlink.NewHandle()
+	if k.netns != 0 {
+		h, err = vnetlink.NewHandleAt(netns.NsHandle(k.netns))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink: %w", err)
+	}
+	defer h.Close()
+	flows, err := h.ConntrackTableList(vnetlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		return nil, fmt.Errorf("listing conntrack entries: %w", err)
+	}
+	out := map[flowKey]int64{}
+	for _, f := range flows {
+		proto := TCP
+		switch f.Forward.Protocol {
+		case unix.IPPROTO_TCP:
+			if tcp, ok := f.ProtoInfo.(*vnetlink.ProtoInfoTCP); ok && tcp.State >= tcpConntrackTimeWait {
+				continue
+			}
+		case unix.IPPROTO_UDP:
+			proto = UDP
+		default:
+			continue
+		}
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+		src, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
+		fe := frontendKey{addr: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort), protocol: proto}
+		if frontends[fe] {
+			out[flowKey{frontend: fe, backend: netip.AddrPortFrom(src.Unmap(), f.Reverse.SrcPort)}]++
+		}
+	}
+	return out, nil
+}
+
+// tcpConntrackTimeWait is TCP_CONNTRACK_TIME_WAIT; CLOSE and the states
+// after it are over too.
+const tcpConntrackTimeWait = 7
+
 // translatedTo matches the conntrack entries of flows that a frontend's
 // rules translated to one backend: sent to the frontend's address and
 // port, answered by the backend's.
