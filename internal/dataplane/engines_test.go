@@ -92,6 +92,25 @@ func (n *engineNet) dial(t *testing.T, port uint16) (net.Conn, error) {
 	return n.client.DialContext(ctx, "tcp", netip.AddrPortFrom(frontendIP, port).String())
 }
 
+// established opens count connections from the client, each with one
+// round trip done, closed when the test ends.
+func (n *engineNet) established(t *testing.T, port uint16, count int) []net.Conn {
+	t.Helper()
+	var out []net.Conn
+	for range count {
+		c, err := n.dial(t, port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // roundTripNew opens a connection from the client, does one round trip
 // and closes it.
 func (n *engineNet) roundTripNew(t *testing.T, port uint16) error {
@@ -143,18 +162,7 @@ func TestEnginesAdminDown(t *testing.T) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
 		n.apply(t, frontendOn(80, a, b))
-		var open []net.Conn
-		for range 2 {
-			c, err := n.dial(t, 80)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := roundTrip(c, []byte("x")); err != nil {
-				t.Fatal(err)
-			}
-			open = append(open, c)
-		}
+		open := n.established(t, 80, 2)
 		if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
 			t.Fatal(err)
 		}
@@ -230,14 +238,7 @@ func TestEnginesRemovedBackendDrains(t *testing.T) {
 		a, sa := n.echo(t, 8080)
 		b, _ := n.echo(t, 8081)
 		n.apply(t, frontendOn(80, a))
-		c, err := n.dial(t, 80)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := roundTrip(c, []byte("x")); err != nil {
-			t.Fatal(err)
-		}
+		c := n.established(t, 80, 1)[0]
 		n.apply(t, frontendOn(80, b))
 		for i := range 4 {
 			if err := n.roundTripNew(t, 80); err != nil {
@@ -260,7 +261,9 @@ func TestEnginesProbeTakesABackendOut(t *testing.T) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
 		fe := frontendOn(80, a, b)
-		fe.HealthCheck = &HealthCheck{Protocol: ProbeTCP, Interval: Duration{100 * time.Millisecond}, UnhealthyThreshold: 1, HealthyThreshold: 1}
+		// A short interval, but a timeout long enough that a busy machine
+		// does not fail the healthy backend's probe.
+		fe.HealthCheck = &HealthCheck{Protocol: ProbeTCP, Interval: Duration{100 * time.Millisecond}, Timeout: Duration{2 * time.Second}, UnhealthyThreshold: 1, HealthyThreshold: 1}
 		n.apply(t, fe)
 		_ = sa.ln.Close() // a stops accepting: its probe fails
 		waitFor(t, "backend a's probe to fail and take it out", func() bool {
@@ -326,18 +329,11 @@ func TestEnginesRestart(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, n *engineNet) {
 		a, _ := n.echo(t, 8080)
 		n.apply(t, frontendOn(80, a))
-		c, err := n.dial(t, 80)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := roundTrip(c, []byte("x")); err != nil {
-			t.Fatal(err)
-		}
+		c := n.established(t, 80, 1)[0]
 		if err := n.d.Close(); err != nil {
 			t.Fatal(err)
 		}
-		err = roundTrip(c, []byte("during the restart"))
+		err := roundTrip(c, []byte("during the restart"))
 		switch n.engine {
 		case EngineKernel:
 			if err != nil {
@@ -401,14 +397,7 @@ func TestEnginesDrainTimeout(t *testing.T) {
 		fe := frontendOn(80, a)
 		fe.DrainTimeout.Duration = 300 * time.Millisecond
 		n.apply(t, fe)
-		c, err := n.dial(t, 80)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := roundTrip(c, []byte("x")); err != nil {
-			t.Fatal(err)
-		}
+		c := n.established(t, 80, 1)[0]
 		fe.Backends = []Backend{b}
 		n.apply(t, fe)
 		if err := roundTrip(c, []byte("within the drain timeout")); err != nil {
@@ -425,18 +414,7 @@ func TestEnginesCountActiveConnections(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, n *engineNet) {
 		a, _ := n.echo(t, 8080)
 		n.apply(t, frontendOn(80, a))
-		var open []net.Conn
-		for range 3 {
-			c, err := n.dial(t, 80)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := roundTrip(c, []byte("x")); err != nil {
-				t.Fatal(err)
-			}
-			open = append(open, c)
-		}
+		open := n.established(t, 80, 3)
 		active := func() int64 {
 			var sum int64
 			for _, s := range n.d.Status() {
