@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ebbdev/ebb/internal/loopback"
 )
 
 // lbProcess is a load balancer under test: ebb or HAProxy, pinned to one
@@ -207,13 +209,13 @@ backend be
 	return p, nil
 }
 
+// freeAddr is a loopback address of its own and a port free on it.
 func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	at, err := loopback.FreeAddr("tcp")
 	if err != nil {
 		panic(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return at.String()
 }
 
 // profileCPU saves a CPU profile of ebb taken over d to path.

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ebbdev/ebb/internal/loopback"
 )
 
 // testBackend is a TCP echo server on loopback that counts connections.
@@ -83,23 +85,15 @@ func (b *testBackend) backend() Backend {
 	return Backend{Address: ap.Addr().String(), Port: ap.Port(), Owner: "node-" + ap.String()}
 }
 
-// freeAddr returns a loopback address and port free a moment ago.
+// freeAddr returns a loopback address and port free a moment ago, on an
+// address of its own (see loopback.FreeAddr).
 func freeAddr(t *testing.T, network string) netip.AddrPort {
 	t.Helper()
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		return c.LocalAddr().(*net.UDPAddr).AddrPort()
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	at, err := loopback.FreeAddr(network)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
+	return at
 }
 
 func newDataPlane(t *testing.T, opts Options) *DataPlane {

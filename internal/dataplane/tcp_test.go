@@ -88,8 +88,10 @@ func TestAllBackendsDownRefusesFast(t *testing.T) {
 	be := a.backend()
 	be.AdminState = AdminDown
 	mustApply(t, d, tcpFrontend("web", at, be))
-	start := time.Now()
-	// The reset may already fail the dial, or else the first read.
+	// The reset may already fail the dial, or else the first read. A
+	// client left hanging instead would hit the read deadline: a timeout,
+	// which fails the test without a wall-clock bound that a loaded
+	// machine could break.
 	c, err := net.Dial("tcp", at.String())
 	if err == nil {
 		defer c.Close()
@@ -98,9 +100,6 @@ func TestAllBackendsDownRefusesFast(t *testing.T) {
 	}
 	if err == nil || errors.Is(err, errTimeout(err)) {
 		t.Fatalf("connecting to a frontend without eligible backends: %v; want a reset", err)
-	}
-	if took := time.Since(start); took > 200*time.Millisecond {
-		t.Errorf("refusal took %s", took)
 	}
 	if a.accepted.Load() != 0 {
 		t.Error("the admin Down backend got a connection")

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ebbdev/ebb/internal/loopback"
 )
 
 // namedBackend answers each connection with its name.
@@ -40,12 +42,11 @@ func namedBackend(t *testing.T, name string) (string, *atomic.Int64) {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	at, err := loopback.FreeAddr("tcp")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return at.String()
 }
 
 func ask(addr string) (string, error) {
