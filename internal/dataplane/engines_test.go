@@ -15,28 +15,34 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
 
-// The behaviour table below runs against both engines on a small network
-// the test makes: a client host (10.2.0.2) routed through the load
-// balancer's host (10.2.0.1 and 10.1.0.1, the frontend address 10.9.0.1
-// local to it) to a backend host (10.1.0.2) that has no route back to the
-// client, so that replies come back through the load balancer only if it
-// translates the source too.
-var (
-	frontendIP = netip.MustParseAddr("10.9.0.1")
-	backendIP  = netip.MustParseAddr("10.1.0.2")
-	clientIP   = netip.MustParseAddr("10.2.0.2")
-)
+// The behaviour table below runs against both engines on a small
+// dual-stack network the test makes: a client host (10.2.0.2, fd00:2::2)
+// routed through the load balancer's host (10.2.0.1 and 10.1.0.1, fd00:2::1
+// and fd00:1::1; the frontend addresses 10.9.0.1 and fd00:9::1 local to
+// it) to a backend host (10.1.0.2, fd00:1::2) that has no route back to
+// the client, so that replies come back through the load balancer only if
+// it translates the source too.
+type addressPlan struct {
+	frontend, backend, client, lbToBackend netip.Addr
+}
 
-// engineNet is the test network and a data plane of one engine on it.
+var plans = map[string]addressPlan{
+	"IPv4": {frontend: netip.MustParseAddr("10.9.0.1"), backend: netip.MustParseAddr("10.1.0.2"), client: netip.MustParseAddr("10.2.0.2"), lbToBackend: netip.MustParseAddr("10.1.0.1")},
+	"IPv6": {frontend: netip.MustParseAddr("fd00:9::1"), backend: netip.MustParseAddr("fd00:1::2"), client: netip.MustParseAddr("fd00:2::2"), lbToBackend: netip.MustParseAddr("fd00:1::1")},
+}
+
+// engineNet is the test network and a data plane of one engine on it,
+// used through the addresses of one family.
 type engineNet struct {
 	engine                Engine
+	ip                    addressPlan
 	client, lb, backendNS *network.Host
 	d                     *DataPlane
 }
 
-func newEngineNet(t *testing.T, engine Engine) *engineNet {
+func newEngineNet(t *testing.T, engine Engine, family string) *engineNet {
 	t.Helper()
-	n := &engineNet{engine: engine}
+	n := &engineNet{engine: engine, ip: plans[family]}
 	for _, h := range []struct {
 		name string
 		to   **network.Host
@@ -55,11 +61,15 @@ func newEngineNet(t *testing.T, engine Engine) *engineNet {
 		}
 	}
 	pfx := netip.MustParsePrefix
-	must(network.LinkHosts(n.lb, "to-client", []netip.Prefix{pfx("10.2.0.1/24")}, n.client, "eth0", []netip.Prefix{pfx("10.2.0.2/24")}))
-	must(network.LinkHosts(n.lb, "to-backend", []netip.Prefix{pfx("10.1.0.1/24")}, n.backendNS, "eth0", []netip.Prefix{pfx("10.1.0.2/24")}))
+	must(network.LinkHosts(n.lb, "to-client", []netip.Prefix{pfx("10.2.0.1/24"), pfx("fd00:2::1/64")}, n.client, "eth0", []netip.Prefix{pfx("10.2.0.2/24"), pfx("fd00:2::2/64")}))
+	must(network.LinkHosts(n.lb, "to-backend", []netip.Prefix{pfx("10.1.0.1/24"), pfx("fd00:1::1/64")}, n.backendNS, "eth0", []netip.Prefix{pfx("10.1.0.2/24"), pfx("fd00:1::2/64")}))
 	must(n.client.AddRoute(pfx("10.9.0.0/24"), netip.MustParseAddr("10.2.0.1")))
-	must(n.lb.AddAddress("lo", netip.PrefixFrom(frontendIP, 32)))
+	must(n.client.AddRoute(pfx("fd00:9::/64"), netip.MustParseAddr("fd00:2::1")))
+	for _, plan := range plans {
+		must(n.lb.AddAddress("lo", netip.PrefixFrom(plan.frontend, plan.frontend.BitLen())))
+	}
 	must(n.lb.SetSysctl("net/ipv4/ip_forward", "1"))
+	must(n.lb.SetSysctl("net/ipv6/conf/all/forwarding", "1"))
 	n.d = newDataPlane(t, Options{Engine: engine, KernelNetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
 	return n
 }
@@ -77,19 +87,19 @@ func (n *engineNet) apply(t *testing.T, fs ...Frontend) {
 // Backend.
 func (n *engineNet) echo(t *testing.T, port uint16) (Backend, *testBackend) {
 	t.Helper()
-	ln, err := n.backendNS.Listen("tcp", netip.AddrPortFrom(backendIP, port).String())
+	ln, err := n.backendNS.Listen("tcp", netip.AddrPortFrom(n.ip.backend, port).String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := serveEcho(t, ln)
-	return Backend{Address: backendIP.String(), Port: port, Owner: fmt.Sprintf("node-%d", port)}, b
+	return Backend{Address: n.ip.backend.String(), Port: port, Owner: fmt.Sprintf("node-%d", port)}, b
 }
 
 func (n *engineNet) dial(t *testing.T, port uint16) (net.Conn, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return n.client.DialContext(ctx, "tcp", netip.AddrPortFrom(frontendIP, port).String())
+	return n.client.DialContext(ctx, "tcp", netip.AddrPortFrom(n.ip.frontend, port).String())
 }
 
 // established opens count connections from the client, each with one
@@ -123,13 +133,24 @@ func (n *engineNet) roundTripNew(t *testing.T, port uint16) error {
 	return roundTrip(c, []byte("hello"))
 }
 
-func frontendOn(port uint16, backends ...Backend) Frontend {
-	return Frontend{Name: fmt.Sprintf("fe-%d", port), Address: frontendIP.String(), Port: port, Backends: backends}
+func (n *engineNet) frontendOn(port uint16, backends ...Backend) Frontend {
+	return Frontend{Name: fmt.Sprintf("fe-%d", port), Address: n.ip.frontend.String(), Port: port, Backends: backends}
 }
 
+// forEachEngine runs test against each engine, over IPv4.
 func forEachEngine(t *testing.T, test func(t *testing.T, n *engineNet)) {
 	for _, e := range []Engine{EngineProxy, EngineKernel} {
-		t.Run(string(e), func(t *testing.T) { test(t, newEngineNet(t, e)) })
+		t.Run(string(e), func(t *testing.T) { test(t, newEngineNet(t, e, "IPv4")) })
+	}
+}
+
+// forEachEngineAndFamily runs test against each engine, over IPv4 and
+// over IPv6.
+func forEachEngineAndFamily(t *testing.T, test func(t *testing.T, n *engineNet)) {
+	for _, e := range []Engine{EngineProxy, EngineKernel} {
+		for _, family := range []string{"IPv4", "IPv6"} {
+			t.Run(string(e)+"/"+family, func(t *testing.T) { test(t, newEngineNet(t, e, family)) })
+		}
 	}
 }
 
@@ -137,10 +158,10 @@ func forEachEngine(t *testing.T, test func(t *testing.T, n *engineNet)) {
 // the load balancer's address, not the client's (both engines translate
 // the source).
 func TestEnginesSpreadAndTranslate(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, n *engineNet) {
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
-		n.apply(t, frontendOn(80, a, b))
+		n.apply(t, n.frontendOn(80, a, b))
 		for i := range 10 {
 			if err := n.roundTripNew(t, 80); err != nil {
 				t.Fatalf("connection %d: %v", i, err)
@@ -149,8 +170,8 @@ func TestEnginesSpreadAndTranslate(t *testing.T) {
 		if sa.accepted.Load() != 5 || sb.accepted.Load() != 5 {
 			t.Errorf("10 connections split %d/%d, want 5/5 (round robin)", sa.accepted.Load(), sb.accepted.Load())
 		}
-		if from := sa.lastPeer(); from.Addr() != netip.MustParseAddr("10.1.0.1") {
-			t.Errorf("the backend saw the client as %s, want the load balancer's 10.1.0.1", from)
+		if from := sa.lastPeer(); from.Addr() != n.ip.lbToBackend {
+			t.Errorf("the backend saw the client as %s, want the load balancer's %s", from, n.ip.lbToBackend)
 		}
 	})
 }
@@ -158,10 +179,10 @@ func TestEnginesSpreadAndTranslate(t *testing.T) {
 // Admin Down: established connections continue, new ones go elsewhere;
 // every backend Down: a new connection is reset at once.
 func TestEnginesAdminDown(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, n *engineNet) {
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
-		n.apply(t, frontendOn(80, a, b))
+		n.apply(t, n.frontendOn(80, a, b))
 		open := n.established(t, 80, 2)
 		if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
 			t.Fatal(err)
@@ -197,12 +218,12 @@ func TestEnginesAdminDown(t *testing.T) {
 
 // Source ranges: only the listed prefixes are served, others are refused.
 func TestEnginesSourceRanges(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, n *engineNet) {
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
 		a, _ := n.echo(t, 8080)
-		allowed := frontendOn(80, a)
-		allowed.SourceRanges = []string{netip.PrefixFrom(clientIP, 24).Masked().String()}
-		denied := frontendOn(81, a)
-		denied.SourceRanges = []string{"10.3.0.0/16", "192.0.2.0/24"}
+		allowed := n.frontendOn(80, a)
+		allowed.SourceRanges = []string{netip.PrefixFrom(n.ip.client, n.ip.client.BitLen()-8).Masked().String()}
+		denied := n.frontendOn(81, a)
+		denied.SourceRanges = []string{"10.3.0.0/16", "192.0.2.0/24", "fd00:3::/64"}
 		n.apply(t, allowed, denied)
 		if err := n.roundTripNew(t, 80); err != nil {
 			t.Errorf("a client in the source range: %v", err)
@@ -219,7 +240,7 @@ func TestEnginesWeights(t *testing.T) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
 		a.Weight = 2
-		n.apply(t, frontendOn(80, a, b))
+		n.apply(t, n.frontendOn(80, a, b))
 		for i := range 9 {
 			if err := n.roundTripNew(t, 80); err != nil {
 				t.Fatalf("connection %d: %v", i, err)
@@ -237,9 +258,9 @@ func TestEnginesRemovedBackendDrains(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, n *engineNet) {
 		a, sa := n.echo(t, 8080)
 		b, _ := n.echo(t, 8081)
-		n.apply(t, frontendOn(80, a))
+		n.apply(t, n.frontendOn(80, a))
 		c := n.established(t, 80, 1)[0]
-		n.apply(t, frontendOn(80, b))
+		n.apply(t, n.frontendOn(80, b))
 		for i := range 4 {
 			if err := n.roundTripNew(t, 80); err != nil {
 				t.Fatalf("new connection %d after the removal: %v", i, err)
@@ -260,7 +281,7 @@ func TestEnginesProbeTakesABackendOut(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, n *engineNet) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
-		fe := frontendOn(80, a, b)
+		fe := n.frontendOn(80, a, b)
 		// A short interval, but a timeout long enough that a busy machine
 		// does not fail the healthy backend's probe.
 		fe.HealthCheck = &HealthCheck{Protocol: ProbeTCP, Interval: Duration{100 * time.Millisecond}, Timeout: Duration{2 * time.Second}, UnhealthyThreshold: 1, HealthyThreshold: 1}
@@ -288,8 +309,8 @@ func TestEnginesProbeTakesABackendOut(t *testing.T) {
 
 // UDP datagrams reach a backend and the answers come back.
 func TestEnginesUDP(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, n *engineNet) {
-		pc, err := n.backendNS.ListenPacket("udp", netip.AddrPortFrom(backendIP, 5353).String())
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
+		pc, err := n.backendNS.ListenPacket("udp", netip.AddrPortFrom(n.ip.backend, 5353).String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,12 +325,12 @@ func TestEnginesUDP(t *testing.T) {
 				_, _ = pc.WriteTo(buf[:m], from)
 			}
 		}()
-		fe := frontendOn(53, Backend{Address: backendIP.String(), Port: 5353})
+		fe := n.frontendOn(53, Backend{Address: n.ip.backend.String(), Port: 5353})
 		fe.Protocol = UDP
 		n.apply(t, fe)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		c, err := n.client.DialContext(ctx, "udp", netip.AddrPortFrom(frontendIP, 53).String())
+		c, err := n.client.DialContext(ctx, "udp", netip.AddrPortFrom(n.ip.frontend, 53).String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -328,7 +349,7 @@ func TestEnginesUDP(t *testing.T) {
 func TestEnginesRestart(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, n *engineNet) {
 		a, _ := n.echo(t, 8080)
-		n.apply(t, frontendOn(80, a))
+		n.apply(t, n.frontendOn(80, a))
 		c := n.established(t, 80, 1)[0]
 		if err := n.d.Close(); err != nil {
 			t.Fatal(err)
@@ -348,7 +369,7 @@ func TestEnginesRestart(t *testing.T) {
 			}
 		}
 		n.d = newDataPlane(t, Options{Engine: n.engine, KernelNetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
-		n.apply(t, frontendOn(80, a))
+		n.apply(t, n.frontendOn(80, a))
 		if err := n.roundTripNew(t, 80); err != nil {
 			t.Errorf("a new connection after the restart: %v", err)
 		}
@@ -364,10 +385,10 @@ func TestEnginesRestart(t *testing.T) {
 // can do, the proxy otherwise; Kernel asked for a proxy-only feature is
 // refused with the reason.
 func TestEngineChoice(t *testing.T) {
-	n := newEngineNet(t, EngineAuto)
+	n := newEngineNet(t, EngineAuto, "IPv4")
 	a, _ := n.echo(t, 8080)
-	plain := frontendOn(80, a)
-	proxied := frontendOn(81, a)
+	plain := n.frontendOn(80, a)
+	proxied := n.frontendOn(81, a)
 	proxied.ProxyProtocol = true
 	n.apply(t, plain, proxied)
 	n.d.mu.Lock()
@@ -391,10 +412,10 @@ func TestEngineChoice(t *testing.T) {
 
 // A removed backend's established connections end at the drain timeout.
 func TestEnginesDrainTimeout(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, n *engineNet) {
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
 		a, _ := n.echo(t, 8080)
 		b, _ := n.echo(t, 8081)
-		fe := frontendOn(80, a)
+		fe := n.frontendOn(80, a)
 		fe.DrainTimeout.Duration = 300 * time.Millisecond
 		n.apply(t, fe)
 		c := n.established(t, 80, 1)[0]
@@ -411,9 +432,9 @@ func TestEnginesDrainTimeout(t *testing.T) {
 // in the kernel engine from connection tracking (NodeMaintenance waits on
 // this count through the load balancers' reports).
 func TestEnginesCountActiveConnections(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, n *engineNet) {
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
 		a, _ := n.echo(t, 8080)
-		n.apply(t, frontendOn(80, a))
+		n.apply(t, n.frontendOn(80, a))
 		open := n.established(t, 80, 3)
 		active := func() int64 {
 			var sum int64
@@ -428,4 +449,30 @@ func TestEnginesCountActiveConnections(t *testing.T) {
 		}
 		waitFor(t, "no active connection once they closed", func() bool { return active() == 0 })
 	})
+}
+
+// The kernel engine serves IPv4 and IPv6 frontends at once (two tables,
+// one transaction), and refuses a frontend whose backends are of the other
+// family.
+func TestKernelEngineServesBothFamiliesAtOnce(t *testing.T) {
+	n := newEngineNet(t, EngineKernel, "IPv4")
+	v4, v6 := n.ip, plans["IPv6"]
+	a, _ := n.echo(t, 8080)
+	n.ip = v6
+	b, _ := n.echo(t, 8080)
+	fe6 := n.frontendOn(80, b)
+	fe6.Name = "fe-80-v6"
+	n.ip = v4
+	n.apply(t, n.frontendOn(80, a), fe6)
+	for _, plan := range []addressPlan{v4, v6} {
+		n.ip = plan
+		if err := n.roundTripNew(t, 80); err != nil {
+			t.Errorf("through %s: %v", plan.frontend, err)
+		}
+	}
+
+	mixed := Frontend{Name: "mixed", Address: v4.frontend.String(), Port: 81, Engine: EngineKernel, Backends: []Backend{b}}
+	if _, err := (Config{Frontends: []Frontend{mixed}}).Validate(); err == nil || !strings.Contains(err.Error(), "other address family") {
+		t.Errorf("an IPv4 kernel frontend with an IPv6 backend: %v; want an error naming the address family", err)
+	}
 }

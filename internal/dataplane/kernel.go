@@ -32,8 +32,8 @@ const (
 	EngineAuto Engine = "Auto"
 )
 
-// DefaultKernelTable is the nftables table (family ip) the kernel engine
-// owns.
+// DefaultKernelTable names the nftables tables (families ip and ip6) the
+// kernel engine owns.
 const DefaultKernelTable = "ebb"
 
 // kernelUnsupported says why a frontend cannot be served by the kernel
@@ -46,12 +46,11 @@ func kernelUnsupported(f *Frontend) string {
 		return "LeastConnections balancing needs the proxy engine (the kernel keeps no per-backend connection count to choose by)"
 	case f.Balancing == ClientIP:
 		return "ClientIP balancing is not implemented in the kernel engine yet: use the proxy engine"
-	case f.key().addr.Addr().Is6():
-		return "IPv6 frontends are not implemented in the kernel engine yet: use the proxy engine"
 	}
+	v4 := f.key().addr.Addr().Is4()
 	for _, b := range f.Backends {
-		if b.AddrPort().Addr().Is6() {
-			return "IPv6 backends are not implemented in the kernel engine yet: use the proxy engine"
+		if b.AddrPort().Addr().Unmap().Is4() != v4 {
+			return "backends of the other address family than the frontend's need the proxy engine (the kernel translates addresses within a family)"
 		}
 	}
 	return ""
@@ -69,11 +68,14 @@ type kernelEngine struct {
 	installed map[*frontend]installedFrontend
 }
 
-// installedFrontend is what the table holds for a frontend: the backend
-// set its rules were built from, and the backend of each map slot.
+// installedFrontend is what the tables hold for a frontend: the backend
+// set its rules were built from, its table and index there, and the
+// backend of each map slot.
 type installedFrontend struct {
-	set   *backendSet
-	slots []int
+	set    *backendSet
+	family nftables.TableFamily
+	index  int
+	slots  []int
 }
 
 func newKernelEngine(table string, netns int) *kernelEngine {
@@ -135,13 +137,14 @@ func ackBuffer(c *netlink.Conn) error {
 	return nil
 }
 
-// sync installs the rules of frontends. When the frontends and their
-// backend sets are those installed, only the backends map entries whose
-// backend changed are rewritten (the admin-state and probe path: two
-// messages for up to a thousand entries); otherwise the whole table is. Each
-// is one nftables transaction: either all of it applies or nothing does.
-// Flows already established keep their translation in conntrack whatever
-// the rules say; only new flows follow the new rules.
+// sync installs the rules of frontends, IPv4 ones in the table of family
+// ip, IPv6 ones in ip6. When the frontends and their backend sets are those
+// installed, only the backends map entries whose backend changed are
+// rewritten (the admin-state and probe path: two messages for up to a
+// thousand entries); otherwise both tables are rebuilt. Either is one
+// nftables transaction: all of it applies or nothing does. Flows already
+// established keep their translation in conntrack whatever the rules say;
+// only new flows follow the new rules.
 func (k *kernelEngine) sync(frontends []*frontend) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -152,22 +155,30 @@ func (k *kernelEngine) sync(frontends []*frontend) error {
 	slices.SortFunc(frontends, func(a, b *frontend) int {
 		return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
 	})
-	t := &nftables.Table{Name: k.table, Family: nftables.TableFamilyIPv4}
-	r := &kernelRuleset{table: t, conn: c, eligible: map[*backend]bool{}}
-	for _, f := range frontends {
-		for _, b := range f.set.Load().backends {
-			r.eligible[b] = b.eligible()
-		}
+	eligible := map[*backend]bool{}
+	want := make(map[*frontend]installedFrontend, len(frontends))
+	rulesets := map[nftables.TableFamily]*kernelRuleset{}
+	var families []*kernelRuleset // ip first, then ip6
+	for _, a := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
+		fam := familyOf(a)
+		r := &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, eligible: eligible}
+		rulesets[fam.table] = r
+		families = append(families, r)
 	}
-	slots := make(map[*frontend][]int, len(frontends))
+	index := map[nftables.TableFamily]int{}
 	for _, f := range frontends {
 		set := f.set.Load()
-		slots[f] = assignSlots(set, r.eligible, slotCount(set))
+		for _, b := range set.backends {
+			eligible[b] = b.eligible()
+		}
+		fam := familyOf(f.key.addr.Addr()).table
+		want[f] = installedFrontend{set: set, family: fam, index: index[fam], slots: assignSlots(set, eligible, slotCount(set))}
+		index[fam]++
 	}
-	if k.sameStructure(frontends) {
-		err = k.updateMaps(r, frontends, slots)
+	if k.sameStructure(want) {
+		err = k.updateMaps(rulesets, want)
 	} else {
-		err = k.rebuild(r, frontends, slots)
+		err = rebuild(families, frontends, want)
 	}
 	if err == nil {
 		err = c.Flush()
@@ -175,71 +186,86 @@ func (k *kernelEngine) sync(frontends []*frontend) error {
 	if err != nil {
 		k.dropConn()
 		k.installed = nil
-		return fmt.Errorf("installing the nftables table %s: %w", k.table, err)
+		return fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 	}
-	k.installed = map[*frontend]installedFrontend{}
+	k.installed = want
 	for _, f := range frontends {
-		set := f.set.Load()
-		k.installed[f] = installedFrontend{set: set, slots: slots[f]}
-		for _, b := range set.backends {
-			b.inKernel.Store(r.eligible[b])
+		for _, b := range want[f].set.backends {
+			b.inKernel.Store(eligible[b])
 		}
 	}
 	return nil
 }
 
-// sameStructure reports whether frontends and their backend sets are the
-// ones installed.
-func (k *kernelEngine) sameStructure(frontends []*frontend) bool {
-	if k.installed == nil || len(k.installed) != len(frontends) {
+// sameStructure reports whether the frontends, their backend sets and
+// their places in the tables are the ones installed.
+func (k *kernelEngine) sameStructure(want map[*frontend]installedFrontend) bool {
+	if k.installed == nil || len(k.installed) != len(want) {
 		return false
 	}
-	for _, f := range frontends {
-		if k.installed[f].set != f.set.Load() {
+	for f, w := range want {
+		if have, ok := k.installed[f]; !ok || have.set != w.set || have.family != w.family || have.index != w.index {
 			return false
 		}
 	}
 	return true
 }
 
-// rebuild replaces the whole table.
-func (k *kernelEngine) rebuild(r *kernelRuleset, frontends []*frontend, slots map[*frontend][]int) error {
-	// Add, delete, add: the table is replaced whether or not it existed
-	// (adding an existing table is no error; deleting a missing one is).
-	r.conn.AddTable(r.table)
-	r.conn.DelTable(r.table)
-	r.conn.AddTable(r.table)
-	if err := r.addBase(); err != nil {
-		return err
-	}
-	for i, f := range frontends {
-		if err := r.addFrontend(i, f.set.Load(), slots[f]); err != nil {
+// rebuild replaces both tables.
+func rebuild(families []*kernelRuleset, frontends []*frontend, want map[*frontend]installedFrontend) error {
+	for _, r := range families {
+		// Add, delete, add: the table is replaced whether or not it
+		// existed (adding an existing table is no error; deleting a
+		// missing one is).
+		r.conn.AddTable(r.table)
+		r.conn.DelTable(r.table)
+		r.conn.AddTable(r.table)
+		if err := r.addBase(); err != nil {
 			return err
 		}
 	}
-	return r.flushPending()
-}
-
-// updateMaps rewrites the backends map entries that changed since the
-// map was installed: one message of deletions, one of additions, for every
-// frontend at once.
-func (k *kernelEngine) updateMaps(r *kernelRuleset, frontends []*frontend, slots map[*frontend][]int) error {
-	var gone, added []nftables.SetElement
-	for i, f := range frontends {
-		g, a := changedSlots(i, f.set.Load(), k.installed[f].slots, slots[f])
-		gone, added = append(gone, g...), append(added, a...)
+	for _, f := range frontends {
+		w := want[f]
+		r := families[0]
+		if w.family != r.fam.table {
+			r = families[1]
+		}
+		if err := r.addFrontend(w.index, w.set, w.slots); err != nil {
+			return err
+		}
 	}
-	m := backendsMap(r.table)
-	if err := inChunks(gone, func(e []nftables.SetElement) error { return r.conn.SetDeleteElements(m, e) }); err != nil {
-		return fmt.Errorf("backends map: %w", err)
-	}
-	if err := inChunks(added, func(e []nftables.SetElement) error { return r.conn.SetAddElements(m, e) }); err != nil {
-		return fmt.Errorf("backends map: %w", err)
+	for _, r := range families {
+		if err := r.flushPending(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// remove deletes the table: new flows are no longer translated (flows
+// updateMaps rewrites the backends map entries that changed since the
+// maps were installed: per table, one message of deletions and one of
+// additions for every frontend at once (up to a thousand entries each).
+func (k *kernelEngine) updateMaps(rulesets map[nftables.TableFamily]*kernelRuleset, want map[*frontend]installedFrontend) error {
+	gone := map[nftables.TableFamily][]nftables.SetElement{}
+	added := map[nftables.TableFamily][]nftables.SetElement{}
+	for f, w := range want {
+		g, a := changedSlots(w.index, w.set, k.installed[f].slots, w.slots)
+		gone[w.family] = append(gone[w.family], g...)
+		added[w.family] = append(added[w.family], a...)
+	}
+	for fam, r := range rulesets {
+		m := backendsMap(r.table, r.fam)
+		if err := inChunks(gone[fam], func(e []nftables.SetElement) error { return r.conn.SetDeleteElements(m, e) }); err != nil {
+			return fmt.Errorf("backends map: %w", err)
+		}
+		if err := inChunks(added[fam], func(e []nftables.SetElement) error { return r.conn.SetAddElements(m, e) }); err != nil {
+			return fmt.Errorf("backends map: %w", err)
+		}
+	}
+	return nil
+}
+
+// remove deletes both tables: new flows are no longer translated (flows
 // already translated keep going as long as the host's NAT hooks run).
 func (k *kernelEngine) remove() error {
 	k.mu.Lock()
@@ -248,14 +274,16 @@ func (k *kernelEngine) remove() error {
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Name: k.table, Family: nftables.TableFamilyIPv4}
-	c.AddTable(t)
-	c.DelTable(t)
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		t := &nftables.Table{Name: k.table, Family: fam}
+		c.AddTable(t)
+		c.DelTable(t)
+	}
 	err = c.Flush()
 	k.dropConn()
 	k.installed = nil
 	if err != nil {
-		return fmt.Errorf("removing the nftables table %s: %w", k.table, err)
+		return fmt.Errorf("removing the nftables tables %s: %w", k.table, err)
 	}
 	return nil
 }
@@ -285,11 +313,18 @@ func (k *kernelEngine) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 		return fmt.Errorf("opening netlink: %w", err)
 	}
 	defer h.Close()
-	_, err = h.ConntrackDeleteFilters(vnetlink.ConntrackTable, unix.AF_INET, translatedTo{frontend: fe, backend: backend})
+	_, err = h.ConntrackDeleteFilters(vnetlink.ConntrackTable, inetFamily(fe.addr.Addr()), translatedTo{frontend: fe, backend: backend})
 	if err != nil {
 		return fmt.Errorf("deleting the conntrack entries of %s's flows to %s: %w", fe, backend, err)
 	}
 	return nil
+}
+
+func inetFamily(a netip.Addr) vnetlink.InetFamily {
+	if a.Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
 }
 
 // flowKey names the flows of one backend of one frontend.
@@ -310,9 +345,13 @@ func (k *kernelEngine) activeFlows(frontends map[frontendKey]bool) (map[flowKey]
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}
 	defer h.Close()
-	flows, err := h.ConntrackTableList(vnetlink.ConntrackTable, unix.AF_INET)
-	if err != nil {
-		return nil, fmt.Errorf("listing conntrack entries: %w", err)
+	var flows []*vnetlink.ConntrackFlow
+	for _, family := range []vnetlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		fs, err := h.ConntrackTableList(vnetlink.ConntrackTable, family)
+		if err != nil {
+			return nil, fmt.Errorf("listing conntrack entries: %w", err)
+		}
+		flows = append(flows, fs...)
 	}
 	out := map[flowKey]int64{}
 	for _, f := range flows {

@@ -16,9 +16,31 @@ import (
 // bit (0x4000), so that the two can share a host.
 const masqueradeMark = 0x20000
 
-// kernelRuleset is the whole nftables table of the kernel engine, built
-// from scratch on every change and installed in one transaction.
+// kernelFamily is what differs between the kernel engine's two tables,
+// ip and ip6.
+type kernelFamily struct {
+	table              nftables.TableFamily
+	nfproto            uint32
+	addrLen            uint32
+	saddrOff, daddrOff uint32 // in the network header
+	addrType           nftables.SetDatatype
+	// portReg is the 32-bit register after an address loaded into
+	// register 1: 9 after 4 bytes, 12 after 16.
+	portReg uint32
+}
+
+func familyOf(a netip.Addr) kernelFamily {
+	if a.Is4() {
+		return kernelFamily{table: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4, addrLen: 4, saddrOff: 12, daddrOff: 16, addrType: nftables.TypeIPAddr, portReg: 9}
+	}
+	return kernelFamily{table: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr, portReg: 12}
+}
+
+// kernelRuleset is one nftables table of the kernel engine (one per
+// address family), built from scratch or updated in place, installed in
+// one transaction with the other family's.
 type kernelRuleset struct {
+	fam      kernelFamily
 	table    *nftables.Table
 	services *nftables.Chain
 	conn     *nftables.Conn
@@ -38,8 +60,8 @@ type kernelRuleset struct {
 // from this host itself (output); flows it translated are masqueraded.
 func (r *kernelRuleset) addBase() error {
 	c := r.conn
-	r.backends = backendsMap(r.table)
-	r.backends.ID = 1
+	r.backends = backendsMap(r.table, r.fam)
+	r.backends.ID = uint32(r.fam.table) // unique within the transaction
 	if err := c.AddSet(r.backends, nil); err != nil {
 		return err
 	}
@@ -75,7 +97,7 @@ func (r *kernelRuleset) addFrontend(i int, set *backendSet, slots []int) error {
 	k := cfg.key()
 	fe := c.AddChain(&nftables.Chain{Name: fmt.Sprintf("fe-%d", i), Table: r.table})
 	pick := c.AddChain(&nftables.Chain{Name: pickChain(i), Table: r.table})
-	match := append(matchDestination(k.addr.Addr()), matchL4(k.protocol, k.addr.Port())...)
+	match := append(r.matchDestination(k.addr.Addr()), matchL4(k.protocol, k.addr.Port())...)
 	c.AddRule(&nftables.Rule{Table: r.table, Chain: r.services, UserData: []byte(cfg.Name),
 		Exprs: append(match, &expr.Verdict{Kind: expr.VerdictGoto, Chain: fe.Name})})
 	if len(cfg.SourceRanges) == 0 {
@@ -86,7 +108,10 @@ func (r *kernelRuleset) addFrontend(i int, set *backendSet, slots []int) error {
 		if err != nil {
 			return fmt.Errorf("frontend %q: source range %q: %w", cfg.Name, s, err)
 		}
-		c.AddRule(&nftables.Rule{Table: r.table, Chain: fe, Exprs: append(matchSource(p.Masked()), &expr.Verdict{Kind: expr.VerdictGoto, Chain: pick.Name})})
+		if p.Addr().Is4() != k.addr.Addr().Is4() {
+			continue // a range of the other family lets nobody in
+		}
+		c.AddRule(&nftables.Rule{Table: r.table, Chain: fe, Exprs: append(r.matchSource(p.Masked()), &expr.Verdict{Kind: expr.VerdictGoto, Chain: pick.Name})})
 	}
 	// Any other source falls through: no translation, a reset.
 	return r.addPick(i, set, pick, slots)
@@ -94,15 +119,12 @@ func (r *kernelRuleset) addFrontend(i int, set *backendSet, slots []int) error {
 
 func pickChain(i int) string { return fmt.Sprintf("fe-%d-pick", i) }
 
-// The backends map: key frontend index . slot, data the address . port the
-// slot translates to.
-var (
-	backendsKeyType, _  = nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger)
-	backendsDataType, _ = nftables.ConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
-)
-
-func backendsMap(t *nftables.Table) *nftables.Set {
-	return &nftables.Set{Table: t, Name: "backends", IsMap: true, KeyType: backendsKeyType, DataType: backendsDataType}
+// backendsMap is the map of every frontend's slots: key frontend index .
+// slot, data the address . port the slot translates to.
+func backendsMap(t *nftables.Table, fam kernelFamily) *nftables.Set {
+	key, _ := nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger)
+	data, _ := nftables.ConcatSetType(fam.addrType, nftables.TypeInetService)
+	return &nftables.Set{Table: t, Name: "backends", IsMap: true, KeyType: key, DataType: data}
 }
 
 // maxSlots bounds the slots of a frontend.
@@ -218,12 +240,12 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, sl
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
 		// The key, frontend index . slot, in the first two 32-bit
-		// registers (1 and 9); the lookup puts the address . port there,
-		// and DNAT takes them.
+		// registers (1 and 9); the lookup puts the address . port from
+		// register 1 on, and DNAT takes them.
 		&expr.Immediate{Register: 1, Data: u32(uint32(i))},
 		&expr.Numgen{Register: 9, Modulus: uint32(len(slots)), Type: unix.NFT_NG_INCREMENTAL},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: r.backends.Name, SetID: r.backends.ID},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 9, Specified: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.fam.nfproto, RegAddrMin: 1, RegProtoMin: r.fam.portReg, Specified: true},
 	}})
 	return nil
 }
@@ -267,21 +289,22 @@ func changedSlots(i int, set *backendSet, was, now []int) (gone, added []nftable
 	return gone, added
 }
 
-func matchDestination(a netip.Addr) []expr.Any {
+func (r *kernelRuleset) matchDestination(a netip.Addr) []expr.Any {
 	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.daddrOff, Len: r.fam.addrLen},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()},
 	}
 }
 
-func matchSource(p netip.Prefix) []expr.Any {
-	m := make([]byte, 4)
+func (r *kernelRuleset) matchSource(p netip.Prefix) []expr.Any {
+	n := r.fam.addrLen
+	m := make([]byte, n)
 	for b := range p.Bits() {
 		m[b/8] |= 0x80 >> (b % 8)
 	}
 	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: m, Xor: make([]byte, 4)},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.saddrOff, Len: n},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: m, Xor: make([]byte, n)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
 	}
 }
