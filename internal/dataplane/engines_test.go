@@ -476,3 +476,48 @@ func TestKernelEngineServesBothFamiliesAtOnce(t *testing.T) {
 		t.Errorf("an IPv4 kernel frontend with an IPv6 backend: %v; want an error naming the address family", err)
 	}
 }
+
+// ClientIP: every new connection of a client goes to one backend; when
+// that backend goes Down, the client moves to one other backend and stays
+// there.
+func TestEnginesClientIPAffinity(t *testing.T) {
+	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
+		var servers []*testBackend
+		var backends []Backend
+		for port := uint16(8080); port < 8084; port++ {
+			b, s := n.echo(t, port)
+			backends, servers = append(backends, b), append(servers, s)
+		}
+		fe := n.frontendOn(80, backends...)
+		fe.Balancing = ClientIP
+		n.apply(t, fe)
+		only := func(what string) int {
+			t.Helper()
+			before := make([]int64, len(servers))
+			for i, s := range servers {
+				before[i] = s.accepted.Load()
+			}
+			for i := range 8 {
+				if err := n.roundTripNew(t, 80); err != nil {
+					t.Fatalf("%s: connection %d: %v", what, i, err)
+				}
+			}
+			chosen := -1
+			for i, s := range servers {
+				if got := s.accepted.Load() - before[i]; got == 8 {
+					chosen = i
+				} else if got != 0 {
+					t.Fatalf("%s: backend %d took %d of 8 connections of one client; want all or none", what, i, got)
+				}
+			}
+			return chosen
+		}
+		first := only("affinity")
+		if _, err := n.d.SetOwnerAdminState(backends[first].Owner, AdminDown); err != nil {
+			t.Fatal(err)
+		}
+		if moved := only("after its backend went Down"); moved == first {
+			t.Errorf("the client stayed on backend %d, which is Down", first)
+		}
+	})
+}

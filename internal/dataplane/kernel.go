@@ -44,8 +44,6 @@ func kernelUnsupported(f *Frontend) string {
 		return "proxyProtocol needs the proxy engine (the kernel forwards packets; it writes no header)"
 	case f.Balancing == LeastConnections:
 		return "LeastConnections balancing needs the proxy engine (the kernel keeps no per-backend connection count to choose by)"
-	case f.Balancing == ClientIP:
-		return "ClientIP balancing is not implemented in the kernel engine yet: use the proxy engine"
 	}
 	v4 := f.key().addr.Addr().Is4()
 	for _, b := range f.Backends {

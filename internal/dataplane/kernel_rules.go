@@ -235,19 +235,37 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, sl
 			r.pending = append(r.pending, mapElement(i, set, s, j))
 		}
 	}
-	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: []expr.Any{
+	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-		// The key, frontend index . slot, in the first two 32-bit
-		// registers (1 and 9); the lookup puts the address . port from
-		// register 1 on, and DNAT takes them.
-		&expr.Immediate{Register: 1, Data: u32(uint32(i))},
-		&expr.Numgen{Register: 9, Modulus: uint32(len(slots)), Type: unix.NFT_NG_INCREMENTAL},
+	}, r.slotKey(i, set, len(slots))...)})
+	return nil
+}
+
+// clientHashSeed seeds the client-address hash of ClientIP frontends: the
+// same on every replica, so that they all send a client to one backend.
+const clientHashSeed = 0xebb
+
+// slotKey puts the backends map key, frontend index . slot, in the first
+// two 32-bit registers (1 and 9), looks it up (the address . port land
+// from register 1 on) and DNATs to the result. The slot is a counter
+// modulo the slots (round robin), or for ClientIP a hash of the client's
+// address modulo the slots: a client keeps its slot, and its slot keeps
+// its backend while that is eligible.
+func (r *kernelRuleset) slotKey(i int, set *backendSet, n int) []expr.Any {
+	key := []expr.Any{&expr.Immediate{Register: 1, Data: u32(uint32(i))}}
+	if set.cfg.Balancing == ClientIP {
+		key = append(key,
+			&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.saddrOff, Len: r.fam.addrLen},
+			&expr.Hash{SourceRegister: 9, DestRegister: 9, Length: r.fam.addrLen, Modulus: uint32(n), Seed: clientHashSeed, Type: expr.HashTypeJenkins})
+	} else {
+		key = append(key, &expr.Numgen{Register: 9, Modulus: uint32(n), Type: unix.NFT_NG_INCREMENTAL})
+	}
+	return append(key,
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: r.backends.Name, SetID: r.backends.ID},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.fam.nfproto, RegAddrMin: 1, RegProtoMin: r.fam.portReg, Specified: true},
-	}})
-	return nil
+	)
 }
 
 // flushPending adds the map entries the rules were built with.
