@@ -7,10 +7,15 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
-// maxDialAttempts bounds how many backends one new connection tries.
+// maxDialAttempts bounds how many backends one new connection tries that
+// do not refuse it at once (a timeout costs the connect timeout each).
+// Backends that refuse (a node whose kube-proxy has not programmed a new
+// Service's node port yet) cost a round trip each and do not count: every
+// eligible backend is tried once before the client is refused.
 const maxDialAttempts = 3
 
 // copyChunk is how much one splice call may move before the idle deadline
@@ -56,23 +61,24 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 }
 
 // dialBackend connects to an eligible backend for a client, trying the
-// next one when a dial fails, up to maxDialAttempts; nil when none
-// answers.
+// next one when a dial fails (see maxDialAttempts); nil when none answers.
 func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backend, net.Conn) {
-	var tried [maxDialAttempts]*backend
-	for attempt := range maxDialAttempts {
-		b := set.choose(client, tried[:attempt])
+	var tried []*backend // allocated only once a dial failed
+	for slow := 0; slow < maxDialAttempts; {
+		b := set.choose(client, tried)
 		if b == nil {
 			return nil, nil
 		}
-		tried[attempt] = b
 		conn, err := f.d.dial(connectDeadline{time.Now().Add(set.cfg.ConnectTimeout.Duration)}, network, b.addr)
-		if err != nil {
-			b.m.dialErrors.Inc()
-			f.d.log.V(4).Info("Dialing a backend failed", "frontend", set.cfg.Name, "backend", b.addr, "err", err.Error())
-			continue
+		if err == nil {
+			return b, conn
 		}
-		return b, conn
+		tried = append(tried, b)
+		b.m.dialErrors.Inc()
+		f.d.log.V(4).Info("Dialing a backend failed", "frontend", set.cfg.Name, "backend", b.addr, "err", err.Error())
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			slow++
+		}
 	}
 	return nil, nil
 }

@@ -145,13 +145,20 @@ func TestHalfClose(t *testing.T) {
 	}
 }
 
-// A dial failure moves a new connection on to the next eligible backend.
+// A dial failure moves a new connection on to the next eligible backend;
+// backends that refuse at once do not use up the attempts, so one
+// answering backend among many refusing ones serves every connection (a
+// new Service whose node port only one node has programmed yet).
 func TestDialFailureTriesNextBackend(t *testing.T) {
 	a := newTestBackend(t)
-	dead := freeAddr(t, "tcp") // nothing listens here
+	backends := []Backend{a.backend()}
+	for range 5 {
+		dead := freeAddr(t, "tcp") // nothing listens here: refused
+		backends = append(backends, Backend{Address: dead.Addr().String(), Port: dead.Port()})
+	}
 	d := newDataPlane(t, Options{})
 	at := freeAddr(t, "tcp")
-	mustApply(t, d, tcpFrontend("web", at, Backend{Address: dead.Addr().String(), Port: dead.Port()}, a.backend()))
+	mustApply(t, d, tcpFrontend("web", at, backends...))
 	for i := range 20 {
 		if err := dialRoundTrip(at.String()); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
