@@ -344,3 +344,26 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 	d.m.applySeconds.Observe(time.Since(start).Seconds())
 	return n, nil
 }
+
+// StopAccepting closes every frontend's TCP listener, the first step of a
+// graceful stop: established connections continue, and a new connection
+// finds no socket (the host refuses it). UDP sockets stay open until
+// Close, since a UDP flow has no connection to finish. Kernel-engine
+// frontends have no socket: the kernel keeps forwarding them after the
+// process is gone.
+func (d *DataPlane) StopAccepting() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, f := range d.frontends {
+		if f.tcp != nil {
+			_ = f.tcp.Close()
+		}
+	}
+}
+
+// Connections counts the user-space proxy's established TCP connections.
+func (d *DataPlane) Connections() int {
+	d.conns.mu.Lock()
+	defer d.conns.mu.Unlock()
+	return len(d.conns.conns)
+}

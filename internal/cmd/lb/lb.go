@@ -71,6 +71,9 @@ type Options struct {
 	BGPPeers []string
 	// BGPHoldTime applies to every peer.
 	BGPHoldTime time.Duration
+	// ShutdownDelay and ShutdownTimeout pace a graceful stop (see
+	// shutdown.go).
+	ShutdownDelay, ShutdownTimeout time.Duration
 	// Engine serves frontends that name none (dataplane.Options.Engine);
 	// KernelTable names the kernel engine's nftables table.
 	Engine      string
@@ -123,6 +126,8 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables table (family ip) of the kernel engine; it is left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
+	cmd.Flags().DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long to keep accepting new connections after withdrawing the BGP announcements, while the routers move new flows to other hosts (without BGP: none)")
+	cmd.Flags().DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long to keep serving established connections once no new ones are accepted; those left are then closed (keep shutdown-delay plus this under the pod's terminationGracePeriodSeconds)")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -159,8 +164,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	// A host that stops serving withdraws its announcements, then stops
-	// accepting the addresses.
+	// accepting the addresses (after the graceful stop, s.stop).
 	defer addrs.close(log)
+	var s stopper
 
 	if o.ConfigFile != "" {
 		// Before the first load, so a SIGHUP sent once the file serves
@@ -174,12 +180,13 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 		reloads.WithLabelValues("success").Inc()
 		log.Info("Serving", "config", o.ConfigFile)
-		stop, err := o.serveDebug(log, reg, func() bool { return true })
+		stop, err := o.serveDebug(log, reg, s.ready(func() bool { return true }))
 		if err != nil {
 			return err
 		}
 		defer stop()
 		o.followFile(ctx, log, dp, addrs, reloads, data, hup)
+		s.stop(log, o, dp, addrs)
 		return nil
 	}
 	syncer, err := o.syncer(dp)
@@ -197,15 +204,21 @@ func (o *Options) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		go reporter.Run(ctx)
+		// The report outlives ctx: it counts the connections down through
+		// the graceful stop.
+		reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopReports()
+		go reporter.Run(reportCtx)
 	}
-	stop, err := o.serveDebug(log, reg, syncer.Ready)
+	stop, err := o.serveDebug(log, reg, s.ready(syncer.Ready))
 	if err != nil {
 		return err
 	}
 	defer stop()
 	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
-	return syncer.Run(ctx)
+	err = syncer.Run(ctx)
+	s.stop(log, o, dp, addrs)
+	return err
 }
 
 // serveDebug serves /metrics, /healthz and /readyz (ready says when) on
@@ -430,10 +443,20 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 }
 
 // close withdraws every announcement, then removes the local routes.
-func (a *addressSinks) close(log logr.Logger) {
-	if a.bgp != nil {
-		a.bgp.Stop()
+// withdraw stops announcing the addresses (BGP withdraws its routes) and
+// reports whether there was anything announced; the host still accepts
+// them, for the established connections.
+func (a *addressSinks) withdraw() bool {
+	if a.bgp == nil {
+		return false
 	}
+	a.bgp.Stop()
+	a.bgp = nil
+	return true
+}
+
+func (a *addressSinks) close(log logr.Logger) {
+	a.withdraw()
 	if a.local != nil {
 		if err := a.local.Sync(nil); err != nil {
 			log.Error(err, "Removing the local routes of the load balancer's addresses")

@@ -245,3 +245,101 @@ func TestClusterModeRefusesAnInvalidClass(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+// echoBackend echoes on every connection until the test ends.
+func echoBackend(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func echoRoundTrip(c net.Conn, msg string) error {
+	if _, err := io.WriteString(c, msg); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, len(msg))
+	_, err := io.ReadFull(c, buf)
+	return err
+}
+
+// A graceful stop (SIGTERM cancels Run's context): new connections are
+// refused at once, an established one is served until it ends, and then
+// the process leaves; one still open at the shutdown timeout is closed.
+func TestStopServesEstablishedConnectionsUntilTheyEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+	}{{"connection ends first", 30 * time.Second}, {"timeout first", 300 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			fe := freePort(t)
+			file := filepath.Join(t.TempDir(), "lb.yaml")
+			replaceFile(t, file, config(fe, echoBackend(t)))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o := &Options{ConfigFile: file, PollInterval: time.Hour, ShutdownTimeout: tc.timeout}
+			done := make(chan error, 1)
+			go func() { done <- o.Run(ctx) }()
+			var long net.Conn
+			eventually(t, "serving", func() bool {
+				c, err := net.DialTimeout("tcp", fe, time.Second)
+				if err == nil && echoRoundTrip(c, "hello") == nil {
+					long = c
+					return true
+				}
+				return false
+			})
+			defer long.Close()
+
+			stopped := time.Now()
+			cancel()
+			eventually(t, "new connections to be refused", func() bool {
+				c, err := net.DialTimeout("tcp", fe, time.Second)
+				if err == nil {
+					c.Close()
+				}
+				return err != nil
+			})
+			if tc.timeout > time.Second {
+				if err := echoRoundTrip(long, "still served"); err != nil {
+					t.Fatalf("the established connection broke during the stop: %v", err)
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("Run returned (%v) with a connection still open", err)
+				default:
+				}
+				long.Close()
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Run did not return once the connection ended (or the timeout ran out)")
+			}
+			if tc.timeout < time.Second {
+				if took := time.Since(stopped); took < tc.timeout {
+					t.Errorf("Run returned %s after the stop, before the shutdown timeout %s", took, tc.timeout)
+				}
+				if err := echoRoundTrip(long, "after the timeout"); err == nil {
+					t.Error("the connection left at the shutdown timeout still works")
+				}
+			}
+		})
+	}
+}
