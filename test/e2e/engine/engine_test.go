@@ -1,5 +1,5 @@
-// Package engine_test runs `ebb lb` as a user runs it standalone, with the
-// kernel engine, on a small network of namespaces the test makes: a client
+// Package engine_test runs `ebb lb` as a user runs it standalone, with
+// each engine, on a small network of namespaces the test makes: a client
 // host routed through the load balancer's host to a backend host.
 package engine_test
 
@@ -79,8 +79,9 @@ func (n *testNet) echo(t *testing.T, addr string) *atomic.Int64 {
 	return &accepted
 }
 
-// ebbLB starts `ebb lb` on the load balancer's host with the config.
-func (n *testNet) ebbLB(t *testing.T, config string) (*exec.Cmd, *bytes.Buffer) {
+// ebbLB starts `ebb lb` on the load balancer's host with the config and
+// engine.
+func (n *testNet) ebbLB(t *testing.T, config, engine string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	bin := os.Getenv("EBB_BIN")
 	if bin == "" {
@@ -90,7 +91,7 @@ func (n *testNet) ebbLB(t *testing.T, config string) (*exec.Cmd, *bytes.Buffer) 
 	if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "lb", "--config", file, "--engine", "Kernel", "--metrics-bind-address", "")
+	cmd := exec.Command(bin, "lb", "--config", file, "--engine", engine, "--metrics-bind-address", "")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := n.lb.Start(cmd); err != nil {
@@ -164,7 +165,7 @@ func config(adminA string) string {
 func TestKernelEngineSurvivesARestart(t *testing.T) {
 	n := newTestNet(t)
 	a, b := n.echo(t, "10.1.0.2:8080"), n.echo(t, "10.1.0.2:8081")
-	first, out := n.ebbLB(t, config("None"))
+	first, out := n.ebbLB(t, config("None"), "Kernel")
 	eventually(t, "ebb lb to serve", func() bool { return newRoundTrip(n) == nil })
 
 	long, err := n.dial()
@@ -190,7 +191,7 @@ func TestKernelEngineSurvivesARestart(t *testing.T) {
 		}
 	}
 
-	_, out = n.ebbLB(t, config("Down"))
+	_, out = n.ebbLB(t, config("Down"), "Kernel")
 	eventually(t, "the new ebb lb to set backend a Down", func() bool {
 		before := a.Load()
 		for range 4 {
@@ -214,5 +215,50 @@ func TestKernelEngineSurvivesARestart(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "KernelFailed") {
 		t.Errorf("ebb lb could not install its table:\n%s", out)
+	}
+}
+
+// SIGTERM to `ebb lb` with the proxy engine: new connections are refused
+// at once, an established one is served until the client closes it, and
+// then the process exits cleanly.
+func TestProxyEngineStopsGracefully(t *testing.T) {
+	n := newTestNet(t)
+	n.echo(t, "10.1.0.2:8080")
+	n.echo(t, "10.1.0.2:8081")
+	lb, out := n.ebbLB(t, config("None"), "Proxy")
+	eventually(t, "ebb lb to serve", func() bool { return newRoundTrip(n) == nil })
+	long, err := n.dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
+	if err := roundTrip(long, "before"); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	if err := lb.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	go func() { exited <- lb.Wait() }()
+	eventually(t, "new connections to be refused", func() bool { return newRoundTrip(n) != nil })
+	if err := roundTrip(long, "during the stop"); err != nil {
+		t.Errorf("the established connection broke on SIGTERM: %v", err)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("ebb lb exited (%v) with a connection still open:\n%s", err, out)
+	default:
+	}
+	long.Close()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("ebb lb exited with %v:\n%s", err, out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("ebb lb did not exit once its last connection ended:\n%s", out)
+	}
+	if !strings.Contains(out.String(), "Every connection ended") {
+		t.Errorf("ebb lb's log does not say its connections ended:\n%s", out)
 	}
 }
