@@ -95,17 +95,24 @@ func TestSelfSignedCerts(t *testing.T) {
 
 func serving(t *testing.T, dir string) *x509.Certificate {
 	t.Helper()
+	c, err := servingNow(dir)
+	if err != nil {
+		t.Fatalf("the files in the certificate directory: %v", err)
+	}
+	return c
+}
+
+// servingNow reads the certificate the files hold. While a renewal writes
+// them, the new key may sit beside the old certificate for a moment (the
+// certificate watcher rereads on the next change): that is an error here.
+func servingNow(dir string) (*x509.Certificate, error) {
 	crt, _ := os.ReadFile(filepath.Join(dir, certKey))
 	key, _ := os.ReadFile(filepath.Join(dir, privKeyKey))
 	pair, err := tls.X509KeyPair(crt, key)
 	if err != nil {
-		t.Fatalf("the files in the certificate directory: %v", err)
+		return nil, err
 	}
-	c, err := x509.ParseCertificate(pair.Certificate[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return x509.ParseCertificate(pair.Certificate[0])
 }
 
 // A renewal keeps the CA (so the caBundle the API server trusts stays
@@ -140,11 +147,15 @@ func TestRenewalKeepsTheCAAndRotateFollows(t *testing.T) {
 	}
 	trusted := bundle()
 
-	go func() { _ = s.Rotate(5 * time.Millisecond).Start(ctx) }()
+	rotating := make(chan struct{})
+	go func() {
+		defer close(rotating)
+		_ = s.Rotate(5 * time.Millisecond).Start(ctx)
+	}()
 	late := start.Add(340 * 24 * time.Hour)
 	now.Store(late.UnixNano())
 	deadline := time.Now().Add(5 * time.Second)
-	for serving(t, s.CertDir).Equal(first) {
+	for c, err := servingNow(s.CertDir); err != nil || c.Equal(first); c, err = servingNow(s.CertDir) {
 		if time.Now().After(deadline) {
 			t.Fatal("Rotate did not renew a certificate 25 days from its end")
 		}
@@ -155,6 +166,7 @@ func TestRenewalKeepsTheCAAndRotateFollows(t *testing.T) {
 		t.Errorf("the renewed certificate does not verify against the caBundle injected before: %v", err)
 	}
 	cancel()
+	<-rotating // no renewal of its own may race with the one below
 
 	// A Secret written before the CA key was kept: the renewal makes a
 	// new CA and injects it.
