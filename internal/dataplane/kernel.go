@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -143,7 +144,8 @@ func ackBuffer(c *netlink.Conn) error {
 // nftables transaction: all of it applies or nothing does. Flows already
 // established keep their translation in conntrack whatever the rules say;
 // only new flows follow the new rules.
-func (k *kernelEngine) sync(frontends []*frontend) error {
+func (k *kernelEngine) sync(frontends []*frontend, m *metrics) error {
+	start := time.Now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	c, err := k.connect()
@@ -173,19 +175,23 @@ func (k *kernelEngine) sync(frontends []*frontend) error {
 		want[f] = installedFrontend{set: set, family: fam, index: index[fam], slots: assignSlots(set, eligible, slotCount(set))}
 		index[fam]++
 	}
+	kind := "entries"
 	if k.sameStructure(want) {
 		err = k.updateMaps(rulesets, want)
 	} else {
+		kind = "rebuild"
 		err = rebuild(families, frontends, want)
 	}
 	if err == nil {
 		err = c.Flush()
 	}
 	if err != nil {
+		m.kernelFailures.Inc()
 		k.dropConn()
 		k.installed = nil
 		return fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 	}
+	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 	k.installed = want
 	for _, f := range frontends {
 		for _, b := range want[f].set.backends {

@@ -30,7 +30,7 @@ func (d *DataPlane) syncKernelLocked() []SkippedFrontend {
 	if len(kernel) == 0 && !d.kernelInstalled {
 		return nil
 	}
-	err := d.kernel.sync(kernel)
+	err := d.kernel.sync(kernel, d.m)
 	if err == nil {
 		d.kernelInstalled = len(kernel) > 0
 		return nil

@@ -17,6 +17,8 @@ type metrics struct {
 	udpMigrations    *prometheus.CounterVec
 	applySeconds     prometheus.Histogram
 	skipped          *prometheus.GaugeVec
+	kernelSyncs      *prometheus.HistogramVec
+	kernelFailures   prometheus.Counter
 }
 
 var backendLabels = []string{"frontend", "backend", "owner"}
@@ -57,10 +59,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ebb_dataplane_frontend_skipped",
-			Help: "1 for each frontend the last apply could not serve; reason is Invalid, AddressConflict or ListenFailed.",
+			Help: "1 for each frontend the last apply could not serve; reason is Invalid, AddressConflict, ListenFailed or KernelFailed.",
 		}, []string{"frontend", "reason"}),
+		kernelSyncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ebb_dataplane_kernel_sync_duration_seconds",
+			Help:    "nftables transactions of the kernel engine; kind is rebuild (whole tables) or entries (backends map entries only, the admin-state and probe path).",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 12),
+		}, []string{"kind"}),
+		kernelFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ebb_dataplane_kernel_sync_failures_total", Help: "nftables transactions of the kernel engine that failed (the previous tables stay).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.kernelSyncs, m.kernelFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
