@@ -112,6 +112,22 @@ func (n *testNet) dial() (net.Conn, error) {
 	return n.client.DialContext(ctx, "tcp", frontend)
 }
 
+// servedConnection waits for ebb lb to serve, then opens a connection
+// through it with one round trip done; it closes when the test ends.
+func (n *testNet) servedConnection(t *testing.T) net.Conn {
+	t.Helper()
+	eventually(t, "ebb lb to serve", func() bool { return newRoundTrip(n) == nil })
+	c, err := n.dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := roundTrip(c, "before"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func roundTrip(c net.Conn, msg string) error {
 	if _, err := io.WriteString(c, msg); err != nil {
 		return err
@@ -166,16 +182,7 @@ func TestKernelEngineSurvivesARestart(t *testing.T) {
 	n := newTestNet(t)
 	a, b := n.echo(t, "10.1.0.2:8080"), n.echo(t, "10.1.0.2:8081")
 	first, out := n.ebbLB(t, config("None"), "Kernel")
-	eventually(t, "ebb lb to serve", func() bool { return newRoundTrip(n) == nil })
-
-	long, err := n.dial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer long.Close()
-	if err := roundTrip(long, "before"); err != nil {
-		t.Fatal(err)
-	}
+	long := n.servedConnection(t)
 	if err := first.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -226,15 +233,7 @@ func TestProxyEngineStopsGracefully(t *testing.T) {
 	n.echo(t, "10.1.0.2:8080")
 	n.echo(t, "10.1.0.2:8081")
 	lb, out := n.ebbLB(t, config("None"), "Proxy")
-	eventually(t, "ebb lb to serve", func() bool { return newRoundTrip(n) == nil })
-	long, err := n.dial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer long.Close()
-	if err := roundTrip(long, "before"); err != nil {
-		t.Fatal(err)
-	}
+	long := n.servedConnection(t)
 	exited := make(chan error, 1)
 	if err := lb.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
