@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -135,8 +136,7 @@ func (a *adminFastPath) apply(log logr.Logger, name string) {
 		a.failed[name] = w.state
 		a.mu.Unlock()
 		if first && a.recorder != nil && w.node != nil {
-			a.recorder.Eventf(w.node, nil, corev1.EventTypeWarning, lbmodel.ReasonAdminStateUpdateFailed, "AdminState",
-				"Could not set this node's load-balancer backends to admin state %s: %v (retrying)", w.state, err)
+			event.Publish(a.recorder, adminStateUpdateFailed(w.node, w.state, err))
 		}
 		a.queue.AddRateLimited(name)
 		return

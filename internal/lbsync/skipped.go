@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/event"
 )
 
 // Event reasons on a Service whose frontend this replica cannot serve, and
@@ -63,7 +64,7 @@ func (r *skipReporter) report(log logr.Logger, skipped []dataplane.SkippedFronte
 		svc := r.services[s.Name]
 		log.Info("Cannot serve a frontend; serving the others", "frontend", s.Name, "service", klog.KObj(svc), "reason", s.Reason, "err", s.Err.Error())
 		if r.recorder != nil && svc != nil {
-			r.recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonFrontendNotServed, "Serve", "%s", msg)
+			event.Publish(r.recorder, frontendNotServed(svc, msg))
 		}
 	}
 	for name := range r.reported {
@@ -76,7 +77,7 @@ func (r *skipReporter) report(log logr.Logger, skipped []dataplane.SkippedFronte
 		}
 		log.Info("Serving a frontend that could not be served before", "frontend", name, "service", klog.KObj(svc))
 		if r.recorder != nil {
-			r.recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonFrontendServed, "Serve", "ebb lb serves frontend %s again", name)
+			event.Publish(r.recorder, frontendServed(svc, name))
 		}
 	}
 	r.reported = now

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -99,14 +100,12 @@ func (r *unreachableReporter) check(log logr.Logger, status []dataplane.BackendS
 			}
 			log.Info("No pod of a pod-mode Service answers this replica's probes", "service", klog.KObj(ps.svc), "backends", total)
 			if r.recorder != nil {
-				r.recorder.Eventf(ps.svc, nil, corev1.EventTypeWarning, ReasonPodBackendsUnreachable, "Probe",
-					"ebb lb reaches none of the %d pod endpoint(s) of this Service (pod mode sends traffic straight to the pods): either this load-balancer host cannot reach the pod network (route the pod CIDRs to the LB hosts, or allow them in network policies), or the pods do not listen on the target port; new connections are refused meanwhile", total)
+				event.Publish(r.recorder, podBackendsUnreachable(ps.svc, total))
 			}
 		case r.reported[key]:
 			log.Info("A pod-mode Service's pods answer this replica's probes again", "service", klog.KObj(ps.svc))
 			if r.recorder != nil {
-				r.recorder.Eventf(ps.svc, nil, corev1.EventTypeNormal, ReasonPodBackendsReachable, "Probe",
-					"ebb lb reaches %d of the %d pod endpoint(s) of this Service again", up, total)
+				event.Publish(r.recorder, podBackendsReachable(ps.svc, up, total))
 			}
 		}
 	}

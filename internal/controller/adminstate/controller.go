@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -66,10 +67,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if state == lbmodel.AdminDown {
 		_, taint := lbmodel.IsLeaving(node, r.Model)
-		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonDown, "AdminState",
-			"Load balancers send no new connections to this node (taint %s); established connections continue", taint)
+		event.Publish(r.Recorder, nodeDown(node, taint))
 	} else {
-		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, ReasonNone, "AdminState", "The node is back in load-balancer rotation")
+		event.Publish(r.Recorder, nodeBack(node))
 	}
 	log.FromContext(ctx).Info("Reported a node's load-balancer admin state", "node", klog.KObj(node), "state", state)
 	return ctrl.Result{}, nil

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/provider/azure"
 )
@@ -257,8 +257,7 @@ func (r *Reconciler) reportFailure(ctx context.Context, want map[*azure.Node]azu
 		}
 		r.failing[n.UID] = s
 		reported = append(reported, n.Name)
-		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, reason, "AdminState",
-			"Could not set this node's Azure load balancer backends to admin state %s: %v (retrying; no further event until it changes)", s, err)
+		event.Publish(r.Recorder, nodeStateFailed(n, reason, s, err))
 	}
 	if len(reported) == 0 {
 		return
@@ -270,8 +269,7 @@ func (r *Reconciler) reportFailure(ctx context.Context, want map[*azure.Node]azu
 		return
 	}
 	for i := range svcs {
-		r.Recorder.Eventf(&svcs[i], nil, corev1.EventTypeWarning, reason, "AdminState",
-			"Could not set the Azure load balancer admin state of node(s) %s, which carry this Service's traffic: %v", strings.Join(reported, ", "), err)
+		event.Publish(r.Recorder, serviceStateFailed(&svcs[i], reason, reported, err))
 	}
 }
 

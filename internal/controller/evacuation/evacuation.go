@@ -33,6 +33,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/event"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch;update;patch;delete
@@ -191,8 +192,7 @@ func (r *Reconciler) handOff(ctx context.Context, e *v1alpha1.Evacuation, now ti
 			return false, wait
 		}
 		if expired && !st.ActiveEvacuatorCompleted {
-			r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1alpha1.ReasonEvacuatorExpired, "HandOff",
-				"Evacuator %s made no progress for %s; moving on", st.ActiveEvacuatorClass, deadline)
+			event.Publish(r.Recorder, evacuatorExpired(e, st.ActiveEvacuatorClass, deadline))
 		}
 	}
 	next := nextEvacuator(e.Spec.Evacuators, st.ActiveEvacuatorClass)
@@ -204,7 +204,7 @@ func (r *Reconciler) handOff(ctx context.Context, e *v1alpha1.Evacuation, now ti
 	st.ActiveEvacuatorClass, st.ActiveEvacuatorCompleted, st.EvacuationProgressTimestamp = next, false, &ts
 	st.ExpectedEvacuationFinishTime = nil
 	st.Message = fmt.Sprintf("Waiting for evacuator %s", next)
-	r.Recorder.Eventf(e, nil, corev1.EventTypeNormal, v1alpha1.ReasonEvacuatorSelected, "HandOff", "Evacuator %s is now in charge", next)
+	event.Publish(r.Recorder, evacuatorSelected(e, next))
 	log.FromContext(ctx).Info("Evacuator selected", "class", next)
 	return false, deadline
 }
@@ -254,7 +254,7 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		progress, finish := metav1.NewTime(now), metav1.NewTime(now.Add(time.Duration(grace)*time.Second))
 		e.Status.EvacuationProgressTimestamp, e.Status.ExpectedEvacuationFinishTime = &progress, &finish
 		e.Status.Message = evictedMessage(e)
-		r.Recorder.Eventf(e, pod, corev1.EventTypeNormal, v1alpha1.ReasonEvicted, "Evict", "Evicted pod %s", pod.Name)
+		event.Publish(r.Recorder, evicted(e, pod))
 		return ctrl.Result{}, nil
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		// Gone, or replaced (the UID precondition failed): done.
@@ -264,7 +264,7 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		r.Metrics.evictions.WithLabelValues("blocked").Inc()
 		e.Status.FailedEvictionCounter++
 		e.Status.Message = blockedMessage(err)
-		r.Recorder.Eventf(e, pod, corev1.EventTypeWarning, v1alpha1.ReasonEvictionBlocked, "Evict", "%s (attempt %d)", e.Status.Message, e.Status.FailedEvictionCounter)
+		event.Publish(r.Recorder, evictionBlocked(e, pod))
 		wait := backoff(e.Status.FailedEvictionCounter)
 		next := metav1.NewTime(now.Add(wait))
 		e.Status.NextEvictionTime = &next

@@ -29,6 +29,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/event"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=get;list;watch;update;patch
@@ -284,8 +285,7 @@ func (r *Reconciler) defaultDrainPlan(ctx context.Context, nm *v1alpha1.NodeMain
 	if err := r.Client.Update(ctx, nm); err != nil {
 		return fmt.Errorf("setting the default drain plan of %s: %w", nm.Name, err)
 	}
-	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonDrainPlanDefaulted, "Default",
-		"No drain plan was given (admission did not default it): using the default plan of %d entries", len(nm.Spec.DrainPlan))
+	event.Publish(r.Recorder, drainPlanDefaulted(nm))
 	log.FromContext(ctx).Info("Drain plan defaulted")
 	return nil
 }

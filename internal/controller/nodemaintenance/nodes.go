@@ -13,6 +13,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -40,8 +41,7 @@ func (r *Reconciler) cordon(ctx context.Context, nm *v1alpha1.NodeMaintenance, w
 			// Someone uncordoned a node under maintenance.
 			node.Spec.Unschedulable = true
 			node.Annotations[v1alpha1.CordonAnnotation] = cordonedByEbb
-			r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, v1alpha1.ReasonRecordoned, "Cordon",
-				"Node %s was made schedulable during maintenance %s; cordoned it again", name, nm.Name)
+			event.Publish(r.Recorder, recordoned(nm, node))
 		default:
 			node.Spec.Unschedulable = true
 			node.Annotations[v1alpha1.CordonAnnotation] = cordonedByEbb
@@ -142,7 +142,7 @@ func (r *Reconciler) releaseNodes(ctx context.Context, nm *v1alpha1.NodeMaintena
 			released = true
 		}
 		if released {
-			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, v1alpha1.ReasonNodeReleased, "Complete", "Released node %s from maintenance %s", name, nm.Name)
+			event.Publish(r.Recorder, nodeReleased(nm, node))
 			log.FromContext(ctx).Info("Released", "node", klog.KObj(node), "schedulable", !node.Spec.Unschedulable)
 		}
 	}

@@ -7,12 +7,12 @@ import (
 	"sort"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/event"
 )
 
 // updateStatus records the stage started, each node's drain and the
@@ -50,7 +50,7 @@ func (r *Reconciler) recordStage(nm *v1alpha1.NodeMaintenance, w *world, waitMsg
 	st := &nm.Status
 	started := func(s *v1alpha1.StageStatus) {
 		s.StartTimestamp = &now
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonStageStarted, string(nm.Spec.Stage), "Stage %s started on %d node(s)", nm.Spec.Stage, len(w.selected[nm.Name]))
+		event.Publish(r.Recorder, stageStarted(nm, len(w.selected[nm.Name])))
 	}
 	if n := len(st.StageStatuses); n == 0 || st.StageStatuses[n-1].Name != nm.Spec.Stage {
 		if n > 0 && st.StageStatuses[n-1].StartTimestamp != nil {
@@ -58,7 +58,7 @@ func (r *Reconciler) recordStage(nm *v1alpha1.NodeMaintenance, w *world, waitMsg
 		}
 		st.StageStatuses = append(st.StageStatuses, v1alpha1.StageStatus{Name: nm.Spec.Stage})
 		if waiting {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonWaitingForDrainSlot, "Drain", "%s", waitMsg)
+			event.Publish(r.Recorder, waitingForDrainSlot(nm, waitMsg))
 		} else {
 			started(&st.StageStatuses[n])
 		}
@@ -101,8 +101,7 @@ func (r *Reconciler) nodeStatuses(nm, orig *v1alpha1.NodeMaintenance, w *world, 
 			// Once per node when it becomes fast-forwarded, also on the
 			// maintenance's first status (the KEP's maintenance-c case).
 			if old := oldNodeStatus(orig, name); (old == nil || !isFastForward(old.DrainMessage)) && isFastForward(ns.DrainMessage) {
-				r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, v1alpha1.ReasonFastForwarded, "Drain",
-					"Node %s: %s; pods this plan would have kept until later may already be gone", name, ns.DrainMessage)
+				event.Publish(r.Recorder, fastForwarded(nm, name, ns.DrainMessage))
 			}
 		}
 		statuses = append(statuses, ns)
@@ -116,7 +115,7 @@ func (r *Reconciler) setDrained(nm *v1alpha1.NodeMaintenance, drain *drainResult
 	switch {
 	case nm.Spec.Stage == v1alpha1.Drain && drain.drained():
 		if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.DrainedCondition) {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, v1alpha1.ReasonDrained, "Drain", "Every targeted pod left the %d selected node(s)", len(st.NodeStatuses))
+			event.Publish(r.Recorder, drained(nm, len(st.NodeStatuses)))
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.DrainedCondition, Status: metav1.ConditionTrue, Reason: "PodsEvacuated",
 			Message: "every targeted pod on every selected node has terminated and the load balancers carry no more traffic through them", ObservedGeneration: nm.Generation})

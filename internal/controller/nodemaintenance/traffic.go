@@ -6,10 +6,10 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/event"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
@@ -138,11 +138,9 @@ func trafficMessage(nd *nodeDrain) string {
 func (r *Reconciler) reportTraffic(nm *v1alpha1.NodeMaintenance, node string, nd *nodeDrain) {
 	old := oldNodeStatus(nm, node)
 	if nd.lbGateExpired && (old == nil || old.TrafficDrainStartTime == nil) && nd.evacuating > 0 && (old == nil || old.PodsEvacuating == 0) {
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, v1alpha1.ReasonLoadBalancersNotDown, "Drain",
-			"Node %s: the load balancers did not report its backends Down within %s; evacuating anyway", node, lbGate)
+		event.Publish(r.Recorder, loadBalancersNotDown(nm, node, lbGate))
 	}
 	if nd.trafficTimedOut && (old == nil || !strings.Contains(old.DrainMessage, timedOutText)) {
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, v1alpha1.ReasonTrafficDrainTimeout, "Drain",
-			"Node %s: %d established connection(s) still go through it after the traffic-drain timeout; counting it drained", node, nd.connections)
+		event.Publish(r.Recorder, trafficDrainTimeout(nm, node, nd.connections))
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -154,7 +155,7 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
 	logger := log.FromContext(ctx).WithValues("service", klog.KObj(svc))
 	if err := unsupportedPorts(svc); err != nil {
-		r.Recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonSyncFailed, "Ensure", "%v", err)
+		event.Publish(r.Recorder, syncFailed(svc, err))
 		r.Metrics.failed("unsupported_protocol")
 		return ctrl.Result{}, nil // the Service must change first
 	}
@@ -171,7 +172,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	}
 	addrs, err := r.allocate(svc)
 	if err != nil {
-		r.Recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonSyncFailed, "Ensure", "Error allocating an address: %v", err)
+		event.Publish(r.Recorder, allocationFailed(svc, err))
 		logger.Info("Cannot allocate an address", "err", err.Error())
 		r.Metrics.failed("allocation")
 		// The cause (a pool full, an address taken) may clear.
@@ -181,13 +182,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {
 		return ctrl.Result{}, nil
 	}
-	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonEnsuring, "Ensure", "Ensuring load balancer")
+	event.Publish(r.Recorder, ensuring(svc))
 	patch := client.MergeFrom(svc.DeepCopy())
 	svc.Status.LoadBalancer.Ingress = want
 	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
 		return ctrl.Result{}, fmt.Errorf("writing the load balancer status of %s: %w", klog.KObj(svc), err)
 	}
-	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonEnsured, "Ensure", "Ensured load balancer at %s", joinAddrs(addrs))
+	event.Publish(r.Recorder, ensured(svc, addrs))
 	logger.Info("Ensured load balancer", "addresses", joinAddrs(addrs))
 	return ctrl.Result{}, nil
 }
@@ -195,7 +196,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 // reconcileDelete releases a Service's addresses, clears its status if it
 // still exists as another type, and removes the finalizer.
 func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) error {
-	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonDeleting, "Delete", "Deleting load balancer")
+	event.Publish(r.Recorder, deleting(svc))
 	r.IPAM.Release(client.ObjectKeyFromObject(svc))
 	if svc.DeletionTimestamp == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
 		patch := client.MergeFrom(svc.DeepCopy())
@@ -209,7 +210,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 	if err := r.Client.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(svc), err)
 	}
-	r.Recorder.Eventf(svc, nil, corev1.EventTypeNormal, ReasonDeleted, "Delete", "Deleted load balancer")
+	event.Publish(r.Recorder, deleted(svc))
 	return nil
 }
 

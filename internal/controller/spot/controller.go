@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -94,8 +95,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, fmt.Errorf("tainting node %s for a spot eviction: %w", node.Name, err)
 	}
 	if !tainted {
-		r.Recorder.Eventf(node, ev, corev1.EventTypeNormal, lbmodel.ReasonSpotEvictionTainted, "Taint",
-			"Spot eviction scheduled: tainted %s=%s:NoSchedule so load balancers stop sending new connections", r.TaintKey, TaintValue)
+		event.Publish(r.Recorder, taintedForSpotEviction(node, ev, r.TaintKey))
 		logger.Info("Tainted a node scheduled for spot eviction", "taint", r.TaintKey)
 	}
 	return ctrl.Result{}, nil

@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/event"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch
@@ -242,7 +243,7 @@ func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 		return fmt.Errorf("surging Deployment %s to %d: %w", dep.Name, original+1, err)
 	}
 	e.Status.EvacuationCancellationPolicy = v1alpha1.CancellationAllow
-	s.Recorder.Eventf(e, dep, corev1.EventTypeNormal, "Surging", "Surge", "Scaled Deployment %s from %d to %d to move pod %s", dep.Name, original, original+1, pod.Name)
+	event.Publish(s.Recorder, surging(e, dep, pod, original))
 	log.FromContext(ctx).Info("Surging", "deployment", klog.KObj(dep), "from", original)
 	return s.report(ctx, e, fmt.Sprintf("Surged Deployment %s to %d replicas", dep.Name, original+1), true)
 }
@@ -306,7 +307,7 @@ func (s *Evacuator) report(ctx context.Context, e *v1alpha1.Evacuation, msg stri
 func (s *Evacuator) handOn(ctx context.Context, e *v1alpha1.Evacuation, why string) error {
 	e.Status.ActiveEvacuatorCompleted = true
 	e.Status.Message = "Surge evacuation does not apply: " + why
-	s.Recorder.Eventf(e, nil, corev1.EventTypeNormal, "SurgeSkipped", "Surge", "%s; handing on", why)
+	event.Publish(s.Recorder, surgeSkipped(e, why))
 	if err := s.Client.Status().Update(ctx, e); err != nil {
 		return fmt.Errorf("handing on Evacuation %s: %w", klog.KObj(e), err)
 	}

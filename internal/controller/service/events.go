@@ -1,0 +1,34 @@
+package service
+
+import (
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ebbdev/ebb/internal/event"
+)
+
+func syncFailed(svc *corev1.Service, err error) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonSyncFailed, Action: "Ensure", Note: err.Error()}
+}
+
+func allocationFailed(svc *corev1.Service, err error) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonSyncFailed, Action: "Ensure", Note: "Error allocating an address: " + err.Error()}
+}
+
+func ensuring(svc *corev1.Service) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonEnsuring, Action: "Ensure", Note: "Ensuring load balancer"}
+}
+
+func ensured(svc *corev1.Service, addrs []netip.Addr) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonEnsured, Action: "Ensure", Note: fmt.Sprintf("Ensured load balancer at %s", joinAddrs(addrs))}
+}
+
+func deleting(svc *corev1.Service) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonDeleting, Action: "Delete", Note: "Deleting load balancer"}
+}
+
+func deleted(svc *corev1.Service) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonDeleted, Action: "Delete", Note: "Deleted load balancer"}
+}
