@@ -68,6 +68,13 @@ func (t *connTable) remove(c *tcpConn) {
 	t.mu.Unlock()
 }
 
+// len counts the connections.
+func (t *connTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.conns)
+}
+
 // snapshot lists the connections that match, without holding the lock
 // while they are looked at or closed.
 func (t *connTable) snapshot(match func(*tcpConn) bool) []*tcpConn {

@@ -34,8 +34,8 @@ type Options struct {
 	Clock Clock
 	// Engine serves the frontends that name none. Default: EngineProxy.
 	Engine Engine
-	// KernelTable names the kernel engine's nftables table (family ip).
-	// Default: DefaultKernelTable.
+	// KernelTable names the kernel engine's nftables tables (families ip
+	// and ip6). Default: DefaultKernelTable.
 	KernelTable string
 	// KernelNetNS, if set, is a network namespace file descriptor whose
 	// nftables the kernel engine programs (tests); default: this
@@ -362,8 +362,4 @@ func (d *DataPlane) StopAccepting() {
 }
 
 // Connections counts the user-space proxy's established TCP connections.
-func (d *DataPlane) Connections() int {
-	d.conns.mu.Lock()
-	defer d.conns.mu.Unlock()
-	return len(d.conns.conns)
-}
+func (d *DataPlane) Connections() int { return d.conns.len() }

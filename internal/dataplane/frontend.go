@@ -134,8 +134,9 @@ func (f *frontend) close() {
 	f.closeSocket()
 	for _, b := range f.backends {
 		b.removed.Store(true)
-		f.d.conns.closeBackend(b)
 	}
+	// Its TCP connections end in the data plane's Close, with all the
+	// others (conns.closeAll).
 	f.closeFlows()
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	vnetlink "github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -131,7 +132,7 @@ func ackBuffer(c *netlink.Conn) error {
 		return err
 	}
 	if serr != nil {
-		return fmt.Errorf("setting the nftables socket's receive buffer: %w", serr)
+		return fmt.Errorf("setting the nftables socket's buffers: %w", serr)
 	}
 	return nil
 }
@@ -158,12 +159,9 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics) error {
 	eligible := map[*backend]bool{}
 	want := make(map[*frontend]installedFrontend, len(frontends))
 	rulesets := map[nftables.TableFamily]*kernelRuleset{}
-	var families []*kernelRuleset // ip first, then ip6
 	for _, a := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
 		fam := familyOf(a)
-		r := &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, eligible: eligible}
-		rulesets[fam.table] = r
-		families = append(families, r)
+		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, eligible: eligible}
 	}
 	index := map[nftables.TableFamily]int{}
 	for _, f := range frontends {
@@ -180,7 +178,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics) error {
 		err = k.updateMaps(rulesets, want)
 	} else {
 		kind = "rebuild"
-		err = rebuild(families, frontends, want)
+		err = rebuild(rulesets, frontends, want)
 	}
 	if err == nil {
 		err = c.Flush()
@@ -216,8 +214,8 @@ func (k *kernelEngine) sameStructure(want map[*frontend]installedFrontend) bool 
 }
 
 // rebuild replaces both tables.
-func rebuild(families []*kernelRuleset, frontends []*frontend, want map[*frontend]installedFrontend) error {
-	for _, r := range families {
+func rebuild(rulesets map[nftables.TableFamily]*kernelRuleset, frontends []*frontend, want map[*frontend]installedFrontend) error {
+	for _, r := range rulesets {
 		// Add, delete, add: the table is replaced whether or not it
 		// existed (adding an existing table is no error; deleting a
 		// missing one is).
@@ -230,15 +228,11 @@ func rebuild(families []*kernelRuleset, frontends []*frontend, want map[*fronten
 	}
 	for _, f := range frontends {
 		w := want[f]
-		r := families[0]
-		if w.family != r.fam.table {
-			r = families[1]
-		}
-		if err := r.addFrontend(w.index, w.set, w.slots); err != nil {
+		if err := rulesets[w.family].addFrontend(w.index, w.set, w.slots); err != nil {
 			return err
 		}
 	}
-	for _, r := range families {
+	for _, r := range rulesets {
 		if err := r.flushPending(); err != nil {
 			return err
 		}
@@ -309,15 +303,12 @@ func (k *kernelEngine) dropConn() {
 // dropFlows deletes the conntrack entries of the flows the frontend k
 // translated to backend: they end (a drain timeout ran out).
 func (k *kernelEngine) dropFlows(fe frontendKey, backend netip.AddrPort) error {
-	h, err := vnetlink.NewHandle()
-	if k.netns != 0 {
-		h, err = vnetlink.NewHandleAt(netns.NsHandle(k.netns))
-	}
+	h, err := k.netlinkHandle()
 	if err != nil {
-		return fmt.Errorf("opening netlink: %w", err)
+		return err
 	}
 	defer h.Close()
-	_, err = h.ConntrackDeleteFilters(vnetlink.ConntrackTable, inetFamily(fe.addr.Addr()), translatedTo{frontend: fe, backend: backend})
+	_, err = h.ConntrackDeleteFilters(vnetlink.ConntrackTable, inetFamily(fe.addr.Addr()), flowKey{frontend: fe, backend: backend})
 	if err != nil {
 		return fmt.Errorf("deleting the conntrack entries of %s's flows to %s: %w", fe, backend, err)
 	}
@@ -341,12 +332,9 @@ type flowKey struct {
 // frontends, by frontend and backend: TCP connections until they close
 // (TIME_WAIT and CLOSE are over), UDP flows until conntrack forgets them.
 func (k *kernelEngine) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error) {
-	h, err := vnetlink.NewHandle()
-	if k.netns != 0 {
-		h, err = vnetlink.NewHandleAt(netns.NsHandle(k.netns))
-	}
+	h, err := k.netlinkHandle()
 	if err != nil {
-		return nil, fmt.Errorf("opening netlink: %w", err)
+		return nil, err
 	}
 	defer h.Close()
 	var flows []*vnetlink.ConntrackFlow
@@ -359,48 +347,58 @@ func (k *kernelEngine) activeFlows(frontends map[frontendKey]bool) (map[flowKey]
 	}
 	out := map[flowKey]int64{}
 	for _, f := range flows {
-		proto := TCP
-		switch f.Forward.Protocol {
-		case unix.IPPROTO_TCP:
-			if tcp, ok := f.ProtoInfo.(*vnetlink.ProtoInfoTCP); ok && tcp.State >= tcpConntrackTimeWait {
-				continue
-			}
-		case unix.IPPROTO_UDP:
-			proto = UDP
-		default:
+		// TIME_WAIT, CLOSE and the states after them are over.
+		if tcp, ok := f.ProtoInfo.(*vnetlink.ProtoInfoTCP); ok && tcp.State >= nl.TCP_CONNTRACK_TIME_WAIT {
 			continue
 		}
-		dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
-		src, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
-		fe := frontendKey{addr: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort), protocol: proto}
-		if frontends[fe] {
-			out[flowKey{frontend: fe, backend: netip.AddrPortFrom(src.Unmap(), f.Reverse.SrcPort)}]++
+		if key, ok := flowKeyOf(f); ok && frontends[key.frontend] {
+			out[key]++
 		}
 	}
 	return out, nil
 }
 
-// tcpConntrackTimeWait is TCP_CONNTRACK_TIME_WAIT; CLOSE and the states
-// after it are over too.
-const tcpConntrackTimeWait = 7
-
-// translatedTo matches the conntrack entries of flows that a frontend's
-// rules translated to one backend: sent to the frontend's address and
-// port, answered by the backend's.
-type translatedTo struct {
-	frontend frontendKey
-	backend  netip.AddrPort
+// flowKeyOf says which frontend and backend a conntrack entry belongs to
+// if a frontend's rules translated it: the frontend's address and port are
+// where it was sent, the backend's answer it. ok is false for protocols no
+// frontend serves.
+func flowKeyOf(f *vnetlink.ConntrackFlow) (key flowKey, ok bool) {
+	proto := TCP
+	switch f.Forward.Protocol {
+	case unix.IPPROTO_TCP:
+	case unix.IPPROTO_UDP:
+		proto = UDP
+	default:
+		return flowKey{}, false
+	}
+	dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+	src, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
+	return flowKey{
+		frontend: frontendKey{addr: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort), protocol: proto},
+		backend:  netip.AddrPortFrom(src.Unmap(), f.Reverse.SrcPort),
+	}, true
 }
 
-func (m translatedTo) MatchConntrackFlow(f *vnetlink.ConntrackFlow) bool {
-	proto := uint8(unix.IPPROTO_TCP)
-	if m.frontend.protocol == UDP {
-		proto = unix.IPPROTO_UDP
+// MatchConntrackFlow makes a flowKey a conntrack filter: it matches the
+// entries of the flows the key names.
+func (k flowKey) MatchConntrackFlow(f *vnetlink.ConntrackFlow) bool {
+	got, ok := flowKeyOf(f)
+	return ok && got == k
+}
+
+// netlinkHandle opens netlink in the engine's network namespace.
+func (k *kernelEngine) netlinkHandle() (*vnetlink.Handle, error) {
+	var h *vnetlink.Handle
+	var err error
+	if k.netns != 0 {
+		h, err = vnetlink.NewHandleAt(netns.NsHandle(k.netns))
+	} else {
+		h, err = vnetlink.NewHandle()
 	}
-	fwd, rev := f.Forward, f.Reverse
-	return fwd.Protocol == proto &&
-		fwd.DstIP.Equal(m.frontend.addr.Addr().AsSlice()) && fwd.DstPort == m.frontend.addr.Port() &&
-		rev.SrcIP.Equal(m.backend.Addr().AsSlice()) && rev.SrcPort == m.backend.Port()
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink: %w", err)
+	}
+	return h, nil
 }
 
 // CheckForwarding reports what keeps flows from other hosts from being

@@ -88,9 +88,9 @@ func (r *kernelRuleset) addBase() error {
 }
 
 // addFrontend adds one frontend: a services rule that matches its address,
-// protocol and port, its source ranges, one chain per backend that
-// translates to it, and the pick chain that chooses among the eligible
-// backends. Only the pick chain changes when eligibility does.
+// protocol and port, its source ranges, and the pick chain that translates
+// a new flow to the backend of its slot in the backends map. Only map
+// entries change when eligibility does.
 func (r *kernelRuleset) addFrontend(i int, set *backendSet, slots []int) error {
 	c := r.conn
 	cfg := &set.cfg
