@@ -75,7 +75,7 @@ type Options struct {
 	// shutdown.go).
 	ShutdownDelay, ShutdownTimeout time.Duration
 	// Engine serves frontends that name none (dataplane.Options.Engine);
-	// KernelTable names the kernel engine's nftables table.
+	// KernelTable names the kernel engine's nftables tables.
 	Engine      string
 	KernelTable string
 
@@ -125,7 +125,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
-	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables table (family ip) of the kernel engine; it is left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
+	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
 	cmd.Flags().DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long to keep accepting new connections after withdrawing the BGP announcements, while the routers move new flows to other hosts (without BGP: none)")
 	cmd.Flags().DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long to keep serving established connections once no new ones are accepted; those left are then closed (keep shutdown-delay plus this under the pod's terminationGracePeriodSeconds)")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
