@@ -286,17 +286,23 @@ func TestEnginesRemovedBackendDrains(t *testing.T) {
 }
 
 // A backend whose probe fails stops getting new connections, in the kernel
-// engine too (the probe, in user space, rebuilds the kernel's table).
+// engine too (the probe, in user space, rewrites the kernel's map). Each
+// backend is probed on a port of its own, so that probes are not counted
+// as connections and the failing backend still accepts traffic: only its
+// probe can keep connections away from it.
 func TestEnginesProbeTakesABackendOut(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, n *engineNet) {
 		a, sa := n.echo(t, 8080)
 		b, sb := n.echo(t, 8081)
+		_, healthA := n.echo(t, 9080)
+		n.echo(t, 9081)
+		a.ProbePort, b.ProbePort = 9080, 9081
 		fe := n.frontendOn(80, a, b)
 		// A short interval, but a timeout long enough that a busy machine
 		// does not fail the healthy backend's probe.
 		fe.HealthCheck = &HealthCheck{Protocol: ProbeTCP, Interval: Duration{100 * time.Millisecond}, Timeout: Duration{2 * time.Second}, UnhealthyThreshold: 1, HealthyThreshold: 1}
 		n.apply(t, fe)
-		_ = sa.ln.Close() // a stops accepting: its probe fails
+		_ = healthA.ln.Close() // a's probe fails; a itself still answers
 		waitFor(t, "backend a's probe to fail and take it out", func() bool {
 			for _, s := range n.d.Status() {
 				if s.Address.Port() == 8080 {
@@ -305,14 +311,14 @@ func TestEnginesProbeTakesABackendOut(t *testing.T) {
 			}
 			return false
 		})
-		before := sb.accepted.Load()
+		beforeA, beforeB := sa.accepted.Load(), sb.accepted.Load()
 		for i := range 4 {
 			if err := n.roundTripNew(t, 80); err != nil {
 				t.Fatalf("connection %d with backend a unhealthy: %v", i, err)
 			}
 		}
-		if got := sb.accepted.Load() - before; got != 4 {
-			t.Errorf("the healthy backend took %d of 4 new connections", got)
+		if gotA, gotB := sa.accepted.Load()-beforeA, sb.accepted.Load()-beforeB; gotA != 0 || gotB != 4 {
+			t.Errorf("4 new connections went %d to the unhealthy backend and %d to the healthy one, want 0 and 4", gotA, gotB)
 		}
 	})
 }
