@@ -131,6 +131,10 @@ func (d *DataPlane) openListeners(frontends []Frontend) (map[frontendKey]any, []
 			opened[k] = nil // no socket: the kernel forwards its flows
 			continue
 		}
+		if l := d.takeInherited(k); l != nil {
+			opened[k] = l
+			continue
+		}
 		l, err := listen(k)
 		if err != nil {
 			skipped = append(skipped, SkippedFrontend{Name: fc.Name, Reason: SkipListenFailed, Err: fmt.Errorf("listening on %s: %w", k, err)})

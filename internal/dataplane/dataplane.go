@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sort"
 	"sync"
 	"time"
@@ -41,6 +42,11 @@ type Options struct {
 	// nftables the kernel engine programs (tests); default: this
 	// process's.
 	KernelNetNS int
+	// Inherited are listening sockets a predecessor handed over (see
+	// Sockets and HandOver): a frontend whose protocol, address and port
+	// match serves on one instead of opening its own. The data plane owns
+	// them; ReleaseInherited closes those no frontend took.
+	Inherited []*os.File
 }
 
 // Clock is what the data plane needs of a clock: tickers for the probes,
@@ -75,6 +81,10 @@ type DataPlane struct {
 	frontends map[frontendKey]*frontend
 	probers   map[probeKey]*prober
 	closed    bool
+	// inherited are the predecessor's sockets no frontend took yet.
+	inherited map[frontendKey]*os.File
+	// handedOver: a successor serves on the sockets (HandOver).
+	handedOver bool
 }
 
 // New returns a DataPlane serving nothing.
@@ -103,8 +113,9 @@ func New(opts Options) (*DataPlane, error) {
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
 		engine: opts.Engine, kernel: newKernelEngine(opts.KernelTable, opts.KernelNetNS), kernelDirty: make(chan struct{}, 1),
-		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{},
+		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{}, inherited: map[frontendKey]*os.File{},
 	}
+	d.adoptInherited(opts.Inherited)
 	go d.conns.sweepIdle(d.clock, d.stopSweep)
 	go d.resyncKernelOnProbes()
 	return d, nil
@@ -125,6 +136,9 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	defer d.mu.Unlock()
 	if d.closed {
 		return ApplyResult{}, errors.New("data plane is closed")
+	}
+	if d.handedOver {
+		return ApplyResult{}, errors.New("data plane handed its sockets over to a successor")
 	}
 	admitted, skipped := d.admit(cfg)
 	d.removeEngineSwitches(admitted)
@@ -210,6 +224,10 @@ func (d *DataPlane) Close() error {
 	// replaces the table (a restart or an upgrade drops nothing), or
 	// RemoveKernelTable removes it.
 	close(d.stopSweep)
+	for k, f := range d.inherited {
+		_ = f.Close()
+		delete(d.inherited, k)
+	}
 	for k, f := range d.frontends {
 		f.close()
 		delete(d.frontends, k)

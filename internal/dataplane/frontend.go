@@ -14,6 +14,8 @@ type frontend struct {
 	key frontendKey
 	tcp *net.TCPListener
 	udp *net.UDPConn
+	// stopReading: a successor reads the UDP socket now (HandOver).
+	stopReading atomic.Bool
 	// kernel: the kernel engine serves the frontend (no socket; the
 	// kernel engine's table holds its rules).
 	kernel bool

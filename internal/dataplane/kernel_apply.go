@@ -21,6 +21,9 @@ func (d *DataPlane) removeEngineSwitches(admitted []Frontend) {
 // cannot be installed, every kernel frontend is taken out and returned as
 // skipped (the previous table, if any, stays in the kernel). d.mu is held.
 func (d *DataPlane) syncKernelLocked() []SkippedFrontend {
+	if d.handedOver {
+		return nil // the tables are the successor's now
+	}
 	var kernel []*frontend
 	for _, f := range d.frontends {
 		if f.kernel {

@@ -19,6 +19,7 @@ type metrics struct {
 	skipped          *prometheus.GaugeVec
 	kernelSyncs      *prometheus.HistogramVec
 	kernelFailures   prometheus.Counter
+	inheritedSockets prometheus.Counter
 }
 
 var backendLabels = []string{"frontend", "backend", "owner"}
@@ -69,8 +70,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		kernelFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ebb_dataplane_kernel_sync_failures_total", Help: "nftables transactions of the kernel engine that failed (the previous tables stay).",
 		}),
+		inheritedSockets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ebb_dataplane_inherited_sockets_total", Help: "Frontend sockets served that a predecessor process handed over, instead of opened anew.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.kernelSyncs, m.kernelFailures} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.kernelSyncs, m.kernelFailures, m.inheritedSockets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

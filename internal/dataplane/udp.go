@@ -24,7 +24,7 @@ func (f *frontend) udpLoop() {
 	for {
 		n, client, err := f.udp.ReadFromUDPAddrPort(buf)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || f.stopReading.Load() {
 				return
 			}
 			continue

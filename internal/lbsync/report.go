@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -30,7 +31,16 @@ type Reporter struct {
 	Name      string
 	Heartbeat time.Duration
 	Poll      time.Duration
+
+	// retired: a successor process serves in this replica's place, so it
+	// sends no node a new connection (Retire).
+	retired atomic.Bool
 }
+
+// Retire makes the report say what a replica that handed its sockets to a
+// successor does: every node is Down for it (it takes no new connection),
+// and its established connections are counted down as they end.
+func (r *Reporter) Retire() { r.retired.Store(true) }
 
 // Run reports until ctx is done.
 func (r *Reporter) Run(ctx context.Context) {
@@ -47,6 +57,11 @@ func (r *Reporter) Run(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		nodes := NodeTraffic(r.DataPlane.Status())
+		if r.retired.Load() {
+			for i := range nodes {
+				nodes[i].AdminState = v1alpha1.AdminStateDown
+			}
+		}
 		if urgent(last, nodes) || time.Since(written) >= r.Heartbeat {
 			if err := r.write(ctx, nodes); err != nil {
 				log.Error(err, "Writing the load balancer report")

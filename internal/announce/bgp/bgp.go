@@ -64,6 +64,18 @@ type Config struct {
 	// routes: an IPv4 address of this host that the peers reach.
 	RouterID netip.Addr
 	Peers    []Peer
+	// GracefulRestartTime, when set, negotiates graceful restart (RFC
+	// 4724) with every peer: when the session ends without a notification
+	// (StopForSuccessor, a crash), the peers keep this host's routes for
+	// this long while a new speaker on the same host opens the session
+	// again and re-announces them. It is what lets a successor process take
+	// over the host's announcements without its routes leaving the
+	// routers in between.
+	GracefulRestartTime time.Duration
+	// DeferPeers starts the speaker without sessions: Connect opens them
+	// (a successor waits until its predecessor on the host closed its own,
+	// since a router keeps one session per neighbour address).
+	DeferPeers bool
 }
 
 // Speaker is a BGP speaker that announces a set of addresses.
@@ -99,19 +111,30 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 		s.Stop()
 		return nil, fmt.Errorf("starting BGP: %w", err)
 	}
-	// Routes the peers send are kept in GoBGP's table and used for nothing
-	// (no kernel or zebra integration). They cannot be refused with GoBGP's
-	// global import policy: it applies to this speaker's own routes too.
-	for _, p := range cfg.Peers {
-		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p)}); err != nil {
+	if !cfg.DeferPeers {
+		if err := sp.Connect(ctx); err != nil {
 			s.Stop()
-			return nil, fmt.Errorf("adding BGP peer %s: %w", p.Address, err)
+			return nil, err
 		}
 	}
 	return sp, nil
 }
 
-func apiPeer(p Peer) *api.Peer {
+// Connect opens the sessions with the peers (see Config.DeferPeers); the
+// addresses synced so far are announced on each once it is established.
+func (sp *Speaker) Connect(ctx context.Context) error {
+	// Routes the peers send are kept in GoBGP's table and used for nothing
+	// (no kernel or zebra integration). They cannot be refused with GoBGP's
+	// global import policy: it applies to this speaker's own routes too.
+	for _, p := range sp.cfg.Peers {
+		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, sp.cfg.GracefulRestartTime)}); err != nil {
+			return fmt.Errorf("adding BGP peer %s: %w", p.Address, err)
+		}
+	}
+	return nil
+}
+
+func apiPeer(p Peer, gracefulRestart time.Duration) *api.Peer {
 	hold := p.HoldTime
 	if hold == 0 {
 		hold = 90 * time.Second
@@ -124,13 +147,21 @@ func apiPeer(p Peer) *api.Peer {
 	if port == 0 {
 		port = 179
 	}
-	return &api.Peer{
+	peer := &api.Peer{
 		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN},
 		Timers: &api.Timers{Config: &api.TimersConfig{
 			HoldTime: uint64(hold / time.Second), KeepaliveInterval: uint64(keepalive / time.Second), ConnectRetry: 1,
 		}},
 		Transport: &api.Transport{RemotePort: port},
 	}
+	if gracefulRestart > 0 {
+		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(max(gracefulRestart/time.Second, 1))}
+		peer.AfiSafis = []*api.AfiSafi{{
+			Config:            &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true},
+			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
+		}}
+	}
+	return peer
 }
 
 // Sync announces exactly the addresses of want: new ones are announced,
@@ -237,9 +268,18 @@ func (sp *Speaker) Peers(ctx context.Context) ([]PeerState, error) {
 	return out, nil
 }
 
-// Stop closes the sessions (the peers drop every route at once, as on a
-// withdrawal) and stops the speaker.
+// Stop closes the sessions with a notification (the peers drop every
+// route at once, as on a withdrawal) and stops the speaker.
 func (sp *Speaker) Stop() {
 	_ = sp.s.StopBgp(context.Background(), &api.StopBgpRequest{})
+	sp.s.Stop()
+}
+
+// StopForSuccessor closes the sessions without a notification, so that
+// peers which negotiated graceful restart keep this host's routes until a
+// successor's speaker re-announces them (or the restart time passes); it
+// is Stop without graceful restart.
+func (sp *Speaker) StopForSuccessor() {
+	_ = sp.s.StopBgp(context.Background(), &api.StopBgpRequest{AllowGracefulRestart: true})
 	sp.s.Stop()
 }

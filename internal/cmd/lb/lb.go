@@ -6,13 +6,8 @@ package lb
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -23,7 +18,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -38,7 +32,6 @@ import (
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/lbsync"
-	"github.com/ebbdev/ebb/internal/vipaddr"
 )
 
 // Options are `ebb lb`'s flags.
@@ -78,10 +71,23 @@ type Options struct {
 	// KernelTable names the kernel engine's nftables tables.
 	Engine      string
 	KernelTable string
+	// HandoffSocket is where this process takes the sockets of the ebb lb
+	// running on the host, and offers its own to the next (handoff.go);
+	// empty turns hand-off off.
+	HandoffSocket string
+	// ExitAfterHandoff ends the process once it handed over and its
+	// connections ended; otherwise it waits to be stopped (in a pod, an
+	// exit would be restarted by the kubelet).
+	ExitAfterHandoff bool
 
 	// incomplete is set while the last load left a frontend unserved.
 	incomplete bool
 }
+
+// DefaultHandoffSocket is --handoff-socket's default: an abstract Unix
+// socket, so it is scoped to the host's network namespace, which two
+// ebb lb pods of one host share (hostNetwork) and two hosts never do.
+const DefaultHandoffSocket = "@ebb-lb-handoff"
 
 // NewCommand returns `ebb lb`.
 func NewCommand() *cobra.Command {
@@ -126,6 +132,9 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
+	cmd.Flags().StringVar(&o.HandoffSocket, "handoff-socket", DefaultHandoffSocket, "Unix socket (a path, or @NAME in the network namespace's abstract namespace) where a new ebb lb takes the listening sockets of the one running on this host, so that a restart or an upgrade drops no connection; empty: off")
+	cmd.Flags().BoolVar(&o.ExitAfterHandoff, "exit-after-handoff", true, "exit once the sockets are handed to a successor and the established connections ended (false: wait for SIGTERM, as a pod must)")
+	cmd.Flags().DurationVar(&o.BGP.GracefulRestartTime, "bgp-graceful-restart-time", 15*time.Second, "negotiate BGP graceful restart: how long the routers keep this host's routes when its session ends without a withdrawal, so a successor on the host takes over without the routes moving (0: off; then a hand-off withdraws the routes for a moment)")
 	cmd.Flags().DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long to keep accepting new connections after withdrawing the BGP announcements, while the routers move new flows to other hosts (without BGP: none)")
 	cmd.Flags().DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long to keep serving established connections once no new ones are accepted; those left are then closed (keep shutdown-delay plus this under the pod's terminationGracePeriodSeconds)")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
@@ -145,12 +154,17 @@ func (o *Options) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ebb_lb_config_reloads_total", Help: "Configuration file loads; result is success or error.",
-	}, []string{"result"})
-	reg.MustRegister(reloads)
-	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable})
+	// Before anything listens: the predecessor's sockets, if one runs.
+	taken := o.takeSockets(ctx, log)
+	var inherited []*os.File
+	if taken != nil {
+		inherited = taken.Files
+	}
+	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, Inherited: inherited})
 	if err != nil {
+		if taken != nil {
+			taken.Abort()
+		}
 		return fmt.Errorf("--engine: %w", err)
 	}
 	if o.Engine != string(dataplane.EngineProxy) {
@@ -159,36 +173,69 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}
 	defer dp.Close()
-	addrs, err := o.addresses(ctx, log, reg)
+	addrs, err := o.addresses(ctx, log, reg, taken != nil)
 	if err != nil {
 		return err
 	}
 	// A host that stops serving withdraws its announcements, then stops
-	// accepting the addresses (after the graceful stop, s.stop).
+	// accepting the addresses (after the graceful stop, s.stop); one that
+	// handed over leaves both to its successor.
 	defer addrs.close(log)
-	var s stopper
-
-	if o.ConfigFile != "" {
-		// Before the first load, so a SIGHUP sent once the file serves
-		// reloads it rather than ending the process.
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-		data, err := o.load(log, dp, addrs)
-		if err != nil {
-			return err // the first configuration must be valid
-		}
-		reloads.WithLabelValues("success").Inc()
-		log.Info("Serving", "config", o.ConfigFile)
-		stop, err := o.serveDebug(log, reg, s.ready(func() bool { return true }))
-		if err != nil {
-			return err
-		}
-		defer stop()
-		o.followFile(ctx, log, dp, addrs, reloads, data, hup)
-		s.stop(log, o, dp, addrs)
-		return nil
+	h, err := newHandover(o.HandoffSocket, log, dp, addrs, taken, reg)
+	if err != nil {
+		return err
 	}
+	// Runs before addrs.close: no hand-off may be half done then.
+	defer h.settle(log, 0)
+	s := &stopper{}
+	if o.ConfigFile != "" {
+		err = o.runFile(ctx, log, reg, dp, addrs, h, s)
+	} else {
+		err = o.runCluster(ctx, log, reg, dp, addrs, h, s)
+	}
+	if h.handedOver() && !o.ExitAfterHandoff {
+		log.Info("Handed over to a successor and served the established connections; waiting to be stopped")
+		<-ctx.Done()
+	}
+	return err
+}
+
+// runFile serves the configuration file until ctx is done or a successor
+// takes over, then stops gracefully.
+func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.Registry, dp *dataplane.DataPlane, addrs *addressSinks, h *handover, s *stopper) error {
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ebb_lb_config_reloads_total", Help: "Configuration file loads; result is success or error.",
+	}, []string{"result"})
+	reg.MustRegister(reloads)
+	// Before the first load, so a SIGHUP sent once the file serves reloads
+	// it rather than ending the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	data, err := o.load(log, dp, addrs)
+	if err != nil {
+		return err // the first configuration must be valid
+	}
+	reloads.WithLabelValues("success").Inc()
+	log.Info("Serving", "config", o.ConfigFile)
+	stop, err := o.serveDebug(log, reg, s.ready(h.ready), h.taken != nil)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	h.onHandOver = append(h.onHandOver, stop)
+	follow, stopFollowing := context.WithCancel(ctx)
+	defer stopFollowing()
+	h.start(ctx, func() bool { return true }, stopFollowing)
+	o.followFile(follow, log, dp, addrs, reloads, data, hup)
+	h.settle(log, o.ShutdownTimeout)
+	s.stop(log, o, dp, addrs)
+	return nil
+}
+
+// runCluster serves the cluster's Services until ctx is done or a
+// successor takes over, then stops gracefully.
+func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *prometheus.Registry, dp *dataplane.DataPlane, addrs *addressSinks, h *handover, s *stopper) error {
 	syncer, err := o.syncer(dp)
 	if err != nil {
 		return err
@@ -204,68 +251,27 @@ func (o *Options) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		h.onHandOver = append(h.onHandOver, reporter.Retire)
 		// The report outlives ctx: it counts the connections down through
 		// the graceful stop.
 		reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopReports()
 		go reporter.Run(reportCtx)
 	}
-	stop, err := o.serveDebug(log, reg, s.ready(syncer.Ready))
+	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() }), h.taken != nil)
 	if err != nil {
 		return err
 	}
 	defer stop()
+	h.onHandOver = append(h.onHandOver, stop)
 	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
-	err = syncer.Run(ctx)
+	syncing, stopSyncing := context.WithCancel(ctx)
+	defer stopSyncing()
+	h.start(ctx, syncer.Ready, stopSyncing)
+	err = syncer.Run(syncing)
+	h.settle(log, o.ShutdownTimeout)
 	s.stop(log, o, dp, addrs)
 	return err
-}
-
-// serveDebug serves /metrics, /healthz and /readyz (ready says when) on
-// --metrics-bind-address, and pprof on --pprof-bind-address, when set; stop
-// closes them.
-func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready func() bool) (stop func(), err error) {
-	var servers []*http.Server
-	stop = func() {
-		for _, srv := range servers {
-			_ = srv.Close()
-		}
-	}
-	serve := func(what, address string, mux *http.ServeMux) error {
-		ln, err := net.Listen("tcp", address)
-		if err != nil {
-			return fmt.Errorf("listening for %s on %s: %w", what, address, err)
-		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		servers = append(servers, srv)
-		go func() { _ = srv.Serve(ln) }()
-		log.Info("Serving "+what, "address", ln.Addr().String())
-		return nil
-	}
-	if o.MetricsAddress != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if !ready() {
-				http.Error(w, "caches not synced or no configuration applied yet", http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ok\n"))
-		})
-		if err := serve("metrics", o.MetricsAddress, mux); err != nil {
-			return stop, err
-		}
-	}
-	if o.PprofAddress != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		if err := serve("pprof", o.PprofAddress, mux); err != nil {
-			return stop, err
-		}
-	}
-	return stop, nil
 }
 
 // followFile applies the configuration file again when it changes (polled)
@@ -375,94 +381,6 @@ func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *addressS
 		o.incomplete = true
 	}
 	return data, nil
-}
-
-// addresses returns what is told the served addresses after each apply:
-// the local routes (unless --local-routes=false) and the BGP speaker (with
-// --bgp-asn).
-func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer) (*addressSinks, error) {
-	sinks := &addressSinks{}
-	if o.LocalRoutes {
-		t, err := vipaddr.New()
-		if err != nil {
-			return nil, fmt.Errorf("opening the local routing table (--local-routes=false to manage the addresses yourself): %w", err)
-		}
-		sinks.local = t
-	} else {
-		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host")
-	}
-	if o.BGP.ASN != 0 {
-		cfg := o.BGP
-		for _, s := range o.BGPPeers {
-			p, err := bgp.ParsePeer(s)
-			if err != nil {
-				sinks.close(log)
-				return nil, err
-			}
-			p.HoldTime = o.BGPHoldTime
-			cfg.Peers = append(cfg.Peers, p)
-		}
-		if len(cfg.Peers) == 0 {
-			sinks.close(log)
-			return nil, errors.New("--bgp-asn needs at least one --bgp-peer")
-		}
-		sp, err := bgp.Start(ctx, slog.New(logr.ToSlogHandler(log.WithName("bgp"))), cfg)
-		if err != nil {
-			sinks.close(log)
-			return nil, err
-		}
-		if err := reg.Register(sp.Collector()); err != nil {
-			sp.Stop()
-			sinks.close(log)
-			return nil, fmt.Errorf("registering BGP metrics: %w", err)
-		}
-		sinks.bgp = sp
-		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", o.BGPPeers)
-	}
-	return sinks, nil
-}
-
-// addressSinks makes the served addresses local to this host, then
-// announces them; each part is optional.
-type addressSinks struct {
-	local *vipaddr.Table
-	bgp   *bgp.Speaker
-}
-
-// Sync makes the host accept want before announcing it, so traffic that the
-// announcement attracts finds the address local.
-func (a *addressSinks) Sync(want []netip.Addr) error {
-	var errs []error
-	if a.local != nil {
-		errs = append(errs, a.local.Sync(want))
-	}
-	if a.bgp != nil {
-		errs = append(errs, a.bgp.Sync(want))
-	}
-	return errors.Join(errs...)
-}
-
-// close withdraws every announcement, then removes the local routes.
-// withdraw stops announcing the addresses (BGP withdraws its routes) and
-// reports whether there was anything announced; the host still accepts
-// them, for the established connections.
-func (a *addressSinks) withdraw() bool {
-	if a.bgp == nil {
-		return false
-	}
-	a.bgp.Stop()
-	a.bgp = nil
-	return true
-}
-
-func (a *addressSinks) close(log logr.Logger) {
-	a.withdraw()
-	if a.local != nil {
-		if err := a.local.Sync(nil); err != nil {
-			log.Error(err, "Removing the local routes of the load balancer's addresses")
-		}
-		a.local.Close()
-	}
 }
 
 // routerIDFromEnv is NODE_IP (the downward API's status.hostIP) when it is

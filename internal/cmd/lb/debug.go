@@ -1,0 +1,96 @@
+package lb
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// serveDebug serves /metrics, /healthz and /readyz (ready says when) on
+// --metrics-bind-address, and pprof on --pprof-bind-address, when set; stop
+// closes them. afterPredecessor: a predecessor on this host still holds
+// the addresses (the host network is shared), so an address in use is
+// taken once the predecessor lets go of it at the hand-off, instead of
+// failing.
+func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready func() bool, afterPredecessor bool) (stop func(), err error) {
+	var servers []*http.Server
+	stopped := make(chan struct{})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() { close(stopped) })
+		for _, srv := range servers {
+			_ = srv.Close()
+		}
+	}
+	serve := func(what, address string, mux *http.ServeMux) error {
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		ln, err := net.Listen("tcp", address)
+		if err != nil && afterPredecessor && errors.Is(err, syscall.EADDRINUSE) {
+			servers = append(servers, srv)
+			log.Info("The predecessor serves "+what+" on this address: serving it once the predecessor lets go", "address", address)
+			go listenWhenFree(address, stopped, func(ln net.Listener) {
+				log.Info("Serving "+what, "address", ln.Addr().String())
+				_ = srv.Serve(ln)
+			})
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("listening for %s on %s: %w", what, address, err)
+		}
+		servers = append(servers, srv)
+		go func() { _ = srv.Serve(ln) }()
+		log.Info("Serving "+what, "address", ln.Addr().String())
+		return nil
+	}
+	if o.MetricsAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !ready() {
+				http.Error(w, "not serving: caches not synced, no configuration applied yet, taking over from or handed over to another ebb lb on this host, or stopping", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok\n"))
+		})
+		if err := serve("metrics", o.MetricsAddress, mux); err != nil {
+			return stop, err
+		}
+	}
+	if o.PprofAddress != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		if err := serve("pprof", o.PprofAddress, mux); err != nil {
+			return stop, err
+		}
+	}
+	return stop, nil
+}
+
+// listenWhenFree listens on address as soon as it is free, then serves on
+// it; it gives up when stopped closes first.
+func listenWhenFree(address string, stopped <-chan struct{}, serve func(net.Listener)) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stopped:
+			return
+		case <-tick.C:
+		}
+		if ln, err := net.Listen("tcp", address); err == nil {
+			serve(ln)
+			return
+		}
+	}
+}

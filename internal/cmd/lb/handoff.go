@@ -1,0 +1,198 @@
+package lb
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/handoff"
+)
+
+// A seamless restart or upgrade on one host: the new `ebb lb` (the
+// successor) takes the listening sockets of the running one (the
+// predecessor) over --handoff-socket before it opens any, serves on them,
+// and tells the predecessor so; the predecessor then stops accepting and
+// stops syncing, closes its BGP sessions without withdrawing (graceful
+// restart keeps the routes on the routers), serves its established
+// connections until they end, and leaves the local routes and the kernel
+// tables in place. Only then does the successor open its BGP sessions and
+// become ready. No connection is refused or reset on the way: the sockets
+// and their accept queues never close.
+
+// takeSockets asks a predecessor on this host for its sockets; nil when
+// there is none, hand-off is off, or it fails (logged: the successor then
+// opens its own sockets, as a first process does).
+func (o *Options) takeSockets(ctx context.Context, log logr.Logger) *handoff.Taken {
+	if o.HandoffSocket == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	taken, err := handoff.Take(ctx, o.HandoffSocket)
+	if err != nil {
+		log.Error(err, "Could not take the sockets of the ebb lb running on this host; opening new ones")
+		return nil
+	}
+	if taken != nil {
+		log.Info("Took the listening sockets of the ebb lb running on this host", "predecessor", taken.PID, "sockets", len(taken.Files))
+	}
+	return taken
+}
+
+// handover runs both sides of the hand-off for one process.
+type handover struct {
+	address string
+	log     logr.Logger
+	dp      *dataplane.DataPlane
+	addrs   *addressSinks
+	// taken is what the predecessor handed over; nil without one.
+	taken *handoff.Taken
+	// onHandOver run once this process has handed over: the report then
+	// says it sends no node a new connection, and the metrics address is
+	// left to the successor.
+	onHandOver []func()
+	m          *prometheus.CounterVec
+
+	offer       atomic.Pointer[handoff.Offer]
+	cancelOffer context.CancelFunc
+
+	// tookOver: the predecessor, if any, has released the host to this
+	// process (ready may be true only then).
+	tookOver atomic.Bool
+	// gave: this process handed its sockets to a successor.
+	gave atomic.Bool
+	// started: run is running (start); done closes when it returns.
+	started bool
+	done    chan struct{}
+}
+
+func newHandover(address string, log logr.Logger, dp *dataplane.DataPlane, addrs *addressSinks, taken *handoff.Taken, reg prometheus.Registerer) (*handover, error) {
+	m := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ebb_lb_handoffs_total",
+		Help: "Hand-offs of the listening sockets between ebb lb processes on this host; role is predecessor (gave them) or successor (took them), result is success or error.",
+	}, []string{"role", "result"})
+	if err := reg.Register(m); err != nil {
+		return nil, err
+	}
+	return &handover{address: address, log: log.WithName("handoff"), dp: dp, addrs: addrs, taken: taken, m: m, done: make(chan struct{})}, nil
+}
+
+// run takes over from the predecessor once serving says this process
+// serves (unless ctx ends first), then offers the sockets to a successor
+// until offering ends (settle); when a successor takes them, stopSyncing
+// ends this process's configuration loop and the process keeps only its
+// established connections.
+func (h *handover) run(ctx, offering context.Context, serving func() bool, stopSyncing func()) {
+	defer close(h.done)
+	if !h.takeOver(ctx, serving) {
+		return
+	}
+	if h.address == "" {
+		return
+	}
+	offer, err := handoff.Listen(h.log, h.address)
+	if err != nil {
+		h.log.Error(err, "Not offering this process's sockets to a successor: a restart on this host will drop connections")
+		return
+	}
+	h.offer.Store(offer)
+	successor, err := offer.Serve(offering, h.dp.Sockets)
+	if err != nil {
+		return // stopping
+	}
+	stopSyncing()
+	h.dp.HandOver()
+	h.addrs.retire()
+	for _, f := range h.onHandOver {
+		f()
+	}
+	h.gave.Store(true)
+	if err := successor.Release(); err != nil {
+		h.log.Error(err, "Telling the successor it serves alone", "successor", successor.PID)
+	}
+	h.m.WithLabelValues("predecessor", "success").Inc()
+	h.log.Info("Handed the sockets over to a successor; serving the established connections only", "successor", successor.PID)
+}
+
+// takeOver waits until this process serves, then has the predecessor
+// release the host, and opens the BGP sessions; false if ctx ended first.
+func (h *handover) takeOver(ctx context.Context, serving func() bool) bool {
+	if h.taken == nil {
+		h.tookOver.Store(true)
+		return true
+	}
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	for !serving() {
+		select {
+		case <-ctx.Done():
+			h.taken.Abort()
+			return false
+		case <-poll.C:
+		}
+	}
+	if n := h.dp.ReleaseInherited(); n > 0 {
+		h.log.Info("Closed the predecessor's sockets of frontends this configuration does not have", "sockets", n)
+	}
+	result := "success"
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := h.taken.Serving(wait); err != nil {
+		result = "error"
+		h.log.Error(err, "The predecessor did not confirm the hand-off; serving anyway")
+	}
+	h.m.WithLabelValues("successor", result).Inc()
+	// The predecessor may have removed the local routes if it stopped
+	// instead of handing over: make them this process's again.
+	if err := h.addrs.Sync(h.dp.Addresses()); err != nil {
+		h.log.Error(err, "Making the load balancer's addresses local to this host after the hand-off")
+	}
+	if err := h.addrs.connectBGP(ctx); err != nil {
+		h.log.Error(err, "Opening the BGP sessions")
+	}
+	h.log.Info("Took over from the predecessor", "predecessor", h.taken.PID)
+	h.tookOver.Store(true)
+	return true
+}
+
+// ready says whether this process is the one serving the host.
+func (h *handover) ready() bool { return h.tookOver.Load() && !h.gave.Load() }
+
+// handedOver reports whether a successor serves in this process's place.
+func (h *handover) handedOver() bool { return h.gave.Load() }
+
+// start runs run in the background. Offering outlives ctx: see settle.
+func (h *handover) start(ctx context.Context, serving func() bool, stopSyncing func()) {
+	h.started = true
+	offering, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	h.cancelOffer = cancel
+	go h.run(ctx, offering, serving, stopSyncing)
+}
+
+// settle ends offering the sockets, once this process is told to stop,
+// and reports whether it handed them over. A successor taking over at that
+// moment is given up to timeout to finish first: in a DaemonSet's rolling
+// update the old pod may be stopped as soon as the new one looks ready,
+// which can be before the new process serves, and finishing the hand-off
+// then keeps every connection where stopping first would not.
+func (h *handover) settle(log logr.Logger, timeout time.Duration) bool {
+	if !h.started {
+		if h.taken != nil {
+			h.taken.Abort() // the predecessor serves on
+		}
+		return false
+	}
+	if o := h.offer.Load(); o != nil && o.Taking() {
+		log.Info("A successor is taking over: letting it finish before stopping", "timeout", timeout)
+		for deadline := time.Now().Add(timeout); o.Taking() && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	h.cancelOffer()
+	<-h.done
+	return h.gave.Load()
+}
