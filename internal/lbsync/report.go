@@ -52,7 +52,8 @@ func (r *Reporter) Run(ctx context.Context) {
 		r.Poll = 100 * time.Millisecond
 	}
 	var last []v1alpha1.NodeTraffic
-	var written time.Time
+	var written, retryAt time.Time
+	var backoff time.Duration
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
 	for {
@@ -62,11 +63,16 @@ func (r *Reporter) Run(ctx context.Context) {
 				nodes[i].AdminState = v1alpha1.AdminStateDown
 			}
 		}
-		if urgent(last, nodes) || time.Since(written) >= r.Heartbeat {
+		due := urgent(last, nodes) || time.Since(written) >= r.Heartbeat
+		if due && time.Now().After(retryAt) {
 			if err := r.write(ctx, nodes); err != nil {
-				log.Error(err, "Writing the load balancer report")
+				// Back off, so that a rejected write (say, a token no
+				// longer valid) is not retried at every poll.
+				backoff = min(max(2*backoff, time.Second), r.Heartbeat)
+				retryAt = time.Now().Add(backoff)
+				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
-				last, written = nodes, time.Now()
+				last, written, backoff = nodes, time.Now(), 0
 			}
 		}
 		select {

@@ -17,11 +17,11 @@ import (
 
 // serveDebug serves /metrics, /healthz and /readyz (ready says when) on
 // --metrics-bind-address, and pprof on --pprof-bind-address, when set; stop
-// closes them. afterPredecessor: a predecessor on this host still holds
-// the addresses (the host network is shared), so an address in use is
-// taken once the predecessor lets go of it at the hand-off, instead of
-// failing.
-func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready func() bool, afterPredecessor bool) (stop func(), err error) {
+// closes them. An address in use is taken as soon as it is free instead of
+// failing: in a rolling update the old pod of the host (same host network)
+// holds it until it hands over to this process. Until then /readyz does
+// not answer for this process, so it is not ready.
+func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready func() bool) (stop func(), err error) {
 	var servers []*http.Server
 	stopped := make(chan struct{})
 	var once sync.Once
@@ -34,9 +34,9 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready fu
 	serve := func(what, address string, mux *http.ServeMux) error {
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", address)
-		if err != nil && afterPredecessor && errors.Is(err, syscall.EADDRINUSE) {
+		if err != nil && errors.Is(err, syscall.EADDRINUSE) {
 			servers = append(servers, srv)
-			log.Info("The predecessor serves "+what+" on this address: serving it once the predecessor lets go", "address", address)
+			log.Info("Another process serves on the "+what+" address (the ebb lb this one takes over from?): serving "+what+" once it is free", "address", address)
 			go listenWhenFree(address, stopped, func(ln net.Listener) {
 				log.Info("Serving "+what, "address", ln.Addr().String())
 				_ = srv.Serve(ln)

@@ -218,7 +218,7 @@ func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.
 	}
 	reloads.WithLabelValues("success").Inc()
 	log.Info("Serving", "config", o.ConfigFile)
-	stop, err := o.serveDebug(log, reg, s.ready(h.ready), h.taken != nil)
+	stop, err := o.serveDebug(log, reg, s.ready(h.ready))
 	if err != nil {
 		return err
 	}
@@ -258,7 +258,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 		defer stopReports()
 		go reporter.Run(reportCtx)
 	}
-	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() }), h.taken != nil)
+	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() }))
 	if err != nil {
 		return err
 	}
