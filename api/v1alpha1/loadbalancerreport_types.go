@@ -31,6 +31,17 @@ type NodeTraffic struct {
 type LoadBalancerReportStatus struct {
 	// Replica is the reporting `ebb lb` (its host or pod name).
 	Replica string `json:"replica,omitempty"`
+	// HostNode is the node the replica runs on (its LB host), when known.
+	// NodeMaintenance of that node waits for Draining and for the
+	// replica's own Connections to end.
+	// +optional
+	HostNode string `json:"hostNode,omitempty"`
+	// Draining: the replica takes no new connections on purpose: its
+	// host is leaving (it withdrew its announcements), or it handed its
+	// sockets to a successor. Its established connections continue, and
+	// Connections counts them down.
+	// +optional
+	Draining bool `json:"draining,omitempty"`
 	// RenewTime is when the report was last written; a report older than
 	// a few heartbeats is from a replica that is gone and is ignored.
 	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
@@ -56,6 +67,8 @@ type LoadBalancerReportStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=lbr
 // +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.replica`
+// +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.status.hostNode`
+// +kubebuilder:printcolumn:name="Draining",type=boolean,JSONPath=`.status.draining`
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodeCount`
 // +kubebuilder:printcolumn:name="Leaving",type=integer,JSONPath=`.status.leavingNodes`
 // +kubebuilder:printcolumn:name="Connections",type=integer,JSONPath=`.status.connections`

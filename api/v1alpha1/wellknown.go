@@ -47,6 +47,12 @@ const (
 	SurgeOriginalReplicasAnnotation = "maintenance.ebb.dev/surge-original-replicas"
 )
 
+// AllowNoLoadBalancerAnnotation set to "true" on a NodeMaintenance lets it
+// drain every node that hosts a serving `ebb lb` replica, which admission
+// otherwise refuses (no host would be left to announce and accept the
+// load-balancer addresses).
+const AllowNoLoadBalancerAnnotation = "maintenance.ebb.dev/allow-no-load-balancer"
+
 // Event reasons on a NodeMaintenance.
 const (
 	ReasonStageStarted  = "StageStarted"

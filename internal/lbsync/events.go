@@ -32,3 +32,23 @@ func podBackendsReachable(svc *corev1.Service, up, total int) event.Event {
 	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonPodBackendsReachable, Action: "Probe",
 		Note: fmt.Sprintf("ebb lb reaches %d of the %d pod endpoint(s) of this Service again", up, total)}
 }
+
+// Reasons of the Events about this replica's own host.
+const (
+	// ReasonLoadBalancerHostDraining: the host is leaving, so its ebb lb
+	// withdrew its announcements and serves only what is established.
+	ReasonLoadBalancerHostDraining = "LoadBalancerHostDraining"
+	// ReasonLoadBalancerHostServing: the host is no longer leaving, and its
+	// ebb lb announces its addresses again.
+	ReasonLoadBalancerHostServing = "LoadBalancerHostServing"
+)
+
+func hostDraining(node *corev1.Node, reason string, connections int) event.Event {
+	return event.Event{Regarding: node, Type: corev1.EventTypeNormal, Reason: ReasonLoadBalancerHostDraining, Action: "Drain",
+		Note: fmt.Sprintf("This node is leaving (%s): its ebb lb withdrew the load-balancer addresses it announced and serves its %d established connection(s) until they end", reason, connections)}
+}
+
+func hostServing(node *corev1.Node) event.Event {
+	return event.Event{Regarding: node, Type: corev1.EventTypeNormal, Reason: ReasonLoadBalancerHostServing, Action: "Serve",
+		Note: "This node is no longer leaving: its ebb lb announces the load-balancer addresses again"}
+}

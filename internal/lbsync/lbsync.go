@@ -30,6 +30,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -96,8 +97,17 @@ type Syncer struct {
 	// served after every apply, so the host accepts their traffic
 	// (vipaddr.Table).
 	Addresses interface{ Sync([]netip.Addr) error }
+	// HostNode is the node this replica runs on. OnHostLeaving, if set, is
+	// told each time that node starts or stops leaving (a leaving taint,
+	// lbmodel.IsLeaving, or the Node deleted), with the reason, so the
+	// replica drains itself before anyone evicts it.
+	HostNode      string
+	OnHostLeaving func(leaving bool, reason string)
 
 	ready atomic.Bool
+	// hostLeaving is the last value given OnHostLeaving; only the node
+	// informer's handler uses it.
+	hostLeaving *bool
 	queue workqueue.TypedRateLimitingInterface[string]
 
 	// Only Run's goroutine uses these.
@@ -199,12 +209,14 @@ func (s *Syncer) watch(services, slices, nodes cache.SharedIndexInformer, fast *
 		AddFunc: func(obj any) {
 			if n, ok := obj.(*corev1.Node); ok {
 				fast.observe(n)
+				s.observeHost(n, false)
 			}
 			s.kick()
 		},
 		UpdateFunc: func(_, obj any) {
 			if n, ok := obj.(*corev1.Node); ok {
 				fast.observe(n)
+				s.observeHost(n, false)
 			}
 			s.kick()
 		},
@@ -214,6 +226,7 @@ func (s *Syncer) watch(services, slices, nodes cache.SharedIndexInformer, fast *
 			}
 			if n, ok := obj.(*corev1.Node); ok {
 				fast.forget(n)
+				s.observeHost(n, true)
 			}
 			s.kick()
 		},
@@ -222,6 +235,35 @@ func (s *Syncer) watch(services, slices, nodes cache.SharedIndexInformer, fast *
 		return fmt.Errorf("watching nodes: %w", err)
 	}
 	return nil
+}
+
+// observeHost tells OnHostLeaving when this replica's own node starts or
+// stops leaving.
+func (s *Syncer) observeHost(n *corev1.Node, deleted bool) {
+	if s.OnHostLeaving == nil || s.HostNode == "" || n.Name != s.HostNode {
+		return
+	}
+	leaving, reason := lbmodel.IsLeaving(n, s.Model)
+	if deleted {
+		leaving, reason = true, "the Node was deleted"
+	} else if leaving {
+		reason = "taint " + reason
+	}
+	if s.hostLeaving != nil && *s.hostLeaving == leaving {
+		return
+	}
+	wasLeaving := s.hostLeaving != nil && *s.hostLeaving
+	s.hostLeaving = &leaving
+	s.OnHostLeaving(leaving, reason)
+	if s.Recorder == nil {
+		return
+	}
+	switch {
+	case leaving:
+		event.Publish(s.Recorder, hostDraining(n, reason, s.DataPlane.Connections()))
+	case wasLeaving:
+		event.Publish(s.Recorder, hostServing(n))
+	}
 }
 
 // sync computes the whole configuration from the caches and applies it;

@@ -32,15 +32,30 @@ type Reporter struct {
 	Heartbeat time.Duration
 	Poll      time.Duration
 
+	// HostNode is the node this replica runs on; empty: unknown.
+	HostNode string
+
 	// retired: a successor process serves in this replica's place, so it
 	// sends no node a new connection (Retire).
 	retired atomic.Bool
+	// draining: the host is leaving and the replica withdrew its
+	// announcements (SetDraining).
+	draining atomic.Bool
 }
 
 // Retire makes the report say what a replica that handed its sockets to a
 // successor does: every node is Down for it (it takes no new connection),
-// and its established connections are counted down as they end.
+// it is draining, and its established connections are counted down as
+// they end.
 func (r *Reporter) Retire() { r.retired.Store(true) }
+
+// SetDraining says whether the replica's host is leaving and the replica
+// withdrew its announcements: NodeMaintenance of the host waits for it and
+// for the replica's own connections to end.
+func (r *Reporter) SetDraining(on bool) { r.draining.Store(on) }
+
+// isDraining is what the report says: draining or retired.
+func (r *Reporter) isDraining() bool { return r.draining.Load() || r.retired.Load() }
 
 // Run reports until ctx is done.
 func (r *Reporter) Run(ctx context.Context) {
@@ -54,6 +69,7 @@ func (r *Reporter) Run(ctx context.Context) {
 	var last []v1alpha1.NodeTraffic
 	var written, retryAt time.Time
 	var backoff time.Duration
+	var wroteDraining bool
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
 	for {
@@ -63,16 +79,22 @@ func (r *Reporter) Run(ctx context.Context) {
 				nodes[i].AdminState = v1alpha1.AdminStateDown
 			}
 		}
-		due := urgent(last, nodes) || time.Since(written) >= r.Heartbeat
+		draining := r.isDraining()
+		due := urgent(last, nodes) || draining != wroteDraining || time.Since(written) >= r.Heartbeat
+		// While draining, the replica's own connections are what its
+		// host's maintenance waits for: write each change.
+		if draining && total(last) != total(nodes) {
+			due = true
+		}
 		if due && time.Now().After(retryAt) {
-			if err := r.write(ctx, nodes); err != nil {
+			if err := r.write(ctx, nodes, draining); err != nil {
 				// Back off, so that a rejected write (say, a token no
 				// longer valid) is not retried at every poll.
 				backoff = min(max(2*backoff, time.Second), r.Heartbeat)
 				retryAt = time.Now().Add(backoff)
 				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
-				last, written, backoff = nodes, time.Now(), 0
+				last, written, backoff, wroteDraining = nodes, time.Now(), 0, draining
 			}
 		}
 		select {
@@ -127,7 +149,16 @@ func urgent(last, now []v1alpha1.NodeTraffic) bool {
 	return false
 }
 
-func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic) error {
+// total sums the connections over nodes.
+func total(nodes []v1alpha1.NodeTraffic) int64 {
+	var n int64
+	for _, t := range nodes {
+		n += t.Connections
+	}
+	return n
+}
+
+func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining bool) error {
 	report := &v1alpha1.LoadBalancerReport{}
 	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Name}, report)
 	if apierrors.IsNotFound(err) {
@@ -143,7 +174,8 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic) erro
 	}
 	now := metav1.NowMicro()
 	report.Status = v1alpha1.LoadBalancerReportStatus{
-		Replica: r.Name, RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
+		Replica: r.Name, HostNode: r.HostNode, Draining: draining,
+		RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
 		NodeCount: int32(len(nodes)),
 	}
 	for _, n := range nodes {

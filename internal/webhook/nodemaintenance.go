@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -31,8 +32,11 @@ import (
 
 // NodeMaintenance defaults and validates NodeMaintenances.
 type NodeMaintenance struct {
-	// Client reads nodes (from a cache) and creates SubjectAccessReviews.
+	// Client reads nodes and LoadBalancerReports (from a cache) and
+	// creates SubjectAccessReviews.
 	Client client.Client
+	// Now tells the freshness of LoadBalancerReports; default time.Now.
+	Now func() time.Time
 }
 
 var nmKind = v1alpha1.GroupVersion.WithKind("NodeMaintenance").GroupKind()
@@ -65,6 +69,9 @@ func (w *NodeMaintenance) ValidateCreate(ctx context.Context, nm *v1alpha1.NodeM
 	}
 	selected := matching(sel, nodes)
 	if err := w.authorize(ctx, nm.Name, "create it", selected); err != nil {
+		return nil, err
+	}
+	if err := w.keepsALoadBalancerHost(ctx, nm, selected, nodes); err != nil {
 		return nil, err
 	}
 	return allNodesWarning(selected, nodes), nil
@@ -102,6 +109,13 @@ func (w *NodeMaintenance) ValidateUpdate(ctx context.Context, old, nm *v1alpha1.
 	}
 	if err := w.authorize(ctx, nm.Name, what, concerned); err != nil {
 		return nil, err
+	}
+	// Checked when a maintenance enters Drain or widens in it, not at
+	// every update: one already draining must be able to proceed.
+	if old.Spec.Stage != v1alpha1.Drain || len(added) > 0 {
+		if err := w.keepsALoadBalancerHost(ctx, nm, selected, nodes); err != nil {
+			return nil, err
+		}
 	}
 	return allNodesWarning(selected, nodes), nil
 }

@@ -29,6 +29,7 @@ func newWebhook(t *testing.T) *NodeMaintenance {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
 	blue := map[string]string{"pool": "blue"}
 	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: blue}},

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,19 @@ type addressSinks struct {
 	local   *vipaddr.Table
 	bgp     *bgp.Speaker
 	retired bool
+	// withdrawn: the host is leaving, so nothing is announced, while the
+	// sessions and the local routes stay (setWithdrawn).
+	withdrawn bool
+	// want is the last set of addresses synced.
+	want []netip.Addr
+	// flows forwards the segments of flows the routers move here (nil:
+	// off); it follows the addresses and the withdrawn state.
+	flows *movedFlows
+	// withdrawAfter delays the withdrawal when the host starts leaving, so
+	// the other LB hosts forward this host's flows before the routers move
+	// them; withdrawTimer is that pending withdrawal.
+	withdrawAfter time.Duration
+	withdrawTimer *time.Timer
 }
 
 // Sync makes the host accept want before announcing it, so traffic that the
@@ -81,14 +95,61 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 	if a.retired {
 		return nil
 	}
+	a.want = want
 	var errs []error
 	if a.local != nil {
 		errs = append(errs, a.local.Sync(want))
 	}
-	if a.bgp != nil {
-		errs = append(errs, a.bgp.Sync(want))
-	}
+	a.flows.setAddresses(want)
+	errs = append(errs, a.announceLocked())
 	return errors.Join(errs...)
+}
+
+// announceLocked announces the wanted addresses, or none while withdrawn.
+func (a *addressSinks) announceLocked() error {
+	if a.bgp == nil {
+		return nil
+	}
+	if a.withdrawn {
+		return a.bgp.Sync(nil)
+	}
+	return a.bgp.Sync(a.want)
+}
+
+// setWithdrawn withdraws every announcement while the host is leaving
+// (routers move new flows to the other hosts; the sessions stay up, so
+// coming back is one update), and announces again when it no longer is.
+// The withdrawal waits withdrawAfter, for the other LB hosts to forward
+// this host's flows once the routers move them (they watch the same
+// Node). The host keeps accepting the addresses for its established
+// connections and the stragglers of the routers' convergence: refusing
+// them would turn a slow router into failed requests.
+func (a *addressSinks) setWithdrawn(log logr.Logger, on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.flows.setDraining(on)
+	if a.withdrawTimer != nil {
+		a.withdrawTimer.Stop()
+		a.withdrawTimer = nil
+	}
+	apply := func() {
+		a.withdrawn = on
+		if a.retired {
+			return
+		}
+		if err := a.announceLocked(); err != nil {
+			log.Error(err, "Changing the announcements")
+		}
+	}
+	if !on || a.withdrawAfter <= 0 {
+		apply()
+		return
+	}
+	a.withdrawTimer = time.AfterFunc(a.withdrawAfter, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		apply()
+	})
 }
 
 // connectBGP opens the BGP sessions a deferred speaker has not opened.
@@ -123,6 +184,7 @@ func (a *addressSinks) retire() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.retired = true
+	a.flows.retire()
 	if a.bgp != nil {
 		a.bgp.StopForSuccessor()
 		a.bgp = nil
@@ -135,6 +197,10 @@ func (a *addressSinks) close(log logr.Logger) {
 	a.withdraw()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.withdrawTimer != nil {
+		a.withdrawTimer.Stop()
+	}
+	a.flows.close()
 	if a.local == nil {
 		return
 	}

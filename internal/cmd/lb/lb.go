@@ -71,6 +71,15 @@ type Options struct {
 	// KernelTable names the kernel engine's nftables tables.
 	Engine      string
 	KernelTable string
+	// NodeName is the node this replica runs on: when it gets a leaving
+	// taint, the replica drains itself.
+	NodeName string
+	// ForwardMovedFlows sends the segments of flows the routers move here
+	// from a draining LB host back to it (flows.go); WithdrawDelay is how
+	// long a leaving host waits for the others to do so before it
+	// withdraws its announcements.
+	ForwardMovedFlows bool
+	WithdrawDelay     time.Duration
 	// HandoffSocket is where this process takes the sockets of the ebb lb
 	// running on the host, and offers its own to the next (handoff.go);
 	// empty turns hand-off off.
@@ -132,6 +141,9 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
+	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
+	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
+	cmd.Flags().DurationVar(&o.WithdrawDelay, "withdraw-delay", time.Second, "when this host starts leaving, how long to wait before withdrawing its announcements, for the other LB hosts to start forwarding its connections")
 	cmd.Flags().StringVar(&o.HandoffSocket, "handoff-socket", DefaultHandoffSocket, "Unix socket (a path, or @NAME in the network namespace's abstract namespace) where a new ebb lb takes the listening sockets of the one running on this host, so that a restart or an upgrade drops no connection; empty: off")
 	cmd.Flags().BoolVar(&o.ExitAfterHandoff, "exit-after-handoff", true, "exit once the sockets are handed to a successor and the established connections ended (false: wait for SIGTERM, as a pod must)")
 	cmd.Flags().DurationVar(&o.BGP.GracefulRestartTime, "bgp-graceful-restart-time", 15*time.Second, "negotiate BGP graceful restart: how long the routers keep this host's routes when its session ends without a withdrawal, so a successor on the host takes over without the routes moving (0: off; then a hand-off withdraws the routes for a moment)")
@@ -246,9 +258,9 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	broadcaster.StartRecordingToSink(ctx.Done())
 	defer broadcaster.Shutdown()
 	syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
+	var reporter *lbsync.Reporter
 	if o.ReportName != "" {
-		reporter, err := o.reporter(dp)
-		if err != nil {
+		if reporter, err = o.reporter(dp); err != nil {
 			return err
 		}
 		h.onHandOver = append(h.onHandOver, reporter.Retire)
@@ -257,6 +269,21 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 		reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopReports()
 		go reporter.Run(reportCtx)
+	}
+	if err := o.startMovedFlows(ctx, log, reg, addrs); err != nil {
+		return err
+	}
+	syncer.HostNode = o.NodeName
+	syncer.OnHostLeaving = func(leaving bool, reason string) {
+		if leaving {
+			log.Info("This node is leaving: withdrawing the announcements, serving the established connections", "node", o.NodeName, "reason", reason, "connections", dp.Connections())
+		} else {
+			log.Info("This node is no longer leaving: announcing again", "node", o.NodeName)
+		}
+		addrs.setWithdrawn(log, leaving)
+		if reporter != nil {
+			reporter.SetDraining(leaving)
+		}
 	}
 	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() }))
 	if err != nil {
@@ -337,7 +364,7 @@ func (o *Options) reporter(dp *dataplane.DataPlane) (*lbsync.Reporter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating a client for the load balancer report: %w", err)
 	}
-	return &lbsync.Reporter{Client: c, DataPlane: dp, Name: o.ReportName, Heartbeat: o.ReportHeartbeat}, nil
+	return &lbsync.Reporter{Client: c, DataPlane: dp, Name: o.ReportName, Heartbeat: o.ReportHeartbeat, HostNode: o.NodeName}, nil
 }
 
 // defaultReportName is the pod's name (POD_NAME, from the downward API) or

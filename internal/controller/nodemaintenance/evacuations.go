@@ -39,6 +39,10 @@ type nodeDrain struct {
 	// The traffic drain (see traffic.go).
 	lbDown, lbGateExpired, mayEvacuate bool
 	connections                        int64
+	// hostConnections are those of the ebb lb replicas running on the
+	// node (an LB host); hostServing names the ones not draining yet.
+	hostConnections int64
+	hostServing     []string
 	trafficStart                       *metav1.Time
 	trafficDone, trafficTimedOut       bool
 	// trafficLeft is the time to the traffic-drain timeout (for requeues);

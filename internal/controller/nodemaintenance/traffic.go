@@ -25,10 +25,16 @@ const lbGate = 30 * time.Second
 
 // lbView is what the fresh LoadBalancerReports say about one node.
 type lbView struct {
-	// down: every replica that has backends on the node applies Down.
+	// down: every replica that has backends on the node applies Down, and
+	// every replica running on the node (an LB host) is draining.
 	down bool
-	// connections still established through the node, over replicas.
+	// connections still established through the node, over replicas,
+	// those of the replicas running on it included.
 	connections int64
+	// hostConnections are the connections of the replicas running on the
+	// node; hostServing names those not draining yet.
+	hostConnections int64
+	hostServing     []string
 }
 
 // loadBalancerViews reads the reports of the `ebb lb` replicas; stale ones
@@ -39,29 +45,47 @@ func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) l
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("listing LoadBalancerReports: %w", err)
 	}
-	now := metav1.NewTime(r.Clock.Now())
-	views := map[string]lbView{}
-	for i := range list.Items {
-		rep := &list.Items[i]
+	return loadBalancerViews(list.Items, metav1.NewTime(r.Clock.Now())), nil
+}
+
+func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, now metav1.Time) func(node string) lbView {
+	views := map[string]*lbView{}
+	view := func(node string) *lbView {
+		v, ok := views[node]
+		if !ok {
+			v = &lbView{down: true}
+			views[node] = v
+		}
+		return v
+	}
+	for i := range reports {
+		rep := &reports[i]
 		if !rep.Fresh(now) {
 			continue
 		}
 		for _, n := range rep.Status.Nodes {
-			v, seen := views[n.Name]
-			if !seen {
-				v.down = true
-			}
+			v := view(n.Name)
 			v.down = v.down && n.AdminState == v1alpha1.AdminStateDown
 			v.connections += n.Connections
-			views[n.Name] = v
+		}
+		// The replica's host carries the replica's own connections; it
+		// takes no new ones once the replica drains.
+		if host := rep.Status.HostNode; host != "" {
+			v := view(host)
+			v.connections += rep.Status.Connections
+			v.hostConnections += rep.Status.Connections
+			if !rep.Status.Draining {
+				v.down = false
+				v.hostServing = append(v.hostServing, rep.Name)
+			}
 		}
 	}
 	return func(node string) lbView {
 		if v, ok := views[node]; ok {
-			return v
+			return *v
 		}
 		return lbView{down: true}
-	}, nil
+	}
 }
 
 // trafficDrain decides, for one node, whether evacuation may start (the
@@ -72,6 +96,7 @@ func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) l
 func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, view lbView, nd *nodeDrain) {
 	now := r.Clock.Now()
 	nd.lbDown, nd.connections = view.down, view.connections
+	nd.hostConnections, nd.hostServing = view.hostConnections, view.hostServing
 	if old := oldNodeStatus(nm, node); old != nil && old.TrafficDrainStartTime != nil {
 		nd.trafficStart = old.TrafficDrainStartTime
 	} else if view.down {
@@ -121,13 +146,19 @@ const timedOutText = "traffic-drain timeout passed"
 // is not ("" when there is nothing to add).
 func trafficMessage(nd *nodeDrain) string {
 	switch {
+	case !nd.lbDown && !nd.lbGateExpired && len(nd.hostServing) > 0:
+		return fmt.Sprintf("Waiting for the node's own ebb lb (%s) to withdraw the load-balancer addresses", strings.Join(nd.hostServing, ", "))
 	case !nd.lbDown && !nd.lbGateExpired:
 		return "Waiting for the load balancers to stop sending new connections to the node"
 	case !nd.trafficDone:
+		own := ""
+		if nd.hostConnections > 0 {
+			own = fmt.Sprintf(", %d of them through the node's own ebb lb", nd.hostConnections)
+		}
 		// The deadline, not a countdown: a countdown would rewrite the
 		// status on every reconcile.
-		return fmt.Sprintf("Waiting for %d established connection(s) through the load balancers to finish (traffic-drain timeout at %s)",
-			nd.connections, nd.trafficDeadline.UTC().Format(time.RFC3339))
+		return fmt.Sprintf("Waiting for %d established connection(s) through the load balancers to finish%s (traffic-drain timeout at %s)",
+			nd.connections, own, nd.trafficDeadline.UTC().Format(time.RFC3339))
 	case nd.trafficTimedOut:
 		return fmt.Sprintf("Drained (%s with %d established connection(s) left)", timedOutText, nd.connections)
 	}

@@ -48,6 +48,42 @@ func TestLoadBalancerViews(t *testing.T) {
 	}
 }
 
+// An LB host: the ebb lb replicas running on a node hold the node up until
+// they drain, and their own connections count as the node's traffic.
+func TestLoadBalancerViewsOfAnLBHost(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	ts := metav1.NewMicroTime(now.Add(-time.Second))
+	hosted := func(name, host string, draining bool, conns int64, nodes ...v1alpha1.NodeTraffic) v1alpha1.LoadBalancerReport {
+		return v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: v1alpha1.LoadBalancerReportStatus{
+			Replica: name, HostNode: host, Draining: draining, Connections: conns, RenewTime: &ts, HeartbeatSeconds: 10, Nodes: nodes}}
+	}
+	backendA := v1alpha1.NodeTraffic{Name: "a", AdminState: "Down", Connections: 1}
+	for _, tc := range []struct {
+		name    string
+		reports []v1alpha1.LoadBalancerReport
+		node    string
+		want    lbView
+	}{
+		{"a serving replica holds its host up", []v1alpha1.LoadBalancerReport{hosted("lb-a", "a", false, 7, backendA)}, "a",
+			lbView{down: false, connections: 8, hostConnections: 7, hostServing: []string{"lb-a"}}},
+		{"a draining replica lets it go, its connections still count", []v1alpha1.LoadBalancerReport{hosted("lb-a", "a", true, 7, backendA)}, "a",
+			lbView{down: true, connections: 8, hostConnections: 7}},
+		{"an old replica (handed over) and the new one on the same host", []v1alpha1.LoadBalancerReport{hosted("old", "a", true, 2), hosted("new", "a", false, 3)}, "a",
+			lbView{down: false, connections: 5, hostConnections: 5, hostServing: []string{"new"}}},
+		{"another host's replica does not count for this node", []v1alpha1.LoadBalancerReport{hosted("lb-b", "b", false, 9, backendA)}, "a",
+			lbView{down: true, connections: 1}},
+		{"a report without a host (an older ebb lb) holds nothing up", []v1alpha1.LoadBalancerReport{hosted("lb", "", false, 9)}, "a",
+			lbView{down: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := loadBalancerViews(tc.reports, metav1.NewTime(now))(tc.node)
+			if got.down != tc.want.down || got.connections != tc.want.connections || got.hostConnections != tc.want.hostConnections || !slices.Equal(got.hostServing, tc.want.hostServing) {
+				t.Errorf("view of %s = %+v, want %+v", tc.node, got, tc.want)
+			}
+		})
+	}
+}
+
 // The traffic drain: evacuation waits for the load balancers (up to the
 // gate), and the node's traffic is drained with no connection left or at
 // the timeout.

@@ -1,0 +1,168 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+	"github.com/ebbdev/ebb/internal/flowfwd"
+	"github.com/ebbdev/ebb/internal/lbsync"
+)
+
+// movedFlows keeps internal/flowfwd's rule in step with this replica: the
+// addresses it serves, whether its host drains, and which other LB hosts
+// drain. Each change is written at once; a failed write is logged and
+// retried at the next change.
+type movedFlows struct {
+	log logr.Logger
+	fwd *flowfwd.Forwarder
+
+	mu    sync.Mutex
+	state flowfwd.State
+	// retired: a successor owns the table now (the hand-off).
+	retired bool
+}
+
+func newMovedFlows(log logr.Logger, table string) *movedFlows {
+	return &movedFlows{log: log.WithName("flows"), fwd: flowfwd.New(table, 0)}
+}
+
+// start installs the rule before any host drains: connection tracking
+// must know this host's own flows from their first packet.
+func (m *movedFlows) start() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fwd.Sync(m.state)
+}
+
+func (m *movedFlows) update(change func(*flowfwd.State)) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	change(&m.state)
+	if m.retired {
+		return
+	}
+	if err := m.fwd.Sync(m.state); err != nil {
+		m.log.Error(err, "Updating the forwarding of moved flows")
+	}
+}
+
+func (m *movedFlows) setAddresses(a []netip.Addr) {
+	m.update(func(s *flowfwd.State) { s.Addresses = a })
+}
+
+func (m *movedFlows) setDraining(on bool) {
+	m.update(func(s *flowfwd.State) { s.Draining = on })
+}
+
+// SetPeers is told the draining peers (lbsync.DrainingPeers).
+func (m *movedFlows) SetPeers(p []netip.Addr) {
+	m.update(func(s *flowfwd.State) { s.Peers = p })
+}
+
+// retire leaves the table to a successor.
+func (m *movedFlows) retire() {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.retired = true
+}
+
+// close removes the table, unless a successor owns it.
+func (m *movedFlows) close() {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.retired {
+		return
+	}
+	if err := m.fwd.Remove(); err != nil {
+		m.log.Error(err, "Removing the forwarding of moved flows")
+	}
+}
+
+// collector exposes the rule's mode and its count of foreign segments.
+func (m *movedFlows) collector() prometheus.Collector { return flowsCollector{m} }
+
+type flowsCollector struct{ m *movedFlows }
+
+var (
+	foreignSegmentsDesc = prometheus.NewDesc("ebb_lb_moved_flow_segments_total",
+		"TCP segments of flows this host does not know (moved here by the routers) since the forwarding rule was last rewritten; mode is pass (answered with a reset), forward (sent to the draining LB hosts) or drop (this host drains).",
+		[]string{"mode"}, nil)
+	drainingPeersDesc = prometheus.NewDesc("ebb_lb_draining_peers",
+		"Other LB hosts that are draining, to which this host forwards the segments of moved flows.", nil, nil)
+)
+
+func (c flowsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- foreignSegmentsDesc
+	ch <- drainingPeersDesc
+}
+
+func (c flowsCollector) Collect(ch chan<- prometheus.Metric) {
+	segs, mode, err := c.m.fwd.Segments()
+	if err == nil {
+		ch <- prometheus.MustNewConstMetric(foreignSegmentsDesc, prometheus.CounterValue, float64(segs), string(mode))
+	}
+	c.m.mu.Lock()
+	peers := len(c.m.state.Peers)
+	c.m.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(drainingPeersDesc, prometheus.GaugeValue, float64(peers))
+}
+
+// startMovedFlows installs the forwarding of moved flows and follows the
+// other LB hosts for it (cluster mode, --forward-moved-flows).
+func (o *Options) startMovedFlows(ctx context.Context, log logr.Logger, reg prometheus.Registerer, addrs *addressSinks) error {
+	if !o.ForwardMovedFlows {
+		return nil
+	}
+	flows := newMovedFlows(log, flowfwd.DefaultTable)
+	if err := flows.start(); err != nil {
+		return fmt.Errorf("installing the forwarding of moved flows (--forward-moved-flows=false to do without; needs CAP_NET_ADMIN): %w", err)
+	}
+	if err := reg.Register(flows.collector()); err != nil {
+		return err
+	}
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	c, err := ctrlcache.New(cfg, ctrlcache.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating a cache of the other load-balancer hosts: %w", err)
+	}
+	addrs.mu.Lock()
+	addrs.flows = flows
+	addrs.withdrawAfter = o.WithdrawDelay
+	addrs.mu.Unlock()
+	peers := &lbsync.DrainingPeers{Cache: c, Self: o.NodeName, Model: o.Model, OnChange: flows.SetPeers}
+	go func() {
+		if err := peers.Run(ctx); err != nil {
+			log.Error(err, "Following the other load-balancer hosts: moved flows are not forwarded")
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,242 @@
+// Package flowfwd keeps established connections alive when the routers
+// move them between load-balancer hosts. When an LB host withdraws its
+// announcements (its node is leaving), the routers' ECMP sends the packets
+// of the connections it still serves to the other LB hosts, which know
+// nothing of them and would answer with a reset. With flowfwd, each
+// serving LB host sends a TCP segment of a flow it does not know (no
+// connection tracking entry, not a SYN: a flow that was established
+// somewhere else) on to the LB hosts that are draining, unchanged (the
+// destination stays the load-balancer address, which is local there too),
+// and one of them still has the connection. A draining host drops such
+// segments instead of resetting them, since the flow may be another
+// draining host's. Segments of this host's own flows, and new connections,
+// are never touched. It is what GitHub's GLB calls a second chance, done
+// with one nftables rule (`dup to` each draining host, then `drop`).
+//
+// It needs connection tracking on the host (kube-proxy's rules and the
+// rule itself turn it on): a flow established before that would look
+// foreign, so the table is installed when the process starts, well before
+// any host drains.
+package flowfwd
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultTable names the nftables table (family ip).
+const DefaultTable = "ebb-flows"
+
+// State is what the rule does.
+type State struct {
+	// Addresses are the load-balancer addresses served here (IPv4; IPv6
+	// addresses are ignored for now).
+	Addresses []netip.Addr
+	// Draining: this host is leaving; foreign segments are dropped.
+	Draining bool
+	// Peers are the other LB hosts that are draining (their addresses on
+	// the node network); foreign segments go to each of them.
+	Peers []netip.Addr
+}
+
+// Mode is what the rule does with a foreign segment.
+type Mode string
+
+// Modes.
+const (
+	// ModePass: no draining peer and not draining: the host answers the
+	// segment as it always would (a reset).
+	ModePass Mode = "pass"
+	// ModeForward: sent to every draining peer.
+	ModeForward Mode = "forward"
+	// ModeDrop: this host drains; dropped without a reset.
+	ModeDrop Mode = "drop"
+)
+
+func (s State) mode() Mode {
+	switch {
+	case s.Draining:
+		return ModeDrop
+	case len(s.Peers) > 0:
+		return ModeForward
+	}
+	return ModePass
+}
+
+// Forwarder owns the table.
+type Forwarder struct {
+	table string
+	netns int
+
+	mu   sync.Mutex
+	last *State
+}
+
+// New returns a forwarder of the table name in the network namespace netns
+// (a file descriptor; 0: this process's). Nothing is installed until Sync.
+func New(table string, netns int) *Forwarder {
+	if table == "" {
+		table = DefaultTable
+	}
+	return &Forwarder{table: table, netns: netns}
+}
+
+func (f *Forwarder) conn() (*nftables.Conn, error) {
+	if f.netns != 0 {
+		return nftables.New(nftables.WithNetNSFd(f.netns))
+	}
+	return nftables.New()
+}
+
+// Sync makes the table do what s says, in one transaction (the previous
+// rule stays until the new one replaces it). An unchanged state is not
+// written again.
+func (f *Forwarder) Sync(s State) error {
+	s = normalise(s)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.last != nil && equal(*f.last, s) {
+		return nil
+	}
+	c, err := f.conn()
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	defer c.CloseLasting()
+	t := c.AddTable(&nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4})
+	chain := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
+	set := &nftables.Set{Name: "addresses", Table: t, KeyType: nftables.TypeIPAddr}
+	if err := c.AddSet(set, nil); err != nil {
+		return fmt.Errorf("adding the addresses set: %w", err)
+	}
+	c.FlushSet(set)
+	var elems []nftables.SetElement
+	for _, a := range s.Addresses {
+		elems = append(elems, nftables.SetElement{Key: a.AsSlice()})
+	}
+	if len(elems) > 0 {
+		if err := c.SetAddElements(set, elems); err != nil {
+			return fmt.Errorf("adding the addresses: %w", err)
+		}
+	}
+	c.FlushChain(chain)
+	c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: ruleExprs(set, s)})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing nftables table ip %s: %w", f.table, err)
+	}
+	f.last = &s
+	return nil
+}
+
+// ruleExprs is: ip daddr @addresses, TCP, not a SYN, no tracked
+// connection (new or invalid), counted; then dup to each peer and drop,
+// or drop, or nothing (pass).
+func ruleExprs(set *nftables.Set, s State) []expr.Any {
+	exprs := []expr.Any{
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4, DestRegister: 1},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		// tcp flags & syn == 0
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1, DestRegister: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x02}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0}},
+		// ct state new,invalid
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(expr.CtStateBitNEW | expr.CtStateBitINVALID), Xor: u32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: u32(0)},
+		&expr.Counter{},
+	}
+	switch s.mode() {
+	case ModeForward:
+		for _, p := range s.Peers {
+			exprs = append(exprs,
+				&expr.Immediate{Register: 1, Data: p.AsSlice()},
+				&expr.Dup{RegAddr: 1})
+		}
+		exprs = append(exprs, &expr.Verdict{Kind: expr.VerdictDrop})
+	case ModeDrop:
+		exprs = append(exprs, &expr.Verdict{Kind: expr.VerdictDrop})
+	}
+	return exprs
+}
+
+// Segments returns how many foreign segments the current rule has seen,
+// and what it does with them.
+func (f *Forwarder) Segments() (uint64, Mode, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.last == nil {
+		return 0, ModePass, nil
+	}
+	c, err := f.conn()
+	if err != nil {
+		return 0, "", err
+	}
+	defer c.CloseLasting()
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	rules, err := c.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
+	if err != nil {
+		return 0, "", fmt.Errorf("reading table ip %s: %w", f.table, err)
+	}
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if ctr, ok := e.(*expr.Counter); ok {
+				return ctr.Packets, f.last.mode(), nil
+			}
+		}
+	}
+	return 0, f.last.mode(), errors.New("the rule has no counter")
+}
+
+// Remove deletes the table: nothing forwards any more.
+func (f *Forwarder) Remove() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.conn()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	c.DelTable(&nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("removing table ip %s: %w", f.table, err)
+	}
+	f.last = nil
+	return nil
+}
+
+func normalise(s State) State {
+	out := State{Draining: s.Draining}
+	for _, a := range s.Addresses {
+		if a = a.Unmap(); a.Is4() {
+			out.Addresses = append(out.Addresses, a)
+		}
+	}
+	for _, p := range s.Peers {
+		if p = p.Unmap(); p.Is4() {
+			out.Peers = append(out.Peers, p)
+		}
+	}
+	cmp := func(a, b netip.Addr) int { return a.Compare(b) }
+	slices.SortFunc(out.Addresses, cmp)
+	slices.SortFunc(out.Peers, cmp)
+	out.Addresses = slices.Compact(out.Addresses)
+	out.Peers = slices.Compact(out.Peers)
+	return out
+}
+
+func equal(a, b State) bool {
+	return a.Draining == b.Draining && slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.Peers, b.Peers)
+}
+
+func u32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }

@@ -1,0 +1,191 @@
+package flowfwd
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+var (
+	vip     = netip.MustParseAddr("10.99.0.1")
+	vipPort = netip.AddrPortFrom(vip, 8080)
+	pfx     = netip.MustParsePrefix
+	addr    = netip.MustParseAddr
+)
+
+// testNet: a client linked to two LB hosts, serving (10.1.0.0/24) and
+// draining (10.2.0.0/24), which are linked to each other (10.3.0.0/24);
+// the address is local on both, and the client routes it to either.
+type testNet struct {
+	client, serving, draining *network.Host
+}
+
+func newTestNet(t *testing.T) *testNet {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network namespaces and nftables (make test runs as root)")
+	}
+	n := &testNet{}
+	for _, h := range []struct {
+		name string
+		to   **network.Host
+	}{{"ff-client", &n.client}, {"ff-serving", &n.serving}, {"ff-draining", &n.draining}} {
+		host, err := network.NewHost(h.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(host.Close)
+		*h.to = host
+	}
+	for _, err := range []error{
+		network.LinkHosts(n.client, "eth-s", []netip.Prefix{pfx("10.1.0.1/24")}, n.serving, "eth-c", []netip.Prefix{pfx("10.1.0.2/24")}),
+		network.LinkHosts(n.client, "eth-d", []netip.Prefix{pfx("10.2.0.1/24")}, n.draining, "eth-c", []netip.Prefix{pfx("10.2.0.2/24")}),
+		network.LinkHosts(n.serving, "eth-d", []netip.Prefix{pfx("10.3.0.1/24")}, n.draining, "eth-s", []netip.Prefix{pfx("10.3.0.2/24")}),
+		n.serving.AddAddress("lo", netip.PrefixFrom(vip, 32)),
+		n.draining.AddAddress("lo", netip.PrefixFrom(vip, 32)),
+		n.client.AddRoute(netip.PrefixFrom(vip, 32), addr("10.2.0.2")),
+		// Each host reaches both of the client's addresses, as through a
+		// router: a reset the serving host sends reaches the client.
+		n.serving.AddRoute(pfx("10.2.0.0/24"), addr("10.1.0.1")),
+		n.draining.AddRoute(pfx("10.1.0.0/24"), addr("10.2.0.1")),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// echo serves an echo on the address on h.
+func echo(t *testing.T, h *network.Host) {
+	t.Helper()
+	ln, err := h.Listen("tcp", vipPort.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
+}
+
+// moveTo makes the client's route to the address go through the host at
+// via, as a router's ECMP does when a next hop goes away.
+func (n *testNet) moveTo(t *testing.T, via string) {
+	t.Helper()
+	if err := n.client.DeleteRoute(netip.PrefixFrom(vip, 32)); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.client.AddRoute(netip.PrefixFrom(vip, 32), addr(via)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func roundTrip(c net.Conn, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	_, err := io.ReadFull(c, buf)
+	return err
+}
+
+func (n *testNet) connect(t *testing.T) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := n.client.DialContext(ctx, "tcp", vipPort.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := roundTrip(c, "before"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A connection established through the draining host, moved by the route
+// to the serving host: the serving host resets it without a forwarder
+// (what every LB host does today), keeps it going with one that knows the
+// draining peer, and a draining host's forwarder drops the segment rather
+// than resetting it. The serving host's own connection never moves.
+func TestMovedConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		state *State // nil: no forwarder
+		want  string // "ok", "reset" or "timeout"
+	}{
+		{"without a forwarder the serving host resets it", nil, "reset"},
+		{"no draining peer: passed, reset", &State{Addresses: []netip.Addr{vip}}, "reset"},
+		{"forwarded to the draining peer", &State{Addresses: []netip.Addr{vip}, Peers: []netip.Addr{addr("10.3.0.2")}}, "ok"},
+		{"a draining host drops it", &State{Addresses: []netip.Addr{vip}, Draining: true}, "timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newTestNet(t)
+			echo(t, n.draining)
+			echo(t, n.serving)
+			var f *Forwarder
+			if tc.state != nil {
+				f = New("", n.serving.NetNS())
+				if err := f.Sync(*tc.state); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The serving host's own connection, established through it.
+			n.moveTo(t, "10.1.0.2")
+			own := n.connect(t)
+			// One through the draining host, then moved.
+			n.moveTo(t, "10.2.0.2")
+			moved := n.connect(t)
+			n.moveTo(t, "10.1.0.2")
+
+			err := roundTrip(moved, "after the move")
+			var got string
+			var ne net.Error
+			switch {
+			case err == nil:
+				got = "ok"
+			case errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+				got = "reset"
+			case errors.As(err, &ne) && ne.Timeout():
+				got = "timeout"
+			default:
+				got = err.Error()
+			}
+			if got != tc.want {
+				t.Fatalf("the moved connection: %s, want %s", got, tc.want)
+			}
+			if err := roundTrip(own, "own"); err != nil {
+				t.Fatalf("the serving host's own connection broke: %v", err)
+			}
+			if f != nil {
+				segs, mode, err := f.Segments()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if segs == 0 || mode != tc.state.mode() {
+					t.Errorf("Segments() = %d, %s; want some, %s", segs, mode, tc.state.mode())
+				}
+				if err := f.Remove(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

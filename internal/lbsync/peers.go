@@ -1,0 +1,134 @@
+package lbsync
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=list;watch
+
+// DrainingPeers follows the other `ebb lb` replicas and says which LB
+// hosts are draining: those whose replica reports itself draining, or
+// whose Node is leaving (seen at once, before the replica's report says
+// so). Their addresses are where this host sends the segments of flows
+// the routers moved here (internal/flowfwd).
+type DrainingPeers struct {
+	// Cache holds LoadBalancerReports and Nodes; Run starts it.
+	Cache ctrlcache.Cache
+	// Self is this replica's node, never a peer.
+	Self  string
+	Model lbmodel.Options
+	// OnChange is told the draining peers' addresses whenever they
+	// change (sorted).
+	OnChange func([]netip.Addr)
+	// Resync re-reads everything this often, so that a report going stale
+	// (a replica that is gone) is noticed; default 2 s.
+	Resync time.Duration
+}
+
+// Run follows the peers until ctx is done.
+func (p *DrainingPeers) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("peers")
+	if p.Resync <= 0 {
+		p.Resync = 2 * time.Second
+	}
+	changed := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(any, any) { kick() }, DeleteFunc: func(any) { kick() }}
+	for _, obj := range []client.Object{&v1alpha1.LoadBalancerReport{}, &corev1.Node{}} {
+		inf, err := p.Cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	go func() { _ = p.Cache.Start(ctx) }()
+	if !p.Cache.WaitForCacheSync(ctx) {
+		return fmt.Errorf("the caches of LoadBalancerReports and Nodes did not sync")
+	}
+	var last []netip.Addr
+	tick := time.NewTicker(p.Resync)
+	defer tick.Stop()
+	for first := true; ; first = false {
+		peers, err := p.draining(ctx)
+		if err != nil {
+			log.Error(err, "Reading the other load-balancer hosts")
+		} else if first || !slices.Equal(peers, last) {
+			last = peers
+			log.Info("Draining load-balancer hosts", "addresses", peers)
+			p.OnChange(peers)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// draining lists the addresses of the LB hosts other than Self whose
+// replica drains or whose Node is leaving.
+func (p *DrainingPeers) draining(ctx context.Context) ([]netip.Addr, error) {
+	var reports v1alpha1.LoadBalancerReportList
+	if err := p.Cache.List(ctx, &reports); err != nil {
+		return nil, err
+	}
+	now := metav1.NewTime(time.Now())
+	var out []netip.Addr
+	for _, r := range reports.Items {
+		host := r.Status.HostNode
+		if host == "" || host == p.Self || !r.Fresh(now) {
+			continue
+		}
+		var node corev1.Node
+		if err := p.Cache.Get(ctx, keyOf(host), &node); err != nil {
+			continue // gone: nothing to send to
+		}
+		leaving, _ := lbmodel.IsLeaving(&node, p.Model)
+		if !r.Status.Draining && !leaving {
+			continue
+		}
+		if a, ok := internalIPv4(&node); ok && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out, nil
+}
+
+func keyOf(name string) client.ObjectKey { return client.ObjectKey{Name: name} }
+
+// internalIPv4 is a node's IPv4 InternalIP: where its LB host is reached
+// on the node network.
+func internalIPv4(n *corev1.Node) (netip.Addr, bool) {
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Unmap().Is4() {
+			return ip.Unmap(), true
+		}
+	}
+	return netip.Addr{}, false
+}

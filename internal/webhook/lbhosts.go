@@ -1,0 +1,76 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
+
+// keepsALoadBalancerHost refuses to drain every node that hosts a serving
+// `ebb lb` replica: the load-balancer addresses would then have no host
+// to be announced from and accepted on, and every Service of ebb's class
+// would stop answering. Serving replicas are the fresh LoadBalancerReports
+// that name their host and are not draining; a host counts as gone when
+// this maintenance selects it or it is leaving already (a leaving taint:
+// another maintenance, out-of-service, ...). Without any serving replica
+// (none reports a host, say) there is nothing to protect. The
+// AllowNoLoadBalancerAnnotation overrides it.
+func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alpha1.NodeMaintenance, selected []string, nodes []*corev1.Node) error {
+	if nm.Spec.Stage != v1alpha1.Drain || nm.DeletionTimestamp != nil || nm.Annotations[v1alpha1.AllowNoLoadBalancerAnnotation] == "true" {
+		return nil
+	}
+	var reports v1alpha1.LoadBalancerReportList
+	if err := w.Client.List(ctx, &reports); err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("listing LoadBalancerReports: %w", err))
+	}
+	now := metav1.NewTime(time.Now())
+	if w.Now != nil {
+		now = metav1.NewTime(w.Now())
+	}
+	gone := map[string]bool{}
+	for _, n := range selected {
+		gone[n] = true
+	}
+	for _, n := range nodes {
+		if leaving, _ := lbmodel.IsLeaving(n, lbmodel.Options{}); leaving {
+			gone[n.Name] = true
+		}
+	}
+	var stranded []string
+	for _, r := range reports.Items {
+		if !r.Fresh(now) || r.Status.HostNode == "" || r.Status.Draining {
+			continue
+		}
+		if !gone[r.Status.HostNode] {
+			return nil // a serving replica stays
+		}
+		stranded = append(stranded, fmt.Sprintf("%s on %s", r.Name, r.Status.HostNode))
+	}
+	if len(stranded) == 0 {
+		return nil
+	}
+	sort.Strings(stranded)
+	hosts := slices.Compact(slices.Sorted(func(yield func(string) bool) {
+		for _, r := range reports.Items {
+			if r.Status.HostNode != "" && !r.Status.Draining && r.Fresh(now) && !yield(r.Status.HostNode) {
+				return
+			}
+		}
+	}))
+	return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("nodemaintenances").GroupResource(), nm.Name, fmt.Errorf(
+		"draining %s would leave no ebb lb serving the load-balancer addresses: every serving replica (%s) runs on a node this maintenance drains or that is leaving already. "+
+			"Make another node a load-balancer host (label it %s=true) and wait for its ebb lb to be ready, or finish the other maintenance first, or set the annotation %s=true to drain anyway",
+		strings.Join(hosts, ", "), strings.Join(stranded, ", "), "ebb.dev/load-balancer", v1alpha1.AllowNoLoadBalancerAnnotation))
+}

@@ -1,0 +1,201 @@
+package announce_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// A NodeMaintenance of an LB host under traffic drops nothing: the host's
+// ebb lb withdraws its route as soon as the host is tainted (the router
+// keeps the other LB host), serves its established connections, and its
+// LoadBalancerReport counts them down; the maintenance waits for them
+// before it is Drained and says so; draining the other LB host meanwhile
+// is refused, since no host would be left for the addresses; Complete
+// brings the host back into the route.
+func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	lbA, lbB := cluster.Nodes[0], cluster.Nodes[1]
+	startLB(t, ctx, lbA)
+	startLB(t, ctx, lbB)
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2)
+	route := netip.PrefixFrom(vip, 32)
+	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
+	waitNextHops(t, ctx, route, both)
+	httpClient := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	url := fmt.Sprintf("http://%s/", vip)
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
+		_, err := e2eutil.GetIdentity(ctx, httpClient, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	c := apiClient(t)
+
+	requests := startRequests(ctx, httpClient, url, 2)
+	long := startLongLived(ctx, netip.AddrPortFrom(vip, 80), 12)
+	time.Sleep(time.Second)
+
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "lb-host-" + lbA.Name},
+		Spec: v1alpha1.NodeMaintenanceSpec{NodeSelector: byName(lbA.Name), Stage: v1alpha1.Drain, Reason: "e2e: maintain an LB host",
+			TrafficDrainTimeoutSeconds: ptr.To[int32](120)},
+	}
+	if err := c.Create(ctx, nm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), nm) })
+	started := time.Now()
+	waitNextHops(t, ctx, route, both[1:])
+	t.Logf("%s's route withdrawn %s after its maintenance started", lbA.Name, time.Since(started).Round(time.Millisecond))
+
+	// The host's own replica drains and counts its connections; the
+	// maintenance waits for them and says why.
+	var report v1alpha1.LoadBalancerReport
+	var err error
+	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb reporting itself draining with connections left", func(ctx context.Context) (bool, string) {
+		r, err := reportOn(ctx, c, lbA.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		report = r
+		return r.Status.Draining && r.Status.Connections > 0, fmt.Sprintf("%+v", r.Status)
+	})
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(ctx context.Context) (bool, string) {
+		got := &v1alpha1.NodeMaintenance{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		msg := nodeStatusOf(got, lbA.Name).DrainMessage
+		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
+		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)
+	})
+
+	// No host would be left for the addresses: refused, with why.
+	other := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "lb-host-" + lbB.Name},
+		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: byName(lbB.Name), Stage: v1alpha1.Drain, Reason: "e2e: the last LB host"},
+	}
+	err = c.Create(ctx, other)
+	if err == nil {
+		_ = c.Delete(context.Background(), other)
+		t.Fatal("a maintenance draining the last serving LB host was admitted")
+	}
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "would leave no ebb lb serving the load-balancer addresses") {
+		t.Fatalf("refusal %v", err)
+	}
+	t.Logf("refused: %v", err)
+
+	// The long-lived connections through the draining host go on: the
+	// router sends them to the other LB host, which forwards them back.
+	time.Sleep(3 * time.Second)
+	page, err := lbPage(ctx, lbB, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forwarded := e2eutil.Sum(grepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
+		t.Errorf("%s forwarded no segment of %s's connections:\n%s", lbB.Name, lbA.Name, grepLines(page, "ebb_lb_moved_flow_segments_total"))
+	} else {
+		t.Logf("%s forwarded %.0f segments of connections moved from %s", lbB.Name, forwarded, lbA.Name)
+	}
+	if n := long.failed.Load(); n > 0 {
+		t.Fatalf("%d of 12 long-lived connections broke while %s drained; first: %v", n, lbA.Name, long.firstErr.Load())
+	}
+
+	// The long-lived connections end: the host is drained.
+	long.halt()
+	e2eutil.Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
+		got := &v1alpha1.NodeMaintenance{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), nodeStatusOf(got, lbA.Name).DrainMessage
+	})
+	t.Logf("%s drained %s after its maintenance started (its ebb lb had %d connection(s) when it started draining)", lbA.Name, time.Since(started).Round(time.Millisecond), report.Status.Connections)
+
+	// Complete: the host is back in the route.
+	patch := client.MergeFrom(nm.DeepCopy())
+	nm.Spec.Stage = v1alpha1.Complete
+	if err := c.Patch(ctx, nm, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, ctx, route, both)
+	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb serving again", func(ctx context.Context) (bool, string) {
+		r, err := reportOn(ctx, c, lbA.Name)
+		return err == nil && !r.Status.Draining, fmt.Sprint(r.Status, err)
+	})
+	time.Sleep(time.Second)
+	requests.halt()
+	t.Logf("%d requests on new connections, %d on 12 long-lived connections", requests.ok.Load(), long.ok.Load())
+	if n := requests.failed.Load(); n > 0 {
+		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+requests.ok.Load(), requests.firstErr.Load())
+	}
+	if n := long.failed.Load(); n > 0 {
+		t.Errorf("%d of 12 long-lived connections broke; first: %v", n, long.firstErr.Load())
+	}
+}
+
+// apiClient reads and writes ebb's API objects.
+func apiClient(t *testing.T) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// reportOn returns the report of the serving-or-draining ebb lb replica
+// that runs on node (the freshest, if several).
+func reportOn(ctx context.Context, c client.Client, node string) (v1alpha1.LoadBalancerReport, error) {
+	var list v1alpha1.LoadBalancerReportList
+	if err := c.List(ctx, &list); err != nil {
+		return v1alpha1.LoadBalancerReport{}, err
+	}
+	var best v1alpha1.LoadBalancerReport
+	for _, r := range list.Items {
+		if r.Status.HostNode != node || r.Status.RenewTime == nil {
+			continue
+		}
+		if best.Status.RenewTime == nil || r.Status.RenewTime.After(best.Status.RenewTime.Time) {
+			best = r
+		}
+	}
+	if best.Status.RenewTime == nil {
+		return best, fmt.Errorf("no LoadBalancerReport names %s as its host", node)
+	}
+	return best, nil
+}
+
+func nodeStatusOf(nm *v1alpha1.NodeMaintenance, node string) v1alpha1.NodeMaintenanceNodeStatus {
+	for _, s := range nm.Status.NodeStatuses {
+		if s.NodeRef.Name == node {
+			return s
+		}
+	}
+	return v1alpha1.NodeMaintenanceNodeStatus{}
+}
+
+func byName(node string) *corev1.NodeSelector {
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+		{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}
+}
