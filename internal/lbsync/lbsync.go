@@ -108,7 +108,7 @@ type Syncer struct {
 	// hostLeaving is the last value given OnHostLeaving; only the node
 	// informer's handler uses it.
 	hostLeaving *bool
-	queue workqueue.TypedRateLimitingInterface[string]
+	queue       workqueue.TypedRateLimitingInterface[string]
 
 	// Only Run's goroutine uses these.
 	skips       *skipReporter

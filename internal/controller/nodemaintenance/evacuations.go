@@ -41,10 +41,10 @@ type nodeDrain struct {
 	connections                        int64
 	// hostConnections are those of the ebb lb replicas running on the
 	// node (an LB host); hostServing names the ones not draining yet.
-	hostConnections int64
-	hostServing     []string
-	trafficStart                       *metav1.Time
-	trafficDone, trafficTimedOut       bool
+	hostConnections              int64
+	hostServing                  []string
+	trafficStart                 *metav1.Time
+	trafficDone, trafficTimedOut bool
 	// trafficLeft is the time to the traffic-drain timeout (for requeues);
 	// trafficDeadline is that timeout as a time (for the message, which
 	// must not change while nothing else does).
