@@ -14,7 +14,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain bench-maintenance clean
+.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle clean
 
 all: build
 
@@ -102,6 +102,11 @@ bench-drain: tools build
 bench-maintenance: tools build
 	$(GO) build -o bin/bench-maintenance ./bench/maintenance
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-maintenance -ebb bin/ebb
+
+## bench-lb-lifecycle: restarts of one LB (ebb hand-off, HAProxy seamless reload, plain restart), rolling upgrades of the ebb lb DaemonSet and a maintenance of an LB host, under 1,000 req/s and 50 long-lived connections, 3 runs
+bench-lb-lifecycle: tools build release
+	$(GO) build -o bin/bench-lb-lifecycle ./bench/lblifecycle
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-lb-lifecycle -ebb bin/ebb -dist dist
 
 clean:
 	rm -rf bin dist

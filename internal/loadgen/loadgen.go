@@ -7,6 +7,7 @@ package loadgen
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,9 @@ type Requests struct {
 	URL     string
 	Rate    int
 	Timeout time.Duration
+	// Dial, if set, opens the connections (a client in another network
+	// namespace); default: this process's.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	client  *http.Client
 	start   time.Time
@@ -50,7 +54,7 @@ func (r *Requests) Start() {
 	if r.Timeout == 0 {
 		r.Timeout = 3 * time.Second
 	}
-	r.client = &http.Client{Timeout: r.Timeout, Transport: &http.Transport{DisableKeepAlives: true, MaxIdleConnsPerHost: -1}}
+	r.client = &http.Client{Timeout: r.Timeout, Transport: &http.Transport{DisableKeepAlives: true, MaxIdleConnsPerHost: -1, DialContext: r.Dial}}
 	r.done = make(chan struct{})
 	r.start = time.Now()
 	r.wg.Add(1)
@@ -163,7 +167,18 @@ type LongLived struct {
 
 // OpenLongLived dials addr and starts echoing every interval.
 func OpenLongLived(addr string, interval time.Duration) (*LongLived, error) {
-	conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	return OpenLongLivedVia(nil, addr, interval)
+}
+
+// OpenLongLivedVia is OpenLongLived with a dialer of the caller's (nil:
+// this process's).
+func OpenLongLivedVia(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration) (*LongLived, error) {
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
