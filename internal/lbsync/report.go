@@ -17,7 +17,7 @@ import (
 	"github.com/ebbdev/ebb/internal/dataplane"
 )
 
-// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;create
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;create;delete
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports/status,verbs=get;update
 
 // Reporter publishes this replica's LoadBalancerReport: per node, the
@@ -103,6 +103,18 @@ func (r *Reporter) Run(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// Remove deletes the report: the replica is gone, so nothing it said
+// holds (a report left behind would stay fresh for three heartbeats and
+// keep its host looking served). A replica that crashes leaves it to go
+// stale.
+func (r *Reporter) Remove(ctx context.Context) error {
+	report := &v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: r.Name}}
+	if err := r.Client.Delete(ctx, report); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting LoadBalancerReport %s: %w", r.Name, err)
+	}
+	return nil
 }
 
 // NodeTraffic sums the data plane's backends per owning node.

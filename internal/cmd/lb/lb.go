@@ -265,10 +265,19 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 		}
 		h.onHandOver = append(h.onHandOver, reporter.Retire)
 		// The report outlives ctx: it counts the connections down through
-		// the graceful stop.
+		// the graceful stop; then it goes with the replica.
 		reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopReports()
-		go reporter.Run(reportCtx)
+		reported := make(chan struct{})
+		go func() { reporter.Run(reportCtx); close(reported) }()
+		defer func() {
+			stopReports()
+			<-reported
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := reporter.Remove(rctx); err != nil {
+				log.Error(err, "Removing this replica's report")
+			}
+		}()
 	}
 	if err := o.startMovedFlows(ctx, log, reg, addrs); err != nil {
 		return err

@@ -47,8 +47,8 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	})
 	c := apiClient(t)
 
-	requests := startRequests(ctx, httpClient, url, 2)
-	long := startLongLived(ctx, netip.AddrPortFrom(vip, 80), 12)
+	requests := startRequests(t, ctx, httpClient, url, 2)
+	long := startLongLived(t, ctx, netip.AddrPortFrom(vip, 80), 12)
 	time.Sleep(time.Second)
 
 	nm := &v1alpha1.NodeMaintenance{
@@ -76,11 +76,13 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 		report = r
 		return r.Status.Draining && r.Status.Connections > 0, fmt.Sprintf("%+v", r.Status)
 	})
+	last := ""
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(ctx context.Context) (bool, string) {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			return false, err.Error()
+			return false, last + " (" + err.Error() + ")"
 		}
+		last = nodeStatusOf(got, lbA.Name).DrainMessage
 		msg := nodeStatusOf(got, lbA.Name).DrainMessage
 		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
 		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)

@@ -50,9 +50,9 @@ func TestRollingUpgradeDropsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	requests := startRequests(ctx, client, url, 2)
-	long := startLongLived(ctx, netip.AddrPortFrom(vip, 80), 4)
-	routes := watchRoute(ctx, route, both)
+	requests := startRequests(t, ctx, client, url, 2)
+	long := startLongLived(t, ctx, netip.AddrPortFrom(vip, 80), 4)
+	routes := watchRoute(t, ctx, route, both)
 	time.Sleep(time.Second)
 
 	started := time.Now()
@@ -113,10 +113,17 @@ type load struct {
 	ok, failed atomic.Int64
 	firstErr   atomic.Value
 	stop       chan struct{}
+	once       sync.Once
 	wg         sync.WaitGroup
 }
 
-func newLoad() *load { return &load{stop: make(chan struct{})} }
+// newLoad returns a load that is halted when the test ends, if not before
+// (a failed test must not leave it running into the next).
+func newLoad(t *testing.T) *load {
+	l := &load{stop: make(chan struct{})}
+	t.Cleanup(l.halt)
+	return l
+}
 
 func (l *load) fail(err error) {
 	l.failed.Add(1)
@@ -133,14 +140,14 @@ func (l *load) stopped() bool {
 }
 
 func (l *load) halt() {
-	close(l.stop)
+	l.once.Do(func() { close(l.stop) })
 	l.wg.Wait()
 }
 
 // startRequests sends requests, each on a new connection, one after
 // another on each of workers.
-func startRequests(ctx context.Context, client *http.Client, url string, workers int) *load {
-	l := newLoad()
+func startRequests(t *testing.T, ctx context.Context, client *http.Client, url string, workers int) *load {
+	l := newLoad(t)
 	for range workers {
 		l.wg.Add(1)
 		go func() {
@@ -160,8 +167,8 @@ func startRequests(ctx context.Context, client *http.Client, url string, workers
 // startLongLived opens n connections and sends a request on each every
 // 100 ms until halted; a connection that breaks counts one failure and
 // ends.
-func startLongLived(ctx context.Context, at netip.AddrPort, n int) *load {
-	l := newLoad()
+func startLongLived(t *testing.T, ctx context.Context, at netip.AddrPort, n int) *load {
+	l := newLoad(t)
 	for i := range n {
 		l.wg.Add(1)
 		go func() {
@@ -209,8 +216,8 @@ func keepAliveRequest(c net.Conn, r *bufio.Reader, at netip.AddrPort) error {
 
 // watchRoute checks every 200 ms that the router's route has want as its
 // next hops, counting each time it does not.
-func watchRoute(ctx context.Context, route netip.Prefix, want []netip.Addr) *load {
-	l := newLoad()
+func watchRoute(t *testing.T, ctx context.Context, route netip.Prefix, want []netip.Addr) *load {
+	l := newLoad(t)
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
