@@ -171,7 +171,7 @@ func (lc *lbCluster) upgrade(ctx context.Context, long int) (int, error) {
 	if err := ebbrun.RolloutRestartLB(ctx, lc.c); err != nil {
 		return 0, err
 	}
-	if err := ebbrun.WaitLBUpdated(ctx, lc.c); err != nil {
+	if err := ebbrun.WaitLBReplaced(ctx, lc.c, old); err != nil {
 		return 0, err
 	}
 	time.Sleep(time.Second)

@@ -242,4 +242,3 @@ func haproxyPID(sock string) (int, error) {
 	}
 	return 0, fmt.Errorf("no Pid in show info")
 }
-

@@ -30,25 +30,50 @@ func RolloutRestartLB(ctx context.Context, c *localcluster.Cluster) error {
 	return nil
 }
 
-// WaitLBUpdated waits until the DaemonSet has seen its latest template
-// and every one of its pods runs it and is available (old pods may still
-// be terminating: they serve their established connections).
-func WaitLBUpdated(ctx context.Context, c *localcluster.Cluster) error {
+// WaitLBReplaced waits until every node that ran one of the old ebb lb
+// pods runs a new one that is Ready. The old pods may still be
+// terminating, serving their established connections: the DaemonSet's own
+// status counts a node as updated only once its old pod is gone.
+func WaitLBReplaced(ctx context.Context, c *localcluster.Cluster, old []corev1.Pod) error {
 	var last string
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		ds, err := c.Client.AppsV1().DaemonSets(Namespace).Get(ctx, LBDaemonSet, metav1.GetOptions{})
+		pods, err := LBPods(ctx, c)
 		if err != nil {
 			last = err.Error()
 			return false, nil
 		}
-		s := ds.Status
-		last = fmt.Sprintf("generation %d observed %d, %d desired, %d updated, %d available", ds.Generation, s.ObservedGeneration, s.DesiredNumberScheduled, s.UpdatedNumberScheduled, s.NumberAvailable)
-		return s.ObservedGeneration >= ds.Generation && s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.NumberAvailable == s.DesiredNumberScheduled, nil
+		oldUIDs := map[types.UID]bool{}
+		for _, p := range old {
+			oldUIDs[p.UID] = true
+		}
+		replaced := map[string]bool{}
+		for _, p := range pods {
+			if !oldUIDs[p.UID] && p.DeletionTimestamp == nil && podReady(&p) {
+				replaced[p.Spec.NodeName] = true
+			}
+		}
+		var waiting []string
+		for _, p := range old {
+			if !replaced[p.Spec.NodeName] {
+				waiting = append(waiting, p.Spec.NodeName)
+			}
+		}
+		last = fmt.Sprintf("nodes without a new ready ebb lb: %v", waiting)
+		return len(waiting) == 0, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for the ebb lb DaemonSet to roll out (%s): %w", last, err)
+		return fmt.Errorf("waiting for the new ebb lb pods (%s): %w", last, err)
 	}
 	return nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // LBPods lists the ebb lb pods, terminating ones included.

@@ -59,10 +59,10 @@ func TestRollingUpgradeDropsNothing(t *testing.T) {
 	if err := ebbrun.RolloutRestartLB(ctx, cluster); err != nil {
 		t.Fatal(err)
 	}
-	if err := ebbrun.WaitLBUpdated(ctx, cluster); err != nil {
+	if err := ebbrun.WaitLBReplaced(ctx, cluster, oldPods); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the DaemonSet rolled out in %s", time.Since(started).Round(time.Millisecond))
+	t.Logf("new ebb lb pods ready on both hosts %s after the restart", time.Since(started).Round(time.Millisecond))
 	time.Sleep(2 * time.Second)
 	// The old pods serve the long-lived connections until they end.
 	long.halt()
