@@ -39,9 +39,6 @@ type lbCluster struct {
 }
 
 func startLBCluster(ctx context.Context, dist string) (*lbCluster, func(), error) {
-	if err := localcluster.SetupNamespace(); err != nil {
-		return nil, nil, err
-	}
 	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-lb-lifecycle", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}, Progress: os.Stderr})
 	if err != nil {
 		return nil, nil, err
@@ -110,7 +107,16 @@ func (lc *lbCluster) setUp(ctx context.Context, dist string) error {
 	if err := lc.waitHops(ctx, lc.hops); err != nil {
 		return err
 	}
-	return (&loadgen.Requests{URL: lc.url(), Dial: c.ExternalClient.DialContext}).Probe()
+	probe := &loadgen.Requests{URL: lc.url(), Dial: c.ExternalClient.DialContext}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last = probe.Probe()
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the client reaching %s (%v): %w", lc.url(), last, err)
+	}
+	return nil
 }
 
 func (lc *lbCluster) url() string { return fmt.Sprintf("http://%s/", lc.vip) }

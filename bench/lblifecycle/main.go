@@ -19,6 +19,7 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/loadgen"
+	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
@@ -45,6 +46,10 @@ func main() {
 }
 
 func run(o options) error {
+	// The namespaces' loopback and mounts, for both parts.
+	if err := localcluster.SetupNamespace(); err != nil {
+		return err
+	}
 	bin, err := filepath.Abs(o.ebb)
 	if err != nil {
 		return err

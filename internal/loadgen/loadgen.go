@@ -134,7 +134,7 @@ func (r *Requests) Started() time.Time { return r.start }
 
 // Probe sends one request now (not counted) and returns its error.
 func (r *Requests) Probe() error {
-	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: r.Dial}}
 	resp, err := c.Get(r.URL)
 	if err != nil {
 		return err
