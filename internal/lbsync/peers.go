@@ -31,9 +31,10 @@ type DrainingPeers struct {
 	// Self is this replica's node, never a peer.
 	Self  string
 	Model lbmodel.Options
-	// OnChange is told the draining peers' addresses whenever they
-	// change (sorted).
-	OnChange func([]netip.Addr)
+	// OnChange is told the peers' addresses whenever they change (sorted):
+	// the draining ones, and the steady ones (neither draining nor
+	// joining).
+	OnChange func(draining, steady []netip.Addr)
 	// Resync re-reads everything this often, so that a report going stale
 	// (a replica that is gone) is noticed; default 2 s.
 	Resync time.Duration
@@ -66,17 +67,17 @@ func (p *DrainingPeers) Run(ctx context.Context) error {
 	if !p.Cache.WaitForCacheSync(ctx) {
 		return fmt.Errorf("the caches of LoadBalancerReports and Nodes did not sync")
 	}
-	var last []netip.Addr
+	var lastDraining, lastSteady []netip.Addr
 	tick := time.NewTicker(p.Resync)
 	defer tick.Stop()
 	for first := true; ; first = false {
-		peers, err := p.draining(ctx)
+		draining, steady, err := p.peers(ctx)
 		if err != nil {
 			log.Error(err, "Reading the other load-balancer hosts")
-		} else if first || !slices.Equal(peers, last) {
-			last = peers
-			log.Info("Draining load-balancer hosts", "addresses", peers)
-			p.OnChange(peers)
+		} else if first || !slices.Equal(draining, lastDraining) || !slices.Equal(steady, lastSteady) {
+			lastDraining, lastSteady = draining, steady
+			log.Info("Other load-balancer hosts", "draining", draining, "steady", steady)
+			p.OnChange(draining, steady)
 		}
 		select {
 		case <-ctx.Done():
@@ -87,15 +88,15 @@ func (p *DrainingPeers) Run(ctx context.Context) error {
 	}
 }
 
-// draining lists the addresses of the LB hosts other than Self whose
-// replica drains or whose Node is leaving.
-func (p *DrainingPeers) draining(ctx context.Context) ([]netip.Addr, error) {
+// peers lists the addresses of the LB hosts other than Self: those whose
+// replica drains or whose Node is leaving, and those whose replica is
+// neither draining nor joining.
+func (p *DrainingPeers) peers(ctx context.Context) (draining, steady []netip.Addr, err error) {
 	var reports v1alpha1.LoadBalancerReportList
 	if err := p.Cache.List(ctx, &reports); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := metav1.NewTime(time.Now())
-	var out []netip.Addr
 	for _, r := range reports.Items {
 		host := r.Status.HostNode
 		if host == "" || host == p.Self || !r.Fresh(now) {
@@ -105,16 +106,32 @@ func (p *DrainingPeers) draining(ctx context.Context) ([]netip.Addr, error) {
 		if err := p.Cache.Get(ctx, keyOf(host), &node); err != nil {
 			continue // gone: nothing to send to
 		}
-		leaving, _ := lbmodel.IsLeaving(&node, p.Model)
-		if !r.Status.Draining && !leaving {
+		a, ok := internalIPv4(&node)
+		if !ok {
 			continue
 		}
-		if a, ok := internalIPv4(&node); ok && !slices.Contains(out, a) {
-			out = append(out, a)
+		leaving, _ := lbmodel.IsLeaving(&node, p.Model)
+		switch {
+		case r.Status.Draining || leaving:
+			draining = appendOnce(draining, a)
+		case !r.Status.Joining:
+			steady = appendOnce(steady, a)
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
-	return out, nil
+	// A host with a draining and a steady replica (a hand-off under way)
+	// is draining for this purpose: its old replica holds flows.
+	steady = slices.DeleteFunc(steady, func(a netip.Addr) bool { return slices.Contains(draining, a) })
+	cmp := func(a, b netip.Addr) int { return a.Compare(b) }
+	slices.SortFunc(draining, cmp)
+	slices.SortFunc(steady, cmp)
+	return draining, steady, nil
+}
+
+func appendOnce(s []netip.Addr, a netip.Addr) []netip.Addr {
+	if slices.Contains(s, a) {
+		return s
+	}
+	return append(s, a)
 }
 
 func keyOf(name string) client.ObjectKey { return client.ObjectKey{Name: name} }

@@ -41,7 +41,14 @@ type Reporter struct {
 	// draining: the host is leaving and the replica withdrew its
 	// announcements (SetDraining).
 	draining atomic.Bool
+	// joining: the replica started announcing a short while ago
+	// (SetJoining).
+	joining atomic.Bool
 }
+
+// SetJoining says whether the replica started announcing a short while ago
+// and forwards the segments of the flows the routers move to it.
+func (r *Reporter) SetJoining(on bool) { r.joining.Store(on) }
 
 // Retire makes the report say what a replica that handed its sockets to a
 // successor does: every node is Down for it (it takes no new connection),
@@ -69,7 +76,7 @@ func (r *Reporter) Run(ctx context.Context) {
 	var last []v1alpha1.NodeTraffic
 	var written, retryAt time.Time
 	var backoff time.Duration
-	var wroteDraining bool
+	var wroteDraining, wroteJoining bool
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
 	for {
@@ -79,22 +86,22 @@ func (r *Reporter) Run(ctx context.Context) {
 				nodes[i].AdminState = v1alpha1.AdminStateDown
 			}
 		}
-		draining := r.isDraining()
-		due := urgent(last, nodes) || draining != wroteDraining || time.Since(written) >= r.Heartbeat
+		draining, joining := r.isDraining(), r.joining.Load()
+		due := urgent(last, nodes) || draining != wroteDraining || joining != wroteJoining || time.Since(written) >= r.Heartbeat
 		// While draining, the replica's own connections are what its
 		// host's maintenance waits for: write each change.
 		if draining && total(last) != total(nodes) {
 			due = true
 		}
 		if due && time.Now().After(retryAt) {
-			if err := r.write(ctx, nodes, draining); err != nil {
+			if err := r.write(ctx, nodes, draining, joining); err != nil {
 				// Back off, so that a rejected write (say, a token no
 				// longer valid) is not retried at every poll.
 				backoff = min(max(2*backoff, time.Second), r.Heartbeat)
 				retryAt = time.Now().Add(backoff)
 				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
-				last, written, backoff, wroteDraining = nodes, time.Now(), 0, draining
+				last, written, backoff, wroteDraining, wroteJoining = nodes, time.Now(), 0, draining, joining
 			}
 		}
 		select {
@@ -170,7 +177,7 @@ func total(nodes []v1alpha1.NodeTraffic) int64 {
 	return n
 }
 
-func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining bool) error {
+func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining, joining bool) error {
 	report := &v1alpha1.LoadBalancerReport{}
 	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Name}, report)
 	if apierrors.IsNotFound(err) {
@@ -186,7 +193,7 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, drai
 	}
 	now := metav1.NowMicro()
 	report.Status = v1alpha1.LoadBalancerReportStatus{
-		Replica: r.Name, HostNode: r.HostNode, Draining: draining,
+		Replica: r.Name, HostNode: r.HostNode, Draining: draining, Joining: joining && !draining,
 		RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
 		NodeCount: int32(len(nodes)),
 	}

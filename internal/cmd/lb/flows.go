@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,12 @@ type movedFlows struct {
 
 	mu    sync.Mutex
 	state flowfwd.State
+	// draining and steady are the other LB hosts (lbsync.DrainingPeers);
+	// joining: this host started announcing a short while ago. The rule
+	// forwards to the draining hosts, and to the steady ones too while
+	// joining (state.Peers).
+	draining, steady []netip.Addr
+	joining          bool
 	// retired: a successor owns the table now (the hand-off).
 	retired bool
 }
@@ -51,6 +58,10 @@ func (m *movedFlows) update(change func(*flowfwd.State)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	change(&m.state)
+	m.state.Peers = append([]netip.Addr(nil), m.draining...)
+	if m.joining {
+		m.state.Peers = append(m.state.Peers, m.steady...)
+	}
 	if m.retired {
 		return
 	}
@@ -67,9 +78,14 @@ func (m *movedFlows) setDraining(on bool) {
 	m.update(func(s *flowfwd.State) { s.Draining = on })
 }
 
-// SetPeers is told the draining peers (lbsync.DrainingPeers).
-func (m *movedFlows) SetPeers(p []netip.Addr) {
-	m.update(func(s *flowfwd.State) { s.Peers = p })
+// SetPeers is told the other LB hosts (lbsync.DrainingPeers).
+func (m *movedFlows) SetPeers(draining, steady []netip.Addr) {
+	m.update(func(*flowfwd.State) { m.draining, m.steady = draining, steady })
+}
+
+// setJoining says whether this host started announcing a short while ago.
+func (m *movedFlows) setJoining(on bool) {
+	m.update(func(*flowfwd.State) { m.joining = on })
 }
 
 // retire leaves the table to a successor.
@@ -106,8 +122,8 @@ var (
 	foreignSegmentsDesc = prometheus.NewDesc("ebb_lb_moved_flow_segments_total",
 		"TCP segments of flows this host does not know (moved here by the routers) since the forwarding rule was last rewritten; mode is pass (answered with a reset), forward (sent to the draining LB hosts) or drop (this host drains).",
 		[]string{"mode"}, nil)
-	drainingPeersDesc = prometheus.NewDesc("ebb_lb_draining_peers",
-		"Other LB hosts that are draining, to which this host forwards the segments of moved flows.", nil, nil)
+	drainingPeersDesc = prometheus.NewDesc("ebb_lb_moved_flow_targets",
+		"Other LB hosts to which this host forwards the segments of moved flows: the draining ones, and the steady ones while this host joins.", nil, nil)
 )
 
 func (c flowsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -128,31 +144,31 @@ func (c flowsCollector) Collect(ch chan<- prometheus.Metric) {
 
 // startMovedFlows installs the forwarding of moved flows and follows the
 // other LB hosts for it (cluster mode, --forward-moved-flows).
-func (o *Options) startMovedFlows(ctx context.Context, log logr.Logger, reg prometheus.Registerer, addrs *addressSinks) error {
+func (o *Options) startMovedFlows(ctx context.Context, log logr.Logger, reg prometheus.Registerer, addrs *addressSinks) (*movedFlows, error) {
 	if !o.ForwardMovedFlows {
-		return nil
+		return nil, nil
 	}
 	flows := newMovedFlows(log, flowfwd.DefaultTable)
 	if err := flows.start(); err != nil {
-		return fmt.Errorf("installing the forwarding of moved flows (--forward-moved-flows=false to do without; needs CAP_NET_ADMIN): %w", err)
+		return nil, fmt.Errorf("installing the forwarding of moved flows (--forward-moved-flows=false to do without; needs CAP_NET_ADMIN): %w", err)
 	}
 	if err := reg.Register(flows.collector()); err != nil {
-		return err
+		return nil, err
 	}
 	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	if err := corev1.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	c, err := ctrlcache.New(cfg, ctrlcache.Options{Scheme: scheme})
 	if err != nil {
-		return fmt.Errorf("creating a cache of the other load-balancer hosts: %w", err)
+		return nil, fmt.Errorf("creating a cache of the other load-balancer hosts: %w", err)
 	}
 	addrs.mu.Lock()
 	addrs.flows = flows
@@ -164,5 +180,41 @@ func (o *Options) startMovedFlows(ctx context.Context, log logr.Logger, reg prom
 			log.Error(err, "Following the other load-balancer hosts: moved flows are not forwarded")
 		}
 	}()
-	return nil
+	return flows, nil
+}
+
+// joinWindow is the time after this host starts announcing during which
+// it forwards the segments of the other hosts' flows that the routers
+// move to it (the routers re-hash some established flows onto a new next
+// hop).
+type joinWindow struct {
+	set func(bool)
+
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+// open starts (or restarts) the window of length d.
+func (j *joinWindow) open(d time.Duration) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.timer != nil {
+		j.timer.Stop()
+	}
+	if d <= 0 {
+		return
+	}
+	j.set(true)
+	j.timer = time.AfterFunc(d, func() { j.set(false) })
+}
+
+// close ends the window now.
+func (j *joinWindow) close() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.timer != nil {
+		j.timer.Stop()
+		j.timer = nil
+	}
+	j.set(false)
 }

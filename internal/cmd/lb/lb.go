@@ -80,6 +80,9 @@ type Options struct {
 	// withdraws its announcements.
 	ForwardMovedFlows bool
 	WithdrawDelay     time.Duration
+	// JoinForward is how long a host that starts announcing forwards the
+	// flows the routers move to it back to the other hosts.
+	JoinForward time.Duration
 	// HandoffSocket is where this process takes the sockets of the ebb lb
 	// running on the host, and offers its own to the next (handoff.go);
 	// empty turns hand-off off.
@@ -143,6 +146,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
 	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
 	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
+	cmd.Flags().DurationVar(&o.JoinForward, "join-forward", 5*time.Minute, "after this host starts announcing (first start, or its node no longer leaving), how long it sends the TCP segments of the other LB hosts' connections that the routers move to it back to them (connections older than that are reset when moved); 0: never")
 	cmd.Flags().DurationVar(&o.WithdrawDelay, "withdraw-delay", time.Second, "when this host starts leaving, how long to wait before withdrawing its announcements, for the other LB hosts to start forwarding its connections")
 	cmd.Flags().StringVar(&o.HandoffSocket, "handoff-socket", DefaultHandoffSocket, "Unix socket (a path, or @NAME in the network namespace's abstract namespace) where a new ebb lb takes the listening sockets of the one running on this host, so that a restart or an upgrade drops no connection; empty: off")
 	cmd.Flags().BoolVar(&o.ExitAfterHandoff, "exit-after-handoff", true, "exit once the sockets are handed to a successor and the established connections ended (false: wait for SIGTERM, as a pod must)")
@@ -279,15 +283,29 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 			}
 		}()
 	}
-	if err := o.startMovedFlows(ctx, log, reg, addrs); err != nil {
+	flows, err := o.startMovedFlows(ctx, log, reg, addrs)
+	if err != nil {
 		return err
+	}
+	join := &joinWindow{set: func(on bool) {
+		flows.setJoining(on)
+		if reporter != nil && flows != nil {
+			reporter.SetJoining(on)
+		}
+	}}
+	// A host that starts announcing takes some of the others' flows; one
+	// that took over from a predecessor on the host does not.
+	if h.taken == nil {
+		join.open(o.JoinForward)
 	}
 	syncer.HostNode = o.NodeName
 	syncer.OnHostLeaving = func(leaving bool, reason string) {
 		if leaving {
 			log.Info("This node is leaving: withdrawing the announcements, serving the established connections", "node", o.NodeName, "reason", reason, "connections", dp.Connections())
+			join.close()
 		} else {
 			log.Info("This node is no longer leaving: announcing again", "node", o.NodeName)
+			join.open(o.JoinForward)
 		}
 		addrs.setWithdrawn(log, leaving)
 		if reporter != nil {

@@ -27,7 +27,8 @@ import (
 // LoadBalancerReport counts them down; the maintenance waits for them
 // before it is Drained and says so; draining the other LB host meanwhile
 // is refused, since no host would be left for the addresses; Complete
-// brings the host back into the route.
+// brings the host back into the route, and the connections the router
+// then moves to it are forwarded back to the host that has them.
 func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -130,6 +131,12 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	})
 	t.Logf("%s drained %s after its maintenance started (its ebb lb had %d connection(s) when it started draining)", lbA.Name, time.Since(started).Round(time.Millisecond), report.Status.Connections)
 
+	// Connections opened while the host is out go through the other one;
+	// when the host comes back the router moves some of them to it, and it
+	// forwards them back (it is joining).
+	late := startLongLived(t, ctx, netip.AddrPortFrom(vip, 80), 12)
+	time.Sleep(time.Second)
+
 	// Complete: the host is back in the route.
 	patch := client.MergeFrom(nm.DeepCopy())
 	nm.Spec.Stage = v1alpha1.Complete
@@ -141,8 +148,21 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 		r, err := reportOn(ctx, c, lbA.Name)
 		return err == nil && !r.Status.Draining, fmt.Sprint(r.Status, err)
 	})
-	time.Sleep(time.Second)
+	time.Sleep(3 * time.Second)
+	page, err = lbPage(ctx, lbA, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forwarded := e2eutil.Sum(grepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
+		t.Errorf("%s, back in the route, forwarded no segment of %s's connections:\n%s", lbA.Name, lbB.Name, grepLines(page, "ebb_lb_moved_flow"))
+	} else {
+		t.Logf("%s, back in the route, forwarded %.0f segments of connections moved from %s", lbA.Name, forwarded, lbB.Name)
+	}
+	late.halt()
 	requests.halt()
+	if n := late.failed.Load(); n > 0 {
+		t.Errorf("%d of 12 long-lived connections opened during the maintenance broke when %s came back; first: %v", n, lbA.Name, late.firstErr.Load())
+	}
 	t.Logf("%d requests on new connections, %d on 12 long-lived connections", requests.ok.Load(), long.ok.Load())
 	if n := requests.failed.Load(); n > 0 {
 		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+requests.ok.Load(), requests.firstErr.Load())
