@@ -43,13 +43,15 @@ type LoadBalancerReportStatus struct {
 	// +optional
 	Draining bool `json:"draining,omitempty"`
 	// Joining: the replica started announcing a short while ago (its
-	// first start on the host, or its host came back from leaving). The
-	// routers then move some of the other hosts' established connections
-	// to it, and it forwards their segments back to the hosts that are
-	// neither draining nor joining. Joining hosts are never forwarded to,
-	// so no segment goes around in circles.
+	// first start on the host, or its host came back from leaving), at
+	// JoinTime. The routers then move some of the other hosts' established
+	// connections to it, and it forwards their segments back to the hosts
+	// that joined before it (never to one that joined later, so no segment
+	// goes around in circles).
 	// +optional
 	Joining bool `json:"joining,omitempty"`
+	// +optional
+	JoinTime *metav1.Time `json:"joinTime,omitempty"`
 	// RenewTime is when the report was last written; a report older than
 	// a few heartbeats is from a replica that is gone and is ignored.
 	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`

@@ -20,6 +20,25 @@ import (
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=list;watch
 
+// Peer is another LB host that is not draining.
+type Peer struct {
+	Node string
+	Addr netip.Addr
+	// Joined is when its replica last started announcing (zero: long
+	// ago, or unknown).
+	Joined time.Time
+}
+
+// JoinedBefore orders hosts by when they joined, the node name breaking
+// ties: a joining host forwards only to those that joined before it, so
+// forwarding never loops.
+func (p Peer) JoinedBefore(q Peer) bool {
+	if !p.Joined.Equal(q.Joined) {
+		return p.Joined.Before(q.Joined)
+	}
+	return p.Node < q.Node
+}
+
 // DrainingPeers follows the other `ebb lb` replicas and says which LB
 // hosts are draining: those whose replica reports itself draining, or
 // whose Node is leaving (seen at once, before the replica's report says
@@ -31,10 +50,9 @@ type DrainingPeers struct {
 	// Self is this replica's node, never a peer.
 	Self  string
 	Model lbmodel.Options
-	// OnChange is told the peers' addresses whenever they change (sorted):
-	// the draining ones, and the steady ones (neither draining nor
-	// joining).
-	OnChange func(draining, steady []netip.Addr)
+	// OnChange is told the peers whenever they change: the addresses of
+	// the draining ones (sorted), and the others.
+	OnChange func(draining []netip.Addr, serving []Peer)
 	// Resync re-reads everything this often, so that a report going stale
 	// (a replica that is gone) is noticed; default 2 s.
 	Resync time.Duration
@@ -67,17 +85,18 @@ func (p *DrainingPeers) Run(ctx context.Context) error {
 	if !p.Cache.WaitForCacheSync(ctx) {
 		return fmt.Errorf("the caches of LoadBalancerReports and Nodes did not sync")
 	}
-	var lastDraining, lastSteady []netip.Addr
+	var lastDraining []netip.Addr
+	var lastServing []Peer
 	tick := time.NewTicker(p.Resync)
 	defer tick.Stop()
 	for first := true; ; first = false {
-		draining, steady, err := p.peers(ctx)
+		draining, serving, err := p.peers(ctx)
 		if err != nil {
 			log.Error(err, "Reading the other load-balancer hosts")
-		} else if first || !slices.Equal(draining, lastDraining) || !slices.Equal(steady, lastSteady) {
-			lastDraining, lastSteady = draining, steady
-			log.Info("Other load-balancer hosts", "draining", draining, "steady", steady)
-			p.OnChange(draining, steady)
+		} else if first || !slices.Equal(draining, lastDraining) || !slices.Equal(serving, lastServing) {
+			lastDraining, lastServing = draining, serving
+			log.Info("Other load-balancer hosts", "draining", draining, "serving", serving)
+			p.OnChange(draining, serving)
 		}
 		select {
 		case <-ctx.Done():
@@ -88,10 +107,9 @@ func (p *DrainingPeers) Run(ctx context.Context) error {
 	}
 }
 
-// peers lists the addresses of the LB hosts other than Self: those whose
-// replica drains or whose Node is leaving, and those whose replica is
-// neither draining nor joining.
-func (p *DrainingPeers) peers(ctx context.Context) (draining, steady []netip.Addr, err error) {
+// peers lists the LB hosts other than Self: the addresses of those whose
+// replica drains or whose Node is leaving, and the others.
+func (p *DrainingPeers) peers(ctx context.Context) (draining []netip.Addr, serving []Peer, err error) {
 	var reports v1alpha1.LoadBalancerReportList
 	if err := p.Cache.List(ctx, &reports); err != nil {
 		return nil, nil, err
@@ -111,20 +129,22 @@ func (p *DrainingPeers) peers(ctx context.Context) (draining, steady []netip.Add
 			continue
 		}
 		leaving, _ := lbmodel.IsLeaving(&node, p.Model)
-		switch {
-		case r.Status.Draining || leaving:
+		if r.Status.Draining || leaving {
 			draining = appendOnce(draining, a)
-		case !r.Status.Joining:
-			steady = appendOnce(steady, a)
+			continue
 		}
+		peer := Peer{Node: host, Addr: a}
+		if r.Status.JoinTime != nil {
+			peer.Joined = r.Status.JoinTime.Time
+		}
+		serving = append(serving, peer)
 	}
-	// A host with a draining and a steady replica (a hand-off under way)
-	// is draining for this purpose: its old replica holds flows.
-	steady = slices.DeleteFunc(steady, func(a netip.Addr) bool { return slices.Contains(draining, a) })
-	cmp := func(a, b netip.Addr) int { return a.Compare(b) }
-	slices.SortFunc(draining, cmp)
-	slices.SortFunc(steady, cmp)
-	return draining, steady, nil
+	// A host with a draining and a serving replica (a hand-off under way)
+	// counts as draining: its old replica holds flows.
+	serving = slices.DeleteFunc(serving, func(p Peer) bool { return slices.Contains(draining, p.Addr) })
+	slices.SortFunc(draining, func(a, b netip.Addr) int { return a.Compare(b) })
+	slices.SortFunc(serving, func(a, b Peer) int { return a.Addr.Compare(b.Addr) })
+	return draining, serving, nil
 }
 
 func appendOnce(s []netip.Addr, a netip.Addr) []netip.Addr {

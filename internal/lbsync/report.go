@@ -41,14 +41,18 @@ type Reporter struct {
 	// draining: the host is leaving and the replica withdrew its
 	// announcements (SetDraining).
 	draining atomic.Bool
-	// joining: the replica started announcing a short while ago
-	// (SetJoining).
-	joining atomic.Bool
+	// joining: the replica started announcing a short while ago, at
+	// joinTime (SetJoining).
+	joining  atomic.Bool
+	joinTime atomic.Pointer[time.Time]
 }
 
 // SetJoining says whether the replica started announcing a short while ago
-// and forwards the segments of the flows the routers move to it.
-func (r *Reporter) SetJoining(on bool) { r.joining.Store(on) }
+// (at since) and forwards the segments of the flows the routers move to it.
+func (r *Reporter) SetJoining(on bool, since time.Time) {
+	r.joinTime.Store(&since)
+	r.joining.Store(on)
+}
 
 // Retire makes the report say what a replica that handed its sockets to a
 // successor does: every node is Down for it (it takes no new connection),
@@ -168,6 +172,14 @@ func urgent(last, now []v1alpha1.NodeTraffic) bool {
 	return false
 }
 
+func (r *Reporter) joinTimeStatus() *metav1.Time {
+	if t := r.joinTime.Load(); t != nil {
+		mt := metav1.NewTime(*t)
+		return &mt
+	}
+	return nil
+}
+
 // total sums the connections over nodes.
 func total(nodes []v1alpha1.NodeTraffic) int64 {
 	var n int64
@@ -193,7 +205,7 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, drai
 	}
 	now := metav1.NowMicro()
 	report.Status = v1alpha1.LoadBalancerReportStatus{
-		Replica: r.Name, HostNode: r.HostNode, Draining: draining, Joining: joining && !draining,
+		Replica: r.Name, HostNode: r.HostNode, Draining: draining, Joining: joining && !draining, JoinTime: r.joinTimeStatus(),
 		RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
 		NodeCount: int32(len(nodes)),
 	}

@@ -29,12 +29,15 @@ type movedFlows struct {
 
 	mu    sync.Mutex
 	state flowfwd.State
-	// draining and steady are the other LB hosts (lbsync.DrainingPeers);
-	// joining: this host started announcing a short while ago. The rule
-	// forwards to the draining hosts, and to the steady ones too while
-	// joining (state.Peers).
-	draining, steady []netip.Addr
-	joining          bool
+	// draining and serving are the other LB hosts (lbsync.DrainingPeers);
+	// self is this host; joining: it started announcing a short while ago
+	// (at self.Joined). The rule forwards to the draining hosts, and while
+	// joining to the serving ones that joined before this one (so that
+	// forwarding never loops).
+	draining []netip.Addr
+	serving  []lbsync.Peer
+	self     lbsync.Peer
+	joining  bool
 	// retired: a successor owns the table now (the hand-off).
 	retired bool
 }
@@ -58,10 +61,7 @@ func (m *movedFlows) update(change func(*flowfwd.State)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	change(&m.state)
-	m.state.Peers = append([]netip.Addr(nil), m.draining...)
-	if m.joining {
-		m.state.Peers = append(m.state.Peers, m.steady...)
-	}
+	m.state.Peers = forwardTargets(m.draining, m.serving, m.self, m.joining)
 	if m.retired {
 		return
 	}
@@ -79,13 +79,30 @@ func (m *movedFlows) setDraining(on bool) {
 }
 
 // SetPeers is told the other LB hosts (lbsync.DrainingPeers).
-func (m *movedFlows) SetPeers(draining, steady []netip.Addr) {
-	m.update(func(*flowfwd.State) { m.draining, m.steady = draining, steady })
+func (m *movedFlows) SetPeers(draining []netip.Addr, serving []lbsync.Peer) {
+	m.update(func(*flowfwd.State) { m.draining, m.serving = draining, serving })
 }
 
-// setJoining says whether this host started announcing a short while ago.
-func (m *movedFlows) setJoining(on bool) {
-	m.update(func(*flowfwd.State) { m.joining = on })
+// setJoining says whether this host started announcing a short while ago,
+// and when.
+func (m *movedFlows) setJoining(on bool, since time.Time) {
+	m.update(func(*flowfwd.State) { m.joining, m.self.Joined = on, since })
+}
+
+// forwardTargets are where the segments of moved flows go: the draining
+// hosts (they keep their connections), and while this host joins, the
+// serving hosts that joined before it (the routers moved some of their
+// flows here). Forwarding only to earlier joiners keeps it from looping.
+func forwardTargets(draining []netip.Addr, serving []lbsync.Peer, self lbsync.Peer, joining bool) []netip.Addr {
+	out := append([]netip.Addr(nil), draining...)
+	if joining {
+		for _, p := range serving {
+			if p.JoinedBefore(self) {
+				out = append(out, p.Addr)
+			}
+		}
+	}
+	return out
 }
 
 // retire leaves the table to a successor.
@@ -149,6 +166,7 @@ func (o *Options) startMovedFlows(ctx context.Context, log logr.Logger, reg prom
 		return nil, nil
 	}
 	flows := newMovedFlows(log, flowfwd.DefaultTable)
+	flows.self.Node = o.NodeName
 	if err := flows.start(); err != nil {
 		return nil, fmt.Errorf("installing the forwarding of moved flows (--forward-moved-flows=false to do without; needs CAP_NET_ADMIN): %w", err)
 	}
@@ -188,7 +206,7 @@ func (o *Options) startMovedFlows(ctx context.Context, log logr.Logger, reg prom
 // move to it (the routers re-hash some established flows onto a new next
 // hop).
 type joinWindow struct {
-	set func(bool)
+	set func(on bool, since time.Time)
 
 	mu    sync.Mutex
 	timer *time.Timer
@@ -204,8 +222,9 @@ func (j *joinWindow) open(d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	j.set(true)
-	j.timer = time.AfterFunc(d, func() { j.set(false) })
+	since := time.Now()
+	j.set(true, since)
+	j.timer = time.AfterFunc(d, func() { j.set(false, since) })
 }
 
 // close ends the window now.
@@ -216,5 +235,5 @@ func (j *joinWindow) close() {
 		j.timer.Stop()
 		j.timer = nil
 	}
-	j.set(false)
+	j.set(false, time.Time{})
 }

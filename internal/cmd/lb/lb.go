@@ -287,10 +287,10 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	if err != nil {
 		return err
 	}
-	join := &joinWindow{set: func(on bool) {
-		flows.setJoining(on)
+	join := &joinWindow{set: func(on bool, since time.Time) {
+		flows.setJoining(on, since)
 		if reporter != nil && flows != nil {
-			reporter.SetJoining(on)
+			reporter.SetJoining(on, since)
 		}
 	}}
 	// A host that starts announcing takes some of the others' flows; one
