@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -152,34 +153,64 @@ func (lc *lbCluster) openLongLived(n int) []*loadgen.LongLived {
 }
 
 // closeLongLived closes the connections and counts the ones that broke
-// (or could not be opened: n minus those given).
+// (or could not be opened: n minus those given); it prints why they broke.
 func closeLongLived(open []*loadgen.LongLived, n int) int {
 	broken := n - len(open)
+	why := map[string]int{}
+	if broken > 0 {
+		why["could not be opened"] = broken
+	}
 	for _, l := range open {
-		if l.Broken() != "" {
+		if reason := l.Broken(); reason != "" {
 			broken++
+			why[reason]++
 		}
 		l.Close()
 	}
+	for reason, count := range why {
+		fmt.Fprintf(os.Stderr, "  %d long-lived connection(s) broke: %s\n", count, reason)
+	}
 	return broken
+}
+
+// printFailures says when the failed requests were sent, in seconds from
+// the start of the load, so that they can be set against the phases the
+// bench printed.
+func printFailures(reqs *loadgen.Requests) {
+	var at []string
+	for _, s := range reqs.Samples() {
+		if s.Failed {
+			at = append(at, fmt.Sprintf("%.1f", s.At.Seconds()))
+		}
+	}
+	if len(at) > 0 {
+		fmt.Fprintf(os.Stderr, "  failed requests sent at (s): %s\n", strings.Join(at, " "))
+	}
+}
+
+// phase prints a mark on the load's time line.
+func phase(reqs *loadgen.Requests, what string) {
+	fmt.Fprintf(os.Stderr, "  %.1f s: %s\n", time.Since(reqs.Started()).Seconds(), what)
 }
 
 // upgrade rolls the ebb lb DaemonSet once with long long-lived connections
 // open through it, and waits until the old pods are gone; it returns the
 // broken connections.
-func (lc *lbCluster) upgrade(ctx context.Context, long int) (int, error) {
+func (lc *lbCluster) upgrade(ctx context.Context, reqs *loadgen.Requests, long int) (int, error) {
 	old, err := ebbrun.LBPods(ctx, lc.c)
 	if err != nil {
 		return 0, err
 	}
 	open := lc.openLongLived(long)
 	time.Sleep(time.Second)
+	phase(reqs, "rollout restart")
 	if err := ebbrun.RolloutRestartLB(ctx, lc.c); err != nil {
 		return 0, err
 	}
 	if err := ebbrun.WaitLBReplaced(ctx, lc.c, old); err != nil {
 		return 0, err
 	}
+	phase(reqs, "a Ready new pod on each LB host")
 	time.Sleep(time.Second)
 	broken := closeLongLived(open, long)
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -197,6 +228,7 @@ func (lc *lbCluster) upgrade(ctx context.Context, long int) (int, error) {
 	if err != nil {
 		return broken, fmt.Errorf("waiting for the old ebb lb pods to go: %w", err)
 	}
+	phase(reqs, "the old pods gone")
 	return broken, nil
 }
 
@@ -204,7 +236,7 @@ func (lc *lbCluster) upgrade(ctx context.Context, long int) (int, error) {
 // Drained to Complete, with long long-lived connections that end 5 s
 // into the drain; it returns the broken connections and the time from the
 // maintenance's creation to Drained.
-func (lc *lbCluster) maintainLBHost(ctx context.Context, long, run int) (int, time.Duration, error) {
+func (lc *lbCluster) maintainLBHost(ctx context.Context, reqs *loadgen.Requests, long, run int) (int, time.Duration, error) {
 	open := lc.openLongLived(long)
 	time.Sleep(time.Second)
 	host := lc.hosts[0]
@@ -215,6 +247,7 @@ func (lc *lbCluster) maintainLBHost(ctx context.Context, long, run int) (int, ti
 				{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{host.Name}}}}}}},
 	}
 	start := time.Now()
+	phase(reqs, "NodeMaintenance of "+host.Name+" created")
 	if err := lc.api.Create(ctx, nm); err != nil {
 		return 0, 0, err
 	}
@@ -222,6 +255,7 @@ func (lc *lbCluster) maintainLBHost(ctx context.Context, long, run int) (int, ti
 	if err := lc.waitHops(ctx, lc.hops[1:]); err != nil {
 		return 0, 0, err
 	}
+	phase(reqs, "the router's route lost "+host.Name)
 	time.Sleep(time.Until(start.Add(5 * time.Second)))
 	broken := closeLongLived(open, long)
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -235,6 +269,7 @@ func (lc *lbCluster) maintainLBHost(ctx context.Context, long, run int) (int, ti
 		return broken, 0, fmt.Errorf("waiting for %s's maintenance to be Drained: %w", host.Name, err)
 	}
 	drained := time.Since(start)
+	phase(reqs, "Drained")
 	patch := client.MergeFrom(nm.DeepCopy())
 	nm.Spec.Stage = v1alpha1.Complete
 	if err := lc.api.Patch(ctx, nm, patch); err != nil {
@@ -243,5 +278,6 @@ func (lc *lbCluster) maintainLBHost(ctx context.Context, long, run int) (int, ti
 	if err := lc.waitHops(ctx, lc.hops); err != nil {
 		return broken, drained, err
 	}
+	phase(reqs, "Complete: the route is back to both hosts")
 	return broken, drained, nil
 }

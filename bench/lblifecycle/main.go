@@ -24,10 +24,10 @@ import (
 )
 
 type options struct {
-	ebb, dist, out          string
-	runs, restarts, upgrade int
-	rate, long              int
-	skipCluster             bool
+	ebb, dist, out            string
+	runs, restarts, upgrade   int
+	rate, long                int
+	skipCluster, skipRestarts bool
 }
 
 func main() {
@@ -41,6 +41,7 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 1000, "requests per second, each on a new connection")
 	flag.IntVar(&o.long, "long-lived", 50, "long-lived connections open through each restart, upgrade and drain")
 	flag.BoolVar(&o.skipCluster, "skip-cluster", false, "measure only the restarts on one host")
+	flag.BoolVar(&o.skipRestarts, "skip-restarts", false, "measure only the upgrades and the maintenance on the local cluster")
 	flag.Parse()
 	benchcluster.Main("bench-lb-lifecycle", func() error { return run(o) })
 }
@@ -59,8 +60,10 @@ func run(o options) error {
 		return err
 	}
 	summary := map[string]any{"runs": o.runs, "restarts_per_run": o.restarts, "upgrades_per_run": o.upgrade, "rate": o.rate, "long_lived": o.long}
-	if err := measureRestarts(o, bin, summary); err != nil {
-		return err
+	if !o.skipRestarts {
+		if err := measureRestarts(o, bin, summary); err != nil {
+			return err
+		}
 	}
 	if !o.skipCluster {
 		if err := measureCluster(o, dist, summary); err != nil {
@@ -141,7 +144,7 @@ func measureCluster(o options, dist string, summary map[string]any) error {
 		reqs := &loadgen.Requests{URL: lc.url(), Rate: o.rate, Dial: lc.c.ExternalClient.DialContext}
 		reqs.Start()
 		for u := range o.upgrade {
-			broken, err := lc.upgrade(ctx, o.long)
+			broken, err := lc.upgrade(ctx, reqs, o.long)
 			if err != nil {
 				reqs.Stop()
 				return fmt.Errorf("run %d, upgrade %d: %w", i+1, u+1, err)
@@ -149,14 +152,16 @@ func measureCluster(o options, dist string, summary map[string]any) error {
 			upBroken += broken
 		}
 		reqs.Stop()
+		printFailures(reqs)
 		sent, failed := reqs.Counts()
 		upSent, upFailed = upSent+sent, upFailed+failed
 		fmt.Fprintf(os.Stderr, "run %d: %d rolling upgrades, %d of %d requests failed (%s), %d long-lived broken so far\n", i+1, o.upgrade, failed, sent, reqs.LastError(), upBroken)
 
 		reqs = &loadgen.Requests{URL: lc.url(), Rate: o.rate, Dial: lc.c.ExternalClient.DialContext}
 		reqs.Start()
-		broken, took, err := lc.maintainLBHost(ctx, o.long, i)
+		broken, took, err := lc.maintainLBHost(ctx, reqs, o.long, i)
 		reqs.Stop()
+		printFailures(reqs)
 		if err != nil {
 			return fmt.Errorf("run %d, LB host maintenance: %w", i+1, err)
 		}

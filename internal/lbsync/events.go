@@ -41,6 +41,14 @@ const (
 	// ReasonLoadBalancerHostServing: the host is no longer leaving, and its
 	// ebb lb announces its addresses again.
 	ReasonLoadBalancerHostServing = "LoadBalancerHostServing"
+	// ReasonLoadBalancerTookOver: a new ebb lb process on the host took
+	// over the listening sockets of the one before it (an upgrade or a
+	// restart), which serves its established connections until they end.
+	ReasonLoadBalancerTookOver = "LoadBalancerTookOver"
+	// ReasonLoadBalancerTakeOverFailed: the process before it did not
+	// confirm the hand-off; both may have served new connections for a
+	// while.
+	ReasonLoadBalancerTakeOverFailed = "LoadBalancerTakeOverFailed"
 )
 
 func hostDraining(node *corev1.Node, reason string, connections int) event.Event {

@@ -55,6 +55,9 @@ type handover struct {
 	// says it sends no node a new connection, and the metrics address is
 	// left to the successor.
 	onHandOver []func()
+	// onTookOver, if set, is told how a take-over from a predecessor
+	// ended (err nil: confirmed), and how many sockets were taken.
+	onTookOver func(predecessor, sockets int, err error)
 	m          *prometheus.CounterVec
 
 	offer       atomic.Pointer[handoff.Offer]
@@ -141,11 +144,15 @@ func (h *handover) takeOver(ctx context.Context, serving func() bool) bool {
 	result := "success"
 	wait, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := h.taken.Serving(wait); err != nil {
+	err := h.taken.Serving(wait)
+	if err != nil {
 		result = "error"
 		h.log.Error(err, "The predecessor did not confirm the hand-off; serving anyway")
 	}
 	h.m.WithLabelValues("successor", result).Inc()
+	if h.onTookOver != nil {
+		h.onTookOver(h.taken.PID, len(h.taken.Files), err)
+	}
 	// The predecessor may have removed the local routes if it stopped
 	// instead of handing over: make them this process's again.
 	if err := h.addrs.Sync(h.dp.Addresses()); err != nil {

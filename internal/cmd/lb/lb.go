@@ -30,6 +30,7 @@ import (
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/lbsync"
 )
@@ -318,6 +319,15 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	}
 	defer stop()
 	h.onHandOver = append(h.onHandOver, stop)
+	if o.NodeName != "" {
+		h.onTookOver = func(predecessor, sockets int, err error) {
+			if err != nil {
+				event.Publish(syncer.Recorder, takeOverFailed(o.NodeName, o.ReportName, os.Getpid(), predecessor, err))
+				return
+			}
+			event.Publish(syncer.Recorder, tookOver(o.NodeName, o.ReportName, os.Getpid(), predecessor, sockets))
+		}
+	}
 	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
 	syncing, stopSyncing := context.WithCancel(ctx)
 	defer stopSyncing()

@@ -182,7 +182,12 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 		if running {
 			p.terminate(s.clock, s.clock.Now().Add(preStopSleep(pod)), s.gracefulDeadline(pod))
 		}
-	case pod.Status.Phase != corev1.PodRunning:
+	// A Pending pod with an IP has its containers starting: serving it
+	// from then on, as a container's process listens before its kubelet
+	// reports it Running and Ready, keeps a new endpoint from being
+	// routed to before anything listens (kwok makes a pod Running and
+	// Ready in one step, and kube-proxy may see that first).
+	case pod.Status.Phase != corev1.PodRunning && pod.Status.Phase != corev1.PodPending:
 		if running {
 			p.closeAll()
 			delete(s.pods, pod.UID)

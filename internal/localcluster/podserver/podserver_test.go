@@ -216,3 +216,42 @@ func TestNewPodTakesOverAReusedIPFromATerminatingPod(t *testing.T) {
 		t.Errorf("answered by %q, want web-new", id.Pod)
 	}
 }
+
+// A pod is served from the moment it has an IP, while Pending too (its
+// containers are starting: kwok reports Running and Ready in one step, and
+// an endpoint must not be routed to before anything listens), until it
+// ends.
+func TestServesFromPendingUntilEnded(t *testing.T) {
+	for _, tc := range []struct {
+		phase corev1.PodPhase
+		serve bool
+	}{
+		{corev1.PodPending, true},
+		{corev1.PodRunning, true},
+		{corev1.PodSucceeded, false},
+		{corev1.PodFailed, false},
+	} {
+		t.Run(string(tc.phase), func(t *testing.T) {
+			port := freePort(t)
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "web"},
+				Spec:       corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: port, Protocol: corev1.ProtocolTCP}}}}},
+				Status:     corev1.PodStatus{PodIP: "127.0.0.1", Phase: tc.phase},
+			}
+			s := New(nil, nil)
+			t.Cleanup(func() {
+				for _, p := range s.byIP {
+					p.closeAll()
+				}
+			})
+			s.sync(logr.Discard(), pod)
+			conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err == nil {
+				conn.Close()
+			}
+			if served := err == nil; served != tc.serve {
+				t.Errorf("a %s pod served: %v, want %v (dial: %v)", tc.phase, served, tc.serve, err)
+			}
+		})
+	}
+}
