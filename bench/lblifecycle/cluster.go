@@ -83,7 +83,14 @@ func (lc *lbCluster) setUp(ctx context.Context, dist string) error {
 	if lc.api, err = client.New(c.Config, client.Options{Scheme: scheme}); err != nil {
 		return err
 	}
-	if _, err := c.Client.AppsV1().Deployments("default").Create(ctx, localcluster.EchoDeployment("default", "web", 4), metav1.CreateOptions{}); err != nil {
+	// The application does what any application behind kube-proxy must for
+	// a pod's eviction not to fail requests (the demo's does too): its
+	// preStop sleep keeps it accepting while every node's kube-proxy learns
+	// that the endpoint is going. The maintenance of an LB host evicts the
+	// application's pods on that host too.
+	web := localcluster.EchoDeployment("default", "web", 4)
+	web.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	if _, err := c.Client.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	if err := c.WaitDeploymentAvailable(ctx, "default", "web", 2*time.Minute); err != nil {

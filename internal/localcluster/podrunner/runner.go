@@ -19,6 +19,8 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -26,6 +28,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
@@ -145,7 +148,22 @@ func (r *Runner) observe(ctx context.Context, log logr.Logger, pod *corev1.Pod) 
 		r.mu.Lock()
 		delete(r.pods, pod.UID)
 		r.mu.Unlock()
+		if current := p.current(); current.DeletionTimestamp != nil && ctx.Err() == nil {
+			r.removeStopped(ctx, log, current)
+		}
 	}()
+}
+
+// removeStopped deletes a pod being deleted once its containers have
+// stopped, with no grace period left, as a kubelet does: the pod is gone
+// from the API when its processes are, not at the end of its grace period
+// (kwok's own pod-delete stage picks a random moment up to it).
+func (r *Runner) removeStopped(ctx context.Context, log logr.Logger, pod *corev1.Pod) {
+	err := r.opts.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		log.Info("Removing a stopped pod", "pod", pod.Namespace+"/"+pod.Name, "err", err.Error())
+	}
 }
 
 // gone handles a pod deleted from the API: if it still runs (a forced

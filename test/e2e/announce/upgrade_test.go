@@ -16,7 +16,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -105,6 +107,18 @@ func TestRollingUpgradeDropsNothing(t *testing.T) {
 			t.Errorf("the new ebb lb on %s did not take over from the old one:\n%s", node.Name, grepLines(page, "ebb_lb_handoffs_total"))
 		}
 	}
+	// Each hand-off is an Event on the node, as `kubectl get events` shows.
+	e2eutil.Eventually(t, ctx, 30*time.Second, "a LoadBalancerTookOver Event on each LB host", func(ctx context.Context) (bool, string) {
+		list, err := cluster.Client.EventsV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=" + lbsync.ReasonLoadBalancerTookOver})
+		if err != nil {
+			return false, err.Error()
+		}
+		seen := map[string]string{}
+		for _, e := range list.Items {
+			seen[e.Regarding.Name] = e.Note
+		}
+		return seen[lbA.Name] != "" && seen[lbB.Name] != "", fmt.Sprint(seen)
+	})
 }
 
 // load counts the successes and failures of something repeated until

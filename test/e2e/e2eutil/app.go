@@ -17,12 +17,18 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
-// DeployLoadBalancedEcho deploys an echo app of the given replicas behind
+// DeployLoadBalancedEcho deploys an echo app of the given replicas (with a
+// 2 s preStop sleep) behind
 // a LoadBalancer Service of class ebb.dev/l4, both named name, waits for
 // the pods and the Service's address, and returns the address.
 func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32) netip.Addr {
 	t.Helper()
-	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, replicas), metav1.CreateOptions{}); err != nil {
+	// A preStop sleep, as an application behind kube-proxy needs: an
+	// evicted pod keeps accepting while every node's kube-proxy learns it
+	// is going (maintaining an LB host evicts the app's pods there too).
+	dep := localcluster.EchoDeployment(ns, name, replicas)
+	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {

@@ -311,3 +311,40 @@ func startedPID(t *testing.T, ctx context.Context, pod string) int {
 	}
 	return pid
 }
+
+// A deleted pod is gone from the API once its process has exited, as a
+// kubelet removes it, not at the end of its grace period: a DaemonSet's
+// or a Deployment's rollout waits on that.
+func TestADeletedPodGoesOnceItsProcessExits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pods := controllerPods(t, ctx)
+	var victim corev1.Pod
+	for _, p := range pods {
+		victim = p
+		break
+	}
+	// A grace period far longer than the process takes to stop: the pod
+	// must go when the process does.
+	start := time.Now()
+	if err := cluster.Client.CoreV1().Pods(ebbNamespace).Delete(ctx, victim.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](300)}); err != nil {
+		t.Fatal(err)
+	}
+	e2eutil.Eventually(t, ctx, 20*time.Second, "the deleted pod gone from the API", func(ctx context.Context) (bool, string) {
+		p, err := cluster.Client.CoreV1().Pods(ebbNamespace).Get(ctx, victim.Name, metav1.GetOptions{})
+		if err != nil {
+			return strings.Contains(err.Error(), "not found"), err.Error()
+		}
+		return p.UID != victim.UID, "still there, deleting since " + p.DeletionTimestamp.String()
+	})
+	t.Logf("pod %s gone %s after its deletion with a 300 s grace period", victim.Name, time.Since(start).Round(100*time.Millisecond))
+	e2eutil.Eventually(t, ctx, time.Minute, "two Ready controller replicas again", func(ctx context.Context) (bool, string) {
+		n := 0
+		for _, p := range controllerPods(t, ctx) {
+			if ready(p) {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d Ready", n)
+	})
+}
