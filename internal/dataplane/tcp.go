@@ -18,6 +18,14 @@ import (
 // eligible backend is tried once before the client is refused.
 const maxDialAttempts = 3
 
+// dialRounds is how many times one new connection may go through the
+// eligible backends while they refuse. A node port refuses when that
+// node's kube-proxy sent the dial to a pod that has just stopped listening
+// (its endpoint not yet removed everywhere: a rolling update, an
+// eviction), and the next dial to the same node port picks an endpoint
+// again; refusals cost a round trip each.
+const dialRounds = 2
+
 // copyChunk is how much one splice call may move before the idle deadline
 // is renewed.
 const copyChunk = 4 << 20
@@ -64,10 +72,14 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 // next one when a dial fails (see maxDialAttempts); nil when none answers.
 func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backend, net.Conn) {
 	var tried []*backend // allocated only once a dial failed
-	for slow := 0; slow < maxDialAttempts; {
+	for slow, round := 0, 1; slow < maxDialAttempts; {
 		b := set.choose(client, tried)
 		if b == nil {
-			return nil, nil
+			if len(tried) == 0 || round == dialRounds {
+				return nil, nil
+			}
+			round, tried = round+1, tried[:0]
+			continue
 		}
 		conn, err := f.d.dial(connectDeadline{time.Now().Add(set.cfg.ConnectTimeout.Duration)}, network, b.addr)
 		if err == nil {

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -9,8 +10,10 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,6 +166,45 @@ func TestDialFailureTriesNextBackend(t *testing.T) {
 		if err := dialRoundTrip(at.String()); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
+	}
+}
+
+// Backends that refuse are tried a second time before the client is reset:
+// a node port refuses when its kube-proxy picked a pod that has just
+// stopped listening, and the next dial picks again. A client is reset once
+// every eligible backend refused in both rounds, without trying more.
+func TestRefusingBackendsAreTriedAgainOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		refuse  int // the first dials refused
+		served  bool
+		dialled int64 // dials made for the one connection
+	}{
+		{"first round refused", 2, true, 3},
+		{"three of four refused", 3, true, 4},
+		{"every dial refused", 100, false, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newTestBackend(t), newTestBackend(t)
+			var dials atomic.Int64
+			var d net.Dialer
+			refusing := func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if dials.Add(1) <= int64(tc.refuse) {
+					return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+				}
+				return d.DialContext(ctx, network, addr)
+			}
+			dp := newDataPlane(t, Options{DialContext: refusing})
+			at := freeAddr(t, "tcp")
+			mustApply(t, dp, tcpFrontend("web", at, a.backend(), b.backend()))
+			err := dialRoundTrip(at.String())
+			if served := err == nil; served != tc.served {
+				t.Errorf("served: %v (%v), want %v", served, err, tc.served)
+			}
+			if got := dials.Load(); got != tc.dialled {
+				t.Errorf("%d dials, want %d", got, tc.dialled)
+			}
+		})
 	}
 }
 
