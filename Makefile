@@ -105,6 +105,7 @@ bench-maintenance: tools build
 
 ## bench-lb-lifecycle: restarts of one LB (ebb hand-off, HAProxy seamless reload, plain restart), rolling upgrades of the ebb lb DaemonSet and a maintenance of an LB host, under 1,000 req/s and 50 long-lived connections, 3 runs
 bench-lb-lifecycle: tools build release
+	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
 	$(GO) build -o bin/bench-lb-lifecycle ./bench/lblifecycle
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-lb-lifecycle -ebb bin/ebb -dist dist
 

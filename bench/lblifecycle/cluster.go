@@ -184,14 +184,33 @@ func closeLongLived(open []*loadgen.LongLived, n int) int {
 // the start of the load, so that they can be set against the phases the
 // bench printed.
 func printFailures(reqs *loadgen.Requests) {
-	var at []string
-	for _, s := range reqs.Samples() {
-		if s.Failed {
-			at = append(at, fmt.Sprintf("%.1f", s.At.Seconds()))
+	// Spans of failures (a gap of a second or more starts a new one),
+	// each with its count.
+	var spans []string
+	var first, last time.Duration
+	n := 0
+	flush := func() {
+		if n > 0 {
+			spans = append(spans, fmt.Sprintf("%.1f-%.1f s (%d)", first.Seconds(), last.Seconds(), n))
 		}
 	}
-	if len(at) > 0 {
-		fmt.Fprintf(os.Stderr, "  failed requests sent at (s): %s\n", strings.Join(at, " "))
+	for _, s := range reqs.Samples() {
+		if !s.Failed {
+			continue
+		}
+		if n > 0 && s.At-last >= time.Second {
+			flush()
+			n = 0
+		}
+		if n == 0 {
+			first = s.At
+		}
+		last = s.At
+		n++
+	}
+	flush()
+	if len(spans) > 0 {
+		fmt.Fprintf(os.Stderr, "  failed requests sent at: %s\n", strings.Join(spans, ", "))
 	}
 }
 
@@ -265,10 +284,19 @@ func (lc *lbCluster) maintainLBHost(ctx context.Context, reqs *loadgen.Requests,
 	phase(reqs, "the router's route lost "+host.Name)
 	time.Sleep(time.Until(start.Add(5 * time.Second)))
 	broken := closeLongLived(open, long)
+	// The host's drain message, printed when it changes, says what a slow
+	// drain waited for.
+	message := ""
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := lc.api.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
 			return false, nil
+		}
+		for _, ns := range got.Status.NodeStatuses {
+			if ns.NodeRef.Name == host.Name && ns.DrainMessage != message {
+				message = ns.DrainMessage
+				fmt.Fprintf(os.Stderr, "  %5.1f s %s: %s\n", time.Since(start).Seconds(), host.Name, message)
+			}
 		}
 		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), nil
 	})

@@ -60,6 +60,10 @@ const (
 	opBatch    = "batch"
 	opServing  = "serving"
 	opReleased = "released"
+	// A probe (Probe) asks only who offers; the answer is here, with the
+	// offering process's PID, and nothing is handed over.
+	opProbe = "probe"
+	opHere  = "here"
 )
 
 // network is a sequenced-packet Unix socket: message boundaries are kept,

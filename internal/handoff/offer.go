@@ -92,6 +92,9 @@ func (o *Offer) Serve(ctx context.Context, sockets func() ([]*os.File, error)) (
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+			if errors.Is(err, errProbed) {
+				continue
+			}
 			o.log.Error(err, "A successor did not take over; serving on", "address", o.address)
 			continue
 		}
@@ -111,6 +114,12 @@ func (o *Offer) handOver(ctx context.Context, c *net.UnixConn, sockets func() ([
 	m, _, err := receive(c, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading the successor's request: %w", err)
+	}
+	if m.Op == opProbe {
+		if err := send(c, message{Op: opHere, Version: protocolVersion, PID: os.Getpid()}, nil); err != nil {
+			return nil, err
+		}
+		return nil, errProbed
 	}
 	if m.Op != opTake || m.Version != protocolVersion {
 		return nil, fmt.Errorf("the successor (pid %d) asked %q in version %d; this process speaks version %d", m.PID, m.Op, m.Version, protocolVersion)

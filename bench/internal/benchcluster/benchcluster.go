@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -22,6 +25,9 @@ func Main(name string, run func() error) {
 		}
 		os.Exit(code)
 	}
+	// The benchmarks' API clients log nothing worth reading; without a
+	// logger, controller-runtime prints a stack trace into the results.
+	ctrllog.SetLogger(logr.Discard())
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)
 		os.Exit(1)

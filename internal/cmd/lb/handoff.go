@@ -68,6 +68,9 @@ type handover struct {
 	tookOver atomic.Bool
 	// gave: this process handed its sockets to a successor.
 	gave atomic.Bool
+	// beside is the PID of another ebb lb found serving on this host while
+	// this one stopped without a hand-off (watchSuccessor); 0: none.
+	beside atomic.Int64
 	// started: run is running (start); done closes when it returns.
 	started bool
 	done    chan struct{}
@@ -203,3 +206,37 @@ func (h *handover) settle(log logr.Logger, timeout time.Duration) bool {
 	<-h.done
 	return h.gave.Load()
 }
+
+// watchSuccessor looks for another ebb lb offering its sockets on this
+// host (one that started while this process stopped without handing over:
+// it serves on sockets of its own) every interval until ctx ends; found
+// runs once with its PID. Nothing to look for after a hand-off: the
+// successor then owns everything already.
+func (h *handover) watchSuccessor(ctx context.Context, interval time.Duration, found func(pid int)) {
+	if h.address == "" || h.gave.Load() {
+		return
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		probe, cancel := context.WithTimeout(ctx, interval)
+		pid, err := handoff.Probe(probe, h.address)
+		cancel()
+		// This process's own offer is closed by now (settle returned), so
+		// whoever answers is another ebb lb.
+		if err == nil && pid != 0 {
+			h.beside.Store(int64(pid))
+			found(pid)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// successorBeside returns the PID of the ebb lb that watchSuccessor found
+// serving beside this process, or 0.
+func (h *handover) successorBeside() int { return int(h.beside.Load()) }

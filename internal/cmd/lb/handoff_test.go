@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+
 	"github.com/ebbdev/ebb/internal/handoff"
 )
 
@@ -195,5 +198,78 @@ func TestStopWhileASuccessorTakesOverFinishesTheHandOff(t *testing.T) {
 		t.Fatalf("the successor's socket did not get the connection: %v", err)
 	} else {
 		a.Close()
+	}
+}
+
+// A process told to stop before any successor came (a DaemonSet may stop
+// the old pod first) drains without a hand-off; a new process that starts
+// beside it meanwhile serves on sockets of its own, and the old one lets go
+// of the shared metrics and readiness address as soon as it finds it, so
+// the new pod's readiness is its own rather than the draining process's
+// "not ready" for as long as the old connections last.
+func TestAStoppingProcessLeavesTheHostToANewOneBesideIt(t *testing.T) {
+	fe := freePort(t)
+	file := filepath.Join(t.TempDir(), "lb.yaml")
+	replaceFile(t, file, config(fe, echoBackend(t)))
+	socket := fmt.Sprintf("@ebb-lb-test-beside-%d", os.Getpid())
+	metrics := freePort(t)
+	run := func(ctx context.Context) <-chan error {
+		o := &Options{ConfigFile: file, PollInterval: 100 * time.Millisecond, ShutdownTimeout: 30 * time.Second,
+			MetricsAddress: metrics, HandoffSocket: socket, ExitAfterHandoff: true}
+		done := make(chan error, 1)
+		go func() { done <- o.Run(logr.NewContext(ctx, testr.New(t))) }()
+		return done
+	}
+	oldCtx, stopOld := context.WithCancel(context.Background())
+	defer stopOld()
+	oldDone := run(oldCtx)
+	var long net.Conn
+	eventually(t, "the first process serving", func() bool {
+		c, err := net.DialTimeout("tcp", fe, time.Second)
+		if err == nil && echoRoundTrip(c, "hello") == nil {
+			long = c
+			return true
+		}
+		return false
+	})
+	defer long.Close()
+	eventually(t, "the first process ready", func() bool { return readyz(metrics) })
+
+	stopOld() // SIGTERM with no successor: a graceful stop, its connection kept
+	eventually(t, "the stopping process not ready", func() bool { return !readyz(metrics) })
+	newCtx, stopNew := context.WithCancel(context.Background())
+	defer stopNew()
+	newDone := run(newCtx)
+	eventually(t, "the new process serving the address and ready, while the old one drains", func() bool {
+		c, err := net.DialTimeout("tcp", fe, time.Second)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		return echoRoundTrip(c, "new") == nil && readyz(metrics)
+	})
+	if err := echoRoundTrip(long, "still served"); err != nil {
+		t.Fatalf("the stopping process's established connection broke: %v", err)
+	}
+	select {
+	case err := <-oldDone:
+		t.Fatalf("the stopping process exited (%v) with a connection open", err)
+	default:
+	}
+	long.Close()
+	select {
+	case err := <-oldDone:
+		if err != nil {
+			t.Fatalf("the stopping process: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stopping process did not exit once its last connection ended")
+	}
+	if !readyz(metrics) {
+		t.Fatal("the new process is not ready once the old one left")
+	}
+	stopNew()
+	if err := <-newDone; err != nil {
+		t.Fatal(err)
 	}
 }

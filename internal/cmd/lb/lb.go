@@ -202,6 +202,14 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Runs before addrs.close: a successor that serves beside this process
+	// without a hand-off keeps the routes and rules this one would remove.
+	defer func() {
+		if pid := h.successorBeside(); pid != 0 {
+			log.Info("Leaving the local routes and the forwarding of moved flows to the ebb lb that serves beside this one", "pid", pid)
+			addrs.retire()
+		}
+	}()
 	// Runs before addrs.close: no hand-off may be half done then.
 	defer h.settle(log, 0)
 	s := &stopper{}
@@ -246,7 +254,7 @@ func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.
 	h.start(ctx, func() bool { return true }, stopFollowing)
 	o.followFile(follow, log, dp, addrs, reloads, data, hup)
 	h.settle(log, o.ShutdownTimeout)
-	s.stop(log, o, dp, addrs)
+	o.stopBeside(log, h, s, dp, addrs, stop)
 	return nil
 }
 
@@ -334,7 +342,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	h.start(ctx, syncer.Ready, stopSyncing)
 	err = syncer.Run(syncing)
 	h.settle(log, o.ShutdownTimeout)
-	s.stop(log, o, dp, addrs)
+	o.stopBeside(log, h, s, dp, addrs, stop)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 
@@ -55,4 +56,25 @@ func (s *stopper) stop(log logr.Logger, o *Options, dp *dataplane.DataPlane, add
 		}
 	}
 	log.Info("Every connection ended", "after", time.Since(start).Round(time.Millisecond))
+}
+
+// successorProbeInterval is how often a process that stops without having
+// handed over looks for a successor serving beside it.
+const successorProbeInterval = time.Second
+
+// stopBeside runs the graceful stop while watching for a new ebb lb that
+// serves on this host without a hand-off (a DaemonSet's surge pod started
+// after this one was told to stop). Such a successor probes its readiness
+// on the same host address as this process, so once it is there this
+// process lets go of the metrics and readiness address at once rather than
+// after its connections: otherwise the new pod is answered "not ready" by
+// the old process for as long as the old one drains.
+func (o *Options) stopBeside(log logr.Logger, h *handover, s *stopper, dp *dataplane.DataPlane, addrs *addressSinks, stopDebug func()) {
+	watching, stopWatching := context.WithCancel(context.Background())
+	defer stopWatching()
+	go h.watchSuccessor(watching, successorProbeInterval, func(pid int) {
+		log.Info("Another ebb lb serves on this host: leaving it the metrics and readiness address", "pid", pid)
+		stopDebug()
+	})
+	s.stop(log, o, dp, addrs)
 }
