@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -36,7 +37,14 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	startLB(t, ctx, lbA)
 	startLB(t, ctx, lbB)
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2)
+	// The app runs off the maintained host: its pods there would be
+	// evicted with a 5 s grace period, which ends their connections
+	// whatever the load balancers do, and this test is about the LB host.
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2, func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{lbA.Name}}}}}}}}
+	})
 	route := netip.PrefixFrom(vip, 32)
 	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
 	waitNextHops(t, ctx, route, both)

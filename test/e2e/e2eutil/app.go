@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -21,13 +22,16 @@ import (
 // 2 s preStop sleep) behind
 // a LoadBalancer Service of class ebb.dev/l4, both named name, waits for
 // the pods and the Service's address, and returns the address.
-func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32) netip.Addr {
+func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32, shape ...func(*appsv1.Deployment)) netip.Addr {
 	t.Helper()
 	// A preStop sleep, as an application behind kube-proxy needs: an
 	// evicted pod keeps accepting while every node's kube-proxy learns it
 	// is going (maintaining an LB host evicts the app's pods there too).
 	dep := localcluster.EchoDeployment(ns, name, replicas)
 	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	for _, f := range shape {
+		f(dep)
+	}
 	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
