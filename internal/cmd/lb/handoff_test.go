@@ -106,20 +106,9 @@ func TestSuccessorTakesOverWithoutDroppingAConnection(t *testing.T) {
 	if err := echoRoundTrip(long, "still served"); err != nil {
 		t.Fatalf("the predecessor's established connection broke: %v", err)
 	}
-	select {
-	case err := <-oldDone:
-		t.Fatalf("the predecessor exited (%v) with a connection still open", err)
-	default:
-	}
+	stillRunning(t, oldDone, "the predecessor")
 	long.Close()
-	select {
-	case err := <-oldDone:
-		if err != nil {
-			t.Fatalf("the predecessor: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the predecessor did not exit once its last connection ended")
-	}
+	returnsCleanly(t, oldDone, "the predecessor")
 	before := ok.Load()
 	eventually(t, "connections after the predecessor left", func() bool { return ok.Load() > before+10 })
 	close(stopLoad)
@@ -251,20 +240,9 @@ func TestAStoppingProcessLeavesTheHostToANewOneBesideIt(t *testing.T) {
 	if err := echoRoundTrip(long, "still served"); err != nil {
 		t.Fatalf("the stopping process's established connection broke: %v", err)
 	}
-	select {
-	case err := <-oldDone:
-		t.Fatalf("the stopping process exited (%v) with a connection open", err)
-	default:
-	}
+	stillRunning(t, oldDone, "the stopping process")
 	long.Close()
-	select {
-	case err := <-oldDone:
-		if err != nil {
-			t.Fatalf("the stopping process: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the stopping process did not exit once its last connection ended")
-	}
+	returnsCleanly(t, oldDone, "the stopping process")
 	if !readyz(metrics) {
 		t.Fatal("the new process is not ready once the old one left")
 	}

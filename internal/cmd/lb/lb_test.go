@@ -88,6 +88,31 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// stillRunning fails if the Run behind done has returned: what must still
+// be serving a connection.
+func stillRunning(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned (%v) with a connection still open", what, err)
+	default:
+	}
+}
+
+// returnsCleanly waits up to 5 s for the Run behind done to return, and
+// fails on its error.
+func returnsCleanly(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s did not return once its last connection ended (or its timeout ran out)", what)
+	}
+}
+
 // replaceFile writes s to a temporary file beside path and renames it over
 // path, so a reader sees the old contents or the new, never a part.
 func replaceFile(t *testing.T, path, s string) {
@@ -317,21 +342,10 @@ func TestStopServesEstablishedConnectionsUntilTheyEnd(t *testing.T) {
 				if err := echoRoundTrip(long, "still served"); err != nil {
 					t.Fatalf("the established connection broke during the stop: %v", err)
 				}
-				select {
-				case err := <-done:
-					t.Fatalf("Run returned (%v) with a connection still open", err)
-				default:
-				}
+				stillRunning(t, done, "Run")
 				long.Close()
 			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("Run did not return once the connection ended (or the timeout ran out)")
-			}
+			returnsCleanly(t, done, "Run")
 			if tc.timeout < time.Second {
 				if took := time.Since(stopped); took < tc.timeout {
 					t.Errorf("Run returned %s after the stop, before the shutdown timeout %s", took, tc.timeout)
