@@ -1,0 +1,204 @@
+package l2
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// EtherType carries the replicas' heartbeats: IEEE 802's local experimental
+// EtherType 1. Heartbeats are Ethernet broadcasts on the announcing
+// interfaces, so they reach exactly the hosts that can take an address
+// over (those on the same segment), with no IP address, port or peer list
+// to configure.
+const EtherType = 0x88B5
+
+// heartbeatMagic starts every heartbeat, with its version.
+var heartbeatMagic = [4]byte{'e', 'b', 'L', '2'}
+
+const heartbeatVersion = 1
+
+// maxPayload is what one heartbeat may carry: an Ethernet frame's payload.
+const maxPayload = 1500
+
+// heartbeat is one replica telling the others on the segment that it is
+// alive and which addresses it offers to own. A set too large for one
+// frame goes in several parts of one generation.
+type heartbeat struct {
+	// Group: replicas of one group share addresses (the load-balancer
+	// class); heartbeats of other groups on the segment are ignored.
+	Group string
+	// Node names the replica's host: a hand-off's two processes on one
+	// host are one member.
+	Node string
+	// Gen changes whenever the offered set changes.
+	Gen uint32
+	// Part counts from 0 to Parts-1.
+	Part, Parts uint8
+	Addrs       []netip.Addr
+}
+
+func (h heartbeat) marshal() []byte {
+	b := append([]byte{}, heartbeatMagic[:]...)
+	b = append(b, heartbeatVersion, byte(len(h.Group)))
+	b = append(b, h.Group...)
+	b = append(b, byte(len(h.Node)))
+	b = append(b, h.Node...)
+	b = binary.BigEndian.AppendUint32(b, h.Gen)
+	b = append(b, h.Part, h.Parts)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Addrs)))
+	for _, a := range h.Addrs {
+		if a.Is4() {
+			b = append(b, 4)
+		} else {
+			b = append(b, 6)
+		}
+		b = append(b, a.AsSlice()...)
+	}
+	return b
+}
+
+var errNotHeartbeat = errors.New("not an ebb L2 heartbeat")
+
+func parseHeartbeat(b []byte) (heartbeat, error) {
+	var h heartbeat
+	if len(b) < 6 || [4]byte(b[:4]) != heartbeatMagic {
+		return h, errNotHeartbeat
+	}
+	if b[4] != heartbeatVersion {
+		return h, fmt.Errorf("heartbeat version %d, want %d", b[4], heartbeatVersion)
+	}
+	r := reader{b: b[5:]}
+	h.Group = string(r.next(int(r.byte())))
+	h.Node = string(r.next(int(r.byte())))
+	h.Gen = binary.BigEndian.Uint32(r.next(4))
+	h.Part, h.Parts = r.byte(), r.byte()
+	n := int(binary.BigEndian.Uint16(r.next(2)))
+	for range n {
+		var a netip.Addr
+		switch r.byte() {
+		case 4:
+			a = netip.AddrFrom4([4]byte(r.next(4)))
+		case 6:
+			a = netip.AddrFrom16([16]byte(r.next(16)))
+		default:
+			r.err = errors.New("address of unknown family")
+		}
+		if r.err != nil {
+			break
+		}
+		h.Addrs = append(h.Addrs, a)
+	}
+	if r.err != nil {
+		return heartbeat{}, fmt.Errorf("heartbeat: %w", r.err)
+	}
+	if h.Node == "" || h.Parts == 0 || h.Part >= h.Parts {
+		return heartbeat{}, errors.New("heartbeat: no node, or part out of range")
+	}
+	return h, nil
+}
+
+// reader reads fields off a heartbeat; a short read sets err and returns
+// zeros from then on.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) next(n int) []byte {
+	if r.err != nil || len(r.b) < n {
+		r.err = errors.New("truncated")
+		return make([]byte, n)
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) byte() byte { return r.next(1)[0] }
+
+// heartbeats splits one replica's offer into frames that each fit in
+// maxPayload.
+func heartbeats(group, node string, gen uint32, addrs []netip.Addr) [][]byte {
+	// Header: magic, version, two lengths and names, gen, part, parts,
+	// count; an address takes at most 17 bytes.
+	room := (maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 4 + 2 + 2)) / 17
+	parts := max(1, (len(addrs)+room-1)/room)
+	var frames [][]byte
+	for p := range parts {
+		chunk := addrs[min(p*room, len(addrs)):min((p+1)*room, len(addrs))]
+		frames = append(frames, heartbeat{Group: group, Node: node, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk}.marshal())
+	}
+	return frames
+}
+
+// maxAddresses is the most one replica can offer: 255 parts.
+func maxAddresses(group, node string) int {
+	return 255 * ((maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 4 + 2 + 2)) / 17)
+}
+
+// members is what a replica has heard from the others.
+type members struct {
+	deadAfter time.Duration
+	peers     map[string]*member
+}
+
+type member struct {
+	seen    time.Time
+	gen     uint32
+	offered []netip.Addr
+	// parts of a generation not yet complete
+	pendingGen uint32
+	pending    map[uint8][]netip.Addr
+}
+
+func newMembers(deadAfter time.Duration) *members {
+	return &members{deadAfter: deadAfter, peers: map[string]*member{}}
+}
+
+// observe records a heartbeat heard at now. A peer's offer changes once
+// every part of a new generation has arrived; until then the previous one
+// stands.
+func (m *members) observe(now time.Time, h heartbeat) {
+	p := m.peers[h.Node]
+	if p == nil {
+		p = &member{}
+		m.peers[h.Node] = p
+	}
+	p.seen = now
+	if h.Gen == p.gen && p.offered != nil {
+		return
+	}
+	if p.pending == nil || p.pendingGen != h.Gen {
+		p.pendingGen, p.pending = h.Gen, map[uint8][]netip.Addr{}
+	}
+	p.pending[h.Part] = h.Addrs
+	if len(p.pending) < int(h.Parts) {
+		return
+	}
+	offered := []netip.Addr{}
+	for i := range h.Parts {
+		offered = append(offered, p.pending[i]...)
+	}
+	slices.SortFunc(offered, netip.Addr.Compare)
+	p.gen, p.offered, p.pending = h.Gen, offered, nil
+}
+
+// live returns the offers of the peers heard within deadAfter of now, and
+// forgets the others.
+func (m *members) live(now time.Time) map[string][]netip.Addr {
+	out := map[string][]netip.Addr{}
+	for node, p := range m.peers {
+		if now.Sub(p.seen) > m.deadAfter {
+			delete(m.peers, node)
+			continue
+		}
+		if p.offered != nil {
+			out[node] = p.offered
+		}
+	}
+	return out
+}

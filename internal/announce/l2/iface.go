@@ -1,0 +1,198 @@
+package l2
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
+	"github.com/mdlayher/ndp"
+	"github.com/mdlayher/packet"
+	"golang.org/x/net/ipv6"
+)
+
+// iface is one announcing interface: a heartbeat socket, and the ARP and
+// NDP responders where the interface has an address of that family.
+type iface struct {
+	ifi *net.Interface
+	// v4 is the interface's IPv4 address (none: no ARP).
+	v4  netip.Addr
+	hb  *packet.Conn
+	arp *arp.Client
+	ndp *ndp.Conn
+	// ndpErr says why there is no NDP responder.
+	ndpErr error
+}
+
+func openInterface(name string) (*iface, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("L2 announcement on %s: %w", name, err)
+	}
+	if len(ifi.HardwareAddr) != 6 {
+		return nil, fmt.Errorf("L2 announcement on %s: not an Ethernet interface", name)
+	}
+	ifc := &iface{ifi: ifi}
+	if ifc.hb, err = packet.Listen(ifi, packet.Datagram, EtherType, nil); err != nil {
+		return nil, fmt.Errorf("opening the heartbeat socket on %s (needs CAP_NET_RAW): %w", name, err)
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		ifc.close()
+		return nil, fmt.Errorf("reading the addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+			ifc.v4 = p.Addr()
+			break
+		}
+	}
+	if ifc.v4.IsValid() {
+		if ifc.arp, err = arp.Dial(ifi); err != nil {
+			ifc.close()
+			return nil, fmt.Errorf("opening the ARP socket on %s (needs CAP_NET_RAW): %w", name, err)
+		}
+	}
+	if c, _, err := ndp.Listen(ifi, ndp.LinkLocal); err != nil {
+		ifc.ndpErr = err
+	} else {
+		var f ipv6.ICMPFilter
+		f.SetAll(true)
+		f.Accept(ipv6.ICMPTypeNeighborSolicitation)
+		if err := c.SetICMPFilter(&f); err != nil {
+			c.Close()
+			ifc.close()
+			return nil, fmt.Errorf("filtering ICMPv6 on %s: %w", name, err)
+		}
+		ifc.ndp = c
+	}
+	return ifc, nil
+}
+
+func (i *iface) close() {
+	if i.hb != nil {
+		i.hb.Close()
+	}
+	if i.arp != nil {
+		i.arp.Close()
+	}
+	if i.ndp != nil {
+		i.ndp.Close()
+	}
+}
+
+func (i *iface) broadcast(frame []byte) error {
+	_, err := i.hb.WriteTo(frame, &packet.Addr{HardwareAddr: ethernet.Broadcast})
+	return err
+}
+
+// announce tells the segment that addr is at this interface: a gratuitous
+// ARP request and reply (neighbours differ in which they heed), or an
+// unsolicited neighbour advertisement that overrides cached entries.
+func (i *iface) announce(addr netip.Addr) error {
+	if addr.Is4() {
+		if i.arp == nil {
+			return errors.New("no IPv4 address on the interface")
+		}
+		var errs []error
+		for _, op := range []arp.Operation{arp.OperationRequest, arp.OperationReply} {
+			p, err := arp.NewPacket(op, i.ifi.HardwareAddr, addr, ethernet.Broadcast, addr)
+			if err == nil {
+				err = i.arp.WriteTo(p, ethernet.Broadcast)
+			}
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	if i.ndp == nil {
+		return fmt.Errorf("no NDP on the interface: %w", i.ndpErr)
+	}
+	na := &ndp.NeighborAdvertisement{Override: true, TargetAddress: addr,
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: i.ifi.HardwareAddr}}}
+	return i.ndp.WriteTo(na, nil, netip.IPv6LinkLocalAllNodes())
+}
+
+// join joins (or leaves) addr's solicited-node multicast group.
+func (i *iface) join(addr netip.Addr, on bool) error {
+	if i.ndp == nil {
+		return nil
+	}
+	group, err := ndp.SolicitedNodeMulticast(addr)
+	if err != nil {
+		return err
+	}
+	if on {
+		return i.ndp.JoinGroup(group)
+	}
+	return i.ndp.LeaveGroup(group)
+}
+
+// readHeartbeats hands every heartbeat heard on ifc to the membership.
+func (a *Announcer) readHeartbeats(ifc *iface) {
+	buf := make([]byte, maxPayload)
+	for {
+		n, _, err := ifc.hb.ReadFrom(buf)
+		if err != nil {
+			if !a.stopping.Load() {
+				a.log.Error(err, "Reading heartbeats", "interface", ifc.ifi.Name)
+			}
+			return
+		}
+		h, err := parseHeartbeat(buf[:n])
+		if err != nil {
+			a.log.V(4).Info("Ignoring a frame", "interface", ifc.ifi.Name, "error", err.Error())
+			continue
+		}
+		a.observe(h)
+	}
+}
+
+// answerARP answers the ARP requests for the addresses this replica owns.
+func (a *Announcer) answerARP(ifc *iface) {
+	for {
+		p, _, err := ifc.arp.Read()
+		if err != nil {
+			if !a.stopping.Load() {
+				a.log.Error(err, "Reading ARP", "interface", ifc.ifi.Name)
+			}
+			return
+		}
+		// A gratuitous one (sender = target) is someone else's news.
+		if p.Operation != arp.OperationRequest || p.SenderIP == p.TargetIP || !a.owns(p.TargetIP) {
+			continue
+		}
+		if err := ifc.arp.Reply(p, ifc.ifi.HardwareAddr, p.TargetIP); err != nil {
+			a.log.V(1).Info("Answering ARP failed", "address", p.TargetIP, "interface", ifc.ifi.Name, "error", err.Error())
+		}
+	}
+}
+
+// answerNDP answers the neighbour solicitations for the addresses this
+// replica owns.
+func (a *Announcer) answerNDP(ifc *iface) {
+	for {
+		m, _, from, err := ifc.ndp.ReadFrom()
+		if err != nil {
+			if !a.stopping.Load() {
+				a.log.Error(err, "Reading NDP", "interface", ifc.ifi.Name)
+			}
+			return
+		}
+		ns, ok := m.(*ndp.NeighborSolicitation)
+		if !ok || !a.owns(ns.TargetAddress) {
+			continue
+		}
+		na := &ndp.NeighborAdvertisement{Solicited: true, Override: true, TargetAddress: ns.TargetAddress,
+			Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ifc.ifi.HardwareAddr}}}
+		to := from
+		if from.Unmap().IsUnspecified() {
+			// Duplicate address detection: tell everyone.
+			na.Solicited, to = false, netip.IPv6LinkLocalAllNodes()
+		}
+		if err := ifc.ndp.WriteTo(na, nil, to); err != nil {
+			a.log.V(1).Info("Answering NDP failed", "address", ns.TargetAddress, "interface", ifc.ifi.Name, "error", err.Error())
+		}
+	}
+}

@@ -1,0 +1,343 @@
+// Package l2 announces load-balancer addresses on a layer-2 segment: for
+// each address, exactly one ready replica owns it, answers ARP (IPv4) and
+// NDP neighbour solicitations (IPv6) for it on the chosen interfaces, and
+// sends gratuitous ARP / unsolicited neighbour advertisements when it
+// takes it over, so the segment's neighbours (the router) send the
+// address's traffic to that host.
+//
+// Who owns what is decided without the API server and without a leader:
+// each replica broadcasts a heartbeat on the segment several times a
+// second (an Ethernet frame of its own EtherType, see heartbeat.go) with
+// the addresses it offers, and every replica ranks, for each address, the
+// live replicas offering it by a hash of (node, address) (owner.go). They
+// all reach the same answer; a replica that falls silent for DeadAfter
+// (its host died or left the segment) loses its addresses to the next in
+// each ranking within that time, and one that stops offering an address
+// (withdrawn, leaving, shutting down) gives it up at the next heartbeat.
+// Leases in the API server were the other choice: they fail over in
+// seconds, not a fraction of one, and a host cut off from the API server
+// but not from the segment would lose addresses it can still serve.
+package l2
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+)
+
+// Config configures an Announcer.
+type Config struct {
+	// Group: replicas sharing addresses (the load-balancer class).
+	Group string
+	// Node names this replica's host; it must differ between hosts.
+	Node string
+	// Interfaces are where the addresses are announced (the segment the
+	// router is on), e.g. eth0.
+	Interfaces []string
+	// Interval between heartbeats; defaults to 100 ms.
+	Interval time.Duration
+	// DeadAfter: a replica not heard for this long has lost its
+	// addresses; defaults to 5 intervals. It bounds the failover time.
+	DeadAfter time.Duration
+	// KernelTable names the nftables table (family arp) that keeps the
+	// kernel from answering ARP for the addresses; defaults to
+	// DefaultKernelTable.
+	KernelTable string
+	// NetNS is the network namespace of the nftables table (a file
+	// descriptor; 0: this process's). Sockets are opened in the calling
+	// thread's namespace.
+	NetNS int
+	// Clock defaults to the real one.
+	Clock clock.WithTicker
+}
+
+// Announcer owns addresses on the segment for this replica.
+type Announcer struct {
+	cfg    Config
+	log    logr.Logger
+	ifaces []*iface
+	karp   *kernelARP
+
+	// mine is the set of addresses this replica owns now, read by the
+	// responders without a lock.
+	mine atomic.Pointer[map[netip.Addr]bool]
+
+	mu      sync.Mutex
+	members *members
+	offer   []netip.Addr
+	gen     uint32
+	// gratuitous counts the announcements still to send for each address
+	// taken over (a few, in case one is lost).
+	gratuitous map[netip.Addr]int
+	started    time.Time
+	// live are the peers heard at the last election.
+	live      map[string]bool
+	takeovers atomic.Uint64
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed bool
+	// stopping tells the readers that their socket's error is the close.
+	stopping atomic.Bool
+}
+
+// gratuitousRepeats is how many gratuitous announcements follow a
+// takeover, one per heartbeat.
+const gratuitousRepeats = 3
+
+// Start opens the interfaces and starts heartbeating. The replica owns
+// nothing until it has listened for DeadAfter, so that a replica starting
+// beside live ones does not first claim every address.
+func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error) {
+	if cfg.Node == "" {
+		return nil, errors.New("L2 announcement needs this host's node name")
+	}
+	if len(cfg.Interfaces) == 0 {
+		return nil, errors.New("L2 announcement needs at least one interface")
+	}
+	if len(cfg.Group) > 255 || len(cfg.Node) > 255 {
+		return nil, errors.New("L2 announcement: the group and node names must be at most 255 bytes")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = 100 * time.Millisecond
+	}
+	if cfg.DeadAfter <= 0 {
+		cfg.DeadAfter = 5 * cfg.Interval
+	}
+	if cfg.KernelTable == "" {
+		cfg.KernelTable = DefaultKernelTable
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), gratuitous: map[netip.Addr]int{},
+		karp: &kernelARP{table: cfg.KernelTable, netns: cfg.NetNS}}
+	a.mine.Store(&map[netip.Addr]bool{})
+	for _, name := range cfg.Interfaces {
+		ifc, err := openInterface(name)
+		if err != nil {
+			a.closeInterfaces()
+			return nil, err
+		}
+		a.ifaces = append(a.ifaces, ifc)
+		if ifc.ndp == nil {
+			log.Info("No NDP on this interface: IPv6 addresses are not announced there", "interface", name, "reason", ifc.ndpErr.Error())
+		}
+		if !ifc.v4.IsValid() {
+			log.Info("No IPv4 address on this interface: IPv4 addresses are not announced there", "interface", name)
+		}
+		if ifc.v4.IsValid() {
+			a.karp.ifaces = append(a.karp.ifaces, ifaceAddr{index: ifc.ifi.Index, addr: ifc.v4})
+		}
+	}
+	if err := a.karp.sync(nil); err != nil {
+		a.closeInterfaces()
+		return nil, err
+	}
+	ctx, a.cancel = context.WithCancel(ctx)
+	a.started = cfg.Clock.Now()
+	for _, ifc := range a.ifaces {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.readHeartbeats(ifc) }()
+		if ifc.arp != nil {
+			a.wg.Add(1)
+			go func() { defer a.wg.Done(); a.answerARP(ifc) }()
+		}
+		if ifc.ndp != nil {
+			a.wg.Add(1)
+			go func() { defer a.wg.Done(); a.answerNDP(ifc) }()
+		}
+	}
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.run(ctx) }()
+	return a, nil
+}
+
+// Sync offers exactly addrs (the addresses this replica serves and may
+// announce; none while withdrawn). The replica owns the ones it ranks
+// first for among the live replicas offering them.
+func (a *Announcer) Sync(addrs []netip.Addr) error {
+	offer := slices.Clone(addrs)
+	slices.SortFunc(offer, netip.Addr.Compare)
+	offer = slices.Compact(offer)
+	if m := maxAddresses(a.cfg.Group, a.cfg.Node); len(offer) > m {
+		return fmt.Errorf("L2 announcement of %d addresses: at most %d fit in the heartbeats", len(offer), m)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	// The kernel must stop answering before anyone relies on our answers.
+	err := a.karp.sync(offer)
+	if !slices.Equal(offer, a.offer) {
+		a.offer = offer
+		a.gen++
+		a.heartbeatLocked()
+		a.electLocked(a.cfg.Clock.Now())
+	}
+	return err
+}
+
+// Owned returns the addresses this replica owns now.
+func (a *Announcer) Owned() []netip.Addr {
+	var out []netip.Addr
+	for addr := range *a.mine.Load() {
+		out = append(out, addr)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+func (a *Announcer) owns(addr netip.Addr) bool { return (*a.mine.Load())[addr] }
+
+// run heartbeats, forgets silent peers and elects, every interval.
+func (a *Announcer) run(ctx context.Context) {
+	t := a.cfg.Clock.NewTicker(a.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C():
+			a.mu.Lock()
+			a.heartbeatLocked()
+			a.electLocked(now)
+			a.announceLocked()
+			a.mu.Unlock()
+		}
+	}
+}
+
+// electLocked works out which addresses this replica owns now.
+func (a *Announcer) electLocked(now time.Time) {
+	live := a.members.live(now)
+	// A peer that appears (a new replica, or one cut off until now, which
+	// may believe it owns addresses) hears our claims again.
+	joined := false
+	names := make(map[string]bool, len(live))
+	for node := range live {
+		names[node] = true
+		joined = joined || !a.live[node]
+	}
+	a.live = names
+	var mine []netip.Addr
+	if now.Sub(a.started) >= a.cfg.DeadAfter {
+		mine = owned(a.cfg.Node, a.offer, live)
+	}
+	prev := *a.mine.Load()
+	next := make(map[netip.Addr]bool, len(mine))
+	for _, addr := range mine {
+		next[addr] = true
+		if !prev[addr] {
+			a.log.Info("Owning a load-balancer address on the segment", "address", addr, "peers", len(live))
+			a.takeovers.Add(1)
+			a.gratuitous[addr] = gratuitousRepeats
+			a.joinLocked(addr, true)
+		} else if joined {
+			a.gratuitous[addr] = gratuitousRepeats
+		}
+	}
+	for addr := range prev {
+		if !next[addr] {
+			a.log.Info("Leaving a load-balancer address to another replica", "address", addr, "peers", len(live))
+			delete(a.gratuitous, addr)
+			a.joinLocked(addr, false)
+		}
+	}
+	a.mine.Store(&next)
+	a.announceLocked()
+}
+
+// announceLocked sends the gratuitous announcements still due, one round.
+func (a *Announcer) announceLocked() {
+	for addr, n := range a.gratuitous {
+		for _, ifc := range a.ifaces {
+			if err := ifc.announce(addr); err != nil {
+				a.log.V(1).Info("Gratuitous announcement failed", "address", addr, "interface", ifc.ifi.Name, "error", err.Error())
+			}
+		}
+		if n <= 1 {
+			delete(a.gratuitous, addr)
+		} else {
+			a.gratuitous[addr] = n - 1
+		}
+	}
+}
+
+// heartbeatLocked tells the segment this replica is alive, and its offer.
+func (a *Announcer) heartbeatLocked() {
+	for _, frame := range heartbeats(a.cfg.Group, a.cfg.Node, a.gen, a.offer) {
+		for _, ifc := range a.ifaces {
+			if err := ifc.broadcast(frame); err != nil {
+				a.log.V(1).Info("Heartbeat failed", "interface", ifc.ifi.Name, "error", err.Error())
+			}
+		}
+	}
+}
+
+// joinLocked joins (or leaves) the solicited-node multicast group of an
+// IPv6 address on every interface, so its solicitations reach us.
+func (a *Announcer) joinLocked(addr netip.Addr, join bool) {
+	if !addr.Is6() {
+		return
+	}
+	for _, ifc := range a.ifaces {
+		if err := ifc.join(addr, join); err != nil {
+			a.log.Error(err, "Changing a solicited-node multicast group", "address", addr, "interface", ifc.ifi.Name, "join", join)
+		}
+	}
+}
+
+// observe records a peer's heartbeat.
+func (a *Announcer) observe(h heartbeat) {
+	if h.Group != a.cfg.Group || h.Node == a.cfg.Node {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.members.observe(a.cfg.Clock.Now(), h)
+}
+
+// Stop stops answering and heartbeating, and gives the kernel back its
+// ARP: the host stops serving the addresses.
+func (a *Announcer) Stop() error {
+	a.shutdown()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.karp.remove()
+}
+
+// StopForSuccessor stops answering and heartbeating but leaves the
+// kernel rules: a new process on this host, which takes the addresses
+// over, keeps them (and replaces them in one transaction).
+func (a *Announcer) StopForSuccessor() { a.shutdown() }
+
+func (a *Announcer) shutdown() {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.closed = true
+	a.stopping.Store(true)
+	a.mine.Store(&map[netip.Addr]bool{})
+	a.mu.Unlock()
+	a.cancel()
+	a.closeInterfaces()
+	a.wg.Wait()
+}
+
+func (a *Announcer) closeInterfaces() {
+	for _, ifc := range a.ifaces {
+		ifc.close()
+	}
+}

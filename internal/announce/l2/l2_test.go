@@ -1,0 +1,294 @@
+package l2
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/mdlayher/arp"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+var (
+	vip4 = netip.MustParseAddr("10.5.1.1")
+	vip6 = netip.MustParseAddr("fd00:5:1::1")
+)
+
+// segment: a client and two LB hosts on one switch (a bridge in a host of
+// its own). Each LB host has both addresses local (on lo) and serves its
+// name on port 80 of each; the client routes the addresses' subnets on
+// link, so it finds them by ARP and NDP, as a router does.
+type segment struct {
+	sw, client *network.Host
+	lbs        map[string]*network.Host
+	macs       map[string]net.HardwareAddr
+}
+
+func newSegment(t *testing.T) *segment {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network namespaces, packet sockets and nftables (make test runs as root)")
+	}
+	s := &segment{lbs: map[string]*network.Host{}, macs: map[string]net.HardwareAddr{}}
+	host := func(name string) *network.Host {
+		h, err := network.NewHost(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Close)
+		// A tentative link-local address holds neighbour discovery.
+		if err := h.SetSysctl("net/ipv6/conf/default/accept_dad", "0"); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pfx := netip.MustParsePrefix
+	s.sw = host("l2-switch")
+	must(s.sw.AddBridge("br0"))
+	plug := func(h *network.Host, port, dev string, addrs ...netip.Prefix) {
+		must(network.LinkHosts(s.sw, port, nil, h, dev, addrs))
+		must(s.sw.AttachToBridge(port, "br0"))
+	}
+	s.client = host("l2-client")
+	plug(s.client, "p-client", "eth0", pfx("10.5.0.100/24"), pfx("fd00:5::100/64"))
+	must(s.client.AddLinkRoute(pfx("10.5.1.0/24"), "eth0"))
+	must(s.client.AddLinkRoute(pfx("fd00:5:1::/64"), "eth0"))
+	for i, name := range []string{"lb-a", "lb-b"} {
+		h := host("l2-" + name)
+		plug(h, "p-"+name, devOf(name), pfx(fmt.Sprintf("10.5.0.%d/24", i+1)), pfx(fmt.Sprintf("fd00:5::%d/64", i+1)))
+		must(h.AddAddress("lo", netip.PrefixFrom(vip4, 32)))
+		must(h.AddAddress("lo", netip.PrefixFrom(vip6, 128)))
+		mac, err := h.HardwareAddr(devOf(name))
+		must(err)
+		s.lbs[name], s.macs[name] = h, mac
+		for _, vip := range []netip.Addr{vip4, vip6} {
+			ln, err := h.Listen("tcp", netip.AddrPortFrom(vip, 80).String())
+			must(err)
+			t.Cleanup(func() { ln.Close() })
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					io.WriteString(c, name)
+					c.Close()
+				}
+			}()
+		}
+	}
+	return s
+}
+
+// devOf names the LB host's interface on the segment: one name per host,
+// because the net package caches interface names and indexes for the
+// process, not per network namespace, and IPv6 link-local addresses are
+// bound by name (%eth0).
+func devOf(lb string) string { return "eth-" + strings.TrimPrefix(lb, "lb-") }
+
+// start runs an announcer on the LB host name, offering both addresses.
+func (s *segment) start(t *testing.T, name string) *Announcer {
+	t.Helper()
+	h := s.lbs[name]
+	var a *Announcer
+	err := h.Do(func() (err error) {
+		a, err = Start(context.Background(), testr.New(t).WithName(name), Config{Group: "test", Node: name,
+			Interfaces: []string{devOf(name)}, Interval: 50 * time.Millisecond, KernelTable: "ebb-l2-test", NetNS: h.NetNS()})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Stop() })
+	if err := a.Sync([]netip.Addr{vip4, vip6}); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// ask connects from the client to vip and returns the name of the LB host
+// that answered.
+func (s *segment) ask(vip netip.Addr) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	c, err := s.client.DialContext(ctx, "tcp", netip.AddrPortFrom(vip, 80).String())
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+// waitServedBy waits until the client's connections to vip reach want.
+func (s *segment) waitServedBy(t *testing.T, vip netip.Addr, want string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var last string
+	for time.Since(start) < 10*time.Second {
+		got, err := s.ask(vip)
+		if err == nil && got == want {
+			return time.Since(start)
+		}
+		last = fmt.Sprint(got, err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("connections to %s never reached %s (last: %s)", vip, want, last)
+	return 0
+}
+
+// owner returns the announcer that owns vip, failing unless exactly one
+// does.
+func owner(t *testing.T, vip netip.Addr, as map[string]*Announcer) string {
+	t.Helper()
+	var owners []string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		owners = owners[:0]
+		for name, a := range as {
+			if slices.Contains(a.Owned(), vip) {
+				owners = append(owners, name)
+			}
+		}
+		if len(owners) == 1 {
+			return owners[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s owned by %v, want exactly one", vip, owners)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// arpReplies sends one ARP request for vip from the client and returns
+// every MAC that answered within 300 ms.
+func (s *segment) arpReplies(t *testing.T) []string {
+	t.Helper()
+	var c *arp.Client
+	if err := s.client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Request(vip4); err != nil {
+		t.Fatal(err)
+	}
+	var macs []string
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	for {
+		p, _, err := c.Read()
+		if err != nil {
+			break
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip4 && !slices.Contains(macs, p.SenderHardwareAddr.String()) {
+			macs = append(macs, p.SenderHardwareAddr.String())
+		}
+	}
+	return macs
+}
+
+// Two replicas on one segment: each address has one owner, which alone
+// answers ARP and NDP for it, so the client reaches the address on the
+// owner; an owner that withdraws, or whose host vanishes, hands its
+// addresses to the other, which announces them at once (the client's
+// neighbour entry changes without it asking again).
+func TestOneOwnerAnswersAndTheOtherTakesOver(t *testing.T) {
+	s := newSegment(t)
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	other := func(name string) string {
+		if name == "lb-a" {
+			return "lb-b"
+		}
+		return "lb-a"
+	}
+	for _, vip := range []netip.Addr{vip4, vip6} {
+		o := owner(t, vip, as)
+		s.waitServedBy(t, vip, o)
+		mac, _, err := s.client.Neighbour(vip)
+		if err != nil || mac.String() != s.macs[o].String() {
+			t.Fatalf("the client's neighbour entry for %s is %v (%v), want %s's %s", vip, mac, err, o, s.macs[o])
+		}
+		t.Logf("%s owned by %s", vip, o)
+	}
+
+	// Only the owner answers ARP: the kernel of the other host, which has
+	// the address local too, stays silent.
+	o4 := owner(t, vip4, as)
+	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o4].String()}) {
+		t.Fatalf("ARP replies for %s from %v, want only the owner %s (%s)", vip4, macs, o4, s.macs[o4])
+	}
+	// The other host sending from the address does not claim it: its ARP
+	// request for the client carries its own address (without the rule,
+	// the client would point the address at it).
+	if err := s.lbs[other(o4)].Do(func() error {
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: vip4.AsSlice()}, &net.UDPAddr{IP: net.IPv4(10, 5, 0, 100), Port: 9000})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("hello"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the ARP exchange; nothing to wait on from here
+	if mac, _, _ := s.client.Neighbour(vip4); mac.String() != s.macs[o4].String() {
+		t.Fatalf("after %s sent from %s, the client's entry is %v, want the owner's %s", other(o4), vip4, mac, s.macs[o4])
+	}
+	if mac, _, _ := s.client.Neighbour(netip.MustParseAddr(map[string]string{"lb-a": "10.5.0.1", "lb-b": "10.5.0.2"}[other(o4)])); mac.String() != s.macs[other(o4)].String() {
+		t.Fatalf("the client did not learn %s's own address from its ARP request (entry %v)", other(o4), mac)
+	}
+
+	// The owner withdraws (its host is leaving): the other takes over.
+	for _, vip := range []netip.Addr{vip4, vip6} {
+		o := owner(t, vip, as)
+		as[o].Sync(nil)
+		took := s.waitServedBy(t, vip, other(o))
+		t.Logf("withdrawn: %s served by %s after %s", vip, other(o), took)
+		if mac, _, _ := s.client.Neighbour(vip); mac.String() != s.macs[other(o)].String() {
+			t.Fatalf("after the takeover the client's entry for %s is %v, want %s", vip, mac, s.macs[other(o)])
+		}
+		as[o].Sync([]netip.Addr{vip4, vip6})
+	}
+
+	// The owner's host vanishes (its switch port goes down): the other
+	// takes over once it misses the heartbeats.
+	for _, vip := range []netip.Addr{vip4, vip6} {
+		o := owner(t, vip, as)
+		s.waitServedBy(t, vip, o)
+		if err := s.sw.SetLinkUp("p-"+o, false); err != nil {
+			t.Fatal(err)
+		}
+		took := s.waitServedBy(t, vip, other(o))
+		t.Logf("%s's host cut off: %s served by %s after %s", o, vip, other(o), took)
+		mac, _, _ := s.client.Neighbour(vip)
+		if mac.String() != s.macs[other(o)].String() {
+			t.Fatalf("the client's entry for %s is %v, want %s's %s", vip, mac, other(o), s.macs[other(o)])
+		}
+		if err := s.sw.SetLinkUp("p-"+o, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
