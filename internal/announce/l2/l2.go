@@ -138,10 +138,9 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 			a.karp.ifaces = append(a.karp.ifaces, ifaceAddr{index: ifc.ifi.Index, addr: ifc.v4})
 		}
 	}
-	if err := a.karp.sync(nil); err != nil {
-		a.closeInterfaces()
-		return nil, err
-	}
+	// The kernel rules are left as they are until the first Sync: a
+	// predecessor's on this host keep the kernel quiet for the addresses
+	// until then.
 	ctx, a.cancel = context.WithCancel(ctx)
 	a.started = cfg.Clock.Now()
 	for _, ifc := range a.ifaces {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -13,12 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ebbdev/ebb/internal/announce/bgp"
+	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/vipaddr"
 )
 
 // addresses returns what is told the served addresses after each apply:
-// the local routes (unless --local-routes=false) and the BGP speaker (with
-// --bgp-asn). With deferBGP the speaker opens no session until
+// the local routes (unless --local-routes=false), the BGP speaker (with
+// --bgp-asn) and the L2 announcer (with --l2-interface). With deferBGP the speaker opens no session until
 // connectBGP: a predecessor on this host still holds them.
 func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP bool) (*addressSinks, error) {
 	sinks := &addressSinks{}
@@ -60,7 +62,40 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 		sinks.bgp = sp
 		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", o.BGPPeers, "afterPredecessor", deferBGP)
 	}
+	if len(o.L2.Interfaces) > 0 {
+		if err := o.startL2(ctx, log, reg, sinks); err != nil {
+			sinks.close(log)
+			return nil, err
+		}
+	}
 	return sinks, nil
+}
+
+// startL2 starts announcing by ARP and NDP: the replicas of one class
+// elect an owner per address among themselves.
+func (o *Options) startL2(ctx context.Context, log logr.Logger, reg prometheus.Registerer, sinks *addressSinks) error {
+	cfg := o.L2
+	cfg.Group, cfg.Node = o.LoadBalancerClass, o.NodeName
+	if cfg.Node == "" {
+		// The host's name, not the pod's: two processes of one host (a
+		// hand-off) must be one replica to the others.
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("L2 announcement needs --node-name: %w", err)
+		}
+		cfg.Node = h
+	}
+	a, err := l2.Start(ctx, log.WithName("l2"), cfg)
+	if err != nil {
+		return err
+	}
+	if err := reg.Register(a.Collector()); err != nil {
+		a.Stop()
+		return fmt.Errorf("registering L2 metrics: %w", err)
+	}
+	sinks.l2 = a
+	log.Info("Announcing by ARP and NDP", "interfaces", cfg.Interfaces, "node", cfg.Node, "group", cfg.Group)
+	return nil
 }
 
 // addressSinks makes the served addresses local to this host, then
@@ -71,7 +106,10 @@ type addressSinks struct {
 	mu      sync.Mutex
 	local   *vipaddr.Table
 	bgp     *bgp.Speaker
+	l2      *l2.Announcer
 	retired bool
+	// stopping: the graceful stop withdrew everything for good.
+	stopping bool
 	// withdrawn: the host is leaving, so nothing is announced, while the
 	// sessions and the local routes stay (setWithdrawn).
 	withdrawn bool
@@ -107,13 +145,18 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 
 // announceLocked announces the wanted addresses, or none while withdrawn.
 func (a *addressSinks) announceLocked() error {
-	if a.bgp == nil {
-		return nil
+	want := a.want
+	if a.withdrawn || a.stopping {
+		want = nil
 	}
-	if a.withdrawn {
-		return a.bgp.Sync(nil)
+	var errs []error
+	if a.bgp != nil {
+		errs = append(errs, a.bgp.Sync(want))
 	}
-	return a.bgp.Sync(a.want)
+	if a.l2 != nil {
+		errs = append(errs, a.l2.Sync(want))
+	}
+	return errors.Join(errs...)
 }
 
 // setWithdrawn withdraws every announcement while the host is leaving
@@ -168,12 +211,20 @@ func (a *addressSinks) connectBGP(ctx context.Context) error {
 func (a *addressSinks) withdraw() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.bgp == nil {
-		return false
+	a.stopping = true
+	announced := false
+	if a.bgp != nil {
+		a.bgp.Stop()
+		a.bgp = nil
+		announced = true
 	}
-	a.bgp.Stop()
-	a.bgp = nil
-	return true
+	if a.l2 != nil && !a.retired {
+		// Still heartbeating, offering nothing: the other replicas take
+		// the addresses over at once rather than after --l2-dead-after.
+		_ = a.l2.Sync(nil)
+		announced = true
+	}
+	return announced
 }
 
 // retire leaves the addresses to a successor on this host: the BGP
@@ -189,6 +240,10 @@ func (a *addressSinks) retire() {
 		a.bgp.StopForSuccessor()
 		a.bgp = nil
 	}
+	if a.l2 != nil {
+		a.l2.StopForSuccessor()
+		a.l2 = nil
+	}
 }
 
 // close withdraws every announcement, then removes the local routes;
@@ -201,6 +256,12 @@ func (a *addressSinks) close(log logr.Logger) {
 		a.withdrawTimer.Stop()
 	}
 	a.flows.close()
+	if a.l2 != nil {
+		if err := a.l2.Stop(); err != nil {
+			log.Error(err, "Stopping the L2 announcement")
+		}
+		a.l2 = nil
+	}
 	if a.local == nil {
 		return
 	}

@@ -28,6 +28,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
+	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/event"
@@ -65,6 +66,10 @@ type Options struct {
 	BGPPeers []string
 	// BGPHoldTime applies to every peer.
 	BGPHoldTime time.Duration
+	// L2 announces the served addresses by ARP and NDP on L2.Interfaces,
+	// one replica owning each address, when any is given (Group and Node
+	// are filled in from the class and the node name).
+	L2 l2.Config
 	// ShutdownDelay and ShutdownTimeout pace a graceful stop (see
 	// shutdown.go).
 	ShutdownDelay, ShutdownTimeout time.Duration
@@ -143,6 +148,9 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "a BGP peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 (repeatable)")
 	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
+	cmd.Flags().StringArrayVar(&o.L2.Interfaces, "l2-interface", nil, "announce every address served on this interface's segment by ARP and NDP, one ebb lb replica owning each address (repeatable; needs CAP_NET_RAW and CAP_NET_ADMIN; see docs/l2.md)")
+	cmd.Flags().DurationVar(&o.L2.Interval, "l2-heartbeat-interval", 100*time.Millisecond, "how often this replica tells the others on the --l2-interface segments that it is alive")
+	cmd.Flags().DurationVar(&o.L2.DeadAfter, "l2-dead-after", 500*time.Millisecond, "a replica not heard for this long loses its L2 addresses to the others (the failover time when an LB host dies)")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
 	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
