@@ -14,7 +14,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle clean
+.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover clean
 
 all: build
 
@@ -108,6 +108,11 @@ bench-lb-lifecycle: tools build release
 	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
 	$(GO) build -o bin/bench-lb-lifecycle ./bench/lblifecycle
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-lb-lifecycle -ebb bin/ebb -dist dist
+
+## bench-failover: an LB host cut off under 1,000 req/s, announcing by BGP (FRR) and by L2 (ARP): time until new connections succeed again, failed requests, and a new Service's address reachable from the client; 3 runs each
+bench-failover: tools build release
+	$(GO) build -o bin/bench-failover ./bench/failover
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist
 
 clean:
 	rm -rf bin dist

@@ -60,15 +60,7 @@ func TestSuccessorTakesOverWithoutDroppingAConnection(t *testing.T) {
 	defer cancel()
 	metrics := freePort(t)
 	oldDone := run(ctx, metrics)
-	var long net.Conn
-	eventually(t, "the first process serving", func() bool {
-		c, err := net.DialTimeout("tcp", fe, time.Second)
-		if err == nil && echoRoundTrip(c, "hello") == nil {
-			long = c
-			return true
-		}
-		return false
-	})
+	long := establish(t, fe, "the first process serving")
 	defer long.Close()
 
 	// New connections, one after another, through the whole hand-off.
@@ -212,15 +204,7 @@ func TestAStoppingProcessLeavesTheHostToANewOneBesideIt(t *testing.T) {
 	oldCtx, stopOld := context.WithCancel(context.Background())
 	defer stopOld()
 	oldDone := run(oldCtx)
-	var long net.Conn
-	eventually(t, "the first process serving", func() bool {
-		c, err := net.DialTimeout("tcp", fe, time.Second)
-		if err == nil && echoRoundTrip(c, "hello") == nil {
-			long = c
-			return true
-		}
-		return false
-	})
+	long := establish(t, fe, "the first process serving")
 	defer long.Close()
 	eventually(t, "the first process ready", func() bool { return readyz(metrics) })
 

@@ -279,27 +279,11 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	broadcaster.StartRecordingToSink(ctx.Done())
 	defer broadcaster.Shutdown()
 	syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
-	var reporter *lbsync.Reporter
-	if o.ReportName != "" {
-		if reporter, err = o.reporter(dp); err != nil {
-			return err
-		}
-		h.onHandOver = append(h.onHandOver, reporter.Retire)
-		// The report outlives ctx: it counts the connections down through
-		// the graceful stop; then it goes with the replica.
-		reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
-		reported := make(chan struct{})
-		go func() { reporter.Run(reportCtx); close(reported) }()
-		defer func() {
-			stopReports()
-			<-reported
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := reporter.Remove(rctx); err != nil {
-				log.Error(err, "Removing this replica's report")
-			}
-		}()
+	reporter, stopReport, err := o.startReport(ctx, log, dp, h)
+	if err != nil {
+		return err
 	}
+	defer stopReport()
 	flows, err := o.startMovedFlows(ctx, log, reg, addrs)
 	if err != nil {
 		return err
@@ -352,6 +336,33 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	h.settle(log, o.ShutdownTimeout)
 	o.stopBeside(log, h, s, dp, addrs, stop)
 	return err
+}
+
+// startReport starts publishing this replica's LoadBalancerReport (none
+// without --report-name: a nil reporter). The report outlives ctx: it
+// counts the connections down through the graceful stop; the returned
+// function stops it and removes it, as the replica goes.
+func (o *Options) startReport(ctx context.Context, log logr.Logger, dp *dataplane.DataPlane, h *handover) (*lbsync.Reporter, func(), error) {
+	if o.ReportName == "" {
+		return nil, func() {}, nil
+	}
+	reporter, err := o.reporter(dp)
+	if err != nil {
+		return nil, nil, err
+	}
+	h.onHandOver = append(h.onHandOver, reporter.Retire)
+	reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
+	reported := make(chan struct{})
+	go func() { reporter.Run(reportCtx); close(reported) }()
+	return reporter, func() {
+		stopReports()
+		<-reported
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := reporter.Remove(rctx); err != nil {
+			log.Error(err, "Removing this replica's report")
+		}
+	}, nil
 }
 
 // followFile applies the configuration file again when it changes (polled)

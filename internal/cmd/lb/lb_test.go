@@ -291,6 +291,26 @@ func echoBackend(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// establish waits until a connection to fe echoes, as what is awaited,
+// and returns it open.
+func establish(t *testing.T, fe, what string) net.Conn {
+	t.Helper()
+	var long net.Conn
+	eventually(t, what, func() bool {
+		c, err := net.DialTimeout("tcp", fe, time.Second)
+		if err == nil && echoRoundTrip(c, "hello") == nil {
+			long = c
+			return true
+		}
+		if c != nil {
+			c.Close()
+		}
+		return false
+	})
+	return long
+}
+
+// echoRoundTrip writes msg on c and reads the echo back.
 func echoRoundTrip(c net.Conn, msg string) error {
 	if _, err := io.WriteString(c, msg); err != nil {
 		return err
@@ -318,15 +338,7 @@ func TestStopServesEstablishedConnectionsUntilTheyEnd(t *testing.T) {
 			o := &Options{ConfigFile: file, PollInterval: time.Hour, ShutdownTimeout: tc.timeout}
 			done := make(chan error, 1)
 			go func() { done <- o.Run(ctx) }()
-			var long net.Conn
-			eventually(t, "serving", func() bool {
-				c, err := net.DialTimeout("tcp", fe, time.Second)
-				if err == nil && echoRoundTrip(c, "hello") == nil {
-					long = c
-					return true
-				}
-				return false
-			})
+			long := establish(t, fe, "serving")
 			defer long.Close()
 
 			stopped := time.Now()

@@ -108,51 +108,60 @@ func (r *Reconciler) drain(ctx context.Context, nm *v1alpha1.NodeMaintenance, w 
 		r.trafficDrain(nm, node, views(node), nd)
 		targets := res.nodes[node].Targets
 		for _, p := range pods[node] {
-			if static(p) {
-				nd.static++
-				continue
-			}
-			if drainplan.ToleratesDraining(p) {
-				if ref := metav1.GetControllerOf(p); ref != nil && !slices.Contains(nd.tolerating, ref.Name) {
-					nd.tolerating = append(nd.tolerating, ref.Name)
-				}
-				continue
-			}
-			e := existing[p.Namespace+"/"+v1alpha1.EvacuationName(p.UID, p.Name)]
-			if e != nil && e.Spec.PodRef.UID == p.UID {
-				if e.DeletionTimestamp != nil && controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
-					// Someone deleted (cancelled) it while our finalizer held
-					// it: nothing would evacuate the pod and the drain would
-					// wait forever. Let it go; once it is gone the pod's
-					// Evacuation is asked for again.
-					if err := r.withdraw(ctx, e); err != nil {
-						return nil, err
-					}
-					log.FromContext(ctx).Info("Evacuation deleted by someone else: asking again once it is gone", "evacuation", klog.KObj(e))
-					nd.pending++
-					continue
-				}
-				nd.evacuating++
-				if !controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
-					patch := client.MergeFrom(e.DeepCopy())
-					controllerutil.AddFinalizer(e, v1alpha1.InstigatorFinalizer)
-					if err := r.Client.Patch(ctx, e, patch); err != nil {
-						return nil, fmt.Errorf("adding our finalizer to Evacuation %s: %w", klog.KObj(e), err)
-					}
-				}
-				continue
-			}
-			if !drainplan.Matches(targets, p) || !nd.mayEvacuate {
-				nd.pending++
-				continue
-			}
-			if err := r.createEvacuation(ctx, nm, p, node); err != nil {
+			if err := r.drainPod(ctx, nm, node, p, targets, existing, nd); err != nil {
 				return nil, err
 			}
-			nd.evacuating++
 		}
 	}
 	return out, r.forgetGoneEvacuations(ctx, evacs.Items, nodesOfDrains(w))
+}
+
+// drainPod counts one pod of a draining node in nd, and asks for its
+// Evacuation when the drain plan's current step targets it.
+func (r *Reconciler) drainPod(ctx context.Context, nm *v1alpha1.NodeMaintenance, node string, p *corev1.Pod, targets []v1alpha1.DrainPlanEntry, existing map[string]*v1alpha1.Evacuation, nd *nodeDrain) error {
+	if static(p) {
+		nd.static++
+		return nil
+	}
+	if drainplan.ToleratesDraining(p) {
+		if ref := metav1.GetControllerOf(p); ref != nil && !slices.Contains(nd.tolerating, ref.Name) {
+			nd.tolerating = append(nd.tolerating, ref.Name)
+		}
+		return nil
+	}
+	e := existing[p.Namespace+"/"+v1alpha1.EvacuationName(p.UID, p.Name)]
+	if e != nil && e.Spec.PodRef.UID == p.UID {
+		if e.DeletionTimestamp != nil && controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.Status.EvacuationCancellationPolicy != v1alpha1.CancellationForbid {
+			// Someone deleted (cancelled) it while our finalizer held it:
+			// nothing would evacuate the pod and the drain would wait
+			// forever. Let it go; once it is gone the pod's Evacuation is
+			// asked for again.
+			if err := r.withdraw(ctx, e); err != nil {
+				return err
+			}
+			log.FromContext(ctx).Info("Evacuation deleted by someone else: asking again once it is gone", "evacuation", klog.KObj(e))
+			nd.pending++
+			return nil
+		}
+		nd.evacuating++
+		if !controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
+			patch := client.MergeFrom(e.DeepCopy())
+			controllerutil.AddFinalizer(e, v1alpha1.InstigatorFinalizer)
+			if err := r.Client.Patch(ctx, e, patch); err != nil {
+				return fmt.Errorf("adding our finalizer to Evacuation %s: %w", klog.KObj(e), err)
+			}
+		}
+		return nil
+	}
+	if !drainplan.Matches(targets, p) || !nd.mayEvacuate {
+		nd.pending++
+		return nil
+	}
+	if err := r.createEvacuation(ctx, nm, p, node); err != nil {
+		return err
+	}
+	nd.evacuating++
+	return nil
 }
 
 // drained reports whether this maintenance is drained: every targeted pod
