@@ -105,22 +105,22 @@ func (fc *failoverCluster) setUp(ctx context.Context, dist string) error {
 	if err := c.WaitDeploymentAvailable(ctx, "default", "web", 2*time.Minute); err != nil {
 		return err
 	}
-	fc.vip, _, err = fc.createService(ctx, "web")
+	fc.vip, _, err = fc.createService(ctx, "web", corev1.ServiceExternalTrafficPolicyLocal)
 	return err
 }
 
 // createService makes a LoadBalancer Service of ebb's class named name in
 // front of the web app, and returns its address once a request from the
 // client through it succeeds, with how long that took from the create.
-func (fc *failoverCluster) createService(ctx context.Context, name string) (netip.Addr, time.Duration, error) {
+func (fc *failoverCluster) createService(ctx context.Context, name string, policy corev1.ServiceExternalTrafficPolicy) (netip.Addr, times, error) {
 	c := fc.c
 	svc := localcluster.EchoService("default", name, corev1.ServiceTypeLoadBalancer)
 	svc.Spec.Selector = map[string]string{"app": "web"}
 	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
-	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.ExternalTrafficPolicy = policy
 	start := time.Now()
 	if _, err := c.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return netip.Addr{}, 0, err
+		return netip.Addr{}, times{}, err
 	}
 	var vip netip.Addr
 	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -132,29 +132,44 @@ func (fc *failoverCluster) createService(ctx context.Context, name string) (neti
 		return err == nil, nil
 	})
 	if err != nil {
-		return netip.Addr{}, 0, fmt.Errorf("waiting for Service %s's address: %w", name, err)
+		return netip.Addr{}, times{}, fmt.Errorf("waiting for Service %s's address: %w", name, err)
 	}
 	probe := &loadgen.Requests{URL: fmt.Sprintf("http://%s/", vip), Dial: c.ExternalClient.DialContext}
 	var last error
+	var connected time.Duration
 	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		last = fc.connect(ctx, vip, 300*time.Millisecond)
 		if last == nil {
+			if connected == 0 {
+				connected = time.Since(start)
+			}
 			last = probe.Probe()
 		}
 		return last == nil, nil
 	})
+	served := time.Since(start)
 	if err != nil {
-		return netip.Addr{}, 0, fmt.Errorf("the client reaching %s (%v): %w", vip, last, err)
+		return netip.Addr{}, times{}, fmt.Errorf("the client reaching %s (%v): %w", vip, last, err)
 	}
-	return vip, time.Since(start), nil
+	return vip, times{reachable: connected, served: served}, nil
+}
+
+// times are how long after its create a Service's address was reachable
+// from the client (a TCP connection accepted at the address: the
+// announcement and the load balancer's listener), and served (an HTTP
+// request through it answered by the app: also every node's kube-proxy
+// serving the new node port).
+type times struct {
+	reachable, served time.Duration
 }
 
 // timeReachable creates n Services one after another and returns how long
-// each address took to be reachable from the client.
-func (fc *failoverCluster) timeReachable(ctx context.Context, n int) ([]time.Duration, error) {
-	var out []time.Duration
+// each address took to be reachable and served from the client. They keep
+// the default externalTrafficPolicy (Cluster).
+func (fc *failoverCluster) timeReachable(ctx context.Context, n int) ([]times, error) {
+	var out []times
 	for i := range n {
-		_, d, err := fc.createService(ctx, fmt.Sprintf("reach-%d", i))
+		_, d, err := fc.createService(ctx, fmt.Sprintf("reach-%d", i), corev1.ServiceExternalTrafficPolicyCluster)
 		if err != nil {
 			return nil, err
 		}
@@ -189,7 +204,11 @@ func (fc *failoverCluster) cutOne(ctx context.Context, run, rate int) (*cutResul
 	}
 	host := fc.hosts[run%2].Name
 	if fc.mode == "l2" {
-		// The owner: cutting the other host would cost nothing.
+		// The owner: cutting the other host would cost nothing. A request
+		// first, so that the router has resolved the address lately.
+		if err := fc.connect(ctx, fc.vip, time.Second); err != nil {
+			return nil, fmt.Errorf("connecting to %s before the cut: %w", fc.vip, err)
+		}
 		mac, _, err := fc.c.Router.Neighbour(fc.vip)
 		if err != nil {
 			return nil, err

@@ -57,7 +57,7 @@ func run(o options) error {
 	}
 	summary := map[string]any{"runs": o.runs, "rate": o.rate, "services": o.services,
 		"bgp_hold_time_ms": bgpHoldTime.Milliseconds(), "l2_dead_after_ms": l2DeadAfter.Milliseconds()}
-	var reachable []time.Duration
+	var reachable, served []time.Duration
 	for _, mode := range []string{"bgp", "l2"} {
 		if !slices.Contains(strings.Split(o.modes, ","), mode) {
 			continue
@@ -72,17 +72,21 @@ func run(o options) error {
 		summary[mode+"_requests"] = res.sent
 		summary[mode+"_vip_reachable_ms_p50"] = stats.Percentile(res.reachable, 0.5).Milliseconds()
 		summary[mode+"_vip_reachable_ms_p99"] = stats.Percentile(res.reachable, 0.99).Milliseconds()
+		summary[mode+"_vip_served_ms_p50"] = stats.Percentile(res.served, 0.5).Milliseconds()
+		summary[mode+"_vip_served_ms_p99"] = stats.Percentile(res.served, 0.99).Milliseconds()
 		reachable = append(reachable, res.reachable...)
+		served = append(served, res.served...)
 	}
 	summary["vip_reachable_ms_p99"] = stats.Percentile(reachable, 0.99).Milliseconds()
+	summary["vip_served_ms_p99"] = stats.Percentile(served, 0.99).Milliseconds()
 	return report.WriteSummary(o.out, summary)
 }
 
 // modeResult is one announcement mode's figures over its runs.
 type modeResult struct {
-	failovers    []time.Duration
-	sent, failed int64
-	reachable    []time.Duration
+	failovers         []time.Duration
+	sent, failed      int64
+	reachable, served []time.Duration
 }
 
 // measureMode starts a cluster announcing by mode, times new Services'
@@ -96,11 +100,16 @@ func measureMode(o options, dist, mode string) (*modeResult, error) {
 	}
 	defer stop()
 	res := &modeResult{}
-	if res.reachable, err = fc.timeReachable(ctx, o.services); err != nil {
+	ts, err := fc.timeReachable(ctx, o.services)
+	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(os.Stderr, "%s: %d new Services reachable from the client after p50 %s, p99 %s\n", mode, o.services,
-		stats.Percentile(res.reachable, 0.5).Round(time.Millisecond), stats.Percentile(res.reachable, 0.99).Round(time.Millisecond))
+	for _, t := range ts {
+		res.reachable, res.served = append(res.reachable, t.reachable), append(res.served, t.served)
+	}
+	fmt.Fprintf(os.Stderr, "%s: %d new Services: reachable from the client after p50 %s, p99 %s; served after p50 %s, p99 %s\n", mode, o.services,
+		stats.Percentile(res.reachable, 0.5).Round(time.Millisecond), stats.Percentile(res.reachable, 0.99).Round(time.Millisecond),
+		stats.Percentile(res.served, 0.5).Round(time.Millisecond), stats.Percentile(res.served, 0.99).Round(time.Millisecond))
 	for i := range o.runs {
 		r, err := fc.cutOne(ctx, i, o.rate)
 		if err != nil {
