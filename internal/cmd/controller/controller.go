@@ -31,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
@@ -120,7 +121,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&o.LoadBalancerClass, "load-balancer-class", lbmodel.ClassL4, "spec.loadBalancerClass of the Services to serve")
 	f.BoolVar(&o.DefaultLoadBalancer, "default-load-balancer", false, "also serve LoadBalancer Services that set no class")
-	f.StringSliceVar(&o.VIPPools, "vip-pool", nil, "CIDR of load-balancer addresses to allocate from (repeatable; IPv4 and IPv6)")
+	f.StringSliceVar(&o.VIPPools, "vip-pool", nil, "deprecated (use AddressPool objects, group lb.ebb.dev): CIDR of load-balancer addresses to allocate from after the AddressPools, to every Service; creates nothing in the API (repeatable; IPv4 and IPv6)")
 	f.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader so that only one replica acts")
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
@@ -172,6 +173,9 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := lbv1alpha1.AddToScheme(scheme); err != nil {
 		return err
 	}
 	mgrOpts := ctrl.Options{
@@ -346,6 +350,10 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the service controller: %w", err)
+	}
+	pr := &service.PoolReconciler{Client: mgr.GetClient(), IPAM: ipam}
+	if err := pr.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the address pool controller: %w", err)
 	}
 	if o.SpotTaintKey != "" {
 		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), TaintKey: o.SpotTaintKey}

@@ -24,8 +24,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlreconcile "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -48,6 +51,9 @@ const (
 // +kubebuilder:rbac:groups="",resources=services/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups=lb.ebb.dev,resources=addresspools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=lb.ebb.dev,resources=addresspools/status,verbs=get;update;patch
 
 // Reconciler reconciles Services of type LoadBalancer.
 type Reconciler struct {
@@ -66,8 +72,29 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller.
+// SetupWithManager registers the controller. A change of the address
+// pools wakes the Services that have no address yet: the pool they wait
+// for may have appeared or grown.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).Named("service-lb").For(&corev1.Service{}).Complete(r)
+	return ctrl.NewControllerManagedBy(mgr).Named("service-lb").For(&corev1.Service{}).
+		Watches(&lbv1alpha1.AddressPool{}, handler.EnqueueRequestsFromMapFunc(r.waitingServices)).
+		Complete(r)
+}
+
+// waitingServices are the Services we should serve that have no address.
+func (r *Reconciler) waitingServices(ctx context.Context, _ client.Object) []ctrlreconcile.Request {
+	var list corev1.ServiceList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []ctrlreconcile.Request
+	for i := range list.Items {
+		svc := &list.Items[i]
+		if r.wants(svc) && len(svc.Status.LoadBalancer.Ingress) == 0 {
+			out = append(out, ctrlreconcile.Request{NamespacedName: client.ObjectKeyFromObject(svc)})
+		}
+	}
+	return out
 }
 
 // Reconcile brings one Service's load balancer to its desired state.
@@ -126,6 +153,12 @@ func (r *Reconciler) wants(svc *corev1.Service) bool {
 // before the first allocation, so an address is never given twice.
 func (r *Reconciler) initialize(ctx context.Context) error {
 	r.initOnce.Do(func() {
+		// The pools first: a Service that asks for an address before the
+		// pool controller has read them would be refused.
+		if err := r.loadPools(ctx); err != nil {
+			r.initErr = err
+			return
+		}
 		var list corev1.ServiceList
 		if err := r.Client.List(ctx, &list); err != nil {
 			r.initErr = fmt.Errorf("listing services to rebuild address allocations: %w", err)
@@ -138,7 +171,7 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 			}
 			for _, ing := range svc.Status.LoadBalancer.Ingress {
 				if addr, err := netip.ParseAddr(ing.IP); err == nil {
-					_ = r.IPAM.Claim(addr, holderOf(svc))
+					r.IPAM.Record(addr, holderOf(svc, nil))
 				}
 			}
 		}
@@ -170,7 +203,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 			return ctrl.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(svc), err)
 		}
 	}
-	addrs, err := r.allocate(svc)
+	holder, err := r.holder(ctx, svc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	addrs, err := r.allocate(svc, holder)
 	if err != nil {
 		event.Publish(r.Recorder, allocationFailed(svc, err))
 		logger.Info("Cannot allocate an address", "err", err.Error())
@@ -216,9 +253,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 
 // allocate returns the Service's addresses: the ones it asks for, or the
 // ones it holds, or new ones, one per IP family it uses.
-func (r *Reconciler) allocate(svc *corev1.Service) ([]netip.Addr, error) {
+func (r *Reconciler) allocate(svc *corev1.Service, holder Holder) ([]netip.Addr, error) {
 	key := client.ObjectKeyFromObject(svc)
-	holder := holderOf(svc)
 	requested, err := requestedAddrs(svc)
 	if err != nil {
 		return nil, err
@@ -243,7 +279,7 @@ func (r *Reconciler) allocate(svc *corev1.Service) ([]netip.Addr, error) {
 		}
 		if !have.IsValid() {
 			if have, err = r.IPAM.Allocate(holder, ipv6); err != nil {
-				return nil, fmt.Errorf("%w: add a pool or free an address", err)
+				return nil, fmt.Errorf("%w: add an AddressPool (lb.ebb.dev) that takes the Service, or free an address", err)
 			}
 		}
 		out = append(out, have)
@@ -257,13 +293,28 @@ func (r *Reconciler) allocate(svc *corev1.Service) ([]netip.Addr, error) {
 func (r *Reconciler) releaseExcept(h Holder, keep []netip.Addr) {
 	r.IPAM.Release(h.Service)
 	for _, k := range keep {
-		_ = r.IPAM.Claim(k, h)
+		// Checked when allocated or claimed: a Service keeps an address
+		// whose pool has gone since.
+		r.IPAM.Record(k, h)
 	}
 }
 
+// holder describes a Service to the allocator, with its namespace's labels
+// (a namespace that cannot be read has none).
+func (r *Reconciler) holder(ctx context.Context, svc *corev1.Service) (Holder, error) {
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: svc.Namespace}, ns); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return Holder{}, fmt.Errorf("reading namespace %s for the address pools' selectors: %w", svc.Namespace, err)
+		}
+	}
+	return holderOf(svc, ns.Labels), nil
+}
+
 // holderOf describes a Service to the allocator.
-func holderOf(svc *corev1.Service) Holder {
-	h := Holder{Service: client.ObjectKeyFromObject(svc), ShareKey: svc.Annotations[ShareAnnotation]}
+func holderOf(svc *corev1.Service, namespaceLabels map[string]string) Holder {
+	h := Holder{Service: client.ObjectKeyFromObject(svc), ShareKey: svc.Annotations[ShareAnnotation],
+		Pool: svc.Annotations[lbv1alpha1.PoolAnnotation], Labels: svc.Labels, NamespaceLabels: namespaceLabels}
 	for _, p := range svc.Spec.Ports {
 		proto := p.Protocol
 		if proto == "" {

@@ -8,14 +8,16 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/scheme"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/eventstest"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -43,13 +45,26 @@ func withStatus(ip string) func(*corev1.Service) {
 
 func newReconciler(t *testing.T, objs ...client.Object) (*Reconciler, *events.FakeRecorder) {
 	t.Helper()
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).WithStatusSubresource(&corev1.Service{}).Build()
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).WithStatusSubresource(&corev1.Service{}, &lbv1alpha1.AddressPool{}).Build()
 	ipam, err := NewAllocator([]string{"10.96.255.0/24"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := events.NewFakeRecorder(20)
 	return &Reconciler{Client: c, Recorder: rec, Class: lbmodel.ClassL4, IPAM: ipam}, rec
+}
+
+// testScheme has Kubernetes' types and the AddressPools.
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := lbv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func reconcile(t *testing.T, r *Reconciler, name string) (ctrl.Result, *corev1.Service) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ var (
 	ErrOutsidePools   = errors.New("the address is outside every pool")
 	ErrAddressTaken   = errors.New("the address is used by another Service")
 	ErrNoPoolOfFamily = errors.New("no pool of the Service's IP family is configured")
+	ErrNoPool         = errors.New("no address pool takes the Service")
 )
 
 // Allocator hands out load-balancer addresses from pools and remembers
@@ -26,18 +28,26 @@ var (
 // given twice. Services may share an address only when all of them ask to
 // share with the same key and their ports do not collide.
 type Allocator struct {
-	pools []netip.Prefix
+	// flagPools is the --vip-pool flags' pool (none without flags).
+	flagPools []Pool
 
-	mu      sync.Mutex
-	holders map[netip.Addr][]Holder
+	mu sync.Mutex
+	// apiPools are the AddressPools, by name (SetPools).
+	apiPools []Pool
+	holders  map[netip.Addr][]Holder
 }
 
 // Holder is a Service holding an address: its name, its sharing key (empty:
-// it shares with nobody) and its ports ("TCP/80").
+// it shares with nobody) and its ports ("TCP/80"), and what decides the
+// pools it may draw from: the pool it names, its labels and its
+// namespace's.
 type Holder struct {
 	Service  types.NamespacedName
 	ShareKey string
 	Ports    []string
+
+	Pool                    string
+	Labels, NamespaceLabels map[string]string
 }
 
 // canShareWith reports whether h may hold an address the others hold.
@@ -64,45 +74,105 @@ func (h Holder) canShareWith(others []Holder) error {
 // their ports do not collide.
 const ShareAnnotation = "lb.ebb.dev/allow-shared-ip"
 
-// NewAllocator returns an allocator over the given CIDR pools.
-func NewAllocator(pools []string) (*Allocator, error) {
+// NewAllocator returns an allocator over the --vip-pool flags' CIDRs
+// (deprecated: AddressPools, given with SetPools, are the API's way; the
+// flags create nothing in the API). Either may be empty.
+func NewAllocator(flagPools []string) (*Allocator, error) {
 	a := &Allocator{holders: map[netip.Addr][]Holder{}}
-	if len(pools) == 0 {
-		return nil, errors.New("no address pool: give at least one --vip-pool, like 10.96.255.0/24")
+	if len(flagPools) == 0 {
+		return a, nil
 	}
-	for _, p := range pools {
-		prefix, err := netip.ParsePrefix(strings.TrimSpace(p))
-		if err != nil {
-			return nil, fmt.Errorf("address pool %q is not a CIDR like 10.96.255.0/24 or fd00:96::/112", p)
+	pool := Pool{Name: FlagPoolName, AutoAssign: true}
+	for _, s := range flagPools {
+		if strings.Contains(s, "-") {
+			return nil, fmt.Errorf("address pool %q is not a CIDR like 10.96.255.0/24 or fd00:96::/112 (ranges go in an AddressPool)", s)
 		}
-		a.pools = append(a.pools, prefix.Masked())
+		r, err := ParseRange(s)
+		if err != nil {
+			return nil, fmt.Errorf("address pool %q is not a CIDR like 10.96.255.0/24 or fd00:96::/112", s)
+		}
+		pool.Ranges = append(pool.Ranges, r)
 	}
+	a.flagPools = []Pool{pool}
 	return a, nil
 }
 
-func (a *Allocator) inPools(addr netip.Addr) bool {
-	for _, p := range a.pools {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	return false
-}
-
-// Claim gives addr to h: it must lie in a pool and be free, already h's,
-// or shareable with its holders.
-func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
-	addr = addr.Unmap()
-	if !a.inPools(addr) {
-		return fmt.Errorf("%s: %w", addr, ErrOutsidePools)
-	}
+// SetPools replaces the AddressPools. Addresses held stay held, in a pool
+// or not: a Service keeps its address when its pool changes.
+func (a *Allocator) SetPools(pools []Pool) {
+	pools = slices.Clone(pools)
+	slices.SortFunc(pools, func(x, y Pool) int { return strings.Compare(x.Name, y.Name) })
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.apiPools = pools
+}
+
+// poolsLocked are the AddressPools by name, then the flags' pool.
+func (a *Allocator) poolsLocked() []Pool {
+	return append(slices.Clone(a.apiPools), a.flagPools...)
+}
+
+// poolsForLocked are the pools h may look at: the one it names, or all.
+func (a *Allocator) poolsForLocked(h Holder) ([]Pool, error) {
+	all := a.poolsLocked()
+	if h.Pool == "" {
+		return all, nil
+	}
+	for _, p := range all {
+		if p.Name == h.Pool {
+			return []Pool{p}, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: the Service asks for pool %s, and there is no AddressPool of that name that can be read (see kubectl get addresspool %s)", ErrNoPool, h.Pool, h.Pool)
+}
+
+// Claim gives addr to h: it must lie in a pool that admits h, and be free,
+// already h's, or shareable with its holders.
+func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
+	addr = addr.Unmap()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pools, err := a.poolsForLocked(h)
+	if err != nil {
+		return err
+	}
+	var refusals []string
+	admitted := false
+	for _, p := range pools {
+		if !p.contains(addr) {
+			continue
+		}
+		// A requested address needs no autoAssign.
+		named := h
+		if named.Pool == "" {
+			named.Pool = p.Name
+		}
+		if err := p.admits(named); err != nil {
+			refusals = append(refusals, err.Error())
+			continue
+		}
+		admitted = true
+		break
+	}
+	switch {
+	case !admitted && len(refusals) == 0:
+		return fmt.Errorf("%s: %w", addr, ErrOutsidePools)
+	case !admitted:
+		return fmt.Errorf("%s: %w (%s)", addr, ErrNoPool, strings.Join(refusals, "; "))
+	}
 	if err := h.canShareWith(a.holders[addr]); err != nil {
 		return fmt.Errorf("%s is %w", addr, err)
 	}
 	a.holdLocked(addr, h)
 	return nil
+}
+
+// Record notes that h holds addr, in a pool or not: what a Service's status
+// says when the controller starts.
+func (a *Allocator) Record(addr netip.Addr, h Holder) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.holdLocked(addr.Unmap(), h)
 }
 
 // holdLocked records h at addr, replacing an older record of its Service.
@@ -135,31 +205,40 @@ func (a *Allocator) Allocate(h Holder, ipv6 bool) (netip.Addr, error) {
 			return shared[0], nil
 		}
 	}
+	pools, err := a.poolsForLocked(h)
+	if err != nil {
+		return netip.Addr{}, err
+	}
 	found := false
-	for _, p := range a.pools {
-		if p.Addr().Is6() != ipv6 {
+	var refusals []string
+	for _, p := range pools {
+		if !p.hasFamily(ipv6) {
+			continue
+		}
+		if err := p.admits(h); err != nil {
+			refusals = append(refusals, err.Error())
 			continue
 		}
 		found = true
-		for addr := p.Addr(); p.Contains(addr); addr = addr.Next() {
-			if !ipv6 && p.Bits() <= 24 && (addr == p.Addr() || isBroadcast(p, addr)) {
+		for _, r := range p.Ranges {
+			if r.From.Is6() != ipv6 {
 				continue
 			}
-			if len(a.holders[addr]) == 0 {
-				a.holdLocked(addr, h)
-				return addr, nil
+			for addr := r.From; addr.IsValid() && r.Contains(addr); addr = addr.Next() {
+				if len(a.holders[addr]) == 0 {
+					a.holdLocked(addr, h)
+					return addr, nil
+				}
 			}
 		}
 	}
-	if !found {
-		return netip.Addr{}, ErrNoPoolOfFamily
+	switch {
+	case found:
+		return netip.Addr{}, ErrPoolExhausted
+	case len(refusals) > 0:
+		return netip.Addr{}, fmt.Errorf("%w: %s", ErrNoPool, strings.Join(refusals, "; "))
 	}
-	return netip.Addr{}, ErrPoolExhausted
-}
-
-func isBroadcast(p netip.Prefix, addr netip.Addr) bool {
-	next := addr.Next()
-	return !next.IsValid() || !p.Contains(next)
+	return netip.Addr{}, ErrNoPoolOfFamily
 }
 
 // Release frees svc's hold on every address.
@@ -195,6 +274,22 @@ func (a *Allocator) Owned(svc types.NamespacedName) []netip.Addr {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
 	return out
+}
+
+// Usage counts the addresses of p held by Services, by family.
+func (a *Allocator) Usage(p Pool) (v4, v6 int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for addr, hs := range a.holders {
+		if len(hs) > 0 && p.contains(addr) {
+			if addr.Is4() {
+				v4++
+			} else {
+				v6++
+			}
+		}
+	}
+	return v4, v6
 }
 
 // InUse counts allocated addresses, for metrics.

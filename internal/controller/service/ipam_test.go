@@ -2,10 +2,13 @@ package service
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -78,7 +81,7 @@ func TestAllocatorSkipsNetworkAndBroadcast(t *testing.T) {
 }
 
 func TestNewAllocatorRejectsBadPools(t *testing.T) {
-	for _, pools := range [][]string{nil, {"10.96.255.0"}, {"nonsense"}} {
+	for _, pools := range [][]string{{"10.96.255.0"}, {"nonsense"}, {"10.96.255.1-10.96.255.9"}} {
 		if _, err := NewAllocator(pools); err == nil {
 			t.Errorf("pools %q accepted", pools)
 		}
@@ -124,5 +127,105 @@ func TestAllocatorSharing(t *testing.T) {
 	a.Release(types.NamespacedName{Namespace: "ns", Name: "web"})
 	if got := a.Owned(types.NamespacedName{Namespace: "ns", Name: "dns"}); len(got) != 1 || got[0] != web {
 		t.Errorf("releasing one sharer freed the address of the other: %v", got)
+	}
+}
+
+func TestParseRange(t *testing.T) {
+	tests := []struct {
+		in       string
+		from, to string
+		size     int64
+	}{
+		{"10.96.255.0/24", "10.96.255.1", "10.96.255.254", 254},
+		{"10.96.255.0/30", "10.96.255.0", "10.96.255.3", 4},
+		{"10.96.255.7/30", "10.96.255.4", "10.96.255.7", 4},
+		{"10.96.240.10-10.96.240.20", "10.96.240.10", "10.96.240.20", 11},
+		{" fd00:96::/120 ", "fd00:96::", "fd00:96::ff", 256},
+		{"fd00::/64", "fd00::", "fd00::ffff:ffff:ffff:ffff", math.MaxInt64},
+	}
+	for _, tt := range tests {
+		r, err := ParseRange(tt.in)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.in, err)
+		}
+		if r.From.String() != tt.from || r.To.String() != tt.to || r.Size() != tt.size {
+			t.Errorf("%q: %s-%s (%d), want %s-%s (%d)", tt.in, r.From, r.To, r.Size(), tt.from, tt.to, tt.size)
+		}
+	}
+	for _, bad := range []string{"10.96.255.0", "10.0.0.9-10.0.0.1", "10.0.0.1-fd00::1", "a-b", ""} {
+		if _, err := ParseRange(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// AddressPools decide who draws from them: autoAssign, the pool a Service
+// names, its labels and its namespace's; an exhausted pool says so, and a
+// refused Service is told why.
+func TestAllocatorPools(t *testing.T) {
+	a, err := NewAllocator([]string{"10.96.255.0/30"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRange := func(s string) Range {
+		r, err := ParseRange(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	team, _ := labels.Parse("team=blue")
+	prod, _ := labels.Parse("env=prod")
+	a.SetPools([]Pool{
+		{Name: "blue", Ranges: []Range{mustRange("10.96.250.1-10.96.250.2")}, AutoAssign: true, Services: team},
+		{Name: "manual", Ranges: []Range{mustRange("10.96.251.0/30")}, AutoAssign: false},
+		{Name: "prod", Ranges: []Range{mustRange("10.96.252.0/30")}, AutoAssign: true, Namespaces: prod},
+	})
+	svc := func(name, pool string, lbls, nsLabels map[string]string) Holder {
+		return Holder{Service: types.NamespacedName{Namespace: "ns", Name: name}, Pool: pool, Labels: lbls, NamespaceLabels: nsLabels}
+	}
+	blue := map[string]string{"team": "blue"}
+	tests := []struct {
+		name    string
+		h       Holder
+		want    string
+		err     error
+		message string
+	}{
+		{"a blue Service draws from blue first (pools by name)", svc("b1", "", blue, nil), "10.96.250.1", nil, ""},
+		{"and again", svc("b2", "", blue, nil), "10.96.250.2", nil, ""},
+		{"blue exhausted: the next admitting pool", svc("b3", "", blue, nil), "10.96.255.0", nil, ""},
+		{"a Service in a prod namespace", svc("p1", "", nil, map[string]string{"env": "prod"}), "10.96.252.0", nil, ""},
+		{"any other Service: the flags' pool", svc("o1", "", nil, nil), "10.96.255.1", nil, ""},
+		{"naming a manual pool", svc("m1", "manual", nil, nil), "10.96.251.0", nil, ""},
+		{"naming an exhausted pool", svc("b4", "blue", blue, nil), "", ErrPoolExhausted, ""},
+		{"naming a pool whose selector refuses", svc("x1", "blue", nil, nil), "", ErrNoPool, "pool blue takes only Services with labels team=blue"},
+		{"naming a pool that does not exist", svc("x2", "nope", nil, nil), "", ErrNoPool, "no AddressPool of that name"},
+	}
+	for _, tt := range tests {
+		got, err := a.Allocate(tt.h, false)
+		if !errors.Is(err, tt.err) || (tt.message != "" && !strings.Contains(fmt.Sprint(err), tt.message)) {
+			t.Fatalf("%s: error %v, want %v containing %q", tt.name, err, tt.err, tt.message)
+		}
+		if tt.want != "" && got.String() != tt.want {
+			t.Fatalf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	// A requested address of a manual pool needs no name; a selector
+	// still applies.
+	if err := a.Claim(netip.MustParseAddr("10.96.251.1"), svc("m2", "", nil, nil)); err != nil {
+		t.Errorf("claiming an address of a manual pool: %v", err)
+	}
+	if err := a.Claim(netip.MustParseAddr("10.96.252.1"), svc("p2", "", nil, nil)); !errors.Is(err, ErrNoPool) {
+		t.Errorf("claiming an address of a pool whose namespace selector refuses: %v", err)
+	}
+	blueUsed, _ := a.Usage(Pool{Ranges: []Range{mustRange("10.96.250.1-10.96.250.2")}})
+	if blueUsed != 2 {
+		t.Errorf("blue's usage %d, want 2", blueUsed)
+	}
+	// A pool that goes away leaves its Services their addresses.
+	a.SetPools(nil)
+	if got := a.Owned(types.NamespacedName{Namespace: "ns", Name: "b1"}); len(got) != 1 {
+		t.Errorf("a Service lost its address with its pool: %v", got)
 	}
 }

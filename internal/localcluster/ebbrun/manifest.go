@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -26,7 +25,7 @@ const LBNodeLabel = "ebb.dev/load-balancer"
 // ManifestOptions say what a user would change in dist/install.yaml before
 // applying it on the local cluster.
 type ManifestOptions struct {
-	// VIPPool replaces the controller's --vip-pool (default: the local
+	// VIPPool is the CIDR of the AddressPool created (default: the local
 	// cluster's VIPCIDR).
 	VIPPool string
 	// LBNodes are labelled to run ebb lb.
@@ -38,9 +37,10 @@ type ManifestOptions struct {
 
 // InstallManifest installs ebb as a user does, from dist/install.yaml (its
 // pods run ebb's image: start the cluster with the image layout in
-// Options.Images): it labels the LB nodes, sets the VIP pool, applies the
-// manifest with kubectl and waits until the controller replicas are Ready,
-// the webhook has its CA and ebb lb is Ready on every LB node.
+// Options.Images): it labels the LB nodes, applies the manifest with
+// kubectl, waits until the controller replicas are Ready, the webhook has
+// its CA and ebb lb is Ready on every LB node, and creates an AddressPool
+// of the VIP pool.
 func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest string, opts ManifestOptions) error {
 	if opts.VIPPool == "" {
 		opts.VIPPool = localcluster.VIPCIDR.String()
@@ -63,15 +63,34 @@ func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest stri
 			return fmt.Errorf("labelling node %s for ebb lb: %w", n, err)
 		}
 	}
+	if err := kubectlApply(ctx, c, path); err != nil {
+		return err
+	}
+	if err := WaitInstalled(ctx, c, len(opts.LBNodes)); err != nil {
+		return err
+	}
+	// Then the addresses, as a user does once the CRDs are in.
+	pool := filepath.Join(c.Dir(), "addresspool.yaml")
+	if err := os.WriteFile(pool, []byte(fmt.Sprintf("apiVersion: lb.ebb.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: %s\nspec:\n  addresses: [%q]\n", DefaultPoolName, opts.VIPPool)), 0o644); err != nil {
+		return err
+	}
+	return kubectlApply(ctx, c, pool)
+}
+
+// DefaultPoolName names the AddressPool InstallManifest creates.
+const DefaultPoolName = "default"
+
+// kubectlApply runs kubectl apply --server-side -f path on the cluster.
+func kubectlApply(ctx context.Context, c *localcluster.Cluster, path string) error {
 	kubectl := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), "--kubeconfig", c.Kubeconfig, "apply", "--server-side", "-f", path)
 	if out, err := kubectl.CombinedOutput(); err != nil {
 		return fmt.Errorf("kubectl apply -f %s: %w\n%s", path, err, out)
 	}
-	return WaitInstalled(ctx, c, len(opts.LBNodes))
+	return nil
 }
 
-// editManifest sets the controller's VIP pool and adds arguments, as a
-// kustomize patch of a user's would.
+// editManifest adds arguments to the controller and ebb lb, as a kustomize
+// patch of a user's would.
 func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
 	var out bytes.Buffer
 	for _, doc := range bytes.Split(data, []byte("\n---\n")) {
@@ -83,14 +102,7 @@ func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
 			continue
 		}
 		if obj.GetKind() == "Deployment" && obj.GetName() == "ebb-controller" {
-			if err := editArgs(obj, func(args []string) []string {
-				for i, a := range args {
-					if strings.HasPrefix(a, "--vip-pool=") {
-						args[i] = "--vip-pool=" + opts.VIPPool
-					}
-				}
-				return append(args, opts.ControllerArgs...)
-			}); err != nil {
+			if err := editArgs(obj, func(args []string) []string { return append(args, opts.ControllerArgs...) }); err != nil {
 				return nil, err
 			}
 		}

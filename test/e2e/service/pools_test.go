@@ -1,0 +1,113 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	"github.com/ebbdev/ebb/internal/controller/service"
+)
+
+// An AddressPool decides who gets which address: a Service naming a pool
+// whose selector takes it gets the pool's addresses, in order, and they
+// serve; the pool's status and kubectl's columns count them; the pool
+// full, the next Service gets no address and a Warning that says so, and
+// gets the address a deleted Service frees; a Service the selector refuses
+// is told why; a pool address invalid for the API is refused at creation.
+func TestAddressPoolsDecideWhoGetsWhichAddress(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	scheme := runtime.NewScheme()
+	if err := lbv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &lbv1alpha1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.250.9"}}}
+	if err := c.Create(ctx, bad); err == nil || !strings.Contains(err.Error(), "each address must be a CIDR") {
+		t.Fatalf("a pool with a bare address: %v", err)
+	}
+	blue := &lbv1alpha1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "blue"}, Spec: lbv1alpha1.AddressPoolSpec{
+		Addresses: []string{"10.96.250.1-10.96.250.2"}, AutoAssign: ptr.To(false),
+		ServiceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "blue"}}}}
+	if err := c.Create(ctx, blue); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), blue) })
+
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 2)
+	create := func(name string, team string) {
+		t.Helper()
+		svc := lbService(ns, name, ebbClass)
+		svc.Spec.Selector = map[string]string{"app": "web"}
+		svc.Annotations = map[string]string{lbv1alpha1.PoolAnnotation: "blue"}
+		if team != "" {
+			svc.Labels = map[string]string{"team": team}
+		}
+		if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create("one", "blue")
+	if ip := waitAddress(t, ctx, ns, "one"); ip != "10.96.250.1" {
+		t.Fatalf("the first Service of pool blue got %s, want 10.96.250.1", ip)
+	}
+	create("two", "blue")
+	if ip := waitAddress(t, ctx, ns, "two"); ip != "10.96.250.2" {
+		t.Fatalf("the second Service of pool blue got %s, want 10.96.250.2", ip)
+	}
+	waitServes(t, ctx, "http://10.96.250.2/")
+
+	eventually(t, ctx, 30*time.Second, "pool blue's status counting both and Exhausted", func(ctx context.Context) (bool, string) {
+		p := &lbv1alpha1.AddressPool{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "blue"}, p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.AssignedIPv4 == 2 && p.Status.AvailableIPv4 == 0 && meta.IsStatusConditionTrue(p.Status.Conditions, lbv1alpha1.ExhaustedCondition),
+			fmt.Sprintf("%+v", p.Status)
+	})
+	out, err := exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), "--kubeconfig", cluster.Kubeconfig, "get", "addresspool", "blue").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl get addresspool: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NAME ADDRESSES AUTO IPV4 USED IPV4 FREE IPV6 USED READY AGE" ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), `blue ["10.96.250.1-10.96.250.2"] false 2 0 0 True`) {
+		t.Fatalf("kubectl get addresspool blue:\n%s", out)
+	}
+	t.Logf("kubectl get addresspool blue:\n%s", out)
+
+	create("three", "blue")
+	eventually(t, ctx, 30*time.Second, "a Warning that pool blue is full", func(ctx context.Context) (bool, string) {
+		evs := serviceEvents(t, ctx, ns, "three", service.ReasonSyncFailed)
+		return len(evs) > 0 && strings.Contains(evs[0], "every address of the pools is in use"), fmt.Sprint(evs)
+	})
+	create("outsider", "")
+	eventually(t, ctx, 30*time.Second, "a Warning that pool blue refuses the Service", func(ctx context.Context) (bool, string) {
+		evs := serviceEvents(t, ctx, ns, "outsider", service.ReasonSyncFailed)
+		return len(evs) > 0 && strings.Contains(evs[0], "pool blue takes only Services with labels team=blue"), fmt.Sprint(evs)
+	})
+
+	// An address freed goes to the Service waiting for one.
+	if err := cluster.Client.CoreV1().Services(ns).Delete(ctx, "one", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ip := waitAddress(t, ctx, ns, "three"); ip != "10.96.250.1" {
+		t.Fatalf("the waiting Service got %s, want the freed 10.96.250.1", ip)
+	}
+	waitServes(t, ctx, "http://10.96.250.1/")
+}
