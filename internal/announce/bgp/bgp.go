@@ -63,6 +63,11 @@ type Config struct {
 	// RouterID is this host's BGP identifier, and the next hop of its IPv4
 	// routes: an IPv4 address of this host that the peers reach.
 	RouterID netip.Addr
+	// NextHopIPv6 is the next hop of its IPv6 routes: an IPv6 address of
+	// this host that the peers reach. Unset, IPv6 addresses are not
+	// announced; set, every session carries IPv6 unicast too (MP-BGP, RFC
+	// 4760, over whichever family the session uses).
+	NextHopIPv6 netip.Addr
 	Peers    []Peer
 	// GracefulRestartTime, when set, negotiates graceful restart (RFC
 	// 4724) with every peer: when the session ends without a notification
@@ -99,6 +104,9 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	if !cfg.RouterID.Is4() {
 		return nil, fmt.Errorf("BGP: the router ID %q must be an IPv4 address of this host", cfg.RouterID)
 	}
+	if cfg.NextHopIPv6.IsValid() && (!cfg.NextHopIPv6.Is6() || cfg.NextHopIPv6.Is4In6()) {
+		return nil, fmt.Errorf("BGP: the IPv6 next hop %q must be an IPv6 address of this host", cfg.NextHopIPv6)
+	}
 	level := &slog.LevelVar{}
 	level.Set(slog.LevelWarn)
 	s := server.NewBgpServer(server.LoggerOption(log, level))
@@ -127,14 +135,14 @@ func (sp *Speaker) Connect(ctx context.Context) error {
 	// (no kernel or zebra integration). They cannot be refused with GoBGP's
 	// global import policy: it applies to this speaker's own routes too.
 	for _, p := range sp.cfg.Peers {
-		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, sp.cfg.GracefulRestartTime)}); err != nil {
+		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, sp.cfg.GracefulRestartTime, sp.cfg.NextHopIPv6.IsValid())}); err != nil {
 			return fmt.Errorf("adding BGP peer %s: %w", p.Address, err)
 		}
 	}
 	return nil
 }
 
-func apiPeer(p Peer, gracefulRestart time.Duration) *api.Peer {
+func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 	hold := p.HoldTime
 	if hold == 0 {
 		hold = 90 * time.Second
@@ -154,19 +162,26 @@ func apiPeer(p Peer, gracefulRestart time.Duration) *api.Peer {
 		}},
 		Transport: &api.Transport{RemotePort: port},
 	}
+	afis := []api.Family_Afi{api.Family_AFI_IP}
+	if ipv6 {
+		afis = append(afis, api.Family_AFI_IP6)
+	}
 	if gracefulRestart > 0 {
 		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(max(gracefulRestart/time.Second, 1))}
-		peer.AfiSafis = []*api.AfiSafi{{
-			Config:            &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true},
-			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
-		}}
+	}
+	for _, afi := range afis {
+		as := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}}
+		if gracefulRestart > 0 {
+			as.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+		}
+		peer.AfiSafis = append(peer.AfiSafis, as)
 	}
 	return peer
 }
 
 // Sync announces exactly the addresses of want: new ones are announced,
-// ones no longer wanted are withdrawn. IPv6 addresses need an IPv6 next hop,
-// which this speaker does not have yet: each is returned as an error the
+// ones no longer wanted are withdrawn. IPv6 addresses need an IPv6 next hop
+// (Config.NextHopIPv6): without one, each is returned as an error the
 // first time it is seen, and the others are announced.
 func (sp *Speaker) Sync(want []netip.Addr) error {
 	sp.mu.Lock()
@@ -182,10 +197,10 @@ func (sp *Speaker) Sync(want []netip.Addr) error {
 		if _, ok := sp.announced[a]; ok {
 			continue
 		}
-		if !a.Is4() {
+		if a.Is6() && !sp.cfg.NextHopIPv6.IsValid() {
 			if !sp.refused[a] {
 				sp.refused[a] = true
-				errs = append(errs, fmt.Errorf("BGP: not announcing %s: IPv6 routes are not supported yet", a))
+				errs = append(errs, fmt.Errorf("BGP: not announcing %s: IPv6 routes need an IPv6 next hop (ebb lb --bgp-next-hop-ipv6, or an IPv6 address in $NODE_IPS)", a))
 			}
 			continue
 		}
@@ -214,15 +229,24 @@ func (sp *Speaker) add(a netip.Addr) (uuid.UUID, error) {
 	if err != nil {
 		return uuid.UUID{}, fmt.Errorf("BGP: the route of %s: %w", a, err)
 	}
-	nextHop, err := bgp.NewPathAttributeNextHop(sp.cfg.RouterID)
-	if err != nil {
-		return uuid.UUID{}, fmt.Errorf("BGP: next hop %s: %w", sp.cfg.RouterID, err)
+	path := &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri}
+	origin := bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)
+	if a.Is4() {
+		nextHop, err := bgp.NewPathAttributeNextHop(sp.cfg.RouterID)
+		if err != nil {
+			return uuid.UUID{}, fmt.Errorf("BGP: next hop %s: %w", sp.cfg.RouterID, err)
+		}
+		path.Attrs = []bgp.PathAttributeInterface{origin, nextHop}
+	} else {
+		// IPv6 routes travel in MP_REACH_NLRI, which carries the next hop.
+		path.Family = bgp.RF_IPv6_UC
+		reach, err := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, sp.cfg.NextHopIPv6)
+		if err != nil {
+			return uuid.UUID{}, fmt.Errorf("BGP: the route of %s via %s: %w", a, sp.cfg.NextHopIPv6, err)
+		}
+		path.Attrs = []bgp.PathAttributeInterface{origin, reach}
 	}
-	resp, err := sp.s.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{{
-		Family: bgp.RF_IPv4_UC,
-		Nlri:   nlri,
-		Attrs:  []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP), nextHop},
-	}}})
+	resp, err := sp.s.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{path}})
 	if err != nil {
 		return uuid.UUID{}, fmt.Errorf("BGP: announcing %s: %w", a, err)
 	}

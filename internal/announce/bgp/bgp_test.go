@@ -1,9 +1,19 @@
 package bgp
 
 import (
+	"context"
+	"log/slog"
 	"net/netip"
+	"os"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
 )
 
 func TestParsePeer(t *testing.T) {
@@ -30,5 +40,111 @@ func TestParsePeer(t *testing.T) {
 		if err != nil || got != tt.want {
 			t.Errorf("ParsePeer(%q) = %+v, %v; want %+v", tt.in, got, err, tt.want)
 		}
+	}
+}
+
+// routerAddr is where the test's router listens: an address of loopback
+// that nothing else uses, on BGP's port (the tests run as root).
+const routerAddr = "127.0.79.1"
+
+// startRouter runs a GoBGP server as the speakers' peer: AS 64500,
+// passive, accepting IPv4 and IPv6 unicast from 127.0.0.1.
+func startRouter(t *testing.T) *server.BgpServer {
+	t.Helper()
+	ctx := context.Background()
+	r := server.NewBgpServer()
+	go r.Serve()
+	t.Cleanup(r.Stop)
+	if err := r.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: 64500, RouterId: "10.255.0.1", ListenPort: 179, ListenAddresses: []string{routerAddr}}}); err != nil {
+		t.Fatal(err)
+	}
+	var afis []*api.AfiSafi
+	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
+		afis = append(afis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}})
+	}
+	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 64512},
+		AfiSafis: afis, Transport: &api.Transport{PassiveMode: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// routes returns the router's routes of a family and their next hops.
+func routes(t *testing.T, r *server.BgpServer, family bgp.Family) map[netip.Prefix]netip.Addr {
+	t.Helper()
+	out := map[netip.Prefix]netip.Addr{}
+	err := r.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: family}, func(nlri bgp.NLRI, paths []*apiutil.Path) {
+		p, err := netip.ParsePrefix(nlri.String())
+		if err != nil {
+			return
+		}
+		for _, path := range paths {
+			for _, a := range path.Attrs {
+				switch a := a.(type) {
+				case *bgp.PathAttributeNextHop:
+					out[p] = a.Value
+				case *bgp.PathAttributeMpReachNLRI:
+					out[p] = a.Nexthop
+				}
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A speaker with an IPv6 next hop announces both families to its router
+// over one IPv4 session (MP-BGP), each with its next hop, and withdraws
+// what it stops serving; without one, an IPv6 address is refused with
+// what to set.
+func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the test router listens on port 179 (make test runs as root)")
+	}
+	router := startRouter(t)
+	log := slog.New(slog.DiscardHandler)
+	v4, v6 := netip.MustParseAddr("10.96.240.1"), netip.MustParseAddr("fd00:96::1")
+	sp, err := Start(context.Background(), log, Config{ASN: 64512, RouterID: netip.MustParseAddr("10.0.0.1"), NextHopIPv6: netip.MustParseAddr("fd00::1"),
+		Peers: []Peer{{Address: netip.MustParseAddr(routerAddr), ASN: 64500, HoldTime: 3 * time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Stop()
+	if err := sp.Sync([]netip.Addr{v4, v6}); err != nil {
+		t.Fatal(err)
+	}
+	want4 := map[netip.Prefix]netip.Addr{netip.MustParsePrefix("10.96.240.1/32"): netip.MustParseAddr("10.0.0.1")}
+	want6 := map[netip.Prefix]netip.Addr{netip.MustParsePrefix("fd00:96::1/128"): netip.MustParseAddr("fd00::1")}
+	waitRoutes := func(family bgp.Family, want map[netip.Prefix]netip.Addr) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			got := routes(t, router, family)
+			if reflect.DeepEqual(got, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the router's %v routes are %v, want %v", family, got, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitRoutes(bgp.RF_IPv4_UC, want4)
+	waitRoutes(bgp.RF_IPv6_UC, want6)
+	if err := sp.Sync([]netip.Addr{v4}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoutes(bgp.RF_IPv6_UC, map[netip.Prefix]netip.Addr{})
+	waitRoutes(bgp.RF_IPv4_UC, want4)
+
+	plain, err := Start(context.Background(), log, Config{ASN: 64513, RouterID: netip.MustParseAddr("10.0.0.2"), DeferPeers: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Stop()
+	if err := plain.Sync([]netip.Addr{v6}); err == nil || !strings.Contains(err.Error(), "--bgp-next-hop-ipv6") {
+		t.Fatalf("an IPv6 address without an IPv6 next hop: %v", err)
 	}
 }

@@ -147,6 +147,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().Uint32Var(&o.BGP.ASN, "bgp-asn", 0, "this host's AS number: announce every address served to the --bgp-peer routers (0: no BGP)")
 	cmd.Flags().StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "a BGP peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 (repeatable)")
 	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
+	cmd.Flags().TextVar(&o.BGP.NextHopIPv6, "bgp-next-hop-ipv6", ipv6FromEnv(), "next hop of the announced IPv6 routes (carried by MP-BGP on every session): an IPv6 address of this host the peers reach (default: the first IPv6 address in $NODE_IPS; none: IPv6 addresses are not announced)")
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().StringArrayVar(&o.L2.Interfaces, "l2-interface", nil, "announce every address served on this interface's segment by ARP and NDP, one ebb lb replica owning each address (repeatable; needs CAP_NET_RAW and CAP_NET_ADMIN; see docs/l2.md)")
 	cmd.Flags().DurationVar(&o.L2.Interval, "l2-heartbeat-interval", 100*time.Millisecond, "how often this replica tells the others on the --l2-interface segments that it is alive")
@@ -472,6 +473,17 @@ func (o *Options) load(log logr.Logger, dp *dataplane.DataPlane, addrs *addressS
 		o.incomplete = true
 	}
 	return data, nil
+}
+
+// ipv6FromEnv is the first IPv6 address in NODE_IPS (the downward API's
+// status.hostIPs, comma-separated), if any.
+func ipv6FromEnv() netip.Addr {
+	for _, s := range strings.Split(os.Getenv("NODE_IPS"), ",") {
+		if a, err := netip.ParseAddr(strings.TrimSpace(s)); err == nil && a.Is6() && !a.Is4In6() {
+			return a
+		}
+	}
+	return netip.Addr{}
 }
 
 // routerIDFromEnv is NODE_IP (the downward API's status.hostIP) when it is

@@ -155,8 +155,12 @@ func fieldValue(pod *corev1.Pod, path string) (string, error) {
 		return pod.Spec.ServiceAccountName, nil
 	case "status.hostIP":
 		return pod.Status.HostIP, nil
+	case "status.hostIPs":
+		return joinIPs(pod.Status.HostIPs, func(ip corev1.HostIP) string { return ip.IP }, pod.Status.HostIP), nil
 	case "status.podIP":
 		return pod.Status.PodIP, nil
+	case "status.podIPs":
+		return joinIPs(pod.Status.PodIPs, func(ip corev1.PodIP) string { return ip.IP }, pod.Status.PodIP), nil
 	}
 	if k, ok := strings.CutPrefix(path, "metadata.labels['"); ok {
 		return pod.Labels[strings.TrimSuffix(k, "']")], nil
@@ -165,6 +169,20 @@ func fieldValue(pod *corev1.Pod, path string) (string, error) {
 		return pod.Annotations[strings.TrimSuffix(k, "']")], nil
 	}
 	return "", fmt.Errorf("unsupported field %q", path)
+}
+
+// joinIPs is a pod's addresses comma-separated, as the kubelet gives
+// status.hostIPs and status.podIPs; the single address when the list is
+// empty.
+func joinIPs[T any](ips []T, ip func(T) string, single string) string {
+	if len(ips) == 0 {
+		return single
+	}
+	out := make([]string, len(ips))
+	for i, v := range ips {
+		out[i] = ip(v)
+	}
+	return strings.Join(out, ",")
 }
 
 func containerMounts(c *corev1.Container, volumes map[string]string) ([]mount, error) {

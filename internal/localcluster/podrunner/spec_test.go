@@ -76,9 +76,11 @@ func TestContainerEnvHasTheDownwardAPIAndTheKubernetesService(t *testing.T) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "lb-x", Namespace: "ebb-system", Labels: map[string]string{"app": "lb"}},
 		Spec:       corev1.PodSpec{NodeName: "node-1"},
-		Status:     corev1.PodStatus{HostIP: "10.0.0.1", PodIP: "10.244.1.5"},
+		Status:     corev1.PodStatus{HostIP: "10.0.0.1", HostIPs: []corev1.HostIP{{IP: "10.0.0.1"}, {IP: "fd00::1"}}, PodIP: "10.244.1.5"},
 	}
 	c := &corev1.Container{Name: "lb", Env: []corev1.EnvVar{
+		{Name: "NODE_IPS", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIPs"}}},
+		{Name: "POD_IPS", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIPs"}}},
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "NODE_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}},
 		{Name: "APP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
@@ -89,7 +91,7 @@ func TestContainerEnvHasTheDownwardAPIAndTheKubernetesService(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"POD_NAME=lb-x", "NODE_IP=10.0.0.1", "APP=lb", "PATH=/custom", "SSL_CERT_FILE=/etc/ssl/certs/ca.crt", "HOSTNAME=lb-x", "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443"} {
+	for _, want := range []string{"NODE_IPS=10.0.0.1,fd00::1", "POD_IPS=10.244.1.5", "POD_NAME=lb-x", "NODE_IP=10.0.0.1", "APP=lb", "PATH=/custom", "SSL_CERT_FILE=/etc/ssl/certs/ca.crt", "HOSTNAME=lb-x", "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443"} {
 		if !slices.Contains(env, want) {
 			t.Errorf("%s missing from %v", want, env)
 		}
