@@ -68,7 +68,7 @@ type Config struct {
 	// announced; set, every session carries IPv6 unicast too (MP-BGP, RFC
 	// 4760, over whichever family the session uses).
 	NextHopIPv6 netip.Addr
-	Peers    []Peer
+	Peers       []Peer
 	// GracefulRestartTime, when set, negotiates graceful restart (RFC
 	// 4724) with every peer: when the session ends without a notification
 	// (StopForSuccessor, a crash), the peers keep this host's routes for
