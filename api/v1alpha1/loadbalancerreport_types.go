@@ -67,6 +67,36 @@ type LoadBalancerReportStatus struct {
 	// +listMapKey=name
 	// +optional
 	Nodes []NodeTraffic `json:"nodes,omitempty"`
+	// Announcement says how the replica announces the addresses it
+	// serves, as it does now; absent: it announces nothing itself.
+	// +optional
+	Announcement *Announcement `json:"announcement,omitempty"`
+}
+
+// Announcement is what one replica tells the network.
+type Announcement struct {
+	// L2Owned are the addresses this replica owns on its segment: it
+	// answers ARP and NDP for them (ebb lb --l2-interface), sorted.
+	// +optional
+	L2Owned []string `json:"l2Owned,omitempty"`
+	// BGPAnnounced are the addresses it announces to its BGP peers,
+	// sorted.
+	// +optional
+	BGPAnnounced []string `json:"bgpAnnounced,omitempty"`
+	// BGPPeers are its BGP sessions.
+	// +optional
+	// +listType=map
+	// +listMapKey=address
+	BGPPeers []BGPSession `json:"bgpPeers,omitempty"`
+}
+
+// BGPSession is one BGP session of a replica.
+type BGPSession struct {
+	// Address of the peer.
+	Address string `json:"address"`
+	// State of the session: established, active, idle, connect, opensent,
+	// openconfirm.
+	State string `json:"state"`
 }
 
 // LoadBalancerReport is written by each `ebb lb` replica: per node, the
@@ -82,6 +112,8 @@ type LoadBalancerReportStatus struct {
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodeCount`
 // +kubebuilder:printcolumn:name="Leaving",type=integer,JSONPath=`.status.leavingNodes`
 // +kubebuilder:printcolumn:name="Connections",type=integer,JSONPath=`.status.connections`
+// +kubebuilder:printcolumn:name="L2 owned",type=string,JSONPath=`.status.announcement.l2Owned`
+// +kubebuilder:printcolumn:name="BGP peers",type=string,JSONPath=`.status.announcement.bgpPeers[*].state`,priority=1
 // +kubebuilder:printcolumn:name="Renewed",type=date,JSONPath=`.status.renewTime`
 type LoadBalancerReport struct {
 	metav1.TypeMeta   `json:",inline"`

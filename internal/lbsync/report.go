@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -34,6 +35,9 @@ type Reporter struct {
 
 	// HostNode is the node this replica runs on; empty: unknown.
 	HostNode string
+	// Announcement, if set, says how the replica announces its addresses
+	// now (read at every poll; a change is written at once).
+	Announcement func() *v1alpha1.Announcement
 
 	// retired: a successor process serves in this replica's place, so it
 	// sends no node a new connection (Retire).
@@ -81,6 +85,7 @@ func (r *Reporter) Run(ctx context.Context) {
 	var written, retryAt time.Time
 	var backoff time.Duration
 	var wroteDraining, wroteJoining bool
+	var wroteAnn *v1alpha1.Announcement
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
 	for {
@@ -91,21 +96,26 @@ func (r *Reporter) Run(ctx context.Context) {
 			}
 		}
 		draining, joining := r.isDraining(), r.joining.Load()
-		due := urgent(last, nodes) || draining != wroteDraining || joining != wroteJoining || time.Since(written) >= r.Heartbeat
+		var ann *v1alpha1.Announcement
+		if r.Announcement != nil {
+			ann = r.Announcement()
+		}
+		due := urgent(last, nodes) || draining != wroteDraining || joining != wroteJoining || time.Since(written) >= r.Heartbeat ||
+			!equality.Semantic.DeepEqual(ann, wroteAnn)
 		// While draining, the replica's own connections are what its
 		// host's maintenance waits for: write each change.
 		if draining && total(last) != total(nodes) {
 			due = true
 		}
 		if due && time.Now().After(retryAt) {
-			if err := r.write(ctx, nodes, draining, joining); err != nil {
+			if err := r.write(ctx, nodes, draining, joining, ann); err != nil {
 				// Back off, so that a rejected write (say, a token no
 				// longer valid) is not retried at every poll.
 				backoff = min(max(2*backoff, time.Second), r.Heartbeat)
 				retryAt = time.Now().Add(backoff)
 				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
-				last, written, backoff, wroteDraining, wroteJoining = nodes, time.Now(), 0, draining, joining
+				last, written, backoff, wroteDraining, wroteJoining, wroteAnn = nodes, time.Now(), 0, draining, joining, ann
 			}
 		}
 		select {
@@ -189,7 +199,7 @@ func total(nodes []v1alpha1.NodeTraffic) int64 {
 	return n
 }
 
-func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining, joining bool) error {
+func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining, joining bool, ann *v1alpha1.Announcement) error {
 	report := &v1alpha1.LoadBalancerReport{}
 	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Name}, report)
 	if apierrors.IsNotFound(err) {
@@ -207,7 +217,7 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, drai
 	report.Status = v1alpha1.LoadBalancerReportStatus{
 		Replica: r.Name, HostNode: r.HostNode, Draining: draining, Joining: joining && !draining, JoinTime: r.joinTimeStatus(),
 		RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
-		NodeCount: int32(len(nodes)),
+		NodeCount: int32(len(nodes)), Announcement: ann,
 	}
 	for _, n := range nodes {
 		report.Status.Connections += n.Connections

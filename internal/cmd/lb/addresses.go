@@ -7,12 +7,15 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/vipaddr"
@@ -272,4 +275,35 @@ func (a *addressSinks) close(log logr.Logger) {
 	}
 	a.local.Close()
 	a.local = nil
+}
+
+// announcement is what the report says of the announcements: the L2
+// addresses owned, the BGP routes and sessions (nil: none of them runs).
+func (a *addressSinks) announcement() *v1alpha1.Announcement {
+	a.mu.Lock()
+	speaker, l2a := a.bgp, a.l2
+	a.mu.Unlock()
+	if speaker == nil && l2a == nil {
+		return nil
+	}
+	out := &v1alpha1.Announcement{}
+	if l2a != nil {
+		for _, addr := range l2a.Owned() {
+			out.L2Owned = append(out.L2Owned, addr.String())
+		}
+	}
+	if speaker != nil {
+		for _, addr := range speaker.Announced() {
+			out.BGPAnnounced = append(out.BGPAnnounced, addr.String())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if peers, err := speaker.Peers(ctx); err == nil {
+			for _, p := range peers {
+				out.BGPPeers = append(out.BGPPeers, v1alpha1.BGPSession{Address: p.Address.String(), State: p.State})
+			}
+			slices.SortFunc(out.BGPPeers, func(x, y v1alpha1.BGPSession) int { return strings.Compare(x.Address, y.Address) })
+		}
+	}
+	return out
 }

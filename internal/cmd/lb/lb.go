@@ -280,7 +280,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	broadcaster.StartRecordingToSink(ctx.Done())
 	defer broadcaster.Shutdown()
 	syncer.Recorder = broadcaster.NewRecorder(scheme.Scheme, "ebb-lb")
-	reporter, stopReport, err := o.startReport(ctx, log, dp, h)
+	reporter, stopReport, err := o.startReport(ctx, log, dp, addrs, h)
 	if err != nil {
 		return err
 	}
@@ -343,7 +343,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 // without --report-name: a nil reporter). The report outlives ctx: it
 // counts the connections down through the graceful stop; the returned
 // function stops it and removes it, as the replica goes.
-func (o *Options) startReport(ctx context.Context, log logr.Logger, dp *dataplane.DataPlane, h *handover) (*lbsync.Reporter, func(), error) {
+func (o *Options) startReport(ctx context.Context, log logr.Logger, dp *dataplane.DataPlane, addrs *addressSinks, h *handover) (*lbsync.Reporter, func(), error) {
 	if o.ReportName == "" {
 		return nil, func() {}, nil
 	}
@@ -351,6 +351,7 @@ func (o *Options) startReport(ctx context.Context, log logr.Logger, dp *dataplan
 	if err != nil {
 		return nil, nil, err
 	}
+	reporter.Announcement = addrs.announcement
 	h.onHandOver = append(h.onHandOver, reporter.Retire)
 	reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
 	reported := make(chan struct{})

@@ -29,6 +29,20 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	route := netip.PrefixFrom(vip, 32)
 	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
 	waitNextHops(t, ctx, route, both)
+	// Each replica's report says what it announces and its session.
+	api := e2eutil.APIClient(t, cluster)
+	for _, node := range []localcluster.Node{lbA, lbB} {
+		e2eutil.Eventually(t, ctx, 10*time.Second, node.Name+"'s report showing its route and session", func(ctx context.Context) (bool, string) {
+			r, err := reportOn(ctx, api, node.Name)
+			if err != nil {
+				return false, err.Error()
+			}
+			a := r.Status.Announcement
+			ok := a != nil && slices.Contains(a.BGPAnnounced, vip.String()) && len(a.BGPPeers) == 1 &&
+				a.BGPPeers[0].Address == localcluster.RouterIP.String() && a.BGPPeers[0].State == "established"
+			return ok, fmt.Sprintf("%+v", a)
+		})
+	}
 
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	url := fmt.Sprintf("http://%s/", vip)

@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -54,7 +53,7 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 		_, err := e2eutil.GetIdentity(ctx, httpClient, url)
 		return err == nil, fmt.Sprint(err)
 	})
-	c := apiClient(t)
+	c := e2eutil.APIClient(t, cluster)
 
 	requests := startRequests(t, ctx, httpClient, url, 2)
 	long := startLongLived(t, ctx, netip.AddrPortFrom(vip, 80), 12)
@@ -178,20 +177,6 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	if n := long.failed.Load(); n > 0 {
 		t.Errorf("%d of 12 long-lived connections broke; first: %v", n, long.firstErr.Load())
 	}
-}
-
-// apiClient reads and writes ebb's API objects.
-func apiClient(t *testing.T) client.Client {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // reportOn returns the report of the serving-or-draining ebb lb replica

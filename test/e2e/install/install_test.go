@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -86,19 +85,6 @@ func TestBothControllerReplicasRunOneLeads(t *testing.T) {
 	})
 }
 
-func newClient(t *testing.T) client.Client {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // The apiserver calls the webhooks through their Service, at the
 // controller pods' addresses, over TLS with the CA the controller made:
 // the mutating one fills in the default drain plan, the validating one
@@ -106,7 +92,7 @@ func newClient(t *testing.T) client.Client {
 func TestWebhookAnswersThroughItsService(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := newClient(t)
+	c := e2eutil.APIClient(t, cluster)
 	bad := &v1alpha1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{Name: "selects-nothing"},
 		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{}}, Reason: "e2e"},
@@ -181,7 +167,7 @@ func nodeIP(t *testing.T, name string) string {
 func TestLeaderLossDoesNotStopAMaintenance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c := newClient(t)
+	c := e2eutil.APIClient(t, cluster)
 	pods := controllerPods(t, ctx)
 	var lead string
 	e2eutil.Eventually(t, ctx, 30*time.Second, "a leader", func(ctx context.Context) (bool, string) {

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -95,6 +96,28 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 	if owned != float64(len(vips)) {
 		t.Fatalf("the LB hosts own %v addresses together, want %d (one owner each)", owned, len(vips))
 	}
+	// And in the API: each address in exactly one replica's report, the
+	// one on the host the router sends it to.
+	e2eutil.Eventually(t, ctx, 10*time.Second, "the reports naming each address's owner", func(ctx context.Context) (bool, string) {
+		reports := &v1alpha1.LoadBalancerReportList{}
+		if err := e2eutil.APIClient(t, cluster).List(ctx, reports); err != nil {
+			return false, err.Error()
+		}
+		owners := map[string][]string{}
+		for _, r := range reports.Items {
+			if r.Status.Announcement != nil {
+				for _, a := range r.Status.Announcement.L2Owned {
+					owners[a] = append(owners[a], r.Status.HostNode)
+				}
+			}
+		}
+		for _, vip := range vips {
+			if o := owners[vip.String()]; len(o) != 1 || o[0] != ownerOf(vip) {
+				return false, fmt.Sprintf("%s owned by %v in the reports, the router sends it to %s", vip, o, ownerOf(vip))
+			}
+		}
+		return true, ""
+	})
 
 	// A graceful stop: the owner's ebb lb pod goes (its node is no longer
 	// an LB node). It offers nothing from the first moment of its stop,
