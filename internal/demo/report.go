@@ -66,6 +66,32 @@ func WriteText(w io.Writer, results ...*Result) {
 	}
 }
 
+// WriteLBHostText prints what the clients noticed while an LB host was
+// maintained.
+func WriteLBHostText(w io.Writer, lb *LBHostResult) {
+	fmt.Fprintf(w, "\nMaintaining %s, a host of the load balancer itself (ebb lb on it and on %s, announcing by ARP):\n", lb.Host, lb.Other)
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', tabwriter.AlignRight)
+	for _, r := range lbHostRows(lb) {
+		fmt.Fprintf(tw, "%s\t%s\t\n", r.name, r.value)
+	}
+	_ = tw.Flush()
+}
+
+type lbHostRow struct {
+	name, value string
+	bad         bool
+}
+
+func lbHostRows(lb *LBHostResult) []lbHostRow {
+	return []lbHostRow{
+		{"requests sent", fmt.Sprint(lb.RequestsSent), false},
+		{"requests failed", fmt.Sprint(lb.RequestsFailed), lb.RequestsFailed > 0},
+		{"long-lived connections reset", fmt.Sprintf("%d of %d", lb.LongLivedBroken, lb.LongLived), lb.LongLivedBroken > 0},
+		{"address taken over by " + lb.Other + " after", ms(lb.TakeoverMs), false},
+		{"maintenance Drained after (the host's connections and pods gone)", fmt.Sprintf("%.1f s", lb.DrainedSeconds), false},
+	}
+}
+
 func ms(v float64) string {
 	if v >= 1000 {
 		return fmt.Sprintf("%.1f s", v/1000)
@@ -75,7 +101,7 @@ func ms(v float64) string {
 
 // WriteHTML writes a self-contained report: the figures and, per run, a
 // chart of requests per second per node over time (inline SVG, no script).
-func WriteHTML(path string, results ...*Result) error {
+func WriteHTML(path string, lb *LBHostResult, results ...*Result) error {
 	var b strings.Builder
 	b.WriteString(`<!doctype html><html><head><meta charset="utf-8"><title>ebb demo: draining a node under traffic</title>
 <style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fafafa;border:1px solid #ddd}.bad{color:#c00;font-weight:bold}</style>
@@ -116,6 +142,17 @@ func WriteHTML(path string, results ...*Result) error {
 		b.WriteString("</div>")
 	}
 	b.WriteString("</div>")
+	if lb != nil {
+		fmt.Fprintf(&b, "<h2>Maintaining a host of the load balancer itself (%s)</h2><table>", html.EscapeString(lb.Host))
+		for _, r := range lbHostRows(lb) {
+			class := ""
+			if r.bad {
+				class = ` class="bad"`
+			}
+			fmt.Fprintf(&b, "<tr><td>%s</td><td%s>%s</td></tr>", html.EscapeString(r.name), class, html.EscapeString(r.value))
+		}
+		b.WriteString("</table>")
+	}
 	b.WriteString("</body></html>\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

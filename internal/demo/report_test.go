@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +49,30 @@ func TestMarkerLabelsDoNotOverlap(t *testing.T) {
 	got := layoutMarkers(Markers{Drain: time.Second, NodeDown: 5 * time.Second, End: 10 * time.Second}, x)
 	if len(got) != 2 {
 		t.Errorf("%d labels for 2 markers: %+v", len(got), got)
+	}
+}
+
+// The LB host's maintenance has its own section in both reports, with a
+// failure marked in the HTML one.
+func TestReportsShowTheLBHostMaintenance(t *testing.T) {
+	lb := &LBHostResult{Host: "node-2", Other: "node-1", RequestsSent: 1200, RequestsFailed: 1, LongLived: 4, TakeoverMs: 1180, DrainedSeconds: 6.4}
+	var text strings.Builder
+	WriteLBHostText(&text, lb)
+	for _, want := range []string{"Maintaining node-2", "requests failed", "1 ", "0 of 4", "taken over by node-1 after", "1.2 s", "6.4 s"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	path := t.TempDir() + "/report.html"
+	r := &Result{Mode: "ebb", Node: "node-3", Markers: Markers{End: 10 * time.Second}}
+	if err := WriteHTML(path, lb, r); err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "Maintaining a host of the load balancer itself (node-2)") || !strings.Contains(string(page), `<td class="bad">1</td>`) {
+		t.Errorf("HTML report lacks the LB host section or its failure mark:\n%s", page)
 	}
 }

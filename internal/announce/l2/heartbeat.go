@@ -39,6 +39,8 @@ type heartbeat struct {
 	// Part counts from 0 to Parts-1.
 	Part, Parts uint8
 	Addrs       []netip.Addr
+	// Owned says, for each of Addrs, whether the replica owns it now.
+	Owned []bool
 }
 
 func (h heartbeat) marshal() []byte {
@@ -50,16 +52,22 @@ func (h heartbeat) marshal() []byte {
 	b = binary.BigEndian.AppendUint32(b, h.Gen)
 	b = append(b, h.Part, h.Parts)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Addrs)))
-	for _, a := range h.Addrs {
+	for i, a := range h.Addrs {
+		family := byte(6)
 		if a.Is4() {
-			b = append(b, 4)
-		} else {
-			b = append(b, 6)
+			family = 4
 		}
+		if i < len(h.Owned) && h.Owned[i] {
+			family |= ownedBit
+		}
+		b = append(b, family)
 		b = append(b, a.AsSlice()...)
 	}
 	return b
 }
+
+// ownedBit marks an owned address in its family byte.
+const ownedBit = 0x80
 
 var errNotHeartbeat = errors.New("not an ebb L2 heartbeat")
 
@@ -79,7 +87,8 @@ func parseHeartbeat(b []byte) (heartbeat, error) {
 	n := int(binary.BigEndian.Uint16(r.next(2)))
 	for range n {
 		var a netip.Addr
-		switch r.byte() {
+		family := r.byte()
+		switch family &^ ownedBit {
 		case 4:
 			a = netip.AddrFrom4([4]byte(r.next(4)))
 		case 6:
@@ -91,6 +100,7 @@ func parseHeartbeat(b []byte) (heartbeat, error) {
 			break
 		}
 		h.Addrs = append(h.Addrs, a)
+		h.Owned = append(h.Owned, family&ownedBit != 0)
 	}
 	if r.err != nil {
 		return heartbeat{}, fmt.Errorf("heartbeat: %w", r.err)
@@ -121,8 +131,8 @@ func (r *reader) next(n int) []byte {
 func (r *reader) byte() byte { return r.next(1)[0] }
 
 // heartbeats splits one replica's offer into frames that each fit in
-// maxPayload.
-func heartbeats(group, node string, gen uint32, addrs []netip.Addr) [][]byte {
+// maxPayload; owned marks the addresses it owns.
+func heartbeats(group, node string, gen uint32, addrs []netip.Addr, owned map[netip.Addr]bool) [][]byte {
 	// Header: magic, version, two lengths and names, gen, part, parts,
 	// count; an address takes at most 17 bytes.
 	room := (maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 4 + 2 + 2)) / 17
@@ -130,7 +140,11 @@ func heartbeats(group, node string, gen uint32, addrs []netip.Addr) [][]byte {
 	var frames [][]byte
 	for p := range parts {
 		chunk := addrs[min(p*room, len(addrs)):min((p+1)*room, len(addrs))]
-		frames = append(frames, heartbeat{Group: group, Node: node, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk}.marshal())
+		flags := make([]bool, len(chunk))
+		for i, a := range chunk {
+			flags[i] = owned[a]
+		}
+		frames = append(frames, heartbeat{Group: group, Node: node, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk, Owned: flags}.marshal())
 	}
 	return frames
 }
@@ -144,19 +158,23 @@ func maxAddresses(group, node string) int {
 type members struct {
 	deadAfter time.Duration
 	peers     map[string]*member
+	// released are the addresses a peer stopped owning since the last
+	// takeReleased: a neighbour may still send them to it.
+	released map[netip.Addr]bool
 }
 
 type member struct {
 	seen    time.Time
 	gen     uint32
 	offered []netip.Addr
+	owned   map[netip.Addr]bool
 	// parts of a generation not yet complete
 	pendingGen uint32
-	pending    map[uint8][]netip.Addr
+	pending    map[uint8]heartbeat
 }
 
 func newMembers(deadAfter time.Duration) *members {
-	return &members{deadAfter: deadAfter, peers: map[string]*member{}}
+	return &members{deadAfter: deadAfter, peers: map[string]*member{}, released: map[netip.Addr]bool{}}
 }
 
 // observe records a heartbeat heard at now. A peer's offer changes once
@@ -173,18 +191,37 @@ func (m *members) observe(now time.Time, h heartbeat) {
 		return
 	}
 	if p.pending == nil || p.pendingGen != h.Gen {
-		p.pendingGen, p.pending = h.Gen, map[uint8][]netip.Addr{}
+		p.pendingGen, p.pending = h.Gen, map[uint8]heartbeat{}
 	}
-	p.pending[h.Part] = h.Addrs
+	p.pending[h.Part] = h
 	if len(p.pending) < int(h.Parts) {
 		return
 	}
-	offered := []netip.Addr{}
+	offered, owned := []netip.Addr{}, map[netip.Addr]bool{}
 	for i := range h.Parts {
-		offered = append(offered, p.pending[i]...)
+		part := p.pending[i]
+		offered = append(offered, part.Addrs...)
+		for j, a := range part.Addrs {
+			if j < len(part.Owned) && part.Owned[j] {
+				owned[a] = true
+			}
+		}
 	}
 	slices.SortFunc(offered, netip.Addr.Compare)
-	p.gen, p.offered, p.pending = h.Gen, offered, nil
+	for a := range p.owned {
+		if !owned[a] {
+			m.released[a] = true
+		}
+	}
+	p.gen, p.offered, p.owned, p.pending = h.Gen, offered, owned, nil
+}
+
+// takeReleased returns the addresses peers stopped owning since the last
+// call.
+func (m *members) takeReleased() map[netip.Addr]bool {
+	r := m.released
+	m.released = map[netip.Addr]bool{}
+	return r
 }
 
 // live returns the offers of the peers heard within deadAfter of now, and

@@ -24,7 +24,7 @@ func TestHeartbeatRoundTrip(t *testing.T) {
 	for _, n := range []int{0, 1, 2, 80, 81, 500} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			want := addrs(n)
-			frames := heartbeats("ebb.dev/l4", "node-1", 7, want)
+			frames := heartbeats("ebb.dev/l4", "node-1", 7, want, nil)
 			var got []netip.Addr
 			for i, f := range frames {
 				if len(f) > maxPayload {
@@ -47,7 +47,7 @@ func TestHeartbeatRoundTrip(t *testing.T) {
 }
 
 func TestParseHeartbeatRefusesOtherFrames(t *testing.T) {
-	good := heartbeats("g", "n", 1, addrs(3))[0]
+	good := heartbeats("g", "n", 1, addrs(3), nil)[0]
 	for name, b := range map[string][]byte{
 		"empty":     nil,
 		"not ours":  []byte("hello, world"),
@@ -63,7 +63,7 @@ func TestParseHeartbeatRefusesOtherFrames(t *testing.T) {
 }
 
 func FuzzParseHeartbeat(f *testing.F) {
-	for _, fr := range heartbeats("ebb.dev/l4", "node-1", 1, addrs(5)) {
+	for _, fr := range heartbeats("ebb.dev/l4", "node-1", 1, addrs(5), nil) {
 		f.Add(fr)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -83,7 +83,7 @@ func TestMembers(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	m := newMembers(500 * time.Millisecond)
 	big := addrs(200)
-	frames := heartbeats("g", "b", 1, big)
+	frames := heartbeats("g", "b", 1, big, nil)
 	if len(frames) < 2 {
 		t.Fatal("want a multi-part offer")
 	}
@@ -101,13 +101,13 @@ func TestMembers(t *testing.T) {
 		t.Fatalf("offer of %d addresses, want %d", len(got), len(big))
 	}
 	// A new generation replaces the offer only once complete.
-	small, _ := parseHeartbeat(heartbeats("g", "b", 2, addrs(1))[0])
+	small, _ := parseHeartbeat(heartbeats("g", "b", 2, addrs(1), nil)[0])
 	m.observe(t0.Add(100*time.Millisecond), small)
 	if got := m.live(t0.Add(100 * time.Millisecond))["b"]; len(got) != 1 {
 		t.Fatalf("offer of %d addresses after the new generation, want 1", len(got))
 	}
 	// An empty offer is an offer: alive, owning nothing.
-	none, _ := parseHeartbeat(heartbeats("g", "b", 3, nil)[0])
+	none, _ := parseHeartbeat(heartbeats("g", "b", 3, nil, nil)[0])
 	m.observe(t0.Add(200*time.Millisecond), none)
 	if got, ok := m.live(t0.Add(200 * time.Millisecond))["b"]; !ok || len(got) != 0 {
 		t.Fatalf("empty offer: %v, %v", got, ok)
@@ -115,5 +115,34 @@ func TestMembers(t *testing.T) {
 	// Silent past deadAfter: gone.
 	if live := m.live(t0.Add(701 * time.Millisecond)); len(live) != 0 {
 		t.Fatalf("a silent peer is still live: %v", live)
+	}
+}
+
+// A peer that stops owning an address is noted once, so that the new
+// owner announces it again; owned flags survive the frames.
+func TestMembersNoteReleasedAddresses(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	m := newMembers(time.Second)
+	a, b := netip.MustParseAddr("10.96.240.1"), netip.MustParseAddr("10.96.240.2")
+	observe := func(gen uint32, owned map[netip.Addr]bool) {
+		t.Helper()
+		for _, f := range heartbeats("g", "peer", gen, []netip.Addr{a, b}, owned) {
+			h, err := parseHeartbeat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.observe(t0, h)
+		}
+	}
+	observe(1, map[netip.Addr]bool{a: true, b: true})
+	if r := m.takeReleased(); len(r) != 0 {
+		t.Fatalf("released %v before anything was let go", r)
+	}
+	observe(2, map[netip.Addr]bool{a: true})
+	if r := m.takeReleased(); len(r) != 1 || !r[b] {
+		t.Fatalf("released %v, want only %s", r, b)
+	}
+	if r := m.takeReleased(); len(r) != 0 {
+		t.Fatalf("released %v noted twice", r)
 	}
 }

@@ -21,6 +21,7 @@ package l2
 
 import (
 	"context"
+	"maps"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -87,6 +88,8 @@ type Announcer struct {
 	closed bool
 	// stopping tells the readers that their socket's error is the close.
 	stopping atomic.Bool
+	// localSet: SetLocal decides the kernel rules, not Sync.
+	localSet bool
 }
 
 // gratuitousRepeats is how many gratuitous announcements follow a
@@ -175,8 +178,11 @@ func (a *Announcer) Sync(addrs []netip.Addr) error {
 	if a.closed {
 		return nil
 	}
-	// The kernel must stop answering before anyone relies on our answers.
-	err := a.karp.sync(offer)
+	var err error
+	if !a.localSet {
+		// No SetLocal: the offer is what is local.
+		err = a.karp.sync(offer)
+	}
 	if !slices.Equal(offer, a.offer) {
 		a.offer = offer
 		a.gen++
@@ -184,6 +190,23 @@ func (a *Announcer) Sync(addrs []netip.Addr) error {
 		a.electLocked(a.cfg.Clock.Now())
 	}
 	return err
+}
+
+// SetLocal says which addresses are local to this host (have a local
+// route), offered or not: the kernel is kept from answering ARP for every
+// one of them, also while they are not offered (withdrawn, stopping), when
+// only the owner may answer. Call it before the addresses become local.
+func (a *Announcer) SetLocal(addrs []netip.Addr) error {
+	local := slices.Clone(addrs)
+	slices.SortFunc(local, netip.Addr.Compare)
+	local = slices.Compact(local)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.localSet = true
+	return a.karp.sync(local)
 }
 
 // Owned returns the addresses this replica owns now.
@@ -233,9 +256,17 @@ func (a *Announcer) electLocked(now time.Time) {
 		mine = owned(a.cfg.Node, a.offer, live)
 	}
 	prev := *a.mine.Load()
+	// An address another replica owned until now may still be cached at
+	// its MAC by a neighbour that asked it meanwhile (two replicas briefly
+	// both owned it, before they heard each other's offers): announce it
+	// again once that one has let it go.
+	released := a.members.takeReleased()
 	next := make(map[netip.Addr]bool, len(mine))
 	for _, addr := range mine {
 		next[addr] = true
+		if prev[addr] && released[addr] {
+			a.gratuitous[addr] = gratuitousRepeats
+		}
 		if !prev[addr] {
 			a.log.Info("Owning a load-balancer address on the segment", "address", addr, "peers", len(live))
 			a.takeovers.Add(1)
@@ -253,6 +284,11 @@ func (a *Announcer) electLocked(now time.Time) {
 		}
 	}
 	a.mine.Store(&next)
+	if !maps.Equal(prev, next) {
+		// The others hear at once what this replica owns now.
+		a.gen++
+		a.heartbeatLocked()
+	}
 	a.announceLocked()
 }
 
@@ -274,7 +310,7 @@ func (a *Announcer) announceLocked() {
 
 // heartbeatLocked tells the segment this replica is alive, and its offer.
 func (a *Announcer) heartbeatLocked() {
-	for _, frame := range heartbeats(a.cfg.Group, a.cfg.Node, a.gen, a.offer) {
+	for _, frame := range heartbeats(a.cfg.Group, a.cfg.Node, a.gen, a.offer, *a.mine.Load()) {
 		for _, ifc := range a.ifaces {
 			if err := ifc.broadcast(frame); err != nil {
 				a.log.V(1).Info("Heartbeat failed", "interface", ifc.ifi.Name, "error", err.Error())

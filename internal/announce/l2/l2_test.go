@@ -115,6 +115,9 @@ func (s *segment) start(t *testing.T, name string) *Announcer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Stop() })
+	if err := a.SetLocal([]netip.Addr{vip4, vip6}); err != nil {
+		t.Fatal(err)
+	}
 	if err := a.Sync([]netip.Addr{vip4, vip6}); err != nil {
 		t.Fatal(err)
 	}
@@ -236,9 +239,13 @@ func TestOneOwnerAnswersAndTheOtherTakesOver(t *testing.T) {
 	// Only the owner answers ARP: the kernel of the other host, which has
 	// the address local too, stays silent.
 	o4 := owner(t, vip4, as)
-	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o4].String()}) {
-		t.Fatalf("ARP replies for %s from %v, want only the owner %s (%s)", vip4, macs, o4, s.macs[o4])
+	onlyOwnerAnswers := func(o string) {
+		t.Helper()
+		if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o].String()}) {
+			t.Fatalf("ARP replies for %s from %v, want only the owner %s (%s)", vip4, macs, o, s.macs[o])
+		}
 	}
+	onlyOwnerAnswers(o4)
 	// The other host sending from the address does not claim it: its ARP
 	// request for the client carries its own address (without the rule,
 	// the client would point the address at it).
@@ -269,6 +276,11 @@ func TestOneOwnerAnswersAndTheOtherTakesOver(t *testing.T) {
 		t.Logf("withdrawn: %s served by %s after %s", vip, other(o), took)
 		if mac, _, _ := s.client.Neighbour(vip); mac.String() != s.macs[other(o)].String() {
 			t.Fatalf("after the takeover the client's entry for %s is %v, want %s", vip, mac, s.macs[other(o)])
+		}
+		if vip.Is4() {
+			// The withdrawn host still has the address local (it serves
+			// its established connections): its kernel stays silent too.
+			onlyOwnerAnswers(other(o))
 		}
 		as[o].Sync([]netip.Addr{vip4, vip6})
 	}

@@ -38,6 +38,8 @@ type Options struct {
 	// ToolsBin holds the control-plane binaries (default:
 	// localcluster.FindBinDir).
 	ToolsBin string
+	// LBHost also maintains an LB host (demo.RunLBHost).
+	LBHost bool
 }
 
 // keepName is the cluster name --keep registers.
@@ -58,7 +60,9 @@ maintenance, brings it back and completes the maintenance. Prints a report
 and writes a self-contained HTML report. Then it runs the scenario the way
 clusters do it today (cordon, kubectl's drain library, a load balancer
 driven by health probes only) and puts both side by side; --baseline=false
-skips that run (about half the time).`,
+skips that run (about half the time). Last (--lb-host), it maintains a host
+of the load balancer itself: ebb lb on two nodes announcing the address by
+ARP, a NodeMaintenance of the one that owns it, under traffic.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Report == "" {
@@ -92,6 +96,7 @@ skips that run (about half the time).`,
 	f.DurationVar(&o.Scenario.Downtime, "downtime", o.Scenario.Downtime, "how long the drained node is down for its maintenance")
 	f.BoolVar(&o.Baseline, "baseline", true, "also run the scenario the way clusters do it today, and compare (false: ebb only, about half the time)")
 	f.BoolVar(&o.Short, "short", false, "a quicker, lighter run (for CI)")
+	f.BoolVar(&o.LBHost, "lb-host", true, "then maintain a host of the load balancer itself: ebb lb on two nodes announcing by ARP, a NodeMaintenance of the one that owns the address, under traffic")
 	f.BoolVar(&o.Keep, "keep", false, "leave the cluster up afterwards (until Ctrl-C) and say how to look inside")
 	f.BoolVar(&o.JSON, "json", false, "print a JSON summary as the last line")
 	f.StringVar(&o.Report, "report", "", "where to write the HTML report (default ./ebb-demo-report.html)")
@@ -137,10 +142,23 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		return err
 	}
 	ebb := results[0]
+	var lb *demo.LBHostResult
+	if o.LBHost {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the ebb binary: %w", err)
+		}
+		if lb, err = demo.RunLBHost(ctx, c, self, out); err != nil {
+			return fmt.Errorf("maintaining an LB host: %w", err)
+		}
+	}
 
 	fmt.Fprintln(out)
 	demo.WriteText(out, results...)
-	if err := demo.WriteHTML(o.Report, results...); err != nil {
+	if lb != nil {
+		demo.WriteLBHostText(out, lb)
+	}
+	if err := demo.WriteHTML(o.Report, lb, results...); err != nil {
 		return fmt.Errorf("writing the HTML report: %w", err)
 	}
 	fmt.Fprintf(out, "\n[demo] HTML report: %s\n[demo] done in %s\n", o.Report, time.Since(start).Round(100*time.Millisecond))
@@ -154,11 +172,20 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		<-ctx.Done()
 	}
 	if o.JSON {
-		line, _ := json.Marshal(o.summary(results))
+		summary := o.summary(results)
+		if lb != nil {
+			summary["lb_host_requests_sent"], summary["lb_host_requests_failed"] = lb.RequestsSent, lb.RequestsFailed
+			summary["lb_host_reset_connections"], summary["lb_host_takeover_ms"] = lb.LongLivedBroken, lb.TakeoverMs
+			summary["lb_host_drained_seconds"] = round(lb.DrainedSeconds)
+		}
+		line, _ := json.Marshal(summary)
 		fmt.Fprintln(out, string(line))
 	}
 	if ebb.RequestsFailed > 0 || ebb.ResetConnections > 0 {
 		return fmt.Errorf("ebb let %d requests fail and %d long-lived connections break", ebb.RequestsFailed, ebb.ResetConnections)
+	}
+	if lb != nil && (lb.RequestsFailed > 0 || lb.LongLivedBroken > 0) {
+		return fmt.Errorf("maintaining the LB host %s let %d requests fail and %d long-lived connections break", lb.Host, lb.RequestsFailed, lb.LongLivedBroken)
 	}
 	return nil
 }

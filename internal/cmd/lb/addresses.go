@@ -138,6 +138,11 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 	}
 	a.want = want
 	var errs []error
+	if a.l2 != nil {
+		// Before the routes: a local address would make the kernel
+		// answer ARP for it on every interface, against its owner.
+		errs = append(errs, a.l2.SetLocal(want))
+	}
 	if a.local != nil {
 		errs = append(errs, a.local.Sync(want))
 	}
@@ -259,22 +264,23 @@ func (a *addressSinks) close(log logr.Logger) {
 		a.withdrawTimer.Stop()
 	}
 	a.flows.close()
+	if a.local != nil {
+		if !a.retired {
+			if err := a.local.Sync(nil); err != nil {
+				log.Error(err, "Removing the local routes of the load balancer's addresses")
+			}
+		}
+		a.local.Close()
+		a.local = nil
+	}
+	// After the routes: the kernel rules keep it from answering ARP for
+	// addresses still local.
 	if a.l2 != nil {
 		if err := a.l2.Stop(); err != nil {
 			log.Error(err, "Stopping the L2 announcement")
 		}
 		a.l2 = nil
 	}
-	if a.local == nil {
-		return
-	}
-	if !a.retired {
-		if err := a.local.Sync(nil); err != nil {
-			log.Error(err, "Removing the local routes of the load balancer's addresses")
-		}
-	}
-	a.local.Close()
-	a.local = nil
 }
 
 // announcement is what the report says of the announcements: the L2
