@@ -34,6 +34,10 @@ type heartbeat struct {
 	// Node names the replica's host: a hand-off's two processes on one
 	// host are one member.
 	Node string
+	// Incarnation tells two processes of one node apart (when each
+	// started, in Unix nanoseconds): the later one speaks for the node,
+	// and its counts start afresh.
+	Incarnation uint64
 	// Gen changes whenever the offered set changes.
 	Gen uint32
 	// Part counts from 0 to Parts-1.
@@ -49,6 +53,7 @@ func (h heartbeat) marshal() []byte {
 	b = append(b, h.Group...)
 	b = append(b, byte(len(h.Node)))
 	b = append(b, h.Node...)
+	b = binary.BigEndian.AppendUint64(b, h.Incarnation)
 	b = binary.BigEndian.AppendUint32(b, h.Gen)
 	b = append(b, h.Part, h.Parts)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Addrs)))
@@ -82,6 +87,7 @@ func parseHeartbeat(b []byte) (heartbeat, error) {
 	r := reader{b: b[5:]}
 	h.Group = string(r.next(int(r.byte())))
 	h.Node = string(r.next(int(r.byte())))
+	h.Incarnation = binary.BigEndian.Uint64(r.next(8))
 	h.Gen = binary.BigEndian.Uint32(r.next(4))
 	h.Part, h.Parts = r.byte(), r.byte()
 	n := int(binary.BigEndian.Uint16(r.next(2)))
@@ -132,10 +138,8 @@ func (r *reader) byte() byte { return r.next(1)[0] }
 
 // heartbeats splits one replica's offer into frames that each fit in
 // maxPayload; owned marks the addresses it owns.
-func heartbeats(group, node string, gen uint32, addrs []netip.Addr, owned map[netip.Addr]bool) [][]byte {
-	// Header: magic, version, two lengths and names, gen, part, parts,
-	// count; an address takes at most 17 bytes.
-	room := (maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 4 + 2 + 2)) / 17
+func heartbeats(group, node string, incarnation uint64, gen uint32, addrs []netip.Addr, owned map[netip.Addr]bool) [][]byte {
+	room := addressRoom(group, node)
 	parts := max(1, (len(addrs)+room-1)/room)
 	var frames [][]byte
 	for p := range parts {
@@ -144,15 +148,20 @@ func heartbeats(group, node string, gen uint32, addrs []netip.Addr, owned map[ne
 		for i, a := range chunk {
 			flags[i] = owned[a]
 		}
-		frames = append(frames, heartbeat{Group: group, Node: node, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk, Owned: flags}.marshal())
+		frames = append(frames, heartbeat{Group: group, Node: node, Incarnation: incarnation, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk, Owned: flags}.marshal())
 	}
 	return frames
 }
 
-// maxAddresses is the most one replica can offer: 255 parts.
-func maxAddresses(group, node string) int {
-	return 255 * ((maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 4 + 2 + 2)) / 17)
+// addressRoom is how many addresses fit in one frame: the header is the
+// magic, the version, two lengths and names, the incarnation, gen, part,
+// parts and count; an address takes at most 17 bytes.
+func addressRoom(group, node string) int {
+	return (maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 8 + 4 + 2 + 2)) / 17
 }
+
+// maxAddresses is the most one replica can offer: 255 parts.
+func maxAddresses(group, node string) int { return 255 * addressRoom(group, node) }
 
 // members is what a replica has heard from the others.
 type members struct {
@@ -164,10 +173,11 @@ type members struct {
 }
 
 type member struct {
-	seen    time.Time
-	gen     uint32
-	offered []netip.Addr
-	owned   map[netip.Addr]bool
+	seen        time.Time
+	incarnation uint64
+	gen         uint32
+	offered     []netip.Addr
+	owned       map[netip.Addr]bool
 	// parts of a generation not yet complete
 	pendingGen uint32
 	pending    map[uint8]heartbeat
@@ -182,8 +192,19 @@ func newMembers(deadAfter time.Duration) *members {
 // stands.
 func (m *members) observe(now time.Time, h heartbeat) {
 	p := m.peers[h.Node]
+	switch {
+	case p != nil && h.Incarnation < p.incarnation:
+		return // an older process of the node, on its way out
+	case p != nil && h.Incarnation > p.incarnation:
+		// A new process speaks for the node: what the old one owned, it
+		// no longer does.
+		for a := range p.owned {
+			m.released[a] = true
+		}
+		p = nil
+	}
 	if p == nil {
-		p = &member{}
+		p = &member{incarnation: h.Incarnation}
 		m.peers[h.Node] = p
 	}
 	p.seen = now
@@ -230,6 +251,10 @@ func (m *members) live(now time.Time) map[string][]netip.Addr {
 	out := map[string][]netip.Addr{}
 	for node, p := range m.peers {
 		if now.Sub(p.seen) > m.deadAfter {
+			// Whatever it owned, it no longer answers for.
+			for a := range p.owned {
+				m.released[a] = true
+			}
 			delete(m.peers, node)
 			continue
 		}

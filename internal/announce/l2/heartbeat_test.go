@@ -24,7 +24,7 @@ func TestHeartbeatRoundTrip(t *testing.T) {
 	for _, n := range []int{0, 1, 2, 80, 81, 500} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			want := addrs(n)
-			frames := heartbeats("ebb.dev/l4", "node-1", 7, want, nil)
+			frames := heartbeats("ebb.dev/l4", "node-1", 1, 7, want, nil)
 			var got []netip.Addr
 			for i, f := range frames {
 				if len(f) > maxPayload {
@@ -47,7 +47,7 @@ func TestHeartbeatRoundTrip(t *testing.T) {
 }
 
 func TestParseHeartbeatRefusesOtherFrames(t *testing.T) {
-	good := heartbeats("g", "n", 1, addrs(3), nil)[0]
+	good := heartbeats("g", "n", 1, 1, addrs(3), nil)[0]
 	for name, b := range map[string][]byte{
 		"empty":     nil,
 		"not ours":  []byte("hello, world"),
@@ -63,7 +63,7 @@ func TestParseHeartbeatRefusesOtherFrames(t *testing.T) {
 }
 
 func FuzzParseHeartbeat(f *testing.F) {
-	for _, fr := range heartbeats("ebb.dev/l4", "node-1", 1, addrs(5), nil) {
+	for _, fr := range heartbeats("ebb.dev/l4", "node-1", 1, 1, addrs(5), nil) {
 		f.Add(fr)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -83,7 +83,7 @@ func TestMembers(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	m := newMembers(500 * time.Millisecond)
 	big := addrs(200)
-	frames := heartbeats("g", "b", 1, big, nil)
+	frames := heartbeats("g", "b", 1, 1, big, nil)
 	if len(frames) < 2 {
 		t.Fatal("want a multi-part offer")
 	}
@@ -101,13 +101,13 @@ func TestMembers(t *testing.T) {
 		t.Fatalf("offer of %d addresses, want %d", len(got), len(big))
 	}
 	// A new generation replaces the offer only once complete.
-	small, _ := parseHeartbeat(heartbeats("g", "b", 2, addrs(1), nil)[0])
+	small, _ := parseHeartbeat(heartbeats("g", "b", 1, 2, addrs(1), nil)[0])
 	m.observe(t0.Add(100*time.Millisecond), small)
 	if got := m.live(t0.Add(100 * time.Millisecond))["b"]; len(got) != 1 {
 		t.Fatalf("offer of %d addresses after the new generation, want 1", len(got))
 	}
 	// An empty offer is an offer: alive, owning nothing.
-	none, _ := parseHeartbeat(heartbeats("g", "b", 3, nil, nil)[0])
+	none, _ := parseHeartbeat(heartbeats("g", "b", 1, 3, nil, nil)[0])
 	m.observe(t0.Add(200*time.Millisecond), none)
 	if got, ok := m.live(t0.Add(200 * time.Millisecond))["b"]; !ok || len(got) != 0 {
 		t.Fatalf("empty offer: %v, %v", got, ok)
@@ -126,7 +126,7 @@ func TestMembersNoteReleasedAddresses(t *testing.T) {
 	a, b := netip.MustParseAddr("10.96.240.1"), netip.MustParseAddr("10.96.240.2")
 	observe := func(gen uint32, owned map[netip.Addr]bool) {
 		t.Helper()
-		for _, f := range heartbeats("g", "peer", gen, []netip.Addr{a, b}, owned) {
+		for _, f := range heartbeats("g", "peer", 1, gen, []netip.Addr{a, b}, owned) {
 			h, err := parseHeartbeat(f)
 			if err != nil {
 				t.Fatal(err)
@@ -144,5 +144,31 @@ func TestMembersNoteReleasedAddresses(t *testing.T) {
 	}
 	if r := m.takeReleased(); len(r) != 0 {
 		t.Fatalf("released %v noted twice", r)
+	}
+	// A new process of the peer speaks for it, whatever its counts: what
+	// the old one owned is released; the old one is then ignored.
+	for _, f := range heartbeats("g", "peer", 2, 1, []netip.Addr{b}, nil) {
+		h, _ := parseHeartbeat(f)
+		m.observe(t0, h)
+	}
+	if r := m.takeReleased(); len(r) != 1 || !r[a] {
+		t.Fatalf("released %v when a new process took over, want %s", r, a)
+	}
+	for _, f := range heartbeats("g", "peer", 1, 3, []netip.Addr{a, b}, map[netip.Addr]bool{a: true}) {
+		h, _ := parseHeartbeat(f)
+		m.observe(t0, h)
+	}
+	if got := m.live(t0)["peer"]; len(got) != 1 || got[0] != b {
+		t.Fatalf("the old process's heartbeat changed the peer's offer to %v", got)
+	}
+	// A peer that falls silent releases what it owned.
+	for _, f := range heartbeats("g", "peer", 2, 2, []netip.Addr{b}, map[netip.Addr]bool{b: true}) {
+		h, _ := parseHeartbeat(f)
+		m.observe(t0, h)
+	}
+	m.takeReleased()
+	m.live(t0.Add(2 * time.Second))
+	if r := m.takeReleased(); len(r) != 1 || !r[b] {
+		t.Fatalf("released %v when the peer fell silent, want %s", r, b)
 	}
 }

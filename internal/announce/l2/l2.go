@@ -79,6 +79,9 @@ type Announcer struct {
 	// taken over (a few, in case one is lost).
 	gratuitous map[netip.Addr]int
 	started    time.Time
+	// incarnation tells this process apart from another of the same
+	// node (heartbeat.Incarnation).
+	incarnation uint64
 	// live are the peers heard at the last election.
 	live      map[string]bool
 	takeovers atomic.Uint64
@@ -90,11 +93,19 @@ type Announcer struct {
 	stopping atomic.Bool
 	// localSet: SetLocal decides the kernel rules, not Sync.
 	localSet bool
+	// synced: Sync was called once; heartbeats go out from then on.
+	synced bool
 }
 
 // gratuitousRepeats is how many gratuitous announcements follow a
 // takeover, one per heartbeat.
 const gratuitousRepeats = 3
+
+// reannounceEvery is how often an owner announces its addresses again
+// unasked: a neighbour that cached another replica's MAC for one (it asked
+// while two replicas both owned it for a moment, or a gratuitous
+// announcement was lost) is set right within this time.
+const reannounceEvery = 10 * time.Second
 
 // Start opens the interfaces and starts heartbeating. The replica owns
 // nothing until it has listened for DeadAfter, so that a replica starting
@@ -146,6 +157,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	// until then.
 	ctx, a.cancel = context.WithCancel(ctx)
 	a.started = cfg.Clock.Now()
+	a.incarnation = uint64(time.Now().UnixNano())
 	for _, ifc := range a.ifaces {
 		a.wg.Add(1)
 		go func() { defer a.wg.Done(); a.readHeartbeats(ifc) }()
@@ -183,7 +195,8 @@ func (a *Announcer) Sync(addrs []netip.Addr) error {
 		// No SetLocal: the offer is what is local.
 		err = a.karp.sync(offer)
 	}
-	if !slices.Equal(offer, a.offer) {
+	if !slices.Equal(offer, a.offer) || !a.synced {
+		a.synced = true
 		a.offer = offer
 		a.gen++
 		a.heartbeatLocked()
@@ -225,6 +238,7 @@ func (a *Announcer) owns(addr netip.Addr) bool { return (*a.mine.Load())[addr] }
 func (a *Announcer) run(ctx context.Context) {
 	t := a.cfg.Clock.NewTicker(a.cfg.Interval)
 	defer t.Stop()
+	lastReannounce := a.cfg.Clock.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -233,6 +247,12 @@ func (a *Announcer) run(ctx context.Context) {
 			a.mu.Lock()
 			a.heartbeatLocked()
 			a.electLocked(now)
+			if now.Sub(lastReannounce) >= reannounceEvery {
+				lastReannounce = now
+				for addr := range *a.mine.Load() {
+					a.gratuitous[addr] = max(a.gratuitous[addr], 1)
+				}
+			}
 			a.announceLocked()
 			a.mu.Unlock()
 		}
@@ -309,8 +329,14 @@ func (a *Announcer) announceLocked() {
 }
 
 // heartbeatLocked tells the segment this replica is alive, and its offer.
+// Before its first Sync a process says nothing: a successor taking over
+// a host's sockets must not speak for the node (with an empty offer) while
+// its predecessor still serves.
 func (a *Announcer) heartbeatLocked() {
-	for _, frame := range heartbeats(a.cfg.Group, a.cfg.Node, a.gen, a.offer, *a.mine.Load()) {
+	if !a.synced {
+		return
+	}
+	for _, frame := range heartbeats(a.cfg.Group, a.cfg.Node, a.incarnation, a.gen, a.offer, *a.mine.Load()) {
 		for _, ifc := range a.ifaces {
 			if err := ifc.broadcast(frame); err != nil {
 				a.log.V(1).Info("Heartbeat failed", "interface", ifc.ifi.Name, "error", err.Error())
