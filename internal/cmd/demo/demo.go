@@ -137,21 +137,11 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 			retErr = err
 		}
 	}()
-	results, err := o.scenarios(ctx, c, out)
+	results, lb, err := o.scenarios(ctx, c, out)
 	if err != nil {
 		return err
 	}
 	ebb := results[0]
-	var lb *demo.LBHostResult
-	if o.LBHost {
-		self, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("finding the ebb binary: %w", err)
-		}
-		if lb, err = demo.RunLBHost(ctx, c, self, out); err != nil {
-			return fmt.Errorf("maintaining an LB host: %w", err)
-		}
-	}
 
 	fmt.Fprintln(out)
 	demo.WriteText(out, results...)
@@ -191,44 +181,52 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 }
 
 // scenarios runs ebb's scenario, then, with --baseline, the same with the
-// load balancer's admin state off; ebb's result comes first.
-func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io.Writer) ([]*demo.Result, error) {
+// load balancer's admin state off, then, with --lb-host, the maintenance
+// of an LB host; ebb's result comes first.
+func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io.Writer) ([]*demo.Result, *demo.LBHostResult, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("finding the ebb binary: %w", err)
+		return nil, nil, fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	fmt.Fprintln(out, "[demo] starting ebb controller and ebb lb")
 	stopController, err := ebbrun.StartController(c, self)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer stopController()
 	stopLB, err := ebbrun.StartLB(c, self)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	scenario := o.Scenario
 	scenario.Progress, scenario.Namespace = out, "demo-ebb"
 	ebb, err := demo.Run(ctx, c, scenario)
 	stopLB()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	results := []*demo.Result{ebb}
 	if o.Baseline {
 		fmt.Fprintln(out, "[demo] baseline: restarting ebb lb with admin state off (health probes only)")
 		if stopLB, err = ebbrun.StartLB(c, self, "--disable-admin-state"); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		scenario.Baseline, scenario.Namespace = true, "demo-baseline"
 		base, err := demo.Run(ctx, c, scenario)
 		stopLB()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		results = append(results, base)
 	}
-	return results, nil
+	if !o.LBHost {
+		return results, nil, nil
+	}
+	lb, err := demo.RunLBHost(ctx, c, self, out)
+	if err != nil {
+		return nil, nil, fmt.Errorf("maintaining an LB host: %w", err)
+	}
+	return results, lb, nil
 }
 
 // summary is the --json line: ebb's figures, and the baseline's beside.
