@@ -11,12 +11,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/controller/service"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // An AddressPool decides who gets which address: a Service naming a pool
@@ -28,14 +28,7 @@ import (
 func TestAddressPoolsDecideWhoGetsWhichAddress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	scheme := runtime.NewScheme()
-	if err := lbv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e2eutil.APIClient(t, cluster)
 	bad := &lbv1alpha1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.250.9"}}}
 	if err := c.Create(ctx, bad); err == nil || !strings.Contains(err.Error(), "each address must be a CIDR") {
 		t.Fatalf("a pool with a bare address: %v", err)
