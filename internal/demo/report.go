@@ -1,8 +1,10 @@
 package demo
 
 import (
+	"bytes"
 	"fmt"
 	"html"
+	"html/template"
 	"io"
 	"math"
 	"os"
@@ -100,62 +102,86 @@ func ms(v float64) string {
 }
 
 // WriteHTML writes a self-contained report: the figures and, per run, a
-// chart of requests per second per node over time (inline SVG, no script).
+// chart of requests per second per node over time (inline SVG, no script),
+// and the LB host's maintenance when there was one (lb may be nil).
 func WriteHTML(path string, lb *LBHostResult, results ...*Result) error {
-	var b strings.Builder
-	b.WriteString(`<!doctype html><html><head><meta charset="utf-8"><title>ebb demo: draining a node under traffic</title>
-<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fafafa;border:1px solid #ddd}.bad{color:#c00;font-weight:bold}</style>
-</head><body><h1>Draining a node under traffic</h1>`)
-	b.WriteString("<table><tr><th></th>")
-	for _, r := range results {
-		fmt.Fprintf(&b, "<th>%s</th>", html.EscapeString(r.Mode))
-	}
-	b.WriteString("</tr>")
-	row := func(name string, f func(r *Result) string, bad func(r *Result) bool) {
-		fmt.Fprintf(&b, "<tr><td>%s</td>", html.EscapeString(name))
+	page := htmlPage{Results: results}
+	cell := func(f func(r *Result) string, bad func(r *Result) bool) []htmlCell {
+		var out []htmlCell
 		for _, r := range results {
-			class := ""
-			if bad != nil && bad(r) {
-				class = ` class="bad"`
-			}
-			fmt.Fprintf(&b, "<td%s>%s</td>", class, html.EscapeString(f(r)))
+			out = append(out, htmlCell{Value: f(r), Bad: bad != nil && bad(r)})
 		}
-		b.WriteString("</tr>")
+		return out
 	}
-	row("requests sent", func(r *Result) string { return fmt.Sprint(r.RequestsSent) }, nil)
-	row("requests failed", func(r *Result) string { return fmt.Sprint(r.RequestsFailed) }, func(r *Result) bool { return r.RequestsFailed > 0 })
-	row("long-lived connections reset", func(r *Result) string { return fmt.Sprintf("%d of %d", r.ResetConnections, r.LongLivedOpened) }, func(r *Result) bool { return r.ResetConnections > 0 })
-	row("cutover", func(r *Result) string { return ms(r.CutoverMs) }, nil)
-	row("drain duration", func(r *Result) string { return fmt.Sprintf("%.1f s", r.DrainSeconds) }, nil)
-	row("p99 latency (drain and downtime)", func(r *Result) string { return ms(r.P99Ms) }, nil)
-	b.WriteString("</table>")
+	page.Rows = []htmlRow{
+		{"requests sent", cell(func(r *Result) string { return fmt.Sprint(r.RequestsSent) }, nil)},
+		{"requests failed", cell(func(r *Result) string { return fmt.Sprint(r.RequestsFailed) }, func(r *Result) bool { return r.RequestsFailed > 0 })},
+		{"long-lived connections reset", cell(func(r *Result) string { return fmt.Sprintf("%d of %d", r.ResetConnections, r.LongLivedOpened) }, func(r *Result) bool { return r.ResetConnections > 0 })},
+		{"cutover", cell(func(r *Result) string { return ms(r.CutoverMs) }, nil)},
+		{"drain duration", cell(func(r *Result) string { return fmt.Sprintf("%.1f s", r.DrainSeconds) }, nil)},
+		{"p99 latency (drain and downtime)", cell(func(r *Result) string { return ms(r.P99Ms) }, nil)},
+	}
 	// The runs side by side (wrapping on a narrow screen): the comparison
 	// is the point of the first screen.
 	width := 900.0
 	if len(results) > 1 {
 		width = 620
 	}
-	b.WriteString(`<div style="display:flex;flex-wrap:wrap;gap:1.5em">`)
 	for _, r := range results {
-		fmt.Fprintf(&b, "<div><h2>%s: requests per second by serving node (%s is maintained)</h2>", html.EscapeString(r.Mode), html.EscapeString(r.Node))
-		b.WriteString(chart(r, width))
-		b.WriteString("</div>")
+		// chart escapes the names it writes itself.
+		page.Charts = append(page.Charts, htmlChart{Mode: r.Mode, Node: r.Node, SVG: template.HTML(chart(r, width))})
 	}
-	b.WriteString("</div>")
 	if lb != nil {
-		fmt.Fprintf(&b, "<h2>Maintaining a host of the load balancer itself (%s)</h2><table>", html.EscapeString(lb.Host))
+		page.LBHost = lb.Host
 		for _, r := range lbHostRows(lb) {
-			class := ""
-			if r.bad {
-				class = ` class="bad"`
-			}
-			fmt.Fprintf(&b, "<tr><td>%s</td><td%s>%s</td></tr>", html.EscapeString(r.name), class, html.EscapeString(r.value))
+			page.LBRows = append(page.LBRows, htmlRow{Name: r.name, Cells: []htmlCell{{Value: r.value, Bad: r.bad}}})
 		}
-		b.WriteString("</table>")
 	}
-	b.WriteString("</body></html>\n")
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	var b bytes.Buffer
+	if err := reportTemplate.Execute(&b, page); err != nil {
+		return fmt.Errorf("rendering the HTML report: %w", err)
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }
+
+// htmlPage is what reportTemplate renders.
+type htmlPage struct {
+	Results []*Result
+	Rows    []htmlRow
+	Charts  []htmlChart
+	LBHost  string
+	LBRows  []htmlRow
+}
+
+type htmlRow struct {
+	Name  string
+	Cells []htmlCell
+}
+
+type htmlCell struct {
+	Value string
+	Bad   bool
+}
+
+type htmlChart struct {
+	Mode, Node string
+	SVG        template.HTML
+}
+
+var reportTemplate = template.Must(template.New("report").Parse(`<!doctype html><html><head><meta charset="utf-8"><title>ebb demo: draining a node under traffic</title>
+<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}svg{background:#fafafa;border:1px solid #ddd}.bad{color:#c00;font-weight:bold}</style>
+</head><body><h1>Draining a node under traffic</h1>
+<table><tr><th></th>{{range .Results}}<th>{{.Mode}}</th>{{end}}</tr>
+{{range .Rows}}<tr><td>{{.Name}}</td>{{range .Cells}}<td{{if .Bad}} class="bad"{{end}}>{{.Value}}</td>{{end}}</tr>
+{{end}}</table>
+<div style="display:flex;flex-wrap:wrap;gap:1.5em">
+{{range .Charts}}<div><h2>{{.Mode}}: requests per second by serving node ({{.Node}} is maintained)</h2>{{.SVG}}</div>
+{{end}}</div>
+{{if .LBHost}}<h2>Maintaining a host of the load balancer itself ({{.LBHost}})</h2><table>
+{{range .LBRows}}<tr><td>{{.Name}}</td>{{range .Cells}}<td{{if .Bad}} class="bad"{{end}}>{{.Value}}</td>{{end}}</tr>
+{{end}}</table>
+{{end}}</body></html>
+`))
 
 // markerRowHeight is the height of one row of marker labels; a label's
 // width is estimated from its length at font-size 10.

@@ -64,7 +64,7 @@ func TestReportsShowTheLBHostMaintenance(t *testing.T) {
 		}
 	}
 	path := t.TempDir() + "/report.html"
-	r := &Result{Mode: "ebb", Node: "node-3", Markers: Markers{End: 10 * time.Second}}
+	r := &Result{Mode: "ebb <i>", Node: "node-3", Markers: Markers{End: 10 * time.Second}}
 	if err := WriteHTML(path, lb, r); err != nil {
 		t.Fatal(err)
 	}
@@ -74,5 +74,8 @@ func TestReportsShowTheLBHostMaintenance(t *testing.T) {
 	}
 	if !strings.Contains(string(page), "Maintaining a host of the load balancer itself (node-2)") || !strings.Contains(string(page), `<td class="bad">1</td>`) {
 		t.Errorf("HTML report lacks the LB host section or its failure mark:\n%s", page)
+	}
+	if strings.Contains(string(page), "ebb <i>") || !strings.Contains(string(page), "ebb &lt;i&gt;") {
+		t.Errorf("a name is not escaped in the HTML report:\n%s", page)
 	}
 }
