@@ -95,8 +95,12 @@ type BGPSession struct {
 	// Address of the peer.
 	Address string `json:"address"`
 	// State of the session: established, active, idle, connect, opensent,
-	// openconfirm.
+	// openconfirm; or error, when a BGPPeer chooses this host but cannot be
+	// peered with (Message says why).
 	State string `json:"state"`
+	// Message says why the session cannot be opened.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // LoadBalancerReport is written by each `ebb lb` replica: per node, the

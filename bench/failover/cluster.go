@@ -88,7 +88,7 @@ func (fc *failoverCluster) setUp(ctx context.Context, dist string) error {
 	}
 	var err error
 	if fc.mode == "bgp" {
-		if fc.router, err = c.StartBGPRouter(ctx, bgpHoldTime); err != nil {
+		if fc.router, err = c.StartBGPRouter(ctx, localcluster.BGPRouterOptions{HoldTime: bgpHoldTime}); err != nil {
 			return err
 		}
 	} else if err := c.Router.AddLinkRoute(localcluster.VIPPrefix, "eth0"); err != nil {

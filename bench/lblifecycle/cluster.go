@@ -73,7 +73,7 @@ func (lc *lbCluster) setUp(ctx context.Context, dist string) error {
 		return err
 	}
 	var err error
-	if lc.router, err = c.StartBGPRouter(ctx, 3*time.Second); err != nil {
+	if lc.router, err = c.StartBGPRouter(ctx, localcluster.BGPRouterOptions{HoldTime: 3 * time.Second}); err != nil {
 		return err
 	}
 	scheme := runtime.NewScheme()

@@ -19,7 +19,7 @@ import (
 // Addresses of the BGP set-up: the router (FRR) has RouterASN and accepts
 // sessions from any host on the node network with LBASN (BGP dynamic
 // neighbours), so a test runs ebb lb with --bgp-asn LBASN --bgp-peer
-// RouterIP:RouterASN on any host.
+// RouterIP:RouterASN on any host, or creates a BGPPeer saying the same.
 const (
 	RouterASN = 64500
 	LBASN     = 64512
@@ -36,9 +36,17 @@ type BGPRouter struct {
 	procs []*process
 }
 
-// StartBGPRouter starts FRR on the router host with hold time hold (FRR
-// accepts 3 s and more) and waits until it answers.
-func (c *Cluster) StartBGPRouter(ctx context.Context, hold time.Duration) (*BGPRouter, error) {
+// BGPRouterOptions configure the router's sessions with the LB hosts.
+type BGPRouterOptions struct {
+	// HoldTime of the sessions (FRR accepts 3 s and more).
+	HoldTime time.Duration
+	// Password, when set, is the sessions' TCP MD5 password: the LB hosts
+	// must use it too.
+	Password string
+}
+
+// StartBGPRouter starts FRR on the router host and waits until it answers.
+func (c *Cluster) StartBGPRouter(ctx context.Context, opts BGPRouterOptions) (*BGPRouter, error) {
 	if !InNamespace() {
 		return nil, fmt.Errorf("FRR runs only inside the cluster's private namespace")
 	}
@@ -54,7 +62,11 @@ func (c *Cluster) StartBGPRouter(ctx context.Context, hold time.Duration) (*BGPR
 	if err := c.Router.SetSysctl("net/ipv4/fib_multipath_hash_policy", "1"); err != nil {
 		return nil, err
 	}
-	secs := int(hold / time.Second)
+	secs := int(opts.HoldTime / time.Second)
+	password := ""
+	if opts.Password != "" {
+		password = fmt.Sprintf(" neighbor ebb password %s\n", opts.Password)
+	}
 	conf := fmt.Sprintf(`frr defaults datacenter
 hostname router
 router bgp %d
@@ -64,11 +76,11 @@ router bgp %d
  neighbor ebb peer-group
  neighbor ebb remote-as %d
  neighbor ebb timers %d %d
- bgp listen range %s peer-group ebb
+%s bgp listen range %s peer-group ebb
  address-family ipv4 unicast
   maximum-paths 16
  exit-address-family
-`, RouterASN, RouterIP, LBASN, max(secs/3, 1), secs, NodeCIDR)
+`, RouterASN, RouterIP, LBASN, max(secs/3, 1), secs, password, NodeCIDR)
 	for name, data := range map[string]string{"bgpd.conf": conf, "zebra.conf": "hostname router\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			return nil, fmt.Errorf("writing FRR's %s: %w", name, err)

@@ -1,5 +1,6 @@
 // Package v1alpha1 is ebb's load-balancer API, group lb.ebb.dev: the
-// address pools that Services of ebb's class draw their addresses from.
+// address pools that Services of ebb's class draw their addresses from,
+// and the BGP peers that the LB hosts announce those addresses to.
 // +kubebuilder:object:generate=true
 // +groupName=lb.ebb.dev
 package v1alpha1
@@ -20,7 +21,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &AddressPool{}, &AddressPoolList{})
+	s.AddKnownTypes(GroupVersion, &AddressPool{}, &AddressPoolList{}, &BGPPeer{}, &BGPPeerList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -25,10 +25,13 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/server"
 )
 
-// Peer is one BGP neighbour.
+// Peer is one BGP neighbour. Peers are compared with ==: a peer whose
+// settings change is a new session.
 type Peer struct {
 	Address netip.Addr
 	ASN     uint32
+	// LocalASN is this host's AS number on the session (0: Config.ASN).
+	LocalASN uint32
 	// Port defaults to 179.
 	Port uint16
 	// HoldTime defaults to 90 s, KeepaliveTime to a third of it (RFC 4271's
@@ -36,6 +39,11 @@ type Peer struct {
 	// receiving traffic when it cannot withdraw its routes itself.
 	HoldTime      time.Duration
 	KeepaliveTime time.Duration
+	// Password is the session's TCP MD5 password (RFC 2385); empty: none.
+	Password string
+	// NoGracefulRestart leaves graceful restart out of this session even
+	// when Config.GracefulRestartTime is set.
+	NoGracefulRestart bool
 }
 
 // ParsePeer reads a peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 or
@@ -89,6 +97,9 @@ type Speaker struct {
 	cfg Config
 
 	mu        sync.Mutex
+	connected bool
+	// sessions are the peers added to the server (after Connect).
+	sessions  map[netip.Addr]Peer
 	announced map[netip.Addr]uuid.UUID
 	// refused holds the addresses reported as unannounceable, so each is
 	// reported once, not at every sync.
@@ -111,7 +122,7 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	level.Set(slog.LevelWarn)
 	s := server.NewBgpServer(server.LoggerOption(log, level))
 	go s.Serve()
-	sp := &Speaker{s: s, cfg: cfg, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]bool{}}
+	sp := &Speaker{s: s, cfg: cfg, sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]bool{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -131,15 +142,56 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 // Connect opens the sessions with the peers (see Config.DeferPeers); the
 // addresses synced so far are announced on each once it is established.
 func (sp *Speaker) Connect(ctx context.Context) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.connected = true
+	return sp.syncPeersLocked(ctx)
+}
+
+// SetPeers changes the peers: sessions with new peers open, sessions with
+// peers no longer wanted close, and a peer whose settings changed gets a
+// new session. Before Connect it only records them.
+func (sp *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.cfg.Peers = slices.Clone(peers)
+	if !sp.connected {
+		return nil
+	}
+	return sp.syncPeersLocked(ctx)
+}
+
+// syncPeersLocked makes the server's sessions those of cfg.Peers.
+func (sp *Speaker) syncPeersLocked(ctx context.Context) error {
 	// Routes the peers send are kept in GoBGP's table and used for nothing
 	// (no kernel or zebra integration). They cannot be refused with GoBGP's
 	// global import policy: it applies to this speaker's own routes too.
+	want := map[netip.Addr]Peer{}
 	for _, p := range sp.cfg.Peers {
-		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, sp.cfg.GracefulRestartTime, sp.cfg.NextHopIPv6.IsValid())}); err != nil {
-			return fmt.Errorf("adding BGP peer %s: %w", p.Address, err)
-		}
+		want[p.Address] = p
 	}
-	return nil
+	var errs []error
+	for addr, have := range sp.sessions {
+		if p, ok := want[addr]; ok && p == have {
+			continue
+		}
+		if err := sp.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+			errs = append(errs, fmt.Errorf("removing BGP peer %s: %w", addr, err))
+			continue
+		}
+		delete(sp.sessions, addr)
+	}
+	for addr, p := range want {
+		if _, ok := sp.sessions[addr]; ok {
+			continue
+		}
+		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, sp.cfg.GracefulRestartTime, sp.cfg.NextHopIPv6.IsValid())}); err != nil {
+			errs = append(errs, fmt.Errorf("adding BGP peer %s: %w", addr, err))
+			continue
+		}
+		sp.sessions[addr] = p
+	}
+	return errors.Join(errs...)
 }
 
 func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
@@ -155,8 +207,11 @@ func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 	if port == 0 {
 		port = 179
 	}
+	if p.NoGracefulRestart {
+		gracefulRestart = 0
+	}
 	peer := &api.Peer{
-		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN},
+		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.LocalASN, AuthPassword: p.Password},
 		Timers: &api.Timers{Config: &api.TimersConfig{
 			HoldTime: uint64(hold / time.Second), KeepaliveInterval: uint64(keepalive / time.Second), ConnectRetry: 1,
 		}},

@@ -48,8 +48,9 @@ func TestParsePeer(t *testing.T) {
 const routerAddr = "127.0.79.1"
 
 // startRouter runs a GoBGP server as the speakers' peer: AS 64500,
-// passive, accepting IPv4 and IPv6 unicast from 127.0.0.1.
-func startRouter(t *testing.T) *server.BgpServer {
+// passive, accepting IPv4 and IPv6 unicast from 127.0.0.1 (AS 64512), with
+// a TCP MD5 password when one is given.
+func startRouter(t *testing.T, password string) *server.BgpServer {
 	t.Helper()
 	ctx := context.Background()
 	r := server.NewBgpServer()
@@ -62,7 +63,7 @@ func startRouter(t *testing.T) *server.BgpServer {
 	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
 		afis = append(afis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}})
 	}
-	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 64512},
+	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 64512, AuthPassword: password},
 		AfiSafis: afis, Transport: &api.Transport{PassiveMode: true}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: the test router listens on port 179 (make test runs as root)")
 	}
-	router := startRouter(t)
+	router := startRouter(t, "")
 	log := slog.New(slog.DiscardHandler)
 	v4, v6 := netip.MustParseAddr("10.96.240.1"), netip.MustParseAddr("fd00:96::1")
 	sp, err := Start(context.Background(), log, Config{ASN: 64512, RouterID: netip.MustParseAddr("10.0.0.1"), NextHopIPv6: netip.MustParseAddr("fd00::1"),
@@ -119,17 +120,7 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 	want6 := map[netip.Prefix]netip.Addr{netip.MustParsePrefix("fd00:96::1/128"): netip.MustParseAddr("fd00::1")}
 	waitRoutes := func(family bgp.Family, want map[netip.Prefix]netip.Addr) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			got := routes(t, router, family)
-			if reflect.DeepEqual(got, want) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the router's %v routes are %v, want %v", family, got, want)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitForRoutes(t, router, family, want)
 	}
 	waitRoutes(bgp.RF_IPv4_UC, want4)
 	waitRoutes(bgp.RF_IPv6_UC, want6)
@@ -146,5 +137,86 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 	defer plain.Stop()
 	if err := plain.Sync([]netip.Addr{v6}); err == nil || !strings.Contains(err.Error(), "--bgp-next-hop-ipv6") {
 		t.Fatalf("an IPv6 address without an IPv6 next hop: %v", err)
+	}
+}
+
+// waitForRoutes waits until the router's routes of a family are want.
+func waitForRoutes(t *testing.T, router *server.BgpServer, family bgp.Family, want map[netip.Prefix]netip.Addr) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := routes(t, router, family)
+		if reflect.DeepEqual(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router's %v routes are %v, want %v", family, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A speaker started without peers (they come from BGPPeer objects later)
+// announces to a peer once it is set, with the peer's own local AS number
+// and TCP MD5 password; a wrong password keeps the session down and the
+// route off the router; a removed peer's session closes.
+func TestSetPeersOpensChangesAndClosesSessions(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the test router listens on port 179 (make test runs as root)")
+	}
+	router := startRouter(t, "s3cret")
+	ctx := context.Background()
+	sp, err := Start(ctx, slog.New(slog.DiscardHandler), Config{ASN: 65000, RouterID: netip.MustParseAddr("10.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Stop()
+	if err := sp.Sync([]netip.Addr{netip.MustParseAddr("10.96.240.7")}); err != nil {
+		t.Fatal(err)
+	}
+	peer := Peer{Address: netip.MustParseAddr(routerAddr), ASN: 64500, LocalASN: 64512, Password: "s3cret", HoldTime: 3 * time.Second}
+	if err := sp.SetPeers(ctx, []Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	announced := map[netip.Prefix]netip.Addr{netip.MustParsePrefix("10.96.240.7/32"): netip.MustParseAddr("10.0.0.1")}
+	waitForRoutes(t, router, bgp.RF_IPv4_UC, announced)
+	waitForState(t, sp, "established")
+
+	peer.Password = "wrong"
+	if err := sp.SetPeers(ctx, []Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	waitForRoutes(t, router, bgp.RF_IPv4_UC, map[netip.Prefix]netip.Addr{})
+	// Long enough for a session to come up if the password were ignored.
+	time.Sleep(3 * time.Second)
+	if got := routes(t, router, bgp.RF_IPv4_UC); len(got) != 0 {
+		t.Fatalf("with a wrong password, the router has %v", got)
+	}
+	states, err := sp.Peers(ctx)
+	if err != nil || len(states) != 1 || states[0].Established {
+		t.Fatalf("with a wrong password, the sessions are %+v, %v; want one, not established", states, err)
+	}
+
+	if err := sp.SetPeers(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if states, err := sp.Peers(ctx); err != nil || len(states) != 0 {
+		t.Fatalf("without peers, the sessions are %+v, %v", states, err)
+	}
+}
+
+// waitForState waits until the speaker's only session is in state.
+func waitForState(t *testing.T, sp *Speaker, state string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		states, err := sp.Peers(context.Background())
+		if err == nil && len(states) == 1 && states[0].State == state {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sessions are %+v, %v; want one %s", states, err, state)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

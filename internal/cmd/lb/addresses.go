@@ -15,16 +15,19 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/announce/l2"
+	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/vipaddr"
 )
 
 // addresses returns what is told the served addresses after each apply:
 // the local routes (unless --local-routes=false), the BGP speaker (with
-// --bgp-asn) and the L2 announcer (with --l2-interface). With deferBGP the speaker opens no session until
-// connectBGP: a predecessor on this host still holds them.
+// --bgp-asn, or once a BGPPeer chooses this host: setBGPPeers) and the L2
+// announcer (with --l2-interface). With deferBGP the speaker opens no
+// session until connectBGP: a predecessor on this host still holds them.
 func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP bool) (*addressSinks, error) {
 	sinks := &addressSinks{}
 	if o.LocalRoutes {
@@ -36,9 +39,27 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 	} else {
 		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host")
 	}
-	if o.BGP.ASN != 0 {
+	sinks.bgpDeferred = deferBGP
+	sinks.newSpeaker = func(ctx context.Context, peers []bgp.Peer, deferPeers bool) (*bgp.Speaker, error) {
 		cfg := o.BGP
-		cfg.DeferPeers = deferBGP
+		if cfg.ASN == 0 && len(peers) > 0 {
+			// Only BGPPeers: each session has its own local AS number; this
+			// one is the speaker's default.
+			cfg.ASN = peers[0].LocalASN
+		}
+		cfg.Peers, cfg.DeferPeers = peers, deferPeers
+		sp, err := bgp.Start(ctx, slog.New(logr.ToSlogHandler(log.WithName("bgp"))), cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := reg.Register(sp.Collector()); err != nil {
+			sp.Stop()
+			return nil, fmt.Errorf("registering BGP metrics: %w", err)
+		}
+		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", len(peers), "afterPredecessor", deferPeers)
+		return sp, nil
+	}
+	if o.BGP.ASN != 0 {
 		for _, s := range o.BGPPeers {
 			p, err := bgp.ParsePeer(s)
 			if err != nil {
@@ -46,24 +67,18 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 				return nil, err
 			}
 			p.HoldTime = o.BGPHoldTime
-			cfg.Peers = append(cfg.Peers, p)
+			sinks.flagPeers = append(sinks.flagPeers, p)
 		}
-		if len(cfg.Peers) == 0 {
+		if len(sinks.flagPeers) == 0 && o.ConfigFile != "" {
 			sinks.close(log)
-			return nil, errors.New("--bgp-asn needs at least one --bgp-peer")
+			return nil, errors.New("--bgp-asn needs at least one --bgp-peer (BGPPeer objects are read only in cluster mode)")
 		}
-		sp, err := bgp.Start(ctx, slog.New(logr.ToSlogHandler(log.WithName("bgp"))), cfg)
+		sp, err := sinks.newSpeaker(ctx, sinks.flagPeers, deferBGP)
 		if err != nil {
 			sinks.close(log)
 			return nil, err
 		}
-		if err := reg.Register(sp.Collector()); err != nil {
-			sp.Stop()
-			sinks.close(log)
-			return nil, fmt.Errorf("registering BGP metrics: %w", err)
-		}
 		sinks.bgp = sp
-		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", o.BGPPeers, "afterPredecessor", deferBGP)
 	}
 	if len(o.L2.Interfaces) > 0 {
 		if err := o.startL2(ctx, log, reg, sinks); err != nil {
@@ -111,6 +126,18 @@ type addressSinks struct {
 	bgp     *bgp.Speaker
 	l2      *l2.Announcer
 	retired bool
+	// newSpeaker starts a BGP speaker; the first peers start one when
+	// --bgp-asn did not. bgpDeferred: a predecessor on the host still
+	// holds the sessions (until connectBGP).
+	newSpeaker  func(ctx context.Context, peers []bgp.Peer, deferPeers bool) (*bgp.Speaker, error)
+	bgpDeferred bool
+	// flagPeers are --bgp-peer's; apiPeers and peerProblems come from the
+	// BGPPeer objects (setBGPPeers); speakerErr is why the speaker the
+	// BGPPeers asked for could not start.
+	flagPeers    []bgp.Peer
+	apiPeers     []bgp.Peer
+	peerProblems []lbsync.PeerProblem
+	speakerErr   string
 	// stopping: the graceful stop withdrew everything for good.
 	stopping bool
 	// withdrawn: the host is leaving, so nothing is announced, while the
@@ -207,6 +234,7 @@ func (a *addressSinks) setWithdrawn(log logr.Logger, on bool) {
 func (a *addressSinks) connectBGP(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.bgpDeferred = false
 	if a.bgp == nil || a.retired {
 		return nil
 	}
@@ -284,32 +312,45 @@ func (a *addressSinks) close(log logr.Logger) {
 }
 
 // announcement is what the report says of the announcements: the L2
-// addresses owned, the BGP routes and sessions (nil: none of them runs).
+// addresses owned, the BGP routes and sessions, and the BGPPeers that
+// cannot be peered with (nil: none of them runs).
 func (a *addressSinks) announcement() *v1alpha1.Announcement {
 	a.mu.Lock()
 	speaker, l2a := a.bgp, a.l2
+	var failed []v1alpha1.BGPSession
+	for _, p := range a.peerProblems {
+		failed = append(failed, v1alpha1.BGPSession{Address: p.Address.String(), State: lbv1alpha1.SessionError, Message: p.Message})
+	}
+	if speaker == nil && a.speakerErr != "" {
+		for _, p := range a.apiPeers {
+			failed = append(failed, v1alpha1.BGPSession{Address: p.Address.String(), State: lbv1alpha1.SessionError, Message: a.speakerErr})
+		}
+	}
 	a.mu.Unlock()
-	if speaker == nil && l2a == nil {
+	if speaker == nil && l2a == nil && len(failed) == 0 {
 		return nil
 	}
-	out := &v1alpha1.Announcement{}
+	out := &v1alpha1.Announcement{BGPPeers: failed}
 	if l2a != nil {
 		for _, addr := range l2a.Owned() {
 			out.L2Owned = append(out.L2Owned, addr.String())
 		}
 	}
 	if speaker != nil {
-		for _, addr := range speaker.Announced() {
-			out.BGPAnnounced = append(out.BGPAnnounced, addr.String())
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if peers, err := speaker.Peers(ctx); err == nil {
 			for _, p := range peers {
 				out.BGPPeers = append(out.BGPPeers, v1alpha1.BGPSession{Address: p.Address.String(), State: p.State})
 			}
-			slices.SortFunc(out.BGPPeers, func(x, y v1alpha1.BGPSession) int { return strings.Compare(x.Address, y.Address) })
+			// Routes with no session to carry them are announced to no one.
+			if len(peers) > 0 {
+				for _, addr := range speaker.Announced() {
+					out.BGPAnnounced = append(out.BGPAnnounced, addr.String())
+				}
+			}
 		}
 	}
+	slices.SortFunc(out.BGPPeers, func(x, y v1alpha1.BGPSession) int { return strings.Compare(x.Address, y.Address) })
 	return out
 }

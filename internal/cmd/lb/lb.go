@@ -64,8 +64,13 @@ type Options struct {
 	// BGP announces the served addresses to BGP peers when BGP.ASN is set.
 	BGP      bgp.Config
 	BGPPeers []string
-	// BGPHoldTime applies to every peer.
+	// BGPHoldTime applies to every --bgp-peer.
 	BGPHoldTime time.Duration
+	// BGPPeersFromAPI peers with the routers of the BGPPeer objects that
+	// choose this host (cluster mode), reading their passwords from
+	// Secrets in BGPSecretNamespace.
+	BGPPeersFromAPI    bool
+	BGPSecretNamespace string
 	// L2 announces the served addresses by ARP and NDP on L2.Interfaces,
 	// one replica owning each address, when any is given (Group and Node
 	// are filled in from the class and the node name).
@@ -144,11 +149,13 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
 	cmd.Flags().StringVar(&o.ReportName, "report-name", defaultReportName(), "name of this replica's LoadBalancerReport (per-node admin state and connections, read by NodeMaintenance); empty: no report")
 	cmd.Flags().BoolVar(&o.LocalRoutes, "local-routes", true, "add a local route (table local, proto 235) for every address served, so this host accepts its traffic without the address configured on an interface; needs CAP_NET_ADMIN (false: configure the addresses yourself)")
-	cmd.Flags().Uint32Var(&o.BGP.ASN, "bgp-asn", 0, "this host's AS number: announce every address served to the --bgp-peer routers (0: no BGP)")
+	cmd.Flags().Uint32Var(&o.BGP.ASN, "bgp-asn", 0, "this host's AS number: announce every address served to the --bgp-peer routers (0: no BGP unless a BGPPeer object chooses this host, whose myASN is then used)")
 	cmd.Flags().StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "a BGP peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 (repeatable)")
 	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
 	cmd.Flags().TextVar(&o.BGP.NextHopIPv6, "bgp-next-hop-ipv6", ipv6FromEnv(), "next hop of the announced IPv6 routes (carried by MP-BGP on every session): an IPv6 address of this host the peers reach (default: the first IPv6 address in $NODE_IPS; none: IPv6 addresses are not announced)")
-	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the peers (keepalives every third of it); a dead host's routes last this long at most")
+	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the --bgp-peer routers (keepalives every third of it); a dead host's routes last this long at most")
+	cmd.Flags().BoolVar(&o.BGPPeersFromAPI, "bgp-peers-from-api", true, "peer with the routers of the BGPPeer objects (lb.ebb.dev) whose nodeSelector matches this node, besides any --bgp-peer; cluster mode")
+	cmd.Flags().StringVar(&o.BGPSecretNamespace, "bgp-secret-namespace", defaultSecretNamespace(), "namespace of the Secrets holding BGPPeers' passwords (default: $POD_NAMESPACE, else ebb-system)")
 	cmd.Flags().StringArrayVar(&o.L2.Interfaces, "l2-interface", nil, "announce every address served on this interface's segment by ARP and NDP, one ebb lb replica owning each address (repeatable; needs CAP_NET_RAW and CAP_NET_ADMIN; see docs/l2.md)")
 	cmd.Flags().DurationVar(&o.L2.Interval, "l2-heartbeat-interval", 100*time.Millisecond, "how often this replica tells the others on the --l2-interface segments that it is alive")
 	cmd.Flags().DurationVar(&o.L2.DeadAfter, "l2-dead-after", 500*time.Millisecond, "a replica not heard for this long loses its L2 addresses to the others (the failover time when an LB host dies)")
@@ -328,6 +335,13 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 			}
 			event.Publish(syncer.Recorder, tookOver(o.NodeName, o.ReportName, os.Getpid(), predecessor, sockets))
 		}
+	}
+	if o.BGPPeersFromAPI {
+		go func() {
+			if err := o.followBGPPeers(ctx, log, addrs); err != nil {
+				log.Error(err, "Following the BGPPeer objects: only --bgp-peer routers are peered with")
+			}
+		}()
 	}
 	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
 	syncing, stopSyncing := context.WithCancel(ctx)

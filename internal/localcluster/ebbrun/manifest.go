@@ -70,11 +70,17 @@ func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest stri
 		return err
 	}
 	// Then the addresses, as a user does once the CRDs are in.
-	pool := filepath.Join(c.Dir(), "addresspool.yaml")
-	if err := os.WriteFile(pool, []byte(fmt.Sprintf("apiVersion: lb.ebb.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: %s\nspec:\n  addresses: [%q]\n", DefaultPoolName, opts.VIPPool)), 0o644); err != nil {
-		return err
+	return ApplyYAML(ctx, c, "addresspool", fmt.Sprintf("apiVersion: lb.ebb.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: %s\nspec:\n  addresses: [%q]\n", DefaultPoolName, opts.VIPPool))
+}
+
+// ApplyYAML applies a manifest (YAML documents) with kubectl, as a user
+// does; name names the file it is written to in the cluster's directory.
+func ApplyYAML(ctx context.Context, c *localcluster.Cluster, name, manifest string) error {
+	path := filepath.Join(c.Dir(), name+".yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
-	return kubectlApply(ctx, c, pool)
+	return kubectlApply(ctx, c, path)
 }
 
 // DefaultPoolName names the AddressPool InstallManifest creates.

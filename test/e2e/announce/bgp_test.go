@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +46,8 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 			return ok, fmt.Sprintf("%+v", a)
 		})
 	}
+	// The BGPPeer's status gathers them: both hosts established.
+	waitPeerStatus(t, ctx, "router", "2", "2")
 
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	url := fmt.Sprintf("http://%s/", vip)
@@ -70,11 +75,35 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	stopB()
 	waitNextHops(t, ctx, route, both[:1])
 	t.Logf("route withdrawn %s after %s stopped being an LB node", time.Since(stopped).Round(time.Millisecond), lbB.Name)
+	waitPeerStatus(t, ctx, "router", "1", "1")
 	for i := range 30 {
 		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
 			t.Fatalf("request %d after %s stopped: %v", i, lbB.Name, err)
 		}
 	}
+}
+
+// waitPeerStatus waits until kubectl get bgppeer shows the peer's
+// ESTABLISHED and HOSTS columns as want.
+func waitPeerStatus(t *testing.T, ctx context.Context, name, established, hosts string) {
+	t.Helper()
+	var out []byte
+	e2eutil.Eventually(t, ctx, 40*time.Second, fmt.Sprintf("BGPPeer %s showing %s of %s sessions established", name, established, hosts), func(ctx context.Context) (bool, string) {
+		var err error
+		out, err = exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), "--kubeconfig", cluster.Kubeconfig, "get", "bgppeer", name).CombinedOutput()
+		if err != nil {
+			return false, fmt.Sprintf("%v: %s", err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], "NAME ") || !strings.Contains(lines[0], "ESTABLISHED") {
+			return false, string(out)
+		}
+		// NAME PEER PEER-ASN MY-ASN ESTABLISHED HOSTS AGE
+		f := strings.Fields(lines[1])
+		return len(f) == 7 && f[1] == localcluster.RouterIP.String() && f[2] == fmt.Sprint(localcluster.RouterASN) &&
+			f[3] == fmt.Sprint(localcluster.LBASN) && f[4] == established && f[5] == hosts, string(out)
+	})
+	t.Logf("kubectl get bgppeer %s:\n%s", name, out)
 }
 
 // waitNextHops waits until FRR has installed route with exactly want as

@@ -1,8 +1,8 @@
 // Package announce_test checks that load-balancer addresses reach the
-// ebb lb hosts on a real network: ebb is installed from dist/install.yaml
-// with the ebb lb DaemonSet announcing by BGP (the flags a user adds to
-// it), and FRR on the router spreads a client's flows across the LB hosts
-// (ECMP).
+// ebb lb hosts on a real network: ebb is installed from dist/install.yaml,
+// a BGPPeer names the router (with a TCP MD5 password from a Secret), the
+// ebb lb replicas announce by BGP, and FRR on the router spreads a
+// client's flows across the LB hosts (ECMP).
 package announce_test
 
 import (
@@ -33,21 +33,50 @@ func TestMain(m *testing.M) {
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// setUp installs ebb with BGP announcement on ebb lb and no LB node yet
-// (tests label theirs), removes the router's static route to the VIP pool
-// (BGP is the only way there) and starts FRR on the router.
+// bgpPassword is the TCP MD5 password of the router's sessions: the
+// BGPPeer reads it from a Secret.
+const bgpPassword = "ebb-e2e-md5"
+
+// routerPeer is the BGPPeer (and its password Secret) by which every LB
+// host peers with the router, as a user configures it.
+var routerPeer = fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata:
+  name: router-bgp-password
+  namespace: ebb-system
+stringData:
+  password: %s
+---
+apiVersion: lb.ebb.dev/v1alpha1
+kind: BGPPeer
+metadata:
+  name: router
+spec:
+  peerAddress: %s
+  peerASN: %d
+  myASN: %d
+  holdTime: %s
+  passwordSecretRef:
+    name: router-bgp-password
+`, bgpPassword, localcluster.RouterIP, localcluster.RouterASN, localcluster.LBASN, holdTime)
+
+// setUp installs ebb with no LB node yet (tests label theirs) and a
+// BGPPeer for the router, removes the router's static route to the VIP
+// pool (BGP is the only way there) and starts FRR on the router.
 func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	bgp := []string{"--bgp-asn", fmt.Sprint(localcluster.LBASN), "--bgp-peer", fmt.Sprintf("%s:%d", localcluster.RouterIP, localcluster.RouterASN), "--bgp-hold-time", holdTime.String()}
-	if err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBArgs: bgp}); err != nil {
+	if err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{}); err != nil {
+		return nil, err
+	}
+	if err := ebbrun.ApplyYAML(ctx, c, "bgppeer", routerPeer); err != nil {
 		return nil, err
 	}
 	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
 		return nil, err
 	}
 	var err error
-	if router, err = c.StartBGPRouter(ctx, holdTime); err != nil {
+	if router, err = c.StartBGPRouter(ctx, localcluster.BGPRouterOptions{HoldTime: holdTime, Password: bgpPassword}); err != nil {
 		return nil, err
 	}
 	return router.Stop, nil

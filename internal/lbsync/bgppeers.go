@@ -1,0 +1,195 @@
+package lbsync
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	"github.com/ebbdev/ebb/internal/announce/bgp"
+)
+
+// +kubebuilder:rbac:groups=lb.ebb.dev,resources=bgppeers,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=ebb-system,resources=secrets,verbs=get;list;watch
+
+// PeerProblem is a BGPPeer that chooses this host but cannot be peered
+// with, and why.
+type PeerProblem struct {
+	Address netip.Addr
+	Message string
+}
+
+// BGPPeers follows the BGPPeer objects and says which routers this host
+// peers with: those whose nodeSelector matches its Node, with the
+// passwords of their Secrets.
+type BGPPeers struct {
+	// Cache holds BGPPeers, this host's Node and the Secrets of Namespace;
+	// Run starts it.
+	Cache ctrlcache.Cache
+	// Node is this host's Node (empty: only BGPPeers without a
+	// nodeSelector choose it).
+	Node string
+	// Namespace holds the password Secrets.
+	Namespace string
+	// OnChange is told the peers, sorted by address, and the problems
+	// whenever they change.
+	OnChange func(peers []bgp.Peer, problems []PeerProblem)
+}
+
+// Run follows the BGPPeers until ctx is done.
+func (b *BGPPeers) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("bgppeers")
+	changed := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(any, any) { kick() }, DeleteFunc: func(any) { kick() }}
+	for _, obj := range []client.Object{&lbv1alpha1.BGPPeer{}, &corev1.Node{}, &corev1.Secret{}} {
+		inf, err := b.Cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	go func() { _ = b.Cache.Start(ctx) }()
+	if !b.Cache.WaitForCacheSync(ctx) {
+		return fmt.Errorf("the caches of BGPPeers, Nodes and Secrets did not sync")
+	}
+	var lastPeers []bgp.Peer
+	var lastProblems []PeerProblem
+	for first := true; ; first = false {
+		peers, problems, err := b.read(ctx)
+		if err != nil {
+			log.Error(err, "Reading the BGP peers")
+		} else if first || !reflect.DeepEqual(peers, lastPeers) || !slices.Equal(problems, lastProblems) {
+			lastPeers, lastProblems = peers, problems
+			log.Info("BGP peers", "peers", peerAddresses(peers), "problems", problems)
+			b.OnChange(peers, problems)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+func (b *BGPPeers) read(ctx context.Context) ([]bgp.Peer, []PeerProblem, error) {
+	var list lbv1alpha1.BGPPeerList
+	if err := b.Cache.List(ctx, &list); err != nil {
+		return nil, nil, err
+	}
+	var node *corev1.Node
+	if b.Node != "" {
+		var n corev1.Node
+		if err := b.Cache.Get(ctx, keyOf(b.Node), &n); err == nil {
+			node = &n
+		}
+	}
+	secret := func(name string) (*corev1.Secret, error) {
+		var s corev1.Secret
+		err := b.Cache.Get(ctx, client.ObjectKey{Namespace: b.Namespace, Name: name}, &s)
+		return &s, err
+	}
+	peers, problems := SelectBGPPeers(node, list.Items, b.Namespace, secret)
+	return peers, problems, nil
+}
+
+// SelectBGPPeers returns the peers of the BGPPeers that choose node (nil:
+// unknown, so only those without a nodeSelector), sorted by address, and
+// the ones that choose it but cannot be used. Of two BGPPeers with one
+// address, the first by name is used.
+func SelectBGPPeers(node *corev1.Node, objs []lbv1alpha1.BGPPeer, namespace string, secret func(name string) (*corev1.Secret, error)) ([]bgp.Peer, []PeerProblem) {
+	objs = slices.Clone(objs)
+	slices.SortFunc(objs, func(a, b lbv1alpha1.BGPPeer) int { return strings.Compare(a.Name, b.Name) })
+	var nodeLabels labels.Set
+	if node != nil {
+		nodeLabels = node.Labels
+	}
+	var peers []bgp.Peer
+	var problems []PeerProblem
+	byAddress := map[netip.Addr]string{}
+	for _, o := range objs {
+		addr, err := netip.ParseAddr(o.Spec.PeerAddress)
+		if err != nil {
+			continue // refused by the API's validation; nothing to report it under
+		}
+		addr = addr.Unmap()
+		if o.Spec.NodeSelector != nil {
+			sel, err := metav1.LabelSelectorAsSelector(o.Spec.NodeSelector)
+			if err != nil {
+				problems = append(problems, PeerProblem{addr, fmt.Sprintf("BGPPeer %s: invalid nodeSelector: %v", o.Name, err)})
+				continue
+			}
+			if !sel.Matches(nodeLabels) {
+				continue
+			}
+		}
+		if first, ok := byAddress[addr]; ok {
+			problems = append(problems, PeerProblem{addr, fmt.Sprintf("BGPPeer %s: BGPPeer %s already peers with %s from this host; delete one of them or give them nodeSelectors that do not overlap", o.Name, first, addr)})
+			continue
+		}
+		byAddress[addr] = o.Name
+		p, err := peerOf(o, addr, namespace, secret)
+		if err != nil {
+			problems = append(problems, PeerProblem{addr, err.Error()})
+			continue
+		}
+		peers = append(peers, p)
+	}
+	slices.SortFunc(peers, func(a, b bgp.Peer) int { return a.Address.Compare(b.Address) })
+	slices.SortFunc(problems, func(a, b PeerProblem) int { return a.Address.Compare(b.Address) })
+	return peers, problems
+}
+
+func peerOf(o lbv1alpha1.BGPPeer, addr netip.Addr, namespace string, secret func(name string) (*corev1.Secret, error)) (bgp.Peer, error) {
+	p := bgp.Peer{Address: addr, ASN: uint32(o.Spec.PeerASN), LocalASN: uint32(o.Spec.MyASN), Port: uint16(o.Spec.PeerPort)}
+	if o.Spec.HoldTime != nil {
+		p.HoldTime = o.Spec.HoldTime.Duration
+	}
+	if o.Spec.KeepaliveTime != nil {
+		p.KeepaliveTime = o.Spec.KeepaliveTime.Duration
+	}
+	if o.Spec.GracefulRestart != nil && !*o.Spec.GracefulRestart {
+		p.NoGracefulRestart = true
+	}
+	if ref := o.Spec.PasswordSecretRef; ref != nil {
+		s, err := secret(ref.Name)
+		if err != nil {
+			return bgp.Peer{}, fmt.Errorf("BGPPeer %s: reading the password Secret %s/%s: %v", o.Name, namespace, ref.Name, err)
+		}
+		pw, ok := s.Data[lbv1alpha1.PasswordKey]
+		if !ok || len(pw) == 0 {
+			return bgp.Peer{}, fmt.Errorf("BGPPeer %s: the Secret %s/%s has no key %q holding the password", o.Name, namespace, ref.Name, lbv1alpha1.PasswordKey)
+		}
+		if len(pw) > 80 {
+			return bgp.Peer{}, fmt.Errorf("BGPPeer %s: the password in Secret %s/%s is %d bytes; TCP MD5 allows at most 80", o.Name, namespace, ref.Name, len(pw))
+		}
+		p.Password = string(pw)
+	}
+	return p, nil
+}
+
+func peerAddresses(peers []bgp.Peer) []string {
+	out := make([]string, len(peers))
+	for i, p := range peers {
+		out[i] = p.Address.String()
+	}
+	return out
+}
