@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ebbdev/ebb/internal/addrrange"
 )
 
 // Errors the allocator returns; the controller turns them into Warning
@@ -87,7 +89,7 @@ func NewAllocator(flagPools []string) (*Allocator, error) {
 		if strings.Contains(s, "-") {
 			return nil, fmt.Errorf("address pool %q is not a CIDR like 10.96.255.0/24 or fd00:96::/112 (ranges go in an AddressPool)", s)
 		}
-		r, err := ParseRange(s)
+		r, err := addrrange.Parse(s)
 		if err != nil {
 			return nil, fmt.Errorf("address pool %q is not a CIDR like 10.96.255.0/24 or fd00:96::/112", s)
 		}

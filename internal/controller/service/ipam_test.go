@@ -3,13 +3,14 @@ package service
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ebbdev/ebb/internal/addrrange"
 )
 
 func TestAllocator(t *testing.T) {
@@ -130,35 +131,6 @@ func TestAllocatorSharing(t *testing.T) {
 	}
 }
 
-func TestParseRange(t *testing.T) {
-	tests := []struct {
-		in       string
-		from, to string
-		size     int64
-	}{
-		{"10.96.255.0/24", "10.96.255.1", "10.96.255.254", 254},
-		{"10.96.255.0/30", "10.96.255.0", "10.96.255.3", 4},
-		{"10.96.255.7/30", "10.96.255.4", "10.96.255.7", 4},
-		{"10.96.240.10-10.96.240.20", "10.96.240.10", "10.96.240.20", 11},
-		{" fd00:96::/120 ", "fd00:96::", "fd00:96::ff", 256},
-		{"fd00::/64", "fd00::", "fd00::ffff:ffff:ffff:ffff", math.MaxInt64},
-	}
-	for _, tt := range tests {
-		r, err := ParseRange(tt.in)
-		if err != nil {
-			t.Fatalf("%q: %v", tt.in, err)
-		}
-		if r.From.String() != tt.from || r.To.String() != tt.to || r.Size() != tt.size {
-			t.Errorf("%q: %s-%s (%d), want %s-%s (%d)", tt.in, r.From, r.To, r.Size(), tt.from, tt.to, tt.size)
-		}
-	}
-	for _, bad := range []string{"10.96.255.0", "10.0.0.9-10.0.0.1", "10.0.0.1-fd00::1", "a-b", ""} {
-		if _, err := ParseRange(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
-
 // AddressPools decide who draws from them: autoAssign, the pool a Service
 // names, its labels and its namespace's; an exhausted pool says so, and a
 // refused Service is told why.
@@ -167,8 +139,8 @@ func TestAllocatorPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustRange := func(s string) Range {
-		r, err := ParseRange(s)
+	mustRange := func(s string) addrrange.Range {
+		r, err := addrrange.Parse(s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,9 +149,9 @@ func TestAllocatorPools(t *testing.T) {
 	team, _ := labels.Parse("team=blue")
 	prod, _ := labels.Parse("env=prod")
 	a.SetPools([]Pool{
-		{Name: "blue", Ranges: []Range{mustRange("10.96.250.1-10.96.250.2")}, AutoAssign: true, Services: team},
-		{Name: "manual", Ranges: []Range{mustRange("10.96.251.0/30")}, AutoAssign: false},
-		{Name: "prod", Ranges: []Range{mustRange("10.96.252.0/30")}, AutoAssign: true, Namespaces: prod},
+		{Name: "blue", Ranges: []addrrange.Range{mustRange("10.96.250.1-10.96.250.2")}, AutoAssign: true, Services: team},
+		{Name: "manual", Ranges: []addrrange.Range{mustRange("10.96.251.0/30")}, AutoAssign: false},
+		{Name: "prod", Ranges: []addrrange.Range{mustRange("10.96.252.0/30")}, AutoAssign: true, Namespaces: prod},
 	})
 	svc := func(name, pool string, lbls, nsLabels map[string]string) Holder {
 		return Holder{Service: types.NamespacedName{Namespace: "ns", Name: name}, Pool: pool, Labels: lbls, NamespaceLabels: nsLabels}
@@ -219,7 +191,7 @@ func TestAllocatorPools(t *testing.T) {
 	if err := a.Claim(netip.MustParseAddr("10.96.252.1"), svc("p2", "", nil, nil)); !errors.Is(err, ErrNoPool) {
 		t.Errorf("claiming an address of a pool whose namespace selector refuses: %v", err)
 	}
-	blueUsed, _ := a.Usage(Pool{Ranges: []Range{mustRange("10.96.250.1-10.96.250.2")}})
+	blueUsed, _ := a.Usage(Pool{Ranges: []addrrange.Range{mustRange("10.96.250.1-10.96.250.2")}})
 	if blueUsed != 2 {
 		t.Errorf("blue's usage %d, want 2", blueUsed)
 	}

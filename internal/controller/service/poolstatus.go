@@ -19,6 +19,8 @@ import (
 	ctrlreconcile "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+
+	"github.com/ebbdev/ebb/internal/addrrange"
 )
 
 // PoolFromAPI reads an AddressPool; a pool that cannot be read hands out
@@ -27,7 +29,7 @@ func PoolFromAPI(ap *lbv1alpha1.AddressPool) (Pool, error) {
 	p := Pool{Name: ap.Name, AutoAssign: ap.Spec.AutoAssign == nil || *ap.Spec.AutoAssign}
 	var bad []string
 	for _, s := range ap.Spec.Addresses {
-		r, err := ParseRange(s)
+		r, err := addrrange.Parse(s)
 		if err != nil {
 			bad = append(bad, err.Error())
 			continue
