@@ -174,7 +174,7 @@ func (c *Cloud) vmServer() *computefake.VirtualMachinesServer {
 
 func (t transport) Do(req *http.Request) (*http.Response, error) {
 	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachinesClient.") {
-		return t.vms.Do(req)
+		return uncancelled(t.vms, req)
 	}
 	// Listing the pools of a load balancer that does not exist is a 404,
 	// answered here: the fake server keeps a pager whose first page is an
@@ -196,7 +196,18 @@ func (t transport) Do(req *http.Request) (*http.Response, error) {
 	if v := req.Header.Get("If-Match"); v != "" {
 		req = req.WithContext(context.WithValue(req.Context(), ifMatchKey{}, v))
 	}
-	return t.next.Do(req)
+	return uncancelled(t.next, req)
+}
+
+// uncancelled passes req to one of the SDK's fake transports with a
+// context that is never cancelled. Those transports race a cancelled
+// request: they return at once and close the channel that their worker
+// may still send the answer on, which panics the process (seen in CI
+// when a test's context ended with a request in flight). The fake servers
+// answer from memory without waiting, so not cancelling them costs
+// nothing.
+func uncancelled(next policy.Transporter, req *http.Request) (*http.Response, error) {
+	return next.Do(req.WithContext(context.WithoutCancel(req.Context())))
 }
 
 func (c *Cloud) throttled() bool {

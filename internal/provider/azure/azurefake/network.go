@@ -224,9 +224,9 @@ type routeTransport struct{ network, compute policy.Transporter }
 
 func (t routeTransport) Do(req *http.Request) (*http.Response, error) {
 	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachineScaleSets") {
-		return t.compute.Do(req)
+		return uncancelled(t.compute, req)
 	}
-	return t.network.Do(req)
+	return uncancelled(t.network, req)
 }
 
 func (n *Network) nicServer() fake.InterfacesServer {
