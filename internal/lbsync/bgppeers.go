@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/tools/cache"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -35,7 +34,7 @@ type PeerProblem struct {
 // passwords of their Secrets.
 type BGPPeers struct {
 	// Cache holds BGPPeers, this host's Node and the Secrets of Namespace;
-	// Run starts it.
+	// the caller starts it.
 	Cache ctrlcache.Cache
 	// Node is this host's Node (empty: only BGPPeers without a
 	// nodeSelector choose it).
@@ -50,26 +49,9 @@ type BGPPeers struct {
 // Run follows the BGPPeers until ctx is done.
 func (b *BGPPeers) Run(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("bgppeers")
-	changed := make(chan struct{}, 1)
-	kick := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(any, any) { kick() }, DeleteFunc: func(any) { kick() }}
-	for _, obj := range []client.Object{&lbv1alpha1.BGPPeer{}, &corev1.Node{}, &corev1.Secret{}} {
-		inf, err := b.Cache.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("watching %T: %w", obj, err)
-		}
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("watching %T: %w", obj, err)
-		}
-	}
-	go func() { _ = b.Cache.Start(ctx) }()
-	if !b.Cache.WaitForCacheSync(ctx) {
-		return fmt.Errorf("the caches of BGPPeers, Nodes and Secrets did not sync")
+	changed, err := watchAll(ctx, b.Cache, &lbv1alpha1.BGPPeer{}, &corev1.Node{}, &corev1.Secret{})
+	if err != nil {
+		return err
 	}
 	var lastPeers []bgp.Peer
 	var lastProblems []PeerProblem

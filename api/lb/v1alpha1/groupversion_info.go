@@ -1,6 +1,7 @@
 // Package v1alpha1 is ebb's load-balancer API, group lb.ebb.dev: the
 // address pools that Services of ebb's class draw their addresses from,
-// and the BGP peers that the LB hosts announce those addresses to.
+// the BGP peers that the LB hosts announce those addresses to, and the
+// policies saying which addresses are announced how, from which hosts.
 // +kubebuilder:object:generate=true
 // +groupName=lb.ebb.dev
 package v1alpha1
@@ -21,7 +22,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &AddressPool{}, &AddressPoolList{}, &BGPPeer{}, &BGPPeerList{})
+	s.AddKnownTypes(GroupVersion, &AddressPool{}, &AddressPoolList{}, &BGPPeer{}, &BGPPeerList{}, &AnnouncementPolicy{}, &AnnouncementPolicyList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -160,7 +160,7 @@ func (a *Announcer) answerARP(ifc *iface) {
 			return
 		}
 		// A gratuitous one (sender = target) is someone else's news.
-		if p.Operation != arp.OperationRequest || p.SenderIP == p.TargetIP || !a.owns(p.TargetIP) {
+		if p.Operation != arp.OperationRequest || p.SenderIP == p.TargetIP || !a.ownsOn(p.TargetIP, ifc) {
 			continue
 		}
 		if err := ifc.arp.Reply(p, ifc.ifi.HardwareAddr, p.TargetIP); err != nil {
@@ -181,7 +181,7 @@ func (a *Announcer) answerNDP(ifc *iface) {
 			return
 		}
 		ns, ok := m.(*ndp.NeighborSolicitation)
-		if !ok || !a.owns(ns.TargetAddress) {
+		if !ok || !a.ownsOn(ns.TargetAddress, ifc) {
 			continue
 		}
 		na := &ndp.NeighborAdvertisement{Solicited: true, Override: true, TargetAddress: ns.TargetAddress,

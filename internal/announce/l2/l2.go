@@ -70,6 +70,9 @@ type Announcer struct {
 	// mine is the set of addresses this replica owns now, read by the
 	// responders without a lock.
 	mine atomic.Pointer[map[netip.Addr]bool]
+	// only limits addresses to some interfaces (Restrict); an address not
+	// in it is announced on every one.
+	only atomic.Pointer[map[netip.Addr]map[string]bool]
 
 	mu      sync.Mutex
 	members *members
@@ -135,6 +138,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), gratuitous: map[netip.Addr]int{},
 		karp: &kernelARP{table: cfg.KernelTable, netns: cfg.NetNS}}
 	a.mine.Store(&map[netip.Addr]bool{})
+	a.only.Store(&map[netip.Addr]map[string]bool{})
 	for _, name := range cfg.Interfaces {
 		ifc, err := openInterface(name)
 		if err != nil {
@@ -234,6 +238,34 @@ func (a *Announcer) Owned() []netip.Addr {
 
 func (a *Announcer) owns(addr netip.Addr) bool { return (*a.mine.Load())[addr] }
 
+// ownsOn says whether this replica answers for addr on ifc.
+func (a *Announcer) ownsOn(addr netip.Addr, ifc *iface) bool {
+	return a.owns(addr) && a.allowedOn(addr, ifc)
+}
+
+func (a *Announcer) allowedOn(addr netip.Addr, ifc *iface) bool {
+	set, ok := (*a.only.Load())[addr]
+	return !ok || set[ifc.ifi.Name]
+}
+
+// Interfaces are the interfaces the replica announces on.
+func (a *Announcer) Interfaces() []string { return slices.Clone(a.cfg.Interfaces) }
+
+// Restrict limits addresses to some of the interfaces (an address not in
+// only: every interface); the election does not change, only where the
+// owner answers and announces. Call it before the Sync that offers them.
+func (a *Announcer) Restrict(only map[netip.Addr][]string) {
+	m := make(map[netip.Addr]map[string]bool, len(only))
+	for addr, names := range only {
+		set := make(map[string]bool, len(names))
+		for _, n := range names {
+			set[n] = true
+		}
+		m[addr.Unmap()] = set
+	}
+	a.only.Store(&m)
+}
+
 // run heartbeats, forgets silent peers and elects, every interval.
 func (a *Announcer) run(ctx context.Context) {
 	t := a.cfg.Clock.NewTicker(a.cfg.Interval)
@@ -316,6 +348,9 @@ func (a *Announcer) electLocked(now time.Time) {
 func (a *Announcer) announceLocked() {
 	for addr, n := range a.gratuitous {
 		for _, ifc := range a.ifaces {
+			if !a.allowedOn(addr, ifc) {
+				continue
+			}
 			if err := ifc.announce(addr); err != nil {
 				a.log.V(1).Info("Gratuitous announcement failed", "address", addr, "interface", ifc.ifi.Name, "error", err.Error())
 			}

@@ -304,3 +304,25 @@ func TestOneOwnerAnswersAndTheOtherTakesOver(t *testing.T) {
 		}
 	}
 }
+
+// An address restricted to other interfaces is owned as before but not
+// answered for on this one; allowed again, it is.
+func TestRestrictKeepsAnAddressOffAnInterface(t *testing.T) {
+	s := newSegment(t)
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	o := owner(t, vip4, as)
+	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o].String()}) {
+		t.Fatalf("before the restriction, ARP replies from %v, want the owner %s's", macs, o)
+	}
+	as[o].Restrict(map[netip.Addr][]string{vip4: {"eth-elsewhere"}})
+	if macs := s.arpReplies(t); len(macs) != 0 {
+		t.Fatalf("restricted to another interface, %s is answered by %v", vip4, macs)
+	}
+	if !slices.Contains(as[o].Owned(), vip4) {
+		t.Fatalf("the restriction changed the election: %s owns %v", o, as[o].Owned())
+	}
+	as[o].Restrict(map[netip.Addr][]string{vip4: {devOf(o)}})
+	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o].String()}) {
+		t.Fatalf("allowed on %s again, ARP replies from %v", devOf(o), macs)
+	}
+}

@@ -36,8 +36,8 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
+	"github.com/ebbdev/ebb/internal/controller/announcestatus"
 	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
-	"github.com/ebbdev/ebb/internal/controller/bgppeer"
 	"github.com/ebbdev/ebb/internal/controller/evacuation"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/controller/service"
@@ -356,8 +356,11 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 	if err := pr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the address pool controller: %w", err)
 	}
-	if err := (&bgppeer.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&announcestatus.BGPPeerReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the BGP peer status controller: %w", err)
+	}
+	if err := (&announcestatus.PolicyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the announcement policy status controller: %w", err)
 	}
 	if o.SpotTaintKey != "" {
 		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), TaintKey: o.SpotTaintKey}

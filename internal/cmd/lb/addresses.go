@@ -145,6 +145,8 @@ type addressSinks struct {
 	withdrawn bool
 	// want is the last set of addresses synced.
 	want []netip.Addr
+	// plan says which of them are announced how (AnnouncementPolicies).
+	plan lbsync.AnnouncementPlan
 	// flows forwards the segments of flows the routers move here (nil:
 	// off); it follows the addresses and the withdrawn state.
 	flows *movedFlows
@@ -178,7 +180,8 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 	return errors.Join(errs...)
 }
 
-// announceLocked announces the wanted addresses, or none while withdrawn.
+// announceLocked announces the wanted addresses as the plan says, or none
+// while withdrawn.
 func (a *addressSinks) announceLocked() error {
 	want := a.want
 	if a.withdrawn || a.stopping {
@@ -186,10 +189,12 @@ func (a *addressSinks) announceLocked() error {
 	}
 	var errs []error
 	if a.bgp != nil {
-		errs = append(errs, a.bgp.Sync(want))
+		errs = append(errs, a.bgp.Sync(slices.DeleteFunc(slices.Clone(want), func(addr netip.Addr) bool { return !a.plan.BGP(addr) })))
 	}
 	if a.l2 != nil {
-		errs = append(errs, a.l2.Sync(want))
+		offer, only := l2Offer(want, a.plan, a.l2.Interfaces())
+		a.l2.Restrict(only)
+		errs = append(errs, a.l2.Sync(offer))
 	}
 	return errors.Join(errs...)
 }
@@ -239,6 +244,14 @@ func (a *addressSinks) connectBGP(ctx context.Context) error {
 		return nil
 	}
 	return a.bgp.Connect(ctx)
+}
+
+// announcing says whether the host announces its addresses now (some
+// way of announcing runs, and the host is not withdrawn).
+func (a *addressSinks) announcing() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !a.withdrawn && !a.stopping && !a.retired && (a.bgp != nil || a.l2 != nil)
 }
 
 // withdraw stops announcing the addresses (BGP withdraws its routes) and

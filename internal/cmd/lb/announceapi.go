@@ -2,15 +2,18 @@ package lb
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,10 +34,12 @@ func defaultSecretNamespace() string {
 	return "ebb-system"
 }
 
-// followBGPPeers peers with the routers of the BGPPeer objects that choose
-// this host, until ctx is done. A cluster without the BGPPeer API (ebb's
-// CRDs not installed) is logged once and left alone.
-func (o *Options) followBGPPeers(ctx context.Context, log logr.Logger, addrs *addressSinks) error {
+// followAnnouncementAPI follows the lb.ebb.dev objects that decide how
+// this host announces, until ctx is done: the BGPPeers that choose it
+// (peered with, passwords from Secrets) and the AnnouncementPolicies
+// (which addresses by BGP, which by L2). Until the API serves them (ebb's
+// CRDs not installed yet), it looks again every 30 s.
+func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, addrs *addressSinks) error {
 	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
 		return err
@@ -43,9 +48,20 @@ func (o *Options) followBGPPeers(ctx context.Context, log logr.Logger, addrs *ad
 	if err != nil {
 		return fmt.Errorf("creating a discovery client: %w", err)
 	}
-	if ok, err := servesBGPPeers(dc); err != nil || !ok {
-		log.Info("Not reading BGPPeer objects: the API does not serve them (apply ebb's CRDs)", "error", err)
-		return nil
+	// The CRDs may come after ebb lb (applied later, or not yet
+	// established): look again now and then.
+	logged := false
+	err = wait.PollUntilContextCancel(ctx, 30*time.Second, true, func(context.Context) (bool, error) {
+		served, err := servedResources(dc)
+		ok := err == nil && served["bgppeers"] && served["announcementpolicies"]
+		if !ok && !logged {
+			logged = true
+			log.Info("Not reading BGPPeers and AnnouncementPolicies until the API serves them (apply ebb's CRDs)", "error", err)
+		}
+		return ok, nil
+	})
+	if err != nil {
+		return nil // stopped before the API served them
 	}
 	scheme := runtime.NewScheme()
 	if err := lbv1alpha1.AddToScheme(scheme); err != nil {
@@ -62,22 +78,37 @@ func (o *Options) followBGPPeers(ctx context.Context, log logr.Logger, addrs *ad
 	}
 	c, err := ctrlcache.New(cfg, ctrlcache.Options{Scheme: scheme, ByObject: byObject})
 	if err != nil {
-		return fmt.Errorf("creating a cache of the BGP peers: %w", err)
+		return fmt.Errorf("creating a cache of the announcement objects: %w", err)
 	}
-	peers := &lbsync.BGPPeers{Cache: c, Node: o.NodeName, Namespace: o.BGPSecretNamespace,
-		OnChange: func(peers []bgp.Peer, problems []lbsync.PeerProblem) {
-			addrs.setBGPPeers(ctx, log, peers, problems)
-		}}
-	return peers.Run(ctx)
+	go func() { _ = c.Start(ctx) }()
+	policies := &lbsync.AnnouncementPolicies{Cache: c, Node: o.NodeName, OnChange: func(plan lbsync.AnnouncementPlan) {
+		addrs.setPlan(log, plan)
+	}}
+	errs := make(chan error, 2)
+	go func() { errs <- policies.Run(ctx) }()
+	if o.BGPPeersFromAPI {
+		peers := &lbsync.BGPPeers{Cache: c, Node: o.NodeName, Namespace: o.BGPSecretNamespace,
+			OnChange: func(peers []bgp.Peer, problems []lbsync.PeerProblem) {
+				addrs.setBGPPeers(ctx, log, peers, problems)
+			}}
+		go func() { errs <- peers.Run(ctx) }()
+	} else {
+		errs <- nil
+	}
+	return errors.Join(<-errs, <-errs)
 }
 
-// servesBGPPeers says whether the API serves lb.ebb.dev/v1alpha1 bgppeers.
-func servesBGPPeers(dc discovery.DiscoveryInterface) (bool, error) {
+// servedResources are the resources the API serves in lb.ebb.dev/v1alpha1.
+func servedResources(dc discovery.DiscoveryInterface) (map[string]bool, error) {
 	res, err := dc.ServerResourcesForGroupVersion(lbv1alpha1.GroupVersion.String())
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	return slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == "bgppeers" }), nil
+	out := map[string]bool{}
+	for _, r := range res.APIResources {
+		out[r.Name] = true
+	}
+	return out, nil
 }
 
 // setBGPPeers peers with the BGPPeers' routers besides the --bgp-peer
@@ -115,4 +146,46 @@ func (a *addressSinks) setBGPPeers(ctx context.Context, log logr.Logger, peers [
 	if err := a.announceLocked(); err != nil {
 		log.Error(err, "Announcing to the BGPPeers")
 	}
+}
+
+// setPlan changes which addresses are announced how (AnnouncementPolicies).
+func (a *addressSinks) setPlan(log logr.Logger, plan lbsync.AnnouncementPlan) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.plan = plan
+	if a.retired {
+		return
+	}
+	if err := a.announceLocked(); err != nil {
+		log.Error(err, "Changing the announcements")
+	}
+}
+
+// l2Offer is what the L2 announcer offers of want under plan, and on which
+// of its interfaces each address is limited to (absent: all of them). An
+// address whose policies name none of its interfaces is not offered.
+func l2Offer(want []netip.Addr, plan lbsync.AnnouncementPlan, open []string) ([]netip.Addr, map[netip.Addr][]string) {
+	var offer []netip.Addr
+	only := map[netip.Addr][]string{}
+	for _, addr := range want {
+		ok, ifaces := plan.L2(addr)
+		if !ok {
+			continue
+		}
+		if ifaces == nil {
+			offer = append(offer, addr)
+			continue
+		}
+		var on []string
+		for _, name := range ifaces {
+			if slices.Contains(open, name) {
+				on = append(on, name)
+			}
+		}
+		if len(on) > 0 {
+			offer = append(offer, addr)
+			only[addr] = on
+		}
+	}
+	return offer, only
 }

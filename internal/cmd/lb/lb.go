@@ -164,11 +164,11 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
 	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
 	cmd.Flags().DurationVar(&o.JoinForward, "join-forward", 5*time.Minute, "after this host starts announcing (first start, or its node no longer leaving), how long it sends the TCP segments of the other LB hosts' connections that the routers move to it back to them (connections older than that are reset when moved); 0: never")
-	cmd.Flags().DurationVar(&o.WithdrawDelay, "withdraw-delay", time.Second, "when this host starts leaving, how long to wait before withdrawing its announcements, for the other LB hosts to start forwarding its connections")
+	cmd.Flags().DurationVar(&o.WithdrawDelay, "withdraw-delay", time.Second, "when this host starts leaving or stopping, how long to wait before withdrawing its announcements, for the other LB hosts to start forwarding its connections")
 	cmd.Flags().StringVar(&o.HandoffSocket, "handoff-socket", DefaultHandoffSocket, "Unix socket (a path, or @NAME in the network namespace's abstract namespace) where a new ebb lb takes the listening sockets of the one running on this host, so that a restart or an upgrade drops no connection; empty: off")
 	cmd.Flags().BoolVar(&o.ExitAfterHandoff, "exit-after-handoff", true, "exit once the sockets are handed to a successor and the established connections ended (false: wait for SIGTERM, as a pod must)")
 	cmd.Flags().DurationVar(&o.BGP.GracefulRestartTime, "bgp-graceful-restart-time", 15*time.Second, "negotiate BGP graceful restart: how long the routers keep this host's routes when its session ends without a withdrawal, so a successor on the host takes over without the routes moving (0: off; then a hand-off withdraws the routes for a moment)")
-	cmd.Flags().DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long to keep accepting new connections after withdrawing the BGP announcements, while the routers move new flows to other hosts (without BGP: none)")
+	cmd.Flags().DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long to keep accepting new connections after withdrawing the announcements (BGP, L2), while the routers move new flows to other hosts (without announcements: none)")
 	cmd.Flags().DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long to keep serving established connections once no new ones are accepted; those left are then closed (keep shutdown-delay plus this under the pod's terminationGracePeriodSeconds)")
 	cmd.Flags().DurationVar(&o.ReportHeartbeat, "report-heartbeat", 10*time.Second, "how often the report is renewed when nothing urgent changed")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
@@ -296,6 +296,9 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	if err != nil {
 		return err
 	}
+	if reporter != nil && flows != nil {
+		s.drain = func() { reporter.SetDraining(true) }
+	}
 	join := &joinWindow{set: func(on bool, since time.Time) {
 		flows.setJoining(on, since)
 		if reporter != nil && flows != nil {
@@ -336,13 +339,11 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 			event.Publish(syncer.Recorder, tookOver(o.NodeName, o.ReportName, os.Getpid(), predecessor, sockets))
 		}
 	}
-	if o.BGPPeersFromAPI {
-		go func() {
-			if err := o.followBGPPeers(ctx, log, addrs); err != nil {
-				log.Error(err, "Following the BGPPeer objects: only --bgp-peer routers are peered with")
-			}
-		}()
-	}
+	go func() {
+		if err := o.followAnnouncementAPI(ctx, log, addrs); err != nil {
+			log.Error(err, "Following the BGPPeers and AnnouncementPolicies: only --bgp-peer routers are peered with, every address is announced in every way")
+		}
+	}()
 	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
 	syncing, stopSyncing := context.WithCancel(ctx)
 	defer stopSyncing()

@@ -13,6 +13,10 @@ import (
 // stopper is a graceful stop in progress: once it begins, readiness fails.
 type stopper struct {
 	stopping atomic.Bool
+	// drain, when set, reports this host draining, so that the other LB
+	// hosts forward the segments of its connections that the routers move
+	// to them once it withdraws (moved flows, flows.go).
+	drain func()
 }
 
 // ready wraps a readiness check: not ready once the stop began.
@@ -20,8 +24,9 @@ func (s *stopper) ready(check func() bool) func() bool {
 	return func() bool { return !s.stopping.Load() && check() }
 }
 
-// stop leaves without dropping a connection it can keep: it withdraws the
-// announcements first and, if there were any, keeps accepting for
+// stop leaves without dropping a connection it can keep: it reports itself
+// draining (with drain, waiting --withdraw-delay), withdraws the
+// announcements and, if there were any, keeps accepting for
 // ShutdownDelay while the routers move new flows to the other hosts; then
 // it closes the listeners (a new connection is refused) and serves the
 // established connections until they end or ShutdownTimeout runs out. The
@@ -31,6 +36,16 @@ func (s *stopper) ready(check func() bool) func() bool {
 func (s *stopper) stop(log logr.Logger, o *Options, dp *dataplane.DataPlane, addrs *addressSinks) {
 	s.stopping.Store(true)
 	start := time.Now()
+	if s.drain != nil && addrs.announcing() {
+		// As for a leaving host: the others learn first, then the routers.
+		// Without it, a connection the routers move in the middle (an L2
+		// takeover moves every flow at once) is reset by its new host.
+		s.drain()
+		if o.WithdrawDelay > 0 {
+			log.Info("Draining: the other LB hosts forward this host's connections that the routers move to them", "withdrawingAfter", o.WithdrawDelay)
+			time.Sleep(o.WithdrawDelay)
+		}
+	}
 	if addrs.withdraw() && o.ShutdownDelay > 0 {
 		log.Info("Withdrew the announcements; accepting new connections while they move elsewhere", "for", o.ShutdownDelay)
 		time.Sleep(o.ShutdownDelay)

@@ -1,7 +1,8 @@
-// Package bgppeer writes each BGPPeer's status: the state of every
-// selected LB host's session with the router, as the hosts' ebb lb
-// replicas report them in their LoadBalancerReports.
-package bgppeer
+// Package announcestatus writes the status of the announcement objects
+// from what the LB hosts' ebb lb replicas report in their
+// LoadBalancerReports: each BGPPeer's sessions per host, and each
+// AnnouncementPolicy's hosts and L2 owners.
+package announcestatus
 
 import (
 	"cmp"
@@ -10,7 +11,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,22 +31,16 @@ import (
 
 // +kubebuilder:rbac:groups=lb.ebb.dev,resources=bgppeers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=lb.ebb.dev,resources=bgppeers/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 
-// recheck is how often a peer's status is rebuilt without an event: a
-// replica that stops reporting goes stale without one.
-const recheck = 30 * time.Second
-
-// Reconciler writes the BGPPeers' status.
-type Reconciler struct {
+// BGPPeerReconciler writes the BGPPeers' status.
+type BGPPeerReconciler struct {
 	Client client.Client
 	Clock  clock.PassiveClock
 }
 
 // SetupWithManager registers the controller: it wakes for every BGPPeer
 // and, since the sessions change with them, for every report and Node.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *BGPPeerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
@@ -57,47 +50,26 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-func (r *Reconciler) allPeers(ctx context.Context, _ client.Object) []ctrlreconcile.Request {
+func (r *BGPPeerReconciler) allPeers(ctx context.Context, _ client.Object) []ctrlreconcile.Request {
 	var list lbv1alpha1.BGPPeerList
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil
 	}
-	out := make([]ctrlreconcile.Request, 0, len(list.Items))
-	for _, p := range list.Items {
-		out = append(out, ctrlreconcile.Request{NamespacedName: types.NamespacedName{Name: p.Name}})
-	}
-	return out
+	return requests(list.Items)
 }
 
 // Reconcile writes one BGPPeer's status.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *BGPPeerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var peer lbv1alpha1.BGPPeer
 	if err := r.Client.Get(ctx, req.NamespacedName, &peer); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	var reports v1alpha1.LoadBalancerReportList
-	if err := r.Client.List(ctx, &reports); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing LoadBalancerReports: %w", err)
-	}
-	nodes := map[string]labels.Set{}
-	now := metav1.NewTime(r.Clock.Now())
-	var fresh []v1alpha1.LoadBalancerReport
-	for _, rep := range reports.Items {
-		host := rep.Status.HostNode
-		if host == "" || !rep.Fresh(now) {
-			continue
-		}
-		if _, ok := nodes[host]; !ok {
-			var n corev1.Node
-			if err := r.Client.Get(ctx, client.ObjectKey{Name: host}, &n); err != nil {
-				continue // gone: its host serves nothing
-			}
-			nodes[host] = n.Labels
-		}
-		fresh = append(fresh, rep)
+	fresh, nodes, err := freshReports(ctx, r.Client, r.Clock.Now())
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	want := peer.DeepCopy()
-	want.Status = Status(&peer, fresh, nodes)
+	want.Status = PeerStatus(&peer, fresh, nodes)
 	if equalStatus(peer.Status, want.Status) {
 		return ctrl.Result{RequeueAfter: recheck}, nil
 	}
@@ -107,10 +79,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{RequeueAfter: recheck}, nil
 }
 
-// Status is a peer's status from the fresh reports of the LB hosts and
+// PeerStatus is a peer's status from the fresh reports of the LB hosts and
 // those hosts' Node labels. A host with several reports (a hand-off under
 // way) shows its best session.
-func Status(peer *lbv1alpha1.BGPPeer, reports []v1alpha1.LoadBalancerReport, nodes map[string]labels.Set) lbv1alpha1.BGPPeerStatus {
+func PeerStatus(peer *lbv1alpha1.BGPPeer, reports []v1alpha1.LoadBalancerReport, nodes map[string]labels.Set) lbv1alpha1.BGPPeerStatus {
 	st := lbv1alpha1.BGPPeerStatus{ObservedGeneration: peer.Generation, Conditions: slices.Clone(peer.Status.Conditions)}
 	condition := func(status metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: lbv1alpha1.EstablishedCondition, Status: status,

@@ -1,4 +1,4 @@
-package bgppeer
+package announcestatus
 
 import (
 	"strings"
@@ -12,7 +12,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 )
 
-func TestStatus(t *testing.T) {
+func TestPeerStatus(t *testing.T) {
 	report := func(host string, draining bool, sessions ...v1alpha1.BGPSession) v1alpha1.LoadBalancerReport {
 		r := v1alpha1.LoadBalancerReport{Status: v1alpha1.LoadBalancerReportStatus{HostNode: host, Draining: draining}}
 		if sessions != nil {
@@ -77,7 +77,7 @@ func TestStatus(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			peer := &lbv1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r", Generation: 4},
 				Spec: lbv1alpha1.BGPPeerSpec{PeerAddress: "10.0.0.253", PeerASN: 64500, MyASN: 64512, NodeSelector: tt.selector}}
-			st := Status(peer, tt.reports, nodes)
+			st := PeerStatus(peer, tt.reports, nodes)
 			var got []string
 			for _, s := range st.Sessions {
 				got = append(got, s.Node+"="+s.State)

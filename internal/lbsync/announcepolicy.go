@@ -1,0 +1,236 @@
+package lbsync
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	"github.com/ebbdev/ebb/internal/addrrange"
+)
+
+// +kubebuilder:rbac:groups=lb.ebb.dev,resources=announcementpolicies;addresspools,verbs=get;list;watch
+
+// AnnouncementPlan says how this host announces each address it serves,
+// from the AnnouncementPolicies that choose it. The zero plan (no policy
+// exists) announces every address in every way the host is set up for.
+type AnnouncementPlan struct {
+	// Policies is set once any AnnouncementPolicy exists: an address is
+	// then announced in a way only where a rule says so.
+	Policies bool
+	rules    []announceRule
+}
+
+// announceRule is one policy that chooses this host.
+type announceRule struct {
+	name string
+	// ranges are the addresses of its pools (all: every address).
+	ranges []addrrange.Range
+	all    bool
+	bgp    bool
+	l2     bool
+	// interfaces limit L2 (nil: every interface).
+	interfaces []string
+}
+
+func (r announceRule) covers(a netip.Addr) bool {
+	return r.all || slices.ContainsFunc(r.ranges, func(rg addrrange.Range) bool { return rg.Contains(a) })
+}
+
+// BGP says whether a is announced by BGP.
+func (p AnnouncementPlan) BGP(a netip.Addr) bool {
+	if !p.Policies {
+		return true
+	}
+	return slices.ContainsFunc(p.rules, func(r announceRule) bool { return r.bgp && r.covers(a) })
+}
+
+// L2 says whether a is announced by L2, and on which interfaces (nil: on
+// every one).
+func (p AnnouncementPlan) L2(a netip.Addr) (bool, []string) {
+	if !p.Policies {
+		return true, nil
+	}
+	ok := false
+	var ifaces []string
+	for _, r := range p.rules {
+		if !r.l2 || !r.covers(a) {
+			continue
+		}
+		if r.interfaces == nil {
+			return true, nil // one policy allows every interface
+		}
+		ok = true
+		ifaces = append(ifaces, r.interfaces...)
+	}
+	slices.Sort(ifaces)
+	return ok, slices.Compact(ifaces)
+}
+
+// Equal compares two plans.
+func (p AnnouncementPlan) Equal(q AnnouncementPlan) bool {
+	return p.Policies == q.Policies && slices.EqualFunc(p.rules, q.rules, func(a, b announceRule) bool {
+		return a.name == b.name && a.all == b.all && a.bgp == b.bgp && a.l2 == b.l2 &&
+			slices.Equal(a.ranges, b.ranges) && slices.Equal(a.interfaces, b.interfaces)
+	})
+}
+
+// String names the policies that choose this host, for logs.
+func (p AnnouncementPlan) String() string {
+	if !p.Policies {
+		return "no AnnouncementPolicy: every address in every way"
+	}
+	names := make([]string, len(p.rules))
+	for i, r := range p.rules {
+		names[i] = r.name
+	}
+	return "AnnouncementPolicies " + strings.Join(names, ", ")
+}
+
+// PlanAnnouncements builds this host's plan from the policies and pools
+// (node nil: unknown, so only policies without a nodeSelector choose it).
+// Problems name what a policy refers to and cannot be read; the rest of
+// the policy still applies (a missing pool announces nothing for it).
+func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPolicy, pools []lbv1alpha1.AddressPool) (AnnouncementPlan, []string) {
+	plan := AnnouncementPlan{Policies: len(policies) > 0}
+	var problems []string
+	byName := map[string][]addrrange.Range{}
+	for _, p := range pools {
+		for _, s := range p.Spec.Addresses {
+			if r, err := addrrange.Parse(s); err == nil {
+				byName[p.Name] = append(byName[p.Name], r)
+			}
+		}
+	}
+	var nodeLabels labels.Set
+	if node != nil {
+		nodeLabels = node.Labels
+	}
+	policies = slices.Clone(policies)
+	slices.SortFunc(policies, func(a, b lbv1alpha1.AnnouncementPolicy) int { return strings.Compare(a.Name, b.Name) })
+	for _, pol := range policies {
+		if pol.Spec.NodeSelector != nil {
+			sel, err := metav1.LabelSelectorAsSelector(pol.Spec.NodeSelector)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("AnnouncementPolicy %s: invalid nodeSelector: %v", pol.Name, err))
+				continue
+			}
+			if !sel.Matches(nodeLabels) {
+				continue
+			}
+		}
+		r := announceRule{name: pol.Name, all: len(pol.Spec.AddressPools) == 0, bgp: pol.Spec.BGP != nil, l2: pol.Spec.L2 != nil}
+		for _, name := range pol.Spec.AddressPools {
+			ranges, ok := byName[name]
+			if !ok {
+				problems = append(problems, fmt.Sprintf("AnnouncementPolicy %s: no AddressPool %s", pol.Name, name))
+			}
+			r.ranges = append(r.ranges, ranges...)
+		}
+		if pol.Spec.L2 != nil && len(pol.Spec.L2.Interfaces) > 0 {
+			r.interfaces = slices.Sorted(slices.Values(pol.Spec.L2.Interfaces))
+		}
+		plan.rules = append(plan.rules, r)
+	}
+	return plan, problems
+}
+
+// AnnouncementPolicies follows the AnnouncementPolicies and AddressPools
+// and tells this host's plan whenever it changes.
+type AnnouncementPolicies struct {
+	// Cache holds AnnouncementPolicies, AddressPools and this host's Node;
+	// the caller starts it.
+	Cache ctrlcache.Cache
+	// Node is this host's Node (empty: only policies without a
+	// nodeSelector choose it).
+	Node     string
+	OnChange func(plan AnnouncementPlan)
+}
+
+// Run follows the policies until ctx is done.
+func (f *AnnouncementPolicies) Run(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("announcement-policies")
+	changed, err := watchAll(ctx, f.Cache, &lbv1alpha1.AnnouncementPolicy{}, &lbv1alpha1.AddressPool{}, &corev1.Node{})
+	if err != nil {
+		return err
+	}
+	var last AnnouncementPlan
+	var lastProblems []string
+	for first := true; ; first = false {
+		plan, problems, err := f.read(ctx)
+		if err != nil {
+			log.Error(err, "Reading the AnnouncementPolicies")
+		} else {
+			if !slices.Equal(problems, lastProblems) && len(problems) > 0 {
+				log.Info("AnnouncementPolicies this host cannot follow in full", "problems", problems)
+			}
+			lastProblems = problems
+			if first || !plan.Equal(last) {
+				last = plan
+				log.Info("Announcing", "plan", plan.String())
+				f.OnChange(plan)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+func (f *AnnouncementPolicies) read(ctx context.Context) (AnnouncementPlan, []string, error) {
+	var policies lbv1alpha1.AnnouncementPolicyList
+	if err := f.Cache.List(ctx, &policies); err != nil {
+		return AnnouncementPlan{}, nil, err
+	}
+	var pools lbv1alpha1.AddressPoolList
+	if err := f.Cache.List(ctx, &pools); err != nil {
+		return AnnouncementPlan{}, nil, err
+	}
+	var node *corev1.Node
+	if f.Node != "" {
+		var n corev1.Node
+		if err := f.Cache.Get(ctx, keyOf(f.Node), &n); err == nil {
+			node = &n
+		}
+	}
+	plan, problems := PlanAnnouncements(node, policies.Items, pools.Items)
+	return plan, problems, nil
+}
+
+// watchAll watches objs in c and returns a channel that is signalled
+// (without blocking, coalesced) when any of them changes, once c synced.
+func watchAll(ctx context.Context, c ctrlcache.Cache, objs ...client.Object) (<-chan struct{}, error) {
+	changed := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(any, any) { kick() }, DeleteFunc: func(any) { kick() }}
+	for _, obj := range objs {
+		inf, err := c.GetInformer(ctx, obj)
+		if err != nil {
+			return nil, fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return nil, fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	if !c.WaitForCacheSync(ctx) {
+		return nil, fmt.Errorf("the caches of %d kinds did not sync", len(objs))
+	}
+	return changed, nil
+}

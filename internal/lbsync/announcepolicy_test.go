@@ -1,0 +1,90 @@
+package lbsync
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+)
+
+func TestPlanAnnouncements(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "lb-1", Labels: map[string]string{"rack": "a"}}}
+	pools := []lbv1alpha1.AddressPool{
+		{ObjectMeta: metav1.ObjectMeta{Name: "public"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.240.0/28"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "office"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.250.10-10.96.250.20", "fd00:96::/120"}}},
+	}
+	policy := func(name string, pools []string, bgp, l2 bool, ifaces []string, rack string) lbv1alpha1.AnnouncementPolicy {
+		p := lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lbv1alpha1.AnnouncementPolicySpec{AddressPools: pools}}
+		if bgp {
+			p.Spec.BGP = &lbv1alpha1.BGPAnnouncement{}
+		}
+		if l2 {
+			p.Spec.L2 = &lbv1alpha1.L2Announcement{Interfaces: ifaces}
+		}
+		if rack != "" {
+			p.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"rack": rack}}
+		}
+		return p
+	}
+	public, office, office6, none := netip.MustParseAddr("10.96.240.5"), netip.MustParseAddr("10.96.250.15"), netip.MustParseAddr("fd00:96::7"), netip.MustParseAddr("10.1.1.1")
+	type want struct {
+		bgp    bool
+		l2     bool
+		ifaces []string
+	}
+	tests := []struct {
+		name     string
+		policies []lbv1alpha1.AnnouncementPolicy
+		want     map[netip.Addr]want
+		problems []string
+	}{
+		{
+			name: "no policy: everything every way",
+			want: map[netip.Addr]want{public: {true, true, nil}, none: {true, true, nil}},
+		},
+		{
+			name:     "public by BGP, office by L2 on eth1 and eth2",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("p", []string{"public"}, true, false, nil, ""), policy("o", []string{"office"}, false, true, []string{"eth2", "eth1"}, "")},
+			want:     map[netip.Addr]want{public: {true, false, nil}, office: {false, true, []string{"eth1", "eth2"}}, office6: {false, true, []string{"eth1", "eth2"}}, none: {}},
+		},
+		{
+			name:     "a policy of another rack does not apply here",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("b", nil, true, true, nil, "b"), policy("a", []string{"public"}, false, true, nil, "a")},
+			want:     map[netip.Addr]want{public: {false, true, nil}, office: {}},
+		},
+		{
+			name:     "interfaces of two policies add up; one without interfaces allows all",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("x", []string{"office"}, false, true, []string{"eth1"}, ""), policy("y", []string{"office"}, false, true, []string{"eth3"}, ""), policy("z", []string{"public"}, false, true, []string{"eth1"}, ""), policy("zz", nil, false, true, nil, "a")},
+			want:     map[netip.Addr]want{office: {false, true, nil}, none: {false, true, nil}},
+		},
+		{
+			name:     "a missing pool is a problem; the policy's other pools still apply",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("p", []string{"gone", "public"}, true, false, nil, "")},
+			want:     map[netip.Addr]want{public: {true, false, nil}, office: {}},
+			problems: []string{"AnnouncementPolicy p: no AddressPool gone"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan, problems := PlanAnnouncements(node, tt.policies, pools)
+			for addr, w := range tt.want {
+				l2, ifaces := plan.L2(addr)
+				if plan.BGP(addr) != w.bgp || l2 != w.l2 || !slices.Equal(ifaces, w.ifaces) {
+					t.Errorf("%s: BGP %v, L2 %v on %v; want %v, %v on %v", addr, plan.BGP(addr), l2, ifaces, w.bgp, w.l2, w.ifaces)
+				}
+			}
+			if strings.Join(problems, "|") != strings.Join(tt.problems, "|") {
+				t.Errorf("problems %q, want %q", problems, tt.problems)
+			}
+			again, _ := PlanAnnouncements(node, slices.Clone(tt.policies), pools)
+			if !plan.Equal(again) {
+				t.Error("the same policies made unequal plans")
+			}
+		})
+	}
+}
