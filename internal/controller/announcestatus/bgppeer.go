@@ -166,12 +166,6 @@ func rank(s lbv1alpha1.BGPSessionStatus) int {
 
 // equalStatus compares two statuses, conditions without their times.
 func equalStatus(a, b lbv1alpha1.BGPPeerStatus) bool {
-	strip := func(s lbv1alpha1.BGPPeerStatus) lbv1alpha1.BGPPeerStatus {
-		s = *s.DeepCopy()
-		for i := range s.Conditions {
-			s.Conditions[i].LastTransitionTime = metav1.Time{}
-		}
-		return s
-	}
-	return equality.Semantic.DeepEqual(strip(a), strip(b))
+	a.Conditions, b.Conditions = withoutTimes(a.Conditions), withoutTimes(b.Conditions)
+	return equality.Semantic.DeepEqual(a, b)
 }

@@ -168,12 +168,6 @@ func PolicyStatus(policy *lbv1alpha1.AnnouncementPolicy, pools []lbv1alpha1.Addr
 
 // equalPolicyStatus compares two statuses, conditions without their times.
 func equalPolicyStatus(a, b lbv1alpha1.AnnouncementPolicyStatus) bool {
-	strip := func(s lbv1alpha1.AnnouncementPolicyStatus) lbv1alpha1.AnnouncementPolicyStatus {
-		s = *s.DeepCopy()
-		for i := range s.Conditions {
-			s.Conditions[i].LastTransitionTime = metav1.Time{}
-		}
-		return s
-	}
-	return equality.Semantic.DeepEqual(strip(a), strip(b))
+	a.Conditions, b.Conditions = withoutTimes(a.Conditions), withoutTimes(b.Conditions)
+	return equality.Semantic.DeepEqual(a, b)
 }

@@ -3,6 +3,7 @@ package announcestatus
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,6 +59,16 @@ func requests[T any, PT interface {
 	out := make([]ctrlreconcile.Request, 0, len(items))
 	for i := range items {
 		out = append(out, ctrlreconcile.Request{NamespacedName: types.NamespacedName{Name: PT(&items[i]).GetName()}})
+	}
+	return out
+}
+
+// withoutTimes is a copy of conditions without their transition times: a
+// status rebuilt with the same conditions is no change.
+func withoutTimes(conditions []metav1.Condition) []metav1.Condition {
+	out := slices.Clone(conditions)
+	for i := range out {
+		out[i].LastTransitionTime = metav1.Time{}
 	}
 	return out
 }

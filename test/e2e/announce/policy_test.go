@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
@@ -46,21 +47,25 @@ func TestAnnouncementPolicyDecidesWhatGoesByBGP(t *testing.T) {
 	waitNextHops(t, ctx, route, nil)
 	t.Logf("%s by L2 only: the router has no route to it", vip)
 
-	policy.Spec = lbv1alpha1.AnnouncementPolicySpec{
-		AddressPools: []string{ebbrun.DefaultPoolName}, BGP: &lbv1alpha1.BGPAnnouncement{},
-		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelHostname: lbB.Name}},
+	// Merge patches of the spec, as kubectl does: the controller writes
+	// the status meanwhile.
+	patch := func(mutate func(*lbv1alpha1.AnnouncementPolicySpec)) {
+		t.Helper()
+		before := policy.DeepCopy()
+		mutate(&policy.Spec)
+		if err := api.Patch(ctx, policy, ctrlclient.MergeFrom(before)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := api.Update(ctx, policy); err != nil {
-		t.Fatal(err)
-	}
+	patch(func(s *lbv1alpha1.AnnouncementPolicySpec) {
+		s.L2, s.BGP = nil, &lbv1alpha1.BGPAnnouncement{}
+		s.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelHostname: lbB.Name}}
+	})
 	waitNextHops(t, ctx, route, []netip.Addr{b})
 	waitPolicyColumns(t, ctx, policy.Name, "BGP", "1", "True")
 
 	// A pool that does not exist is said in the policy's status.
-	policy.Spec.AddressPools = append(policy.Spec.AddressPools, "nowhere")
-	if err := api.Update(ctx, policy); err != nil {
-		t.Fatal(err)
-	}
+	patch(func(s *lbv1alpha1.AnnouncementPolicySpec) { s.AddressPools = append(s.AddressPools, "nowhere") })
 	waitPolicyColumns(t, ctx, policy.Name, "BGP", "1", "False")
 
 	if err := api.Delete(ctx, policy); err != nil {

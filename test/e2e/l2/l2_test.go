@@ -29,16 +29,7 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	lbs := []localcluster.Node{cluster.Nodes[0], cluster.Nodes[1]}
-	stops := map[string]func(){}
-	macs := map[string]string{}
-	for _, n := range lbs {
-		stops[n.Name] = e2eutil.StartLB(t, ctx, cluster, n)
-		mac, err := n.Host.HardwareAddr("eth0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		macs[mac.String()] = n.Name
-	}
+	stops, macs := lbHosts(t, ctx, lbs...)
 	other := func(name string) localcluster.Node {
 		if name == lbs[0].Name {
 			return lbs[1]
@@ -65,13 +56,7 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 		}
 	}
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
-	ownerOf := func(vip netip.Addr) string {
-		mac, _, err := cluster.Router.Neighbour(vip)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return macs[mac.String()]
-	}
+	ownerOf := func(vip netip.Addr) string { return routerOwner(macs, vip) }
 	for _, vip := range vips {
 		url := fmt.Sprintf("http://%s/", vip)
 		e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {

@@ -6,6 +6,7 @@ package l2_test
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -42,4 +43,31 @@ func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 		return nil, err
 	}
 	return func() {}, nil
+}
+
+// lbHosts makes nodes LB hosts (e2eutil.StartLB) and returns each one's
+// stop function and the node of each host's eth0 MAC: what the router's
+// neighbour table names.
+func lbHosts(t *testing.T, ctx context.Context, nodes ...localcluster.Node) (stops map[string]func(), byMAC map[string]string) {
+	t.Helper()
+	stops, byMAC = map[string]func(){}, map[string]string{}
+	for _, n := range nodes {
+		stops[n.Name] = e2eutil.StartLB(t, ctx, cluster, n)
+		mac, err := n.Host.HardwareAddr("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		byMAC[mac.String()] = n.Name
+	}
+	return stops, byMAC
+}
+
+// routerOwner is the LB host that the router's neighbour entry for vip
+// names ("" when it names none).
+func routerOwner(byMAC map[string]string, vip netip.Addr) string {
+	mac, _, err := cluster.Router.Neighbour(vip)
+	if err != nil || mac == nil {
+		return ""
+	}
+	return byMAC[mac.String()]
 }

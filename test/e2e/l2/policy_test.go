@@ -26,15 +26,7 @@ func TestAnnouncementPolicyChoosesTheL2Owner(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	lbs := []localcluster.Node{cluster.Nodes[0], cluster.Nodes[1]}
-	macs := map[string]string{}
-	for _, n := range lbs {
-		e2eutil.StartLB(t, ctx, cluster, n)
-		mac, err := n.Host.HardwareAddr("eth0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		macs[mac.String()] = n.Name
-	}
+	_, macs := lbHosts(t, ctx, lbs...)
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1, func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: cluster.Nodes[2].Name}
@@ -49,13 +41,7 @@ func TestAnnouncementPolicyChoosesTheL2Owner(t *testing.T) {
 		})
 	}
 	reach("before any policy")
-	ownerOf := func() string {
-		mac, _, err := cluster.Router.Neighbour(vip)
-		if err != nil || mac == nil {
-			return ""
-		}
-		return macs[mac.String()]
-	}
+	ownerOf := func() string { return routerOwner(macs, vip) }
 	first := ownerOf()
 	chosen := lbs[0].Name
 	if first == chosen {
@@ -94,16 +80,20 @@ func TestAnnouncementPolicyChoosesTheL2Owner(t *testing.T) {
 	})
 	reach("through " + chosen)
 
-	policy.Spec.L2.Interfaces = []string{"eth9"}
-	if err := api.Update(ctx, policy); err != nil {
-		t.Fatal(err)
+	// A merge patch of the spec, as kubectl does: the controller writes
+	// the status meanwhile.
+	setInterfaces := func(names ...string) {
+		t.Helper()
+		before := policy.DeepCopy()
+		policy.Spec.L2.Interfaces = names
+		if err := api.Patch(ctx, policy, ctrlclient.MergeFrom(before)); err != nil {
+			t.Fatal(err)
+		}
 	}
+	setInterfaces("eth9")
 	waitOwners("")
 
-	policy.Spec.L2.Interfaces = []string{"eth0"}
-	if err := api.Update(ctx, policy); err != nil {
-		t.Fatal(err)
-	}
+	setInterfaces("eth0")
 	waitOwners(chosen)
 	reach("through " + chosen + " on eth0")
 	if o := ownerOf(); o != chosen {

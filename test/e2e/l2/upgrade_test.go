@@ -27,15 +27,7 @@ func TestL2RollingUpgradeKeepsTheAddressWhereItIs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	lbs := []localcluster.Node{cluster.Nodes[0], cluster.Nodes[1]}
-	macs := map[string]string{}
-	for _, n := range lbs {
-		e2eutil.StartLB(t, ctx, cluster, n)
-		mac, err := n.Host.HardwareAddr("eth0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		macs[mac.String()] = n.Name
-	}
+	_, macs := lbHosts(t, ctx, lbs...)
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1, func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: cluster.Nodes[2].Name}
@@ -46,13 +38,7 @@ func TestL2RollingUpgradeKeepsTheAddressWhereItIs(t *testing.T) {
 		err := load.Probe()
 		return err == nil, fmt.Sprint(err)
 	})
-	ownerOf := func() string {
-		mac, _, err := cluster.Router.Neighbour(vip)
-		if err != nil || mac == nil {
-			return ""
-		}
-		return macs[mac.String()]
-	}
+	ownerOf := func() string { return routerOwner(macs, vip) }
 	owner := ownerOf()
 	if owner == "" {
 		t.Fatalf("the router's entry for %s names no LB host", vip)
