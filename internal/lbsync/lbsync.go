@@ -112,6 +112,7 @@ type Syncer struct {
 
 	// Only Run's goroutine uses these.
 	skips       *skipReporter
+	unannounced *unannouncedReporter
 	unreachable *unreachableReporter
 	modes       map[string]lbmodel.BackendMode
 	last        map[string][]dataplane.Frontend
@@ -135,6 +136,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	defer s.queue.ShutDown()
 	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
 	s.skips = newSkipReporter(s.Recorder)
+	s.unannounced = &unannouncedReporter{recorder: s.Recorder, node: s.HostNode}
 	s.unreachable = newUnreachableReporter(s.Recorder)
 	if s.now == nil {
 		s.now = time.Now
@@ -284,6 +286,11 @@ func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slice
 		if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
 			log.Error(err, "Making the load balancer's addresses local to this host, or announcing them; retrying")
 			next = addressRetry
+		}
+		if u, ok := s.Addresses.(Unannouncer); ok {
+			now := u.Unannounced()
+			m.unannounced.Set(float64(len(now)))
+			s.unannounced.report(log, now, cfg, owners)
 		}
 	}
 	if at, ok := s.nextTransitionCheck(); ok && (next == 0 || time.Until(at) < next) {

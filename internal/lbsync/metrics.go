@@ -4,8 +4,9 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // syncMetrics are the full sync's.
 type syncMetrics struct {
-	seconds   prometheus.Histogram
-	frontends prometheus.Gauge
+	seconds     prometheus.Histogram
+	frontends   prometheus.Gauge
+	unannounced prometheus.Gauge
 }
 
 func newSyncMetrics() syncMetrics {
@@ -16,11 +17,13 @@ func newSyncMetrics() syncMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 		frontends: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lbsync_frontends", Help: "Frontends served from the cluster's Services."}),
+		unannounced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lb_unannounced_addresses",
+			Help: "Load-balancer addresses served here that a way of announcing meant for them (BGP, L2) cannot announce (Warning AddressNotAnnounced on their Services)."}),
 	}
 }
 
 func (m syncMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.seconds, m.frontends}
+	return []prometheus.Collector{m.seconds, m.frontends, m.unannounced}
 }
 
 // adminMetrics are the admin-state fast path's.

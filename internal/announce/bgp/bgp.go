@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -101,9 +102,9 @@ type Speaker struct {
 	// sessions are the peers added to the server (after Connect).
 	sessions  map[netip.Addr]Peer
 	announced map[netip.Addr]uuid.UUID
-	// refused holds the addresses reported as unannounceable, so each is
-	// reported once, not at every sync.
-	refused map[netip.Addr]bool
+	// refused holds the wanted addresses that cannot be announced, and
+	// why; each is returned as an error once, not at every sync.
+	refused map[netip.Addr]string
 }
 
 // Start starts a speaker and its sessions; it does not listen on port 179
@@ -122,7 +123,7 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	level.Set(slog.LevelWarn)
 	s := server.NewBgpServer(server.LoggerOption(log, level))
 	go s.Serve()
-	sp := &Speaker{s: s, cfg: cfg, sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]bool{}}
+	sp := &Speaker{s: s, cfg: cfg, sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]string{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -242,6 +243,7 @@ func (sp *Speaker) Sync(want []netip.Addr) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	wanted := map[netip.Addr]bool{}
+	refused := map[netip.Addr]string{}
 	var errs []error
 	for _, a := range want {
 		a = a.Unmap()
@@ -253,19 +255,22 @@ func (sp *Speaker) Sync(want []netip.Addr) error {
 			continue
 		}
 		if a.Is6() && !sp.cfg.NextHopIPv6.IsValid() {
-			if !sp.refused[a] {
-				sp.refused[a] = true
-				errs = append(errs, fmt.Errorf("BGP: not announcing %s: IPv6 routes need an IPv6 next hop (ebb lb --bgp-next-hop-ipv6, or an IPv6 address in $NODE_IPS)", a))
+			why := "BGP: IPv6 routes need an IPv6 next hop (ebb lb --bgp-next-hop-ipv6, or an IPv6 address in $NODE_IPS)"
+			if _, before := sp.refused[a]; !before {
+				errs = append(errs, fmt.Errorf("not announcing %s: %s", a, why))
 			}
+			refused[a] = why
 			continue
 		}
 		id, err := sp.add(a)
 		if err != nil {
 			errs = append(errs, err)
+			refused[a] = err.Error()
 			continue
 		}
 		sp.announced[a] = id
 	}
+	sp.refused = refused
 	for a, id := range sp.announced {
 		if wanted[a] {
 			continue
@@ -306,6 +311,14 @@ func (sp *Speaker) add(a netip.Addr) (uuid.UUID, error) {
 		return uuid.UUID{}, fmt.Errorf("BGP: announcing %s: %w", a, err)
 	}
 	return resp[0].UUID, nil
+}
+
+// Refused returns the addresses of the last Sync that cannot be
+// announced, and why.
+func (sp *Speaker) Refused() map[netip.Addr]string {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return maps.Clone(sp.refused)
 }
 
 // Announced returns the addresses announced now, sorted.

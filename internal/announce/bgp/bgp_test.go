@@ -138,6 +138,16 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 	if err := plain.Sync([]netip.Addr{v6}); err == nil || !strings.Contains(err.Error(), "--bgp-next-hop-ipv6") {
 		t.Fatalf("an IPv6 address without an IPv6 next hop: %v", err)
 	}
+	// Said once as an error, kept as refused while it is wanted.
+	if err := plain.Sync([]netip.Addr{v6}); err != nil {
+		t.Fatalf("the same refusal again: %v", err)
+	}
+	if r := plain.Refused(); len(r) != 1 || !strings.Contains(r[v6], "IPv6 next hop") {
+		t.Fatalf("refused %v, want %s", r, v6)
+	}
+	if err := plain.Sync(nil); err != nil || len(plain.Refused()) != 0 {
+		t.Fatalf("no longer wanted: %v, refused %v", err, plain.Refused())
+	}
 }
 
 // waitForRoutes waits until the router's routes of a family are want.

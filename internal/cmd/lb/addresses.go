@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -147,6 +148,8 @@ type addressSinks struct {
 	want []netip.Addr
 	// plan says which of them are announced how (AnnouncementPolicies).
 	plan lbsync.AnnouncementPlan
+	// l2Refused: the addresses the L2 announcer refused at the last sync.
+	l2Refused map[netip.Addr]string
 	// flows forwards the segments of flows the routers move here (nil:
 	// off); it follows the addresses and the withdrawn state.
 	flows *movedFlows
@@ -188,15 +191,44 @@ func (a *addressSinks) announceLocked() error {
 		want = nil
 	}
 	var errs []error
+	a.l2Refused = nil
 	if a.bgp != nil {
 		errs = append(errs, a.bgp.Sync(slices.DeleteFunc(slices.Clone(want), func(addr netip.Addr) bool { return !a.plan.BGP(addr) })))
 	}
 	if a.l2 != nil {
 		offer, only := l2Offer(want, a.plan, a.l2.Interfaces())
 		a.l2.Restrict(only)
-		errs = append(errs, a.l2.Sync(offer))
+		if err := a.l2.Sync(offer); err != nil {
+			errs = append(errs, err)
+			a.l2Refused = map[netip.Addr]string{}
+			for _, addr := range offer {
+				a.l2Refused[addr] = err.Error()
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// Unannounced returns the served addresses that a way of announcing
+// meant for them cannot announce now, and why (lbsync reports them on
+// their Services).
+func (a *addressSinks) Unannounced() map[netip.Addr]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[netip.Addr]string{}
+	if a.retired || a.withdrawn || a.stopping {
+		return out
+	}
+	if a.bgp != nil {
+		maps.Copy(out, a.bgp.Refused())
+	}
+	for addr, why := range a.l2Refused {
+		if prev, ok := out[addr]; ok {
+			why = prev + "; " + why
+		}
+		out[addr] = why
+	}
+	return out
 }
 
 // setWithdrawn withdraws every announcement while the host is leaving
