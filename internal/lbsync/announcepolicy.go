@@ -77,6 +77,19 @@ func (p AnnouncementPlan) L2(a netip.Addr) (bool, []string) {
 	return ok, slices.Compact(ifaces)
 }
 
+// L2Interfaces are the interfaces the policies choosing this host name for
+// L2, sorted (a policy naming none uses the host's --l2-interface ones).
+func (p AnnouncementPlan) L2Interfaces() []string {
+	var out []string
+	for _, r := range p.rules {
+		if r.l2 {
+			out = append(out, r.interfaces...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // Equal compares two plans.
 func (p AnnouncementPlan) Equal(q AnnouncementPlan) bool {
 	return p.Policies == q.Policies && slices.EqualFunc(p.rules, q.rules, func(a, b announceRule) bool {

@@ -81,6 +81,16 @@ func TestPlanAnnouncements(t *testing.T) {
 			if strings.Join(problems, "|") != strings.Join(tt.problems, "|") {
 				t.Errorf("problems %q, want %q", problems, tt.problems)
 			}
+			var wantIfaces []string
+			for _, p := range tt.policies {
+				if p.Spec.L2 != nil && (p.Spec.NodeSelector == nil || p.Spec.NodeSelector.MatchLabels["rack"] == "a") {
+					wantIfaces = append(wantIfaces, p.Spec.L2.Interfaces...)
+				}
+			}
+			slices.Sort(wantIfaces)
+			if got := plan.L2Interfaces(); !slices.Equal(got, slices.Compact(wantIfaces)) {
+				t.Errorf("L2 interfaces %v, want %v", got, wantIfaces)
+			}
 			again, _ := PlanAnnouncements(node, slices.Clone(tt.policies), pools)
 			if !plan.Equal(again) {
 				t.Error("the same policies made unequal plans")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
@@ -24,6 +25,9 @@ type iface struct {
 	ndp *ndp.Conn
 	// ndpErr says why there is no NDP responder.
 	ndpErr error
+	// closed tells its readers that their socket's error is the close
+	// (SetInterfaces took the interface away).
+	closed atomic.Bool
 }
 
 func openInterface(name string) (*iface, error) {
@@ -72,6 +76,7 @@ func openInterface(name string) (*iface, error) {
 }
 
 func (i *iface) close() {
+	i.closed.Store(true)
 	if i.hb != nil {
 		i.hb.Close()
 	}
@@ -135,7 +140,7 @@ func (a *Announcer) readHeartbeats(ifc *iface) {
 	for {
 		n, _, err := ifc.hb.ReadFrom(buf)
 		if err != nil {
-			if !a.stopping.Load() {
+			if !a.stopping.Load() && !ifc.closed.Load() {
 				a.log.Error(err, "Reading heartbeats", "interface", ifc.ifi.Name)
 			}
 			return
@@ -154,7 +159,7 @@ func (a *Announcer) answerARP(ifc *iface) {
 	for {
 		p, _, err := ifc.arp.Read()
 		if err != nil {
-			if !a.stopping.Load() {
+			if !a.stopping.Load() && !ifc.closed.Load() {
 				a.log.Error(err, "Reading ARP", "interface", ifc.ifi.Name)
 			}
 			return
@@ -175,7 +180,7 @@ func (a *Announcer) answerNDP(ifc *iface) {
 	for {
 		m, _, from, err := ifc.ndp.ReadFrom()
 		if err != nil {
-			if !a.stopping.Load() {
+			if !a.stopping.Load() && !ifc.closed.Load() {
 				a.log.Error(err, "Reading NDP", "interface", ifc.ifi.Name)
 			}
 			return

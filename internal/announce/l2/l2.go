@@ -140,22 +140,14 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	a.mine.Store(&map[netip.Addr]bool{})
 	a.only.Store(&map[netip.Addr]map[string]bool{})
 	for _, name := range cfg.Interfaces {
-		ifc, err := openInterface(name)
+		ifc, err := a.openLocked(name)
 		if err != nil {
 			a.closeInterfaces()
 			return nil, err
 		}
 		a.ifaces = append(a.ifaces, ifc)
-		if ifc.ndp == nil {
-			log.Info("No NDP on this interface: IPv6 addresses are not announced there", "interface", name, "reason", ifc.ndpErr.Error())
-		}
-		if !ifc.v4.IsValid() {
-			log.Info("No IPv4 address on this interface: IPv4 addresses are not announced there", "interface", name)
-		}
-		if ifc.v4.IsValid() {
-			a.karp.ifaces = append(a.karp.ifaces, ifaceAddr{index: ifc.ifi.Index, addr: ifc.v4})
-		}
 	}
+	a.karp.ifaces = kernelIfaces(a.ifaces)
 	// The kernel rules are left as they are until the first Sync: a
 	// predecessor's on this host keep the kernel quiet for the addresses
 	// until then.
@@ -163,20 +155,120 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	a.started = cfg.Clock.Now()
 	a.incarnation = uint64(time.Now().UnixNano())
 	for _, ifc := range a.ifaces {
-		a.wg.Add(1)
-		go func() { defer a.wg.Done(); a.readHeartbeats(ifc) }()
-		if ifc.arp != nil {
-			a.wg.Add(1)
-			go func() { defer a.wg.Done(); a.answerARP(ifc) }()
-		}
-		if ifc.ndp != nil {
-			a.wg.Add(1)
-			go func() { defer a.wg.Done(); a.answerNDP(ifc) }()
-		}
+		a.serve(ifc)
 	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.run(ctx) }()
 	return a, nil
+}
+
+// openLocked opens an interface, logging what it cannot announce there.
+func (a *Announcer) openLocked(name string) (*iface, error) {
+	ifc, err := openInterface(name)
+	if err != nil {
+		return nil, err
+	}
+	if ifc.ndp == nil {
+		a.log.Info("No NDP on this interface: IPv6 addresses are not announced there", "interface", name, "reason", ifc.ndpErr.Error())
+	}
+	if !ifc.v4.IsValid() {
+		a.log.Info("No IPv4 address on this interface: IPv4 addresses are not announced there", "interface", name)
+	}
+	return ifc, nil
+}
+
+// serve starts ifc's readers.
+func (a *Announcer) serve(ifc *iface) {
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.readHeartbeats(ifc) }()
+	if ifc.arp != nil {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.answerARP(ifc) }()
+	}
+	if ifc.ndp != nil {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.answerNDP(ifc) }()
+	}
+}
+
+// kernelIfaces are the interfaces whose outgoing ARP the kernel rules
+// rewrite: those with an IPv4 address.
+func kernelIfaces(ifaces []*iface) []ifaceAddr {
+	var out []ifaceAddr
+	for _, ifc := range ifaces {
+		if ifc.v4.IsValid() {
+			out = append(out, ifaceAddr{index: ifc.ifi.Index, addr: ifc.v4})
+		}
+	}
+	return out
+}
+
+// SetInterfaces announces on exactly names from now on: interfaces not
+// open yet are opened (and told this replica's claims at once), the
+// others closed. The election does not change. An interface that cannot
+// be opened is left out and returned as an error; the others apply.
+func (a *Announcer) SetInterfaces(names []string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var keep []*iface
+	have := map[string]bool{}
+	for _, ifc := range a.ifaces {
+		if want[ifc.ifi.Name] {
+			keep = append(keep, ifc)
+			have[ifc.ifi.Name] = true
+			continue
+		}
+		a.log.Info("No longer announcing on this interface", "interface", ifc.ifi.Name)
+		ifc.close()
+	}
+	var errs []error
+	var opened []*iface
+	for _, n := range names {
+		if have[n] {
+			continue
+		}
+		have[n] = true
+		ifc, err := a.openLocked(n)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		a.log.Info("Announcing on this interface", "interface", n)
+		opened = append(opened, ifc)
+		a.serve(ifc)
+	}
+	a.ifaces = append(keep, opened...)
+	a.cfg.Interfaces = make([]string, 0, len(a.ifaces))
+	for _, ifc := range a.ifaces {
+		a.cfg.Interfaces = append(a.cfg.Interfaces, ifc.ifi.Name)
+	}
+	a.karp.ifaces = kernelIfaces(a.ifaces)
+	if a.karp.synced {
+		a.karp.synced = false // the rewrite rules follow the interfaces
+		errs = append(errs, a.karp.sync(a.karp.last))
+	}
+	if len(opened) > 0 {
+		for addr := range *a.mine.Load() {
+			for _, ifc := range opened {
+				if addr.Is6() {
+					if err := ifc.join(addr, true); err != nil {
+						a.log.Error(err, "Joining a solicited-node multicast group", "address", addr, "interface", ifc.ifi.Name)
+					}
+				}
+			}
+			a.gratuitous[addr] = max(a.gratuitous[addr], gratuitousRepeats)
+		}
+		a.heartbeatLocked()
+		a.announceLocked()
+	}
+	return errors.Join(errs...)
 }
 
 // Sync offers exactly addrs (the addresses this replica serves and may
@@ -249,7 +341,11 @@ func (a *Announcer) allowedOn(addr netip.Addr, ifc *iface) bool {
 }
 
 // Interfaces are the interfaces the replica announces on.
-func (a *Announcer) Interfaces() []string { return slices.Clone(a.cfg.Interfaces) }
+func (a *Announcer) Interfaces() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.cfg.Interfaces)
+}
 
 // Restrict limits addresses to some of the interfaces (an address not in
 // only: every interface); the election does not change, only where the

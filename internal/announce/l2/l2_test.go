@@ -326,3 +326,36 @@ func TestRestrictKeepsAnAddressOffAnInterface(t *testing.T) {
 		t.Fatalf("allowed on %s again, ARP replies from %v", devOf(o), macs)
 	}
 }
+
+// An owner whose interfaces are taken away leaves the segment (the other
+// replica stops hearing it and takes its addresses over); given its
+// interface again, it is heard, wins its addresses back and announces
+// them, so the client's entry follows.
+func TestSetInterfacesLeavesAndRejoinsTheSegment(t *testing.T) {
+	s := newSegment(t)
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	o := owner(t, vip4, as)
+	other := map[string]string{"lb-a": "lb-b", "lb-b": "lb-a"}[o]
+	s.waitServedBy(t, vip4, o)
+	if err := as[o].SetInterfaces(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := as[o].Interfaces(); len(got) != 0 {
+		t.Fatalf("interfaces %v after taking them all away", got)
+	}
+	took := s.waitServedBy(t, vip4, other)
+	t.Logf("%s without interfaces: %s served by %s after %s", o, vip4, other, took)
+	// Sockets open in the calling thread's network namespace: the host's.
+	err := s.lbs[o].Do(func() error { return as[o].SetInterfaces([]string{devOf(o), "eth-missing"}) })
+	if err == nil || !strings.Contains(err.Error(), "eth-missing") || strings.Contains(err.Error(), devOf(o)) {
+		t.Fatalf("%s and a missing interface: %v, want an error about the missing one only", devOf(o), err)
+	}
+	if got := as[o].Interfaces(); !slices.Equal(got, []string{devOf(o)}) {
+		t.Fatalf("interfaces %v, want [%s]", got, devOf(o))
+	}
+	back := s.waitServedBy(t, vip4, o)
+	t.Logf("%s on %s again: %s served by it after %s", o, devOf(o), vip4, back)
+	if mac, _, _ := s.client.Neighbour(vip4); mac.String() != s.macs[o].String() {
+		t.Fatalf("the client's entry for %s is %v, want %s's %s", vip4, mac, o, s.macs[o])
+	}
+}

@@ -81,40 +81,44 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 		}
 		sinks.bgp = sp
 	}
+	sinks.flagInterfaces = o.L2.Interfaces
+	sinks.newL2 = func(interfaces []string) (*l2.Announcer, error) { return o.startL2(ctx, log, reg, interfaces) }
 	if len(o.L2.Interfaces) > 0 {
-		if err := o.startL2(ctx, log, reg, sinks); err != nil {
+		a, err := sinks.newL2(o.L2.Interfaces)
+		if err != nil {
 			sinks.close(log)
 			return nil, err
 		}
+		sinks.l2 = a
 	}
 	return sinks, nil
 }
 
-// startL2 starts announcing by ARP and NDP: the replicas of one class
-// elect an owner per address among themselves.
-func (o *Options) startL2(ctx context.Context, log logr.Logger, reg prometheus.Registerer, sinks *addressSinks) error {
+// startL2 starts announcing by ARP and NDP on interfaces: the replicas of
+// one class elect an owner per address among themselves.
+func (o *Options) startL2(ctx context.Context, log logr.Logger, reg prometheus.Registerer, interfaces []string) (*l2.Announcer, error) {
 	cfg := o.L2
+	cfg.Interfaces = interfaces
 	cfg.Group, cfg.Node = o.LoadBalancerClass, o.NodeName
 	if cfg.Node == "" {
 		// The host's name, not the pod's: two processes of one host (a
 		// hand-off) must be one replica to the others.
 		h, err := os.Hostname()
 		if err != nil {
-			return fmt.Errorf("L2 announcement needs --node-name: %w", err)
+			return nil, fmt.Errorf("L2 announcement needs --node-name: %w", err)
 		}
 		cfg.Node = h
 	}
 	a, err := l2.Start(ctx, log.WithName("l2"), cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := reg.Register(a.Collector()); err != nil {
 		a.Stop()
-		return fmt.Errorf("registering L2 metrics: %w", err)
+		return nil, fmt.Errorf("registering L2 metrics: %w", err)
 	}
-	sinks.l2 = a
 	log.Info("Announcing by ARP and NDP", "interfaces", cfg.Interfaces, "node", cfg.Node, "group", cfg.Group)
-	return nil
+	return a, nil
 }
 
 // addressSinks makes the served addresses local to this host, then
@@ -150,6 +154,11 @@ type addressSinks struct {
 	plan lbsync.AnnouncementPlan
 	// l2Refused: the addresses the L2 announcer refused at the last sync.
 	l2Refused map[netip.Addr]string
+	// newL2 starts an L2 announcer; AnnouncementPolicies naming
+	// interfaces start one when --l2-interface did not (setPlan).
+	// flagInterfaces are --l2-interface's.
+	newL2          func(interfaces []string) (*l2.Announcer, error)
+	flagInterfaces []string
 	// flows forwards the segments of flows the routers move here (nil:
 	// off); it follows the addresses and the withdrawn state.
 	flows *movedFlows

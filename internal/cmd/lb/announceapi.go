@@ -148,13 +148,40 @@ func (a *addressSinks) setBGPPeers(ctx context.Context, log logr.Logger, peers [
 	}
 }
 
-// setPlan changes which addresses are announced how (AnnouncementPolicies).
+// setPlan changes which addresses are announced how (AnnouncementPolicies)
+// and on which interfaces L2 runs: --l2-interface's and those the
+// policies choosing this host name (the first of them start L2 when the
+// flag did not).
 func (a *addressSinks) setPlan(log logr.Logger, plan lbsync.AnnouncementPlan) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.plan = plan
-	if a.retired {
+	if a.retired || a.stopping {
 		return
+	}
+	ifaces := slices.Clone(a.flagInterfaces)
+	for _, n := range plan.L2Interfaces() {
+		if !slices.Contains(ifaces, n) {
+			ifaces = append(ifaces, n)
+		}
+	}
+	switch {
+	case a.l2 == nil && len(ifaces) > 0 && a.newL2 != nil:
+		l2a, err := a.newL2(ifaces)
+		if err != nil {
+			log.Error(err, "Starting L2 announcement for the AnnouncementPolicies", "interfaces", ifaces)
+			break
+		}
+		a.l2 = l2a
+		// Before announcing: the kernel must not answer ARP for the
+		// addresses that are local already.
+		if err := a.l2.SetLocal(a.want); err != nil {
+			log.Error(err, "Keeping the kernel from answering ARP for the load-balancer addresses")
+		}
+	case a.l2 != nil && !slices.Equal(a.l2.Interfaces(), ifaces):
+		if err := a.l2.SetInterfaces(ifaces); err != nil {
+			log.Error(err, "Changing the L2 interfaces", "interfaces", ifaces)
+		}
 	}
 	if err := a.announceLocked(); err != nil {
 		log.Error(err, "Changing the announcements")

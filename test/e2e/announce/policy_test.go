@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +95,63 @@ func waitPolicyColumns(t *testing.T, ctx context.Context, name, by, hosts, ready
 		return len(f) == 6 && f[2] == by && f[3] == hosts && f[4] == ready, string(out)
 	})
 	t.Logf("kubectl get announcementpolicy %s:\n%s", name, out)
+}
+
+// A policy naming an interface starts L2 announcement on hosts whose
+// ebb lb was not given --l2-interface: each address gets one owner among
+// the LB hosts (their reports and the policy's status say which), beside
+// BGP from another policy; deleting it lets the addresses go.
+func TestAnnouncementPolicyStartsL2OnAnInterface(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	lbA, lbB := cluster.Nodes[0], cluster.Nodes[1]
+	startLB(t, ctx, lbA)
+	startLB(t, ctx, lbB)
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1)
+	api := e2eutil.APIClient(t, cluster)
+	bgp := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "all-by-bgp"}, Spec: lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{}}}
+	l2 := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "all-by-l2"}, Spec: lbv1alpha1.AnnouncementPolicySpec{L2: &lbv1alpha1.L2Announcement{Interfaces: []string{"eth0"}}}}
+	for _, p := range []*lbv1alpha1.AnnouncementPolicy{bgp, l2} {
+		if err := api.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = api.Delete(context.Background(), p) })
+	}
+	waitNextHops(t, ctx, netip.PrefixFrom(vip, 32), []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)})
+	owners := func(ctx context.Context) ([]string, error) {
+		var out []string
+		for _, n := range []string{lbA.Name, lbB.Name} {
+			r, err := reportOn(ctx, api, n)
+			if err != nil {
+				return nil, err
+			}
+			if a := r.Status.Announcement; a != nil && slices.Contains(a.L2Owned, vip.String()) {
+				out = append(out, n)
+			}
+		}
+		return out, nil
+	}
+	var owner string
+	e2eutil.Eventually(t, ctx, 30*time.Second, "one LB host owning "+vip.String()+" by L2, in the reports and the policy's status", func(ctx context.Context) (bool, string) {
+		o, err := owners(ctx)
+		if err != nil || len(o) != 1 {
+			return false, fmt.Sprint(o, err)
+		}
+		owner = o[0]
+		var got lbv1alpha1.AnnouncementPolicy
+		if err := api.Get(ctx, ctrlclient.ObjectKeyFromObject(l2), &got); err != nil {
+			return false, err.Error()
+		}
+		return fmt.Sprint(got.Status.L2Owners) == fmt.Sprintf("[{%s %s}]", vip, owner) && got.Status.AnnouncedBy == "L2", fmt.Sprintf("%+v", got.Status)
+	})
+	t.Logf("%s owned by %s on eth0", vip, owner)
+
+	if err := api.Delete(ctx, l2); err != nil {
+		t.Fatal(err)
+	}
+	e2eutil.Eventually(t, ctx, 30*time.Second, "no LB host owning "+vip.String()+" once the L2 policy is gone", func(ctx context.Context) (bool, string) {
+		o, err := owners(ctx)
+		return err == nil && len(o) == 0, fmt.Sprint(o, err)
+	})
 }
