@@ -148,8 +148,9 @@ type addressSinks struct {
 	// withdrawn: the host is leaving, so nothing is announced, while the
 	// sessions and the local routes stay (setWithdrawn).
 	withdrawn bool
-	// want is the last set of addresses synced.
-	want []netip.Addr
+	// want is the last set of addresses synced; synced: Sync was called.
+	want   []netip.Addr
+	synced bool
 	// plan says which of them are announced how (AnnouncementPolicies).
 	plan lbsync.AnnouncementPlan
 	// l2Refused: the addresses the L2 announcer refused at the last sync.
@@ -177,7 +178,7 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 	if a.retired {
 		return nil
 	}
-	a.want = want
+	a.want, a.synced = want, true
 	var errs []error
 	if a.l2 != nil {
 		// Before the routes: a local address would make the kernel
@@ -195,6 +196,15 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 // announceLocked announces the wanted addresses as the plan says, or none
 // while withdrawn.
 func (a *addressSinks) announceLocked() error {
+	if !a.synced {
+		// Nothing is served yet, and a predecessor on this host may still
+		// announce its addresses: an L2 announcer that spoke now would
+		// offer nothing for the node as its newest process, and the other
+		// hosts would take the addresses away from it (CI: a policy
+		// change before a successor's first sync moved an address
+		// during a rolling upgrade). The first Sync announces.
+		return nil
+	}
 	want := a.want
 	if a.withdrawn || a.stopping {
 		want = nil
@@ -308,9 +318,11 @@ func (a *addressSinks) withdraw() bool {
 		a.bgp = nil
 		announced = true
 	}
-	if a.l2 != nil && !a.retired {
+	if a.l2 != nil && !a.retired && a.synced {
 		// Still heartbeating, offering nothing: the other replicas take
 		// the addresses over at once rather than after --l2-dead-after.
+		// (Before its first Sync it never spoke for the node: it stays
+		// silent, and a predecessor keeps the addresses.)
 		_ = a.l2.Sync(nil)
 		announced = true
 	}

@@ -174,9 +174,13 @@ func (a *addressSinks) setPlan(log logr.Logger, plan lbsync.AnnouncementPlan) {
 		}
 		a.l2 = l2a
 		// Before announcing: the kernel must not answer ARP for the
-		// addresses that are local already.
-		if err := a.l2.SetLocal(a.want); err != nil {
-			log.Error(err, "Keeping the kernel from answering ARP for the load-balancer addresses")
+		// addresses that are local already. Before the first Sync, the
+		// kernel rules are left as they are (a predecessor's), and that
+		// Sync sets them.
+		if a.synced {
+			if err := a.l2.SetLocal(a.want); err != nil {
+				log.Error(err, "Keeping the kernel from answering ARP for the load-balancer addresses")
+			}
 		}
 	case a.l2 != nil && !slices.Equal(a.l2.Interfaces(), ifaces):
 		if err := a.l2.SetInterfaces(ifaces); err != nil {
