@@ -81,7 +81,10 @@ type Announcer struct {
 	// gratuitous counts the announcements still to send for each address
 	// taken over (a few, in case one is lost).
 	gratuitous map[netip.Addr]int
-	started    time.Time
+	// later holds, for each address taken over, when to announce it once
+	// more (takeoverEchoes).
+	later   map[netip.Addr][]time.Time
+	started time.Time
 	// incarnation tells this process apart from another of the same
 	// node (heartbeat.Incarnation).
 	incarnation uint64
@@ -99,6 +102,13 @@ type Announcer struct {
 	// synced: Sync was called once; heartbeats go out from then on.
 	synced bool
 }
+
+// takeoverEchoes are when, after a takeover and its first burst, the new
+// owner announces the address once more: a neighbour that missed or
+// ignored the burst (a lost frame, a busy router) is set right within
+// seconds rather than when its entry goes stale and it asks again (seen
+// in an e2e run: the router kept the dead owner's MAC for 6 s).
+var takeoverEchoes = []time.Duration{time.Second, 2 * time.Second}
 
 // gratuitousRepeats is how many gratuitous announcements follow a
 // takeover, one per heartbeat.
@@ -135,7 +145,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), gratuitous: map[netip.Addr]int{},
+	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), gratuitous: map[netip.Addr]int{}, later: map[netip.Addr][]time.Time{},
 		karp: &kernelARP{table: cfg.KernelTable, netns: cfg.NetNS}}
 	a.mine.Store(&map[netip.Addr]bool{})
 	a.only.Store(&map[netip.Addr]map[string]bool{})
@@ -375,6 +385,17 @@ func (a *Announcer) run(ctx context.Context) {
 			a.mu.Lock()
 			a.heartbeatLocked()
 			a.electLocked(now)
+			for addr, at := range a.later {
+				if len(at) > 0 && !now.Before(at[0]) {
+					a.gratuitous[addr] = max(a.gratuitous[addr], 1)
+					at = at[1:]
+				}
+				if len(at) == 0 {
+					delete(a.later, addr)
+				} else {
+					a.later[addr] = at
+				}
+			}
 			if now.Sub(lastReannounce) >= reannounceEvery {
 				lastReannounce = now
 				for addr := range *a.mine.Load() {
@@ -419,6 +440,10 @@ func (a *Announcer) electLocked(now time.Time) {
 			a.log.Info("Owning a load-balancer address on the segment", "address", addr, "peers", len(live))
 			a.takeovers.Add(1)
 			a.gratuitous[addr] = gratuitousRepeats
+			a.later[addr] = nil
+			for _, d := range takeoverEchoes {
+				a.later[addr] = append(a.later[addr], now.Add(d))
+			}
 			a.joinLocked(addr, true)
 		} else if joined {
 			a.gratuitous[addr] = gratuitousRepeats
@@ -428,6 +453,7 @@ func (a *Announcer) electLocked(now time.Time) {
 		if !next[addr] {
 			a.log.Info("Leaving a load-balancer address to another replica", "address", addr, "peers", len(live))
 			delete(a.gratuitous, addr)
+			delete(a.later, addr)
 			a.joinLocked(addr, false)
 		}
 	}

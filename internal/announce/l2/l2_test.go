@@ -359,3 +359,47 @@ func TestSetInterfacesLeavesAndRejoinsTheSegment(t *testing.T) {
 		t.Fatalf("the client's entry for %s is %v, want %s's %s", vip4, mac, o, s.macs[o])
 	}
 }
+
+// A takeover is announced in a burst and again about 1 s and 2 s later,
+// so a neighbour that missed the burst is set right within seconds.
+func TestTakeoverIsAnnouncedAgainLater(t *testing.T) {
+	s := newSegment(t)
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	o := owner(t, vip4, as)
+	other := map[string]string{"lb-a": "lb-b", "lb-b": "lb-a"}[o]
+	var c *arp.Client
+	if err := s.client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	took := time.Now()
+	as[o].Sync(nil) // withdraws: the other takes vip4 over at once
+	var at []time.Duration
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	for {
+		p, _, err := c.Read()
+		if err != nil {
+			break
+		}
+		if p.SenderIP == vip4 && p.TargetIP == vip4 && p.SenderHardwareAddr.String() == s.macs[other].String() {
+			at = append(at, time.Since(took).Round(10*time.Millisecond))
+		}
+	}
+	t.Logf("gratuitous ARP from %s for %s at %v", other, vip4, at)
+	late := 0
+	for _, d := range at {
+		if d > 900*time.Millisecond {
+			late++
+		}
+	}
+	if len(at) < 3 || late < 2 {
+		t.Fatalf("gratuitous ARP at %v after the takeover: want a burst and two more after about 1 s and 2 s", at)
+	}
+}

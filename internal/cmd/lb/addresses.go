@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -82,21 +83,47 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 		sinks.bgp = sp
 	}
 	sinks.flagInterfaces = o.L2.Interfaces
-	sinks.newL2 = func(interfaces []string) (*l2.Announcer, error) { return o.startL2(ctx, log, reg, interfaces) }
+	sinks.l2Metrics = &l2Collector{}
+	if err := reg.Register(sinks.l2Metrics); err != nil {
+		sinks.close(log)
+		return nil, fmt.Errorf("registering L2 metrics: %w", err)
+	}
+	sinks.newL2 = func(interfaces []string) (*l2.Announcer, error) { return o.startL2(ctx, log, interfaces) }
 	if len(o.L2.Interfaces) > 0 {
 		a, err := sinks.newL2(o.L2.Interfaces)
 		if err != nil {
 			sinks.close(log)
 			return nil, err
 		}
-		sinks.l2 = a
+		sinks.setL2(a)
 	}
 	return sinks, nil
 }
 
+// l2Collector reports the current L2 announcer's metrics, none while there
+// is none: announcers come and go with the AnnouncementPolicies, the
+// registration stays. It is an unchecked collector (it describes nothing).
+type l2Collector struct{ current atomic.Pointer[l2.Announcer] }
+
+func (c *l2Collector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *l2Collector) Collect(ch chan<- prometheus.Metric) {
+	if a := c.current.Load(); a != nil {
+		a.Collector().Collect(ch)
+	}
+}
+
+// setL2 makes a (nil: none) the L2 announcer.
+func (a *addressSinks) setL2(l2a *l2.Announcer) {
+	a.l2 = l2a
+	if a.l2Metrics != nil {
+		a.l2Metrics.current.Store(l2a)
+	}
+}
+
 // startL2 starts announcing by ARP and NDP on interfaces: the replicas of
 // one class elect an owner per address among themselves.
-func (o *Options) startL2(ctx context.Context, log logr.Logger, reg prometheus.Registerer, interfaces []string) (*l2.Announcer, error) {
+func (o *Options) startL2(ctx context.Context, log logr.Logger, interfaces []string) (*l2.Announcer, error) {
 	cfg := o.L2
 	cfg.Interfaces = interfaces
 	cfg.Group, cfg.Node = o.LoadBalancerClass, o.NodeName
@@ -112,10 +139,6 @@ func (o *Options) startL2(ctx context.Context, log logr.Logger, reg prometheus.R
 	a, err := l2.Start(ctx, log.WithName("l2"), cfg)
 	if err != nil {
 		return nil, err
-	}
-	if err := reg.Register(a.Collector()); err != nil {
-		a.Stop()
-		return nil, fmt.Errorf("registering L2 metrics: %w", err)
 	}
 	log.Info("Announcing by ARP and NDP", "interfaces", cfg.Interfaces, "node", cfg.Node, "group", cfg.Group)
 	return a, nil
@@ -160,6 +183,7 @@ type addressSinks struct {
 	// flagInterfaces are --l2-interface's.
 	newL2          func(interfaces []string) (*l2.Announcer, error)
 	flagInterfaces []string
+	l2Metrics      *l2Collector
 	// flows forwards the segments of flows the routers move here (nil:
 	// off); it follows the addresses and the withdrawn state.
 	flows *movedFlows
@@ -344,7 +368,7 @@ func (a *addressSinks) retire() {
 	}
 	if a.l2 != nil {
 		a.l2.StopForSuccessor()
-		a.l2 = nil
+		a.setL2(nil)
 	}
 }
 
@@ -373,7 +397,7 @@ func (a *addressSinks) close(log logr.Logger) {
 		if err := a.l2.Stop(); err != nil {
 			log.Error(err, "Stopping the L2 announcement")
 		}
-		a.l2 = nil
+		a.setL2(nil)
 	}
 }
 

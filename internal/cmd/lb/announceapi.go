@@ -172,7 +172,7 @@ func (a *addressSinks) setPlan(log logr.Logger, plan lbsync.AnnouncementPlan) {
 			log.Error(err, "Starting L2 announcement for the AnnouncementPolicies", "interfaces", ifaces)
 			break
 		}
-		a.l2 = l2a
+		a.setL2(l2a)
 		// Before announcing: the kernel must not answer ARP for the
 		// addresses that are local already. Before the first Sync, the
 		// kernel rules are left as they are (a predecessor's), and that
@@ -182,6 +182,15 @@ func (a *addressSinks) setPlan(log logr.Logger, plan lbsync.AnnouncementPlan) {
 				log.Error(err, "Keeping the kernel from answering ARP for the load-balancer addresses")
 			}
 		}
+	case a.l2 != nil && len(ifaces) == 0:
+		// No interface left: no L2 at all (the other hosts take this
+		// one's addresses; the kernel answers ARP for them again, as on a
+		// host that never announced by L2).
+		log.Info("No L2 interface left: stopping L2 announcement")
+		if err := a.l2.Stop(); err != nil {
+			log.Error(err, "Stopping the L2 announcement")
+		}
+		a.setL2(nil)
 	case a.l2 != nil && !slices.Equal(a.l2.Interfaces(), ifaces):
 		if err := a.l2.SetInterfaces(ifaces); err != nil {
 			log.Error(err, "Changing the L2 interfaces", "interfaces", ifaces)
