@@ -179,9 +179,8 @@ func owner(t *testing.T, vip netip.Addr, as map[string]*Announcer) string {
 	}
 }
 
-// arpReplies sends one ARP request for vip from the client and returns
-// every MAC that answered within 300 ms.
-func (s *segment) arpReplies(t *testing.T) []string {
+// clientARP opens an ARP client on the client's segment interface.
+func (s *segment) clientARP(t *testing.T) *arp.Client {
 	t.Helper()
 	var c *arp.Client
 	if err := s.client.Do(func() error {
@@ -194,6 +193,14 @@ func (s *segment) arpReplies(t *testing.T) []string {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// arpReplies sends one ARP request for vip from the client and returns
+// every MAC that answered within 300 ms.
+func (s *segment) arpReplies(t *testing.T) []string {
+	t.Helper()
+	c := s.clientARP(t)
 	defer c.Close()
 	if err := c.Request(vip4); err != nil {
 		t.Fatal(err)
@@ -367,17 +374,7 @@ func TestTakeoverIsAnnouncedAgainLater(t *testing.T) {
 	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
 	o := owner(t, vip4, as)
 	other := map[string]string{"lb-a": "lb-b", "lb-b": "lb-a"}[o]
-	var c *arp.Client
-	if err := s.client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		c, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c := s.clientARP(t)
 	defer c.Close()
 	took := time.Now()
 	as[o].Sync(nil) // withdraws: the other takes vip4 over at once
