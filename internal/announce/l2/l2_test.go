@@ -400,3 +400,38 @@ func TestTakeoverIsAnnouncedAgainLater(t *testing.T) {
 		t.Fatalf("gratuitous ARP at %v after the takeover: want a burst and two more after about 1 s and 2 s", at)
 	}
 }
+
+// A neighbour that routes (IP forwarding on, as the router in front of
+// the LB hosts) takes the new owner's MAC within the dead-after time and
+// a heartbeat when the owner's host vanishes, although it confirmed its
+// entry for the address just before.
+func TestTakeoverReachesARouterAtOnce(t *testing.T) {
+	s := newSegment(t)
+	if err := s.client.SetSysctl("net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	o := owner(t, vip4, as)
+	other := map[string]string{"lb-a": "lb-b", "lb-b": "lb-a"}[o]
+	for range 3 {
+		s.waitServedBy(t, vip4, o) // refreshes the entry: it was just confirmed
+	}
+	// The owner's host vanishes: the other takes over after dead-after.
+	if err := s.sw.SetLinkUp("p-"+o, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.sw.SetLinkUp("p-"+o, true) })
+	took := time.Now()
+	deadline := time.Now().Add(time.Second)
+	for {
+		mac, _, _ := s.client.Neighbour(vip4)
+		if mac.String() == s.macs[other].String() {
+			t.Logf("the router's entry for %s moved to %s %s after %s vanished", vip4, other, time.Since(took).Round(time.Millisecond), o)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router's entry for %s is still %v %s after %s vanished, want %s's %s", vip4, mac, time.Since(took).Round(time.Millisecond), o, other, s.macs[other])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -126,8 +126,21 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 
 	// The host comes back as an LB node; then the owner of the address
 	// vanishes from the network.
-	stops[owner] = e2eutil.StartLB(t, ctx, cluster, other(other(owner).Name))
-	time.Sleep(2 * time.Second) // heartbeats heard, the rendezvous settled
+	back := other(other(owner).Name)
+	stops[owner] = e2eutil.StartLB(t, ctx, cluster, back)
+	// Ready is not yet serving every address: the host's stopping ebb lb
+	// still holds the listeners until its --shutdown-delay ends, and the
+	// new one binds them then (docs/dataplane.md). Only a replica that
+	// offers an address can take it over.
+	e2eutil.Eventually(t, ctx, 30*time.Second, back.Name+"'s ebb lb offering both addresses", func(ctx context.Context) (bool, string) {
+		page, err := e2eutil.LBPage(ctx, cluster, back, "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		n := e2eutil.Sum(page, "ebb_lb_l2_offered_addresses")
+		return n == float64(len(vips)), fmt.Sprintf("offered %v", n)
+	})
+	time.Sleep(time.Second) // its offer heard by the other replica
 	owner = ownerOf(vip)
 	load = startLoad(vip)
 	time.Sleep(time.Second)
