@@ -2,7 +2,6 @@ package lbsync
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -64,26 +62,10 @@ func (p *DrainingPeers) Run(ctx context.Context) error {
 	if p.Resync <= 0 {
 		p.Resync = 2 * time.Second
 	}
-	changed := make(chan struct{}, 1)
-	kick := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(any, any) { kick() }, DeleteFunc: func(any) { kick() }}
-	for _, obj := range []client.Object{&v1alpha1.LoadBalancerReport{}, &corev1.Node{}} {
-		inf, err := p.Cache.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("watching %T: %w", obj, err)
-		}
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("watching %T: %w", obj, err)
-		}
-	}
 	go func() { _ = p.Cache.Start(ctx) }()
-	if !p.Cache.WaitForCacheSync(ctx) {
-		return fmt.Errorf("the caches of LoadBalancerReports and Nodes did not sync")
+	changed, err := watchAll(ctx, p.Cache, &v1alpha1.LoadBalancerReport{}, &corev1.Node{})
+	if err != nil {
+		return err
 	}
 	var lastDraining []netip.Addr
 	var lastServing []Peer

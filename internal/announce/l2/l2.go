@@ -228,6 +228,7 @@ func (a *Announcer) SetInterfaces(names []string) error {
 		want[n] = true
 	}
 	var keep []*iface
+	closed := false
 	have := map[string]bool{}
 	for _, ifc := range a.ifaces {
 		if want[ifc.ifi.Name] {
@@ -237,6 +238,7 @@ func (a *Announcer) SetInterfaces(names []string) error {
 		}
 		a.log.Info("No longer announcing on this interface", "interface", ifc.ifi.Name)
 		ifc.close()
+		closed = true
 	}
 	var errs []error
 	var opened []*iface
@@ -260,7 +262,7 @@ func (a *Announcer) SetInterfaces(names []string) error {
 		a.cfg.Interfaces = append(a.cfg.Interfaces, ifc.ifi.Name)
 	}
 	a.karp.ifaces = kernelIfaces(a.ifaces)
-	if a.karp.synced {
+	if a.karp.synced && (closed || len(opened) > 0) {
 		a.karp.synced = false // the rewrite rules follow the interfaces
 		errs = append(errs, a.karp.sync(a.karp.last))
 	}

@@ -191,7 +191,7 @@ func (a *addressSinks) setPlan(log logr.Logger, plan lbsync.AnnouncementPlan) {
 			log.Error(err, "Stopping the L2 announcement")
 		}
 		a.setL2(nil)
-	case a.l2 != nil && !slices.Equal(a.l2.Interfaces(), ifaces):
+	case a.l2 != nil && !sameSet(a.l2.Interfaces(), ifaces):
 		if err := a.l2.SetInterfaces(ifaces); err != nil {
 			log.Error(err, "Changing the L2 interfaces", "interfaces", ifaces)
 		}
@@ -228,4 +228,10 @@ func l2Offer(want []netip.Addr, plan lbsync.AnnouncementPlan, open []string) ([]
 		}
 	}
 	return offer, only
+}
+
+// sameSet says whether a and b hold the same names, in any order (the
+// announcer lists its interfaces in the order they were opened).
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
