@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,9 +74,11 @@ type Options struct {
 
 // Node is a simulated node.
 type Node struct {
-	Name    string
-	IP      string
-	PodCIDR string
+	Name string
+	// IP and IPv6 are its InternalIPs (bare nodes have no IPv6).
+	IP, IPv6 string
+	// PodCIDR and PodCIDRv6 are its pod ranges (bare nodes: IPv4 only).
+	PodCIDR, PodCIDRv6 string
 	// Host is the node's machine: its network namespace.
 	Host *network.Host
 }
@@ -217,7 +218,7 @@ func (c *Cluster) startControlPlane() error {
 	// The port is fixed: the cluster has a network of its own.
 	api.SecureServing.ListenAddr = envtest.ListenAddr{Address: controlPlaneIP, Port: fmt.Sprint(APIServerPort)}
 	api.Configure().
-		Set("service-cluster-ip-range", ServiceCIDR.String()).
+		Set("service-cluster-ip-range", ServiceCIDR.String()+","+ServiceCIDRv6.String()).
 		// The namespace has no default route, so say which address to
 		// publish for the kubernetes Service.
 		Set("advertise-address", controlPlaneIP).
@@ -296,11 +297,10 @@ func (c *Cluster) startComponents() error {
 		return fmt.Errorf("writing the cluster CA: %w", err)
 	}
 	pki := c.env.ControlPlane.APIServer.CertDir
-	stages, err := filepath.Glob(filepath.Join(c.opts.BinDir, "kwok-stages", "*.yaml"))
-	if err != nil || len(stages) == 0 {
-		return fmt.Errorf("no kwok stage files in %s: run `make tools`", filepath.Join(c.opts.BinDir, "kwok-stages"))
+	stages, err := kwokStages(c.opts.BinDir, c.opts.Dir)
+	if err != nil {
+		return err
 	}
-	sort.Strings(stages)
 	kwokArgs := []string{
 		"--kubeconfig=" + c.Kubeconfig,
 		"--manage-all-nodes=false",
@@ -383,7 +383,7 @@ func (c *Cluster) startKubeProxies() error {
 		return err
 	}
 	for _, n := range c.Nodes {
-		args, err := kubeproxy.WriteConfig(c.opts.Dir, kubeproxy.Node{Name: n.Name, ClusterCIDRs: []string{PodCIDR.String()}}, kubeconfig)
+		args, err := kubeproxy.WriteConfig(c.opts.Dir, kubeproxy.Node{Name: n.Name, ClusterCIDRs: []string{PodCIDR.String(), PodCIDRv6.String()}}, kubeconfig)
 		if err != nil {
 			return err
 		}
@@ -402,6 +402,13 @@ func nodeObject(n Node) *corev1.Node {
 		corev1.ResourceMemory: resource.MustParse("256Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
+	podCIDRs := []string{n.PodCIDR}
+	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP}}
+	if n.IPv6 != "" {
+		podCIDRs = append(podCIDRs, n.PodCIDRv6)
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: n.IPv6})
+	}
+	addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeHostName, Address: n.Name})
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        n.Name,
@@ -413,12 +420,9 @@ func nodeObject(n Node) *corev1.Node {
 				"type":                 "kwok",
 			},
 		},
-		Spec: corev1.NodeSpec{PodCIDR: n.PodCIDR, PodCIDRs: []string{n.PodCIDR}},
+		Spec: corev1.NodeSpec{PodCIDR: n.PodCIDR, PodCIDRs: podCIDRs},
 		Status: corev1.NodeStatus{
-			Addresses: []corev1.NodeAddress{
-				{Type: corev1.NodeInternalIP, Address: n.IP},
-				{Type: corev1.NodeHostName, Address: n.Name},
-			},
+			Addresses:   addrs,
 			Capacity:    capacity,
 			Allocatable: capacity,
 		},

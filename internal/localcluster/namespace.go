@@ -30,6 +30,19 @@ var (
 	// VIPCIDR is free for load-balancer VIPs (outside ServiceCIDR): 4,096
 	// addresses, 10.96.240.0 to 10.96.255.255.
 	VIPCIDR = mustCIDR("10.96.240.0/20")
+
+	// The IPv6 ranges: every host, pod, Service and VIP range has one
+	// (the cluster is dual-stack, IPv4 first).
+
+	// NodeCIDRv6 holds the nodes' IPv6 InternalIPs (fd00:10::1, ...).
+	NodeCIDRv6 = mustCIDR("fd00:10::/64")
+	// PodCIDRv6 holds IPv6 pod IPs; node i gets fd00:244:0:i::/64 (i in hex).
+	PodCIDRv6 = mustCIDR("fd00:244::/56")
+	// ServiceCIDRv6 is the IPv6 half of --service-cluster-ip-range.
+	ServiceCIDRv6 = mustCIDR("fd00:96::/112")
+	// VIPCIDRv6 is free for IPv6 load-balancer VIPs (outside
+	// ServiceCIDRv6): 65,536 addresses.
+	VIPCIDRv6 = mustCIDR("fd00:96:240::/112")
 )
 
 func mustCIDR(s string) *net.IPNet {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // AddBridge makes a bridge named name on the host and brings it up: a
@@ -96,4 +97,19 @@ func (h *Host) Neighbour(addr netip.Addr) (net.HardwareAddr, int, error) {
 		}
 	}
 	return nil, 0, nil
+}
+
+// AddLocalRoute makes every address in dst local to the host with a route
+// of type local on lo (`ip route add local DST dev lo`): packets to any of
+// them are delivered to the host's sockets.
+func (h *Host) AddLocalRoute(dst netip.Prefix) error {
+	lo, err := h.nl.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("finding lo on %s: %w", h.Name, err)
+	}
+	r := &netlink.Route{Dst: ipNet(dst), LinkIndex: lo.Attrs().Index, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: unix.RT_TABLE_LOCAL}
+	if err := h.nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("making %s local on %s: %w", dst, h.Name, err)
+	}
+	return nil
 }

@@ -8,10 +8,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// podGateway is the address every pod's default route points at: the node
-// end of each pod's veth pair carries it, as a routed CNI plugin (Calico,
-// for one) does, so no pod needs to know its node's address.
-var podGateway = netip.MustParseAddr("169.254.1.1")
+// podGateway and podGatewayv6 are the addresses every pod's default routes
+// point at: the node end of each pod's veth pair carries them, as a routed
+// CNI plugin (Calico, for one) does, so no pod needs to know its node's
+// addresses.
+var (
+	podGateway   = netip.MustParseAddr("169.254.1.1")
+	podGatewayv6 = netip.MustParseAddr("fe80::1")
+)
 
 // Pod is a pod's own network namespace on a node: eth0 with the pod IP,
 // joined to the node's host by a veth pair. The node routes the pod IP to
@@ -24,12 +28,9 @@ type Pod struct {
 	nodeLink netlink.Link
 }
 
-// AddPod makes the network namespace of a pod with IP ip on node (a host of
-// n). Close removes its link and routes.
-func (n *Network) AddPod(node *Host, name string, ip netip.Addr) (_ *Pod, retErr error) {
-	if !ip.Is4() {
-		return nil, fmt.Errorf("pod %s: only IPv4 pod addresses are supported, not %s", name, ip)
-	}
+// AddPod makes the network namespace of a pod with IPs ips (one per family)
+// on node (a host of n). Close removes its link and routes.
+func (n *Network) AddPod(node *Host, name string, ips ...netip.Addr) (_ *Pod, retErr error) {
 	h, err := newHost(name)
 	if err != nil {
 		return nil, err
@@ -58,33 +59,55 @@ func (n *Network) AddPod(node *Host, name string, ip netip.Addr) (_ *Pod, retErr
 	if err := node.nl.LinkSetNsFd(inner, int(h.ns)); err != nil {
 		return nil, fmt.Errorf("moving %s into pod %s: %w", podName, name, err)
 	}
-	if err := h.configure(podName, "eth0", []netip.Prefix{netip.PrefixFrom(ip, 32)}); err != nil {
+	var addrs []netip.Prefix
+	for _, ip := range ips {
+		addrs = append(addrs, netip.PrefixFrom(ip, ip.BitLen()))
+	}
+	if err := h.configure(podName, "eth0", addrs); err != nil {
 		return nil, err
 	}
 	eth0, err := h.nl.LinkByName("eth0")
 	if err != nil {
 		return nil, fmt.Errorf("finding eth0 in pod %s: %w", name, err)
 	}
-	gw := netip.PrefixFrom(podGateway, 32)
-	if err := h.nl.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: ipNet(gw), Scope: netlink.SCOPE_LINK}); err != nil {
-		return nil, fmt.Errorf("routing to the gateway in pod %s: %w", name, err)
-	}
-	if err := h.nl.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: podGateway.AsSlice()}); err != nil {
-		return nil, fmt.Errorf("adding the default route of pod %s: %w", name, err)
-	}
 	if err := node.nl.LinkSetUp(p.nodeLink); err != nil {
 		return nil, fmt.Errorf("bringing up %s on %s: %w", nodeName, node.Name, err)
 	}
-	if err := node.AddAddress(nodeName, gw); err != nil {
-		return nil, err
+	for _, ip := range ips {
+		if err := p.route(eth0, ip); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// route gives the pod its default route of ip's family through the node
+// end of its link, and the node its route to ip over that link.
+func (p *Pod) route(eth0 netlink.Link, ip netip.Addr) error {
+	gw := netip.PrefixFrom(podGateway, 32)
+	if ip.Is6() {
+		// A link-local gateway needs no route of its own to be reached.
+		gw = netip.PrefixFrom(podGatewayv6, 64)
+	} else if err := p.nl.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: ipNet(gw), Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("routing to the gateway in pod %s: %w", p.Name, err)
+	}
+	def := &netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.Addr().AsSlice()}
+	if ip.Is6() {
+		def.Dst = ipNet(netip.MustParsePrefix("::/0"))
+	}
+	if err := p.nl.RouteReplace(def); err != nil {
+		return fmt.Errorf("adding the default route of pod %s: %w", p.Name, err)
+	}
+	if err := p.node.AddAddress(p.nodeLink.Attrs().Name, gw); err != nil {
+		return err
 	}
 	// In table local, so that it wins over the node's pod range on
 	// loopback (a local route of the same table, less specific).
-	route := &netlink.Route{LinkIndex: p.nodeLink.Attrs().Index, Dst: ipNet(netip.PrefixFrom(ip, 32)), Scope: netlink.SCOPE_LINK, Table: unix.RT_TABLE_LOCAL}
-	if err := node.nl.RouteReplace(route); err != nil {
-		return nil, fmt.Errorf("routing pod %s's %s on %s: %w", name, ip, node.Name, err)
+	r := &netlink.Route{LinkIndex: p.nodeLink.Attrs().Index, Dst: ipNet(netip.PrefixFrom(ip, ip.BitLen())), Scope: netlink.SCOPE_LINK, Table: unix.RT_TABLE_LOCAL}
+	if err := p.node.nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("routing pod %s's %s on %s: %w", p.Name, ip, p.node.Name, err)
 	}
-	return p, nil
+	return nil
 }
 
 // Close deletes the pod's link (its routes go with it) and closes the

@@ -200,11 +200,22 @@ func (p *podRun) network(pod *corev1.Pod) (*network.Host, func(), error) {
 	if pod.Spec.HostNetwork {
 		return node, func() {}, nil
 	}
-	ip, err := netip.ParseAddr(pod.Status.PodIP)
-	if err != nil {
-		return nil, nil, fmt.Errorf("pod IP %q: %w", pod.Status.PodIP, err)
+	raw := []string{pod.Status.PodIP}
+	if len(pod.Status.PodIPs) > 0 {
+		raw = raw[:0]
+		for _, ip := range pod.Status.PodIPs {
+			raw = append(raw, ip.IP)
+		}
 	}
-	ns, err := p.r.opts.Machines.AddPod(node, pod.Namespace+"/"+pod.Name, ip)
+	ips := make([]netip.Addr, 0, len(raw))
+	for _, s := range raw {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("pod IP %q: %w", s, err)
+		}
+		ips = append(ips, ip)
+	}
+	ns, err := p.r.opts.Machines.AddPod(node, pod.Namespace+"/"+pod.Name, ips...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("making the pod's network: %w", err)
 	}

@@ -37,7 +37,7 @@ import (
 // network namespace for a pod on one.
 type Machines interface {
 	Host(name string) (*network.Host, bool)
-	AddPod(node *network.Host, name string, ip netip.Addr) (*network.Pod, error)
+	AddPod(node *network.Host, name string, ips ...netip.Addr) (*network.Pod, error)
 }
 
 // Options configure a Runner.

@@ -198,8 +198,10 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 			log.Error(err, "Cannot serve pod", "pod", klog.KObj(pod))
 			return
 		}
-		if old, ok := s.byIP[pod.Status.PodIP]; ok {
-			old.closeAll()
+		for _, ip := range podIPs(pod) {
+			if old, ok := s.byIP[ip]; ok {
+				old.closeAll()
+			}
 		}
 		p, err := startPod(pod, sockets)
 		if err != nil {
@@ -209,8 +211,23 @@ func (s *Server) sync(log logr.Logger, pod *corev1.Pod) {
 			return
 		}
 		s.pods[pod.UID] = p
-		s.byIP[pod.Status.PodIP] = p
+		for _, ip := range podIPs(pod) {
+			s.byIP[ip] = p
+		}
 	}
+}
+
+// podIPs are the addresses a pod's servers listen on: one per family on a
+// dual-stack node.
+func podIPs(pod *corev1.Pod) []string {
+	if len(pod.Status.PodIPs) == 0 {
+		return []string{pod.Status.PodIP}
+	}
+	ips := make([]string, 0, len(pod.Status.PodIPs))
+	for _, ip := range pod.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	return ips
 }
 
 func (s *Server) skipped(pod *corev1.Pod) bool { return s.skip != nil && s.skip(pod) }
@@ -276,31 +293,41 @@ func startPod(pod *corev1.Pod, sockets Sockets) (_ *podServer, retErr error) {
 	}()
 	for _, c := range pod.Spec.Containers {
 		for _, port := range c.Ports {
-			addr := net.JoinHostPort(pod.Status.PodIP, portString(port.ContainerPort))
-			id := Identity{Pod: pod.Name, Namespace: pod.Namespace, Node: pod.Spec.NodeName, PodIP: pod.Status.PodIP, Port: int(port.ContainerPort)}
-			switch port.Protocol {
-			case corev1.ProtocolUDP:
-				pc, err := sockets.ListenPacket("udp", addr)
-				if err != nil {
-					return nil, fmt.Errorf("listening on udp %s: %w", addr, err)
+			for _, ip := range podIPs(pod) {
+				if err := p.listen(sockets, pod, ip, port); err != nil {
+					return nil, err
 				}
-				p.packets = append(p.packets, pc)
-				go serveUDP(pc)
-			case corev1.ProtocolTCP, "":
-				ln, err := sockets.Listen("tcp", addr)
-				if err != nil {
-					return nil, fmt.Errorf("listening on tcp %s: %w", addr, err)
-				}
-				p.listeners = append(p.listeners, ln)
-				httpLn := newConnListener(ln.Addr())
-				srv := &http.Server{Handler: httpHandler(id), ReadHeaderTimeout: 10 * time.Second}
-				p.https = append(p.https, srv)
-				go func() { _ = srv.Serve(httpLn) }()
-				go p.acceptLoop(ln, httpLn)
 			}
 		}
 	}
 	return p, nil
+}
+
+// listen serves one container port of the pod on one of its IPs.
+func (p *podServer) listen(sockets Sockets, pod *corev1.Pod, ip string, port corev1.ContainerPort) error {
+	addr := net.JoinHostPort(ip, portString(port.ContainerPort))
+	id := Identity{Pod: pod.Name, Namespace: pod.Namespace, Node: pod.Spec.NodeName, PodIP: ip, Port: int(port.ContainerPort)}
+	switch port.Protocol {
+	case corev1.ProtocolUDP:
+		pc, err := sockets.ListenPacket("udp", addr)
+		if err != nil {
+			return fmt.Errorf("listening on udp %s: %w", addr, err)
+		}
+		p.packets = append(p.packets, pc)
+		go serveUDP(pc)
+	case corev1.ProtocolTCP, "":
+		ln, err := sockets.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listening on tcp %s: %w", addr, err)
+		}
+		p.listeners = append(p.listeners, ln)
+		httpLn := newConnListener(ln.Addr())
+		srv := &http.Server{Handler: httpHandler(id), ReadHeaderTimeout: 10 * time.Second}
+		p.https = append(p.https, srv)
+		go func() { _ = srv.Serve(httpLn) }()
+		go p.acceptLoop(ln, httpLn)
+	}
+	return nil
 }
 
 // acceptLoop accepts TCP connections and sends each to the HTTP server or
