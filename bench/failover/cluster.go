@@ -83,15 +83,15 @@ func (fc *failoverCluster) setUp(ctx context.Context, dist string) error {
 	if err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBNodes: names, LBArgs: args}); err != nil {
 		return err
 	}
-	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
-		return err
-	}
 	var err error
 	if fc.mode == "bgp" {
+		if err := c.DeleteVIPRoutes(); err != nil {
+			return err
+		}
 		if fc.router, err = c.StartBGPRouter(ctx, localcluster.BGPRouterOptions{HoldTime: bgpHoldTime}); err != nil {
 			return err
 		}
-	} else if err := c.Router.AddLinkRoute(localcluster.VIPPrefix, "eth0"); err != nil {
+	} else if err := c.RouteVIPsOnLink(); err != nil {
 		return err
 	}
 	// The app runs on the third node only, and its Services keep traffic

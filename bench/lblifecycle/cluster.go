@@ -69,7 +69,7 @@ func (lc *lbCluster) setUp(ctx context.Context, dist string) error {
 	if err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBNodes: names, LBArgs: bgp}); err != nil {
 		return err
 	}
-	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
+	if err := c.DeleteVIPRoutes(); err != nil {
 		return err
 	}
 	var err error

@@ -73,7 +73,7 @@ func RunLBHost(ctx context.Context, c *localcluster.Cluster, bin string, progres
 			return nil, fmt.Errorf("ebb lb on %s not ready (logs in %s/logs): %w", h.Name, c.Dir(), err)
 		}
 	}
-	if err := c.Router.AddLinkRoute(localcluster.VIPPrefix, "eth0"); err != nil {
+	if err := c.RouteVIPsOnLink(); err != nil {
 		return nil, err
 	}
 	defer func() { _ = c.RouteVIPs() }()

@@ -20,6 +20,8 @@ import (
 // sessions from any host on the node network with LBASN (BGP dynamic
 // neighbours), so a test runs ebb lb with --bgp-asn LBASN --bgp-peer
 // RouterIP:RouterASN on any host, or creates a BGPPeer saying the same.
+// The sessions are IPv4 and carry both families (MP-BGP): IPv6 routes come
+// with the LB host's IPv6 address as their next hop.
 const (
 	RouterASN = 64500
 	LBASN     = 64512
@@ -59,8 +61,10 @@ func (c *Cluster) StartBGPRouter(ctx context.Context, opts BGPRouterOptions) (*B
 	}
 	// Hash flows across ECMP next hops by their ports too, as data-centre
 	// routers do: one client's connections then spread over the LB hosts.
-	if err := c.Router.SetSysctl("net/ipv4/fib_multipath_hash_policy", "1"); err != nil {
-		return nil, err
+	for _, family := range []string{"ipv4", "ipv6"} {
+		if err := c.Router.SetSysctl("net/"+family+"/fib_multipath_hash_policy", "1"); err != nil {
+			return nil, err
+		}
 	}
 	secs := int(opts.HoldTime / time.Second)
 	password := ""
@@ -78,6 +82,10 @@ router bgp %d
  neighbor ebb timers %d %d
 %s bgp listen range %s peer-group ebb
  address-family ipv4 unicast
+  maximum-paths 16
+ exit-address-family
+ address-family ipv6 unicast
+  neighbor ebb activate
   maximum-paths 16
  exit-address-family
 `, RouterASN, RouterIP, LBASN, max(secs/3, 1), secs, password, NodeCIDR)
@@ -158,13 +166,25 @@ func (r *BGPRouter) vtysh(ctx context.Context, command string) ([]byte, error) {
 	return out, nil
 }
 
-// Routes returns the BGP routes FRR installed in the router's kernel: each
-// prefix with its next hops, sorted.
+// Routes returns the BGP routes of both families FRR installed in the
+// router's kernel: each prefix with its next hops, sorted.
 func (r *BGPRouter) Routes(ctx context.Context) (map[netip.Prefix][]netip.Addr, error) {
-	out, err := r.vtysh(ctx, "show ip route bgp json")
-	if err != nil {
-		return nil, err
+	got := map[netip.Prefix][]netip.Addr{}
+	for _, command := range []string{"show ip route bgp json", "show ipv6 route bgp json"} {
+		out, err := r.vtysh(ctx, command)
+		if err != nil {
+			return nil, err
+		}
+		if err := installedRoutes(out, got); err != nil {
+			return nil, err
+		}
 	}
+	return got, nil
+}
+
+// installedRoutes adds the installed routes and next hops of FRR's JSON
+// route table out to got.
+func installedRoutes(out []byte, got map[netip.Prefix][]netip.Addr) error {
 	var routes map[string][]struct {
 		Installed bool `json:"installed"`
 		Nexthops  []struct {
@@ -174,9 +194,8 @@ func (r *BGPRouter) Routes(ctx context.Context) (map[netip.Prefix][]netip.Addr, 
 		} `json:"nexthops"`
 	}
 	if err := json.Unmarshal(out, &routes); err != nil {
-		return nil, fmt.Errorf("decoding FRR's routes %q: %w", out, err)
+		return fmt.Errorf("decoding FRR's routes %q: %w", out, err)
 	}
-	got := map[netip.Prefix][]netip.Addr{}
 	for prefix, entries := range routes {
 		p, err := netip.ParsePrefix(prefix)
 		if err != nil {
@@ -194,7 +213,7 @@ func (r *BGPRouter) Routes(ctx context.Context) (map[netip.Prefix][]netip.Addr, 
 		}
 		sort.Slice(got[p], func(i, j int) bool { return got[p][i].Less(got[p][j]) })
 	}
-	return got, nil
+	return nil
 }
 
 // Stop stops FRR by PID; the routes it installed go with zebra.

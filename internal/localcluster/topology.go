@@ -266,3 +266,18 @@ func (c *Cluster) Disconnect(node string) error { return c.Network.Disconnect(no
 
 // Reconnect plugs a node's host back in.
 func (c *Cluster) Reconnect(node string) error { return c.Network.Reconnect(node) }
+
+// RouteVIPsOnLink replaces the router's static routes to both VIP pools
+// with on-link ones out of its node-network interface: the router asks the
+// segment who has each address (ARP, NDP), as for pools announced by L2.
+func (c *Cluster) RouteVIPsOnLink() error {
+	if err := c.DeleteVIPRoutes(); err != nil {
+		return err
+	}
+	for _, p := range []netip.Prefix{VIPPrefix, VIPPrefixv6} {
+		if err := c.Router.AddLinkRoute(p, "eth0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -3,6 +3,7 @@ package ebbrun
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,9 +26,9 @@ const LBNodeLabel = "ebb.dev/load-balancer"
 // ManifestOptions say what a user would change in dist/install.yaml before
 // applying it on the local cluster.
 type ManifestOptions struct {
-	// VIPPool is the CIDR of the AddressPool created (default: the local
-	// cluster's VIPCIDR).
-	VIPPool string
+	// VIPPools are the CIDRs of the AddressPool created (default: the
+	// local cluster's VIPCIDR and VIPCIDRv6).
+	VIPPools []string
 	// LBNodes are labelled to run ebb lb.
 	LBNodes []string
 	// ControllerArgs and LBArgs are added to the controller's and ebb lb's
@@ -42,8 +43,8 @@ type ManifestOptions struct {
 // its CA and ebb lb is Ready on every LB node, and creates an AddressPool
 // of the VIP pool.
 func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest string, opts ManifestOptions) error {
-	if opts.VIPPool == "" {
-		opts.VIPPool = localcluster.VIPCIDR.String()
+	if len(opts.VIPPools) == 0 {
+		opts.VIPPools = []string{localcluster.VIPCIDR.String(), localcluster.VIPCIDRv6.String()}
 	}
 	data, err := os.ReadFile(manifest)
 	if err != nil {
@@ -70,7 +71,11 @@ func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest stri
 		return err
 	}
 	// Then the addresses, as a user does once the CRDs are in.
-	return ApplyYAML(ctx, c, "addresspool", fmt.Sprintf("apiVersion: lb.ebb.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: %s\nspec:\n  addresses: [%q]\n", DefaultPoolName, opts.VIPPool))
+	pools, err := json.Marshal(opts.VIPPools)
+	if err != nil {
+		return err
+	}
+	return ApplyYAML(ctx, c, "addresspool", fmt.Sprintf("apiVersion: lb.ebb.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: %s\nspec:\n  addresses: %s\n", DefaultPoolName, pools))
 }
 
 // ApplyYAML applies a manifest (YAML documents) with kubectl, as a user

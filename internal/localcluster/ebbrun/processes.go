@@ -52,7 +52,7 @@ func StartController(c *localcluster.Cluster, bin string, args ...string) (func(
 	}
 	host, port, _ := strings.Cut(WebhookAddress, ":")
 	stop, err := c.StartProcess("ebb-controller", bin, append([]string{"controller", "--kubeconfig", c.Kubeconfig,
-		"--vip-pool", localcluster.VIPCIDR.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
+		"--vip-pool", localcluster.VIPCIDR.String(), "--vip-pool", localcluster.VIPCIDRv6.String(), "--leader-elect=false", "--kube-api-qps", "200", "--kube-api-burst", "400",
 		"--metrics-bind-address", ControllerMetricsAddress, "--health-probe-bind-address", controllerHealthAddress,
 		"--webhook-port", port, "--webhook-bind-host", host, "--webhook-ip-address", host,
 		"--webhook-cert-dir", filepath.Join(c.Dir(), "webhook-certs")}, args...)...)

@@ -3,6 +3,7 @@ package announce_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os/exec"
@@ -11,6 +12,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -132,4 +136,59 @@ func lbConnections(t *testing.T, ctx context.Context, node localcluster.Node) fl
 		t.Fatal(err)
 	}
 	return e2eutil.Sum(page, "ebb_dataplane_connections_total")
+}
+
+// A dual-stack Service's IPv6 address goes by MP-BGP over the same IPv4
+// sessions: FRR installs a /128 with each LB host's IPv6 address as a next
+// hop, the client reaches the Service on its IPv6 address through both
+// hosts, and a host that stops withdraws its IPv6 route as it does its
+// IPv4 one.
+func TestBGPAnnouncesIPv6AddressesOverTheSameSessions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	lbA, lbB := cluster.Nodes[0], cluster.Nodes[1]
+	startLB(t, ctx, lbA)
+	stopB := startLB(t, ctx, lbB)
+
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vips := e2eutil.DeployLoadBalancedEchoService(t, ctx, cluster, ns, "web", 2, func(s *corev1.Service) {
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+	})
+	if len(vips) != 2 || !vips[1].Is6() {
+		t.Fatalf("a RequireDualStack Service got addresses %v, want an IPv4 and then an IPv6 one", vips)
+	}
+	v4, v6 := netip.PrefixFrom(vips[0], 32), netip.PrefixFrom(vips[1], 128)
+	bothV6 := []netip.Addr{netip.MustParseAddr(lbA.IPv6), netip.MustParseAddr(lbB.IPv6)}
+	waitNextHops(t, ctx, v4, []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)})
+	waitNextHops(t, ctx, v6, bothV6)
+
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	url := fmt.Sprintf("http://%s/", net.JoinHostPort(vips[1].String(), "80"))
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
+		_, err := e2eutil.GetIdentity(ctx, client, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	before := map[string]float64{lbA.Name: lbConnections(t, ctx, lbA), lbB.Name: lbConnections(t, ctx, lbB)}
+	for i := range 60 {
+		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
+			t.Fatalf("request %d from the client to %s: %v", i, url, err)
+		}
+	}
+	for _, node := range []localcluster.Node{lbA, lbB} {
+		if n := lbConnections(t, ctx, node) - before[node.Name]; n == 0 {
+			t.Errorf("no connection of 60 to the IPv6 address went through the LB host %s", node.Name)
+		} else {
+			t.Logf("%s carried %.0f of 60 IPv6 connections", node.Name, n)
+		}
+	}
+
+	stopped := time.Now()
+	stopB()
+	waitNextHops(t, ctx, v6, bothV6[:1])
+	t.Logf("IPv6 route withdrawn %s after %s stopped being an LB node", time.Since(stopped).Round(time.Millisecond), lbB.Name)
+	for i := range 30 {
+		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
+			t.Fatalf("request %d to %s after %s stopped: %v", i, url, lbB.Name, err)
+		}
+	}
 }

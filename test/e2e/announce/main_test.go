@@ -72,7 +72,7 @@ func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	if err := ebbrun.ApplyYAML(ctx, c, "bgppeer", routerPeer); err != nil {
 		return nil, err
 	}
-	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
+	if err := c.DeleteVIPRoutes(); err != nil {
 		return nil, err
 	}
 	var err error

@@ -24,6 +24,15 @@ import (
 // the pods and the Service's address, and returns the address.
 func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32, shape ...func(*appsv1.Deployment)) netip.Addr {
 	t.Helper()
+	return DeployLoadBalancedEchoService(t, ctx, c, ns, name, replicas, nil, shape...)[0]
+}
+
+// DeployLoadBalancedEchoService is DeployLoadBalancedEcho with the Service
+// shaped by svcShape (nil: as is) before it is created; it waits for an
+// address per IP family of the Service and returns them, in the Service's
+// family order.
+func DeployLoadBalancedEchoService(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32, svcShape func(*corev1.Service), shape ...func(*appsv1.Deployment)) []netip.Addr {
+	t.Helper()
 	// A preStop sleep, as an application behind kube-proxy needs: an
 	// evicted pod keeps accepting while every node's kube-proxy learns it
 	// is going (maintaining an LB host evicts the app's pods there too).
@@ -40,19 +49,34 @@ func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.C
 	}
 	svc := localcluster.EchoService(ns, name, corev1.ServiceTypeLoadBalancer)
 	svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
-	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+	if svcShape != nil {
+		svcShape(svc)
+	}
+	created, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	var vip netip.Addr
+	families := max(len(created.Spec.IPFamilies), 1)
+	var vips []netip.Addr
 	Eventually(t, ctx, 30*time.Second, "an address for Service "+name, func(ctx context.Context) (bool, string) {
 		s, err := c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil || len(s.Status.LoadBalancer.Ingress) == 0 {
-			return false, fmt.Sprint("no address yet ", err)
+		if err != nil {
+			return false, err.Error()
 		}
-		vip, err = netip.ParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
-		return err == nil, fmt.Sprint(err)
+		if len(s.Status.LoadBalancer.Ingress) < families {
+			return false, fmt.Sprintf("addresses %v, want %d", s.Status.LoadBalancer.Ingress, families)
+		}
+		vips = vips[:0]
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			vip, err := netip.ParseAddr(in.IP)
+			if err != nil {
+				return false, err.Error()
+			}
+			vips = append(vips, vip)
+		}
+		return true, ""
 	})
-	return vip
+	return vips
 }
 
 // DistDir holds `make release`'s output (the image layout dist/oci and

@@ -151,15 +151,55 @@ func TestClientReachesTheServiceThroughTheLBPod(t *testing.T) {
 	t.Logf("30 requests from the client through the router and ebb lb on %s: %v", lbNode, served)
 }
 
+// A dual-stack LoadBalancer Service gets an address of each family from
+// the pool, and the client reaches the Service through the router on both.
+func TestDualStackServiceAnswersOnBothAddresses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vips := e2eutil.DeployLoadBalancedEchoService(t, ctx, cluster, ns, "web", 2, func(s *corev1.Service) {
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+	})
+	if len(vips) != 2 || !vips[0].Is4() || !vips[1].Is6() {
+		t.Fatalf("a RequireDualStack Service got addresses %v, want an IPv4 and then an IPv6 one", vips)
+	}
+	if !localcluster.VIPCIDRv6.Contains(vips[1].AsSlice()) {
+		t.Errorf("the IPv6 address %s is not from the pool's %s", vips[1], localcluster.VIPCIDRv6)
+	}
+	lb := nodeByName(t, lbNode)
+	if err := cluster.RouteVIPsVia(netip.MustParseAddr(lb.IP), netip.MustParseAddr(lb.IPv6)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.RouteVIPs() })
+	httpClient := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	for _, vip := range vips {
+		url := fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80"))
+		e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
+			_, err := e2eutil.GetIdentity(ctx, httpClient, url)
+			return err == nil, fmt.Sprint(err)
+		})
+		for i := range 10 {
+			if _, err := e2eutil.GetIdentity(ctx, httpClient, url); err != nil {
+				t.Fatalf("request %d to %s: %v", i, url, err)
+			}
+		}
+	}
+}
+
 func nodeIP(t *testing.T, name string) string {
+	t.Helper()
+	return nodeByName(t, name).IP
+}
+
+func nodeByName(t *testing.T, name string) localcluster.Node {
 	t.Helper()
 	for _, n := range cluster.Nodes {
 		if n.Name == name {
-			return n.IP
+			return n
 		}
 	}
 	t.Fatalf("no node %s", name)
-	return ""
+	return localcluster.Node{}
 }
 
 // Killing the leading controller's pod hands leadership to the other

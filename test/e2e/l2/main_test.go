@@ -36,10 +36,7 @@ func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	if err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBArgs: l2}); err != nil {
 		return nil, err
 	}
-	if err := c.Router.DeleteRoute(localcluster.VIPPrefix); err != nil {
-		return nil, err
-	}
-	if err := c.Router.AddLinkRoute(localcluster.VIPPrefix, "eth0"); err != nil {
+	if err := c.RouteVIPsOnLink(); err != nil {
 		return nil, err
 	}
 	return func() {}, nil
