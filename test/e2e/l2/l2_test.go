@@ -3,6 +3,7 @@ package l2_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"testing"
@@ -176,7 +177,7 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 
 // startLoad sends 100 requests a second to vip from the client host.
 func startLoad(vip netip.Addr) *loadgen.Requests {
-	r := &loadgen.Requests{URL: fmt.Sprintf("http://%s/", vip), Rate: 100, Dial: cluster.ExternalClient.DialContext}
+	r := &loadgen.Requests{URL: fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80")), Rate: 100, Dial: cluster.ExternalClient.DialContext}
 	r.Start()
 	return r
 }
