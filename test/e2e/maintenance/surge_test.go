@@ -19,6 +19,7 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -73,6 +74,7 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 	traffic.Start()
 
 	evictedBefore := metricValue(controllerMetrics(t), `ebb_evacuation_evictions_total{result="evicted"}`)
+	created := time.Now()
 	create(t, ctx, admin, maintenance("surge", v1alpha1.Drain, byName(pod.Spec.NodeName)))
 	eventually(t, ctx, 2*time.Minute, "the node drained by surging", func(ctx context.Context) (bool, string) {
 		nm := getNM(t, ctx, "surge")
@@ -83,7 +85,10 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 
 	sent, failed := traffic.Counts()
 	if failed != 0 {
-		t.Errorf("%d of %d requests failed while the single replica moved (last: %v)", failed, sent, traffic.LastError())
+		t.Errorf("%d of %d requests failed while the single replica moved (last: %v); sent %s after the maintenance was created",
+			failed, sent, traffic.LastError(), failedWindow(traffic, created))
+		logPodTimeline(t, ns, "single")
+		logLBSeries(t, ns, "ebb_dataplane_dial_errors_total", "ebb_dataplane_backend_admin_state", "ebb_dataplane_probe_transitions_total", "ebb_dataplane_refused_total", "ebb_dataplane_connections_total")
 	}
 	t.Logf("%d requests, %d failed", sent, failed)
 	pods := appPods(t, ctx, ns, "single")
@@ -126,4 +131,57 @@ func metricValue(page, series string) float64 {
 		}
 	}
 	return 0
+}
+
+// failedWindow says when the failed requests were sent, from the first to
+// the last, relative to since.
+func failedWindow(r *loadgen.Requests, since time.Time) string {
+	offset := r.Started().Sub(since)
+	var first, last time.Duration
+	seen := false
+	for _, s := range r.Samples() {
+		if !s.Failed {
+			continue
+		}
+		at := s.At + offset
+		if !seen {
+			first, seen = at, true
+		}
+		last = at
+	}
+	return fmt.Sprintf("from %s to %s", first.Round(10*time.Millisecond), last.Round(10*time.Millisecond))
+}
+
+// logPodTimeline logs the app's pods as they are now and the namespace's
+// events, to tell what the failures coincided with.
+func logPodTimeline(t *testing.T, ns, app string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err == nil {
+		for _, p := range pods.Items {
+			t.Logf("pod %s on %s, IP %s, phase %s, created %s, deleted %v", p.Name, p.Spec.NodeName, p.Status.PodIP, p.Status.Phase,
+				p.CreationTimestamp.Format("15:04:05"), p.DeletionTimestamp)
+		}
+	}
+	events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, e := range events.Items {
+			t.Logf("event %s %s %s/%s: %s", e.LastTimestamp.Format("15:04:05"), e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Message)
+		}
+	}
+}
+
+// logLBSeries logs ebb lb's series of the given metrics for the namespace's
+// frontends: which backends failed dials, were Down or unhealthy.
+func logLBSeries(t *testing.T, ns string, metrics ...string) {
+	t.Helper()
+	for _, l := range strings.Split(e2eutil.Scrape(t, ebbrun.LBMetricsAddress), "\n") {
+		for _, m := range metrics {
+			if strings.HasPrefix(l, m) && strings.Contains(l, ns) {
+				t.Log(l)
+			}
+		}
+	}
 }
