@@ -70,7 +70,7 @@ verify: generate lint
 	$(GO) mod tidy -diff
 
 ## demo: drain a node of the local cluster under live traffic with ebb and the way clusters do it today, and report both side by side
-demo: tools build
+demo: tools build release
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo $(DEMO_FLAGS)
 
 ## fuzz: fuzz the data plane's configuration parser for a minute

@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -142,7 +143,7 @@ func (l *longLived) lastBroken() string {
 	return ""
 }
 
-func startLongLived(addr string, n int, lifetime time.Duration) *longLived {
+func startLongLived(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, n int, lifetime time.Duration) *longLived {
 	l := &longLived{done: make(chan struct{})}
 	for i := range n {
 		l.wg.Add(1)
@@ -155,7 +156,7 @@ func startLongLived(addr string, n int, lifetime time.Duration) *longLived {
 			case <-time.After(lifetime * time.Duration(i) / time.Duration(max(n, 1))):
 			}
 			for {
-				conn, err := loadgen.OpenLongLived(addr, 200*time.Millisecond)
+				conn, err := loadgen.OpenLongLivedVia(dial, addr, 200*time.Millisecond)
 				if err != nil {
 					l.broke("opening: " + err.Error())
 				} else {

@@ -21,6 +21,7 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // LBHostResult is what clients noticed while a host of the load balancer
@@ -41,36 +42,49 @@ type LBHostResult struct {
 	DrainedSeconds float64
 }
 
-// lbHostMetrics is where the LB hosts' ebb lb serve /readyz, on each
-// host's loopback.
-const lbHostMetrics = "127.0.0.1:19464"
+// lbHostMetrics is where the installed ebb lb serves /readyz, on each LB
+// host's loopback (config/lb).
+const lbHostMetrics = "127.0.0.1:9464"
 
-// RunLBHost maintains a host of the load balancer under traffic: ebb lb
-// runs on two node hosts announcing the Service's address by L2 (the
-// router reaches the address pool on link), a client behind the router
-// sends requests and keeps connections open, and a NodeMaintenance drains
-// the host that owns the address: its ebb lb hands the address to the
-// other, serves its established connections, and the maintenance is
-// Drained when they are gone. The app runs on a third node. The caller
-// stops any other ebb lb first; the router's route is put back at the end.
-func RunLBHost(ctx context.Context, c *localcluster.Cluster, bin string, progress io.Writer) (*LBHostResult, error) {
+// l2Policy turns L2 announcement on for every address, on the LB hosts'
+// eth0 (the node network), as a user does with no change to ebb lb.
+const l2Policy = `apiVersion: lb.ebb.dev/v1alpha1
+kind: AnnouncementPolicy
+metadata:
+  name: demo-l2
+spec:
+  l2:
+    interfaces: [eth0]
+`
+
+// RunLBHost maintains a host of the load balancer under traffic. ebb is
+// installed (dist/install.yaml) with ebb lb on the first node; the second
+// becomes an LB node too, an AnnouncementPolicy announces the addresses by
+// L2 on the node network (the router reaches the address pool on link), a
+// client behind the router sends requests and keeps connections open, and
+// a NodeMaintenance drains the host that owns the Service's address: its
+// ebb lb hands the address to the other, serves its established
+// connections, and the maintenance is Drained when they are gone. The app
+// runs on the third node. The router's routes are put back at the end.
+func RunLBHost(ctx context.Context, c *localcluster.Cluster, progress io.Writer) (*LBHostResult, error) {
 	if len(c.Nodes) < 3 {
 		return nil, fmt.Errorf("maintaining an LB host needs 3 nodes (two LB hosts and one for the app), the cluster has %d", len(c.Nodes))
 	}
 	step := func(format string, args ...any) { fmt.Fprintf(progress, "[demo] lb host: "+format+"\n", args...) }
 	hosts, appNode := c.Nodes[:2], c.Nodes[2]
-	step("ebb lb on %s and %s, announcing by ARP on the node network; the router reaches the pool on link", hosts[0].Name, hosts[1].Name)
+	step("ebb lb on %s and %s (label %s), announcing by ARP on eth0 (AnnouncementPolicy demo-l2); the router reaches the pool on link",
+		hosts[0].Name, hosts[1].Name, ebbrun.LBNodeLabel)
 	for _, h := range hosts {
-		stop, err := c.StartProcessOn(h.Name, "ebb-lb-"+h.Name, bin, "lb", "--kubeconfig", c.Kubeconfig,
-			"--node-name", h.Name, "--report-name", "lb-"+h.Name, "--metrics-bind-address", lbHostMetrics, "--l2-interface", "eth0")
-		if err != nil {
+		if err := ebbrun.SetLBNode(ctx, c, h.Name, true); err != nil {
 			return nil, err
 		}
-		defer func() { _ = stop() }()
+	}
+	if err := ebbrun.ApplyYAML(ctx, c, "demo-l2", l2Policy); err != nil {
+		return nil, err
 	}
 	for _, h := range hosts {
 		if err := waitFor(ctx, time.Minute, func() bool { return lbHostReady(ctx, &h) }); err != nil {
-			return nil, fmt.Errorf("ebb lb on %s not ready (logs in %s/logs): %w", h.Name, c.Dir(), err)
+			return nil, fmt.Errorf("ebb lb on %s not ready (logs in %s/logs/pods): %w", h.Name, c.Dir(), err)
 		}
 	}
 	if err := c.RouteVIPsOnLink(); err != nil {

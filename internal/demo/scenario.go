@@ -52,6 +52,12 @@ type Options struct {
 	// Namespace of the apps (one per run).
 	Namespace string
 	Progress  io.Writer
+	// Dial opens the clients' connections (nil: from this process's
+	// host), e.g. from the client host behind the router.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// AppNodes, when set, are the only nodes the apps run on (the others,
+	// LB hosts, take none of their pods), and the nodes the report shows.
+	AppNodes []string
 }
 
 // DefaultOptions are the demo's.
@@ -116,8 +122,11 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		mode = "baseline"
 	}
 	res := &Result{Mode: mode}
-	for _, n := range s.c.Nodes {
-		res.Nodes = append(res.Nodes, n.Name)
+	res.Nodes = s.o.AppNodes
+	if len(res.Nodes) == 0 {
+		for _, n := range s.c.Nodes {
+			res.Nodes = append(res.Nodes, n.Name)
+		}
 	}
 	ns := s.o.Namespace
 	webURL, soloURL, err := s.deploy(ctx, res)
@@ -126,11 +135,11 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	}
 
 	s.step("%s: sending %d new connections/s and keeping %d long-lived connections", mode, s.o.Rate, s.o.LongLived)
-	web := &loadgen.Requests{URL: webURL + "/", Rate: max(s.o.Rate*2/3, 1)}
-	solo := &loadgen.Requests{URL: soloURL + "/", Rate: max(s.o.Rate/3, 1)}
+	web := &loadgen.Requests{URL: webURL + "/", Rate: max(s.o.Rate*2/3, 1), Dial: s.o.Dial}
+	solo := &loadgen.Requests{URL: soloURL + "/", Rate: max(s.o.Rate/3, 1), Dial: s.o.Dial}
 	web.Start()
 	solo.Start()
-	long := startLongLived(webURL[len("http://"):], s.o.LongLived, s.o.LongLivedLifetime)
+	long := startLongLived(s.o.Dial, webURL[len("http://"):], s.o.LongLived, s.o.LongLivedLifetime)
 	origin := time.Now()
 	since := func() time.Duration { return time.Since(origin) }
 	sleep(ctx, s.o.Settle)
@@ -246,6 +255,13 @@ func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, sin
 	if single {
 		dep.Annotations = map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}
 	}
+	if len(s.o.AppNodes) > 0 {
+		dep.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: s.o.AppNodes}},
+			}}},
+		}}
+	}
 	if _, err := s.c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		return "", fmt.Errorf("creating Deployment %s: %w", name, err)
 	}
@@ -262,7 +278,7 @@ func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, sin
 		svc, err := s.c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
 			url := "http://" + net.JoinHostPort(svc.Status.LoadBalancer.Ingress[0].IP, "80")
-			if (&loadgen.Requests{URL: url + "/"}).Probe() == nil {
+			if (&loadgen.Requests{URL: url + "/", Dial: s.o.Dial}).Probe() == nil {
 				return url, nil
 			}
 		}

@@ -240,13 +240,15 @@ func (c *Cluster) startTaps(ctx context.Context) error {
 	return nil
 }
 
-// LastNewConnection is when the control-plane host (where tests run ebb
-// lb) last opened a TCP connection to the node on one of nodePorts (none:
-// any node port; zero time: never): a load balancer in node mode sending
-// the node new connections, seen even while the node is cut off. Name the
-// Service's traffic ports: a Local Service's healthCheckNodePort is a node
-// port too, and its probes would count. Connections other nodes'
-// kube-proxies forward to the node's pods never count.
+// LastNewConnection is when a host other than the node itself (the
+// control-plane host, where tests run ebb lb, or an LB node's host) last
+// opened a TCP connection to the node on one of nodePorts (none: any node
+// port; zero time: never): a load balancer in node mode sending the node
+// new connections, seen even while the node is cut off. Name the Service's
+// traffic ports: a Local Service's healthCheckNodePort is a node port too,
+// and its probes would count. Connections other nodes' kube-proxies forward
+// to the node's pods never count, nor those an LB on the node opens to
+// itself.
 func (c *Cluster) LastNewConnection(node string, nodePorts ...int32) time.Time {
 	t, ok := c.taps[node]
 	if !ok {

@@ -12,7 +12,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -40,6 +42,10 @@ type Options struct {
 	ToolsBin string
 	// LBHost also maintains an LB host (demo.RunLBHost).
 	LBHost bool
+	// Install is the manifest ebb is installed from (`make release`
+	// writes dist/install.yaml); the image layout is the oci directory
+	// next to it.
+	Install string
 }
 
 // keepName is the cluster name --keep registers.
@@ -51,18 +57,22 @@ func NewCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Drain a node of a local cluster under live traffic with ebb, and report what the clients noticed",
-		Long: `Starts a local cluster (building what is missing), runs ebb's controller and
-load balancer in it, deploys a Deployment of several replicas and a single
+		Long: `Starts a local cluster (building what is missing), installs ebb in it from
+dist/install.yaml as a user does (two controller replicas, the ebb lb
+DaemonSet on the first node, pods of ebb's own image running as real
+processes), deploys a Deployment of several replicas and a single
 replica that uses the surge evacuator, both behind ebb.dev/l4 LoadBalancer
 Services, sends constant HTTP traffic through their addresses, drains the
-single replica's node with a NodeMaintenance, takes the node down for its
+single replica's node with a NodeMaintenance (the clients sit behind the
+router, which reaches the addresses through the LB node), takes the node down for its
 maintenance, brings it back and completes the maintenance. Prints a report
 and writes a self-contained HTML report. Then it runs the scenario the way
 clusters do it today (cordon, kubectl's drain library, a load balancer
 driven by health probes only) and puts both side by side; --baseline=false
 skips that run (about half the time). Last (--lb-host), it maintains a host
 of the load balancer itself: ebb lb on two nodes announcing the address by
-ARP, a NodeMaintenance of the one that owns it, under traffic.`,
+ARP (an AnnouncementPolicy), a NodeMaintenance of the one that owns it,
+under traffic.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Report == "" {
@@ -73,6 +83,9 @@ ARP, a NodeMaintenance of the one that owns it, under traffic.`,
 				return err
 			}
 			o.Report = abs
+			if o.Install, err = findInstall(o.Install); err != nil {
+				return err
+			}
 			if !localcluster.InNamespace() {
 				code, err := localcluster.ReexecNotify(o.outside)
 				if err != nil {
@@ -101,6 +114,7 @@ ARP, a NodeMaintenance of the one that owns it, under traffic.`,
 	f.BoolVar(&o.JSON, "json", false, "print a JSON summary as the last line")
 	f.StringVar(&o.Report, "report", "", "where to write the HTML report (default ./ebb-demo-report.html)")
 	f.StringVar(&o.StateDir, "state-dir", cluster.DefaultStateRoot(), "with --keep: the clusters' state directory of `ebb cluster`")
+	f.StringVar(&o.Install, "install", "", "the manifest to install ebb from, with its image layout in the oci directory beside it (default: $EBB_DIST/install.yaml, else dist/install.yaml of the checkout this binary was built in; `make release` writes it)")
 	f.StringVar(&o.ToolsBin, "tools-bin", "", "directory of the control-plane binaries `make tools` prints (default: $EBB_TOOLS_BIN, the checkout's hack/tools.sh, then the newest build in the tools cache)")
 	return cmd
 }
@@ -124,7 +138,8 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		o.Scenario.Settle, o.Scenario.Downtime, o.Scenario.Replicas = time.Second, 4*time.Second, 3
 	}
 	start := time.Now()
-	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, BinDir: o.ToolsBin, Progress: out}
+	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, BinDir: o.ToolsBin, Progress: out,
+		Images: []string{filepath.Join(filepath.Dir(o.Install), "oci")}}
 	if o.Keep {
 		copts.Dir = filepath.Join(o.StateDir, keepName)
 	}
@@ -180,53 +195,82 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 	return nil
 }
 
-// scenarios runs ebb's scenario, then, with --baseline, the same with the
-// load balancer's admin state off, then, with --lb-host, the maintenance
-// of an LB host; ebb's result comes first.
+// scenarios installs ebb from the manifest with ebb lb on the first node,
+// then runs ebb's scenario on the other nodes, then, with --baseline, the
+// same with the load balancer's admin state off, then, with --lb-host, the
+// maintenance of an LB host; ebb's result comes first.
 func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io.Writer) ([]*demo.Result, *demo.LBHostResult, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, nil, fmt.Errorf("finding the ebb binary: %w", err)
+	if len(c.Nodes) < 3 {
+		return nil, nil, fmt.Errorf("the demo needs 3 nodes (an LB host and two for the apps), not %d", len(c.Nodes))
 	}
-	fmt.Fprintln(out, "[demo] starting ebb controller and ebb lb")
-	stopController, err := ebbrun.StartController(c, self)
-	if err != nil {
+	lbNode := c.Nodes[0]
+	fmt.Fprintf(out, "[demo] installing ebb from %s: ebb lb on %s, the router reaching the addresses through it\n", o.Install, lbNode.Name)
+	if err := ebbrun.InstallManifest(ctx, c, o.Install, ebbrun.ManifestOptions{LBNodes: []string{lbNode.Name}}); err != nil {
 		return nil, nil, err
 	}
-	defer stopController()
-	stopLB, err := ebbrun.StartLB(c, self)
-	if err != nil {
+	if err := c.RouteVIPsVia(netip.MustParseAddr(lbNode.IP), netip.MustParseAddr(lbNode.IPv6)); err != nil {
 		return nil, nil, err
 	}
 	scenario := o.Scenario
 	scenario.Progress, scenario.Namespace = out, "demo-ebb"
+	scenario.Dial = c.ExternalClient.DialContext
+	for _, n := range c.Nodes[1:] {
+		scenario.AppNodes = append(scenario.AppNodes, n.Name)
+	}
 	ebb, err := demo.Run(ctx, c, scenario)
-	stopLB()
 	if err != nil {
 		return nil, nil, err
 	}
 	results := []*demo.Result{ebb}
 	if o.Baseline {
-		fmt.Fprintln(out, "[demo] baseline: restarting ebb lb with admin state off (health probes only)")
-		if stopLB, err = ebbrun.StartLB(c, self, "--disable-admin-state"); err != nil {
+		fmt.Fprintln(out, "[demo] baseline: ebb lb rolled out with --disable-admin-state (health probes only)")
+		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string { return append(args, disableAdminState) }); err != nil {
 			return nil, nil, err
 		}
 		scenario.Baseline, scenario.Namespace = true, "demo-baseline"
 		base, err := demo.Run(ctx, c, scenario)
-		stopLB()
 		if err != nil {
 			return nil, nil, err
 		}
 		results = append(results, base)
+		fmt.Fprintln(out, "[demo] ebb lb rolled out with its admin state back on")
+		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string { return slices.DeleteFunc(args, func(a string) bool { return a == disableAdminState }) }); err != nil {
+			return nil, nil, err
+		}
 	}
 	if !o.LBHost {
 		return results, nil, nil
 	}
-	lb, err := demo.RunLBHost(ctx, c, self, out)
+	lb, err := demo.RunLBHost(ctx, c, out)
 	if err != nil {
 		return nil, nil, fmt.Errorf("maintaining an LB host: %w", err)
 	}
 	return results, lb, nil
+}
+
+// disableAdminState is the baseline's flag of ebb lb.
+const disableAdminState = "--disable-admin-state"
+
+// findInstall returns the manifest to install: flag, else
+// $EBB_DIST/install.yaml, else dist/install.yaml beside the bin directory
+// this binary is in (a checkout's bin/ebb), with a hint when it is absent.
+func findInstall(flag string) (string, error) {
+	path := flag
+	if path == "" {
+		if dist := os.Getenv("EBB_DIST"); dist != "" {
+			path = filepath.Join(dist, "install.yaml")
+		} else if self, err := os.Executable(); err == nil {
+			path = filepath.Join(filepath.Dir(filepath.Dir(self)), "dist", "install.yaml")
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("ebb demo installs ebb from %s and its image layout beside it: run `make release` (make demo does) or pass --install: %w", abs, err)
+	}
+	return abs, nil
 }
 
 // summary is the --json line: ebb's figures, and the baseline's beside.

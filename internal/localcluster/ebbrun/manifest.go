@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -59,9 +58,8 @@ func InstallManifest(ctx context.Context, c *localcluster.Cluster, manifest stri
 		return err
 	}
 	for _, n := range opts.LBNodes {
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, LBNodeLabel)
-		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("labelling node %s for ebb lb: %w", n, err)
+		if err := SetLBNode(ctx, c, n, true); err != nil {
+			return err
 		}
 	}
 	if err := kubectlApply(ctx, c, path); err != nil {

@@ -14,14 +14,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SYNTap watches the root host's side of the bridge and records when it
-// last sent a new TCP connection (a SYN without ACK) to one address on a
-// port in a range: the load balancer on the control-plane host opening a
+// SYNTap watches every interface of the root host, the bridge and the
+// hosts' ports on it among them, and records when a new TCP connection (a
+// SYN without ACK) was last sent to one address on a port in a range: a
+// load balancer, on the control-plane host or on a node's host, opening a
 // connection to a node's node ports, say, but not to its health port and
-// not connections other hosts forward to the node's pods. It sees the SYN
-// leave even when the node is cut off (Disconnect). Benchmarks and the
-// demo read "the last new connection a node was sent" from it, with real
-// kube-proxy handling the connection itself.
+// not connections kube-proxies forward to the node's pods (those go to pod
+// IPs). It sees the SYN enter the bridge even when the node is cut off
+// (Disconnect). Connections a host opens to itself never cross the bridge
+// and are not seen. Benchmarks and the demo read "the last new connection
+// a node was sent" from it, with real kube-proxy handling the connection
+// itself.
 type SYNTap struct {
 	dst       netip.Addr
 	firstPort uint16
@@ -32,7 +35,7 @@ type SYNTap struct {
 	last map[uint16]time.Time // by destination port
 }
 
-// TapSYNs starts a SYNTap on the bridge for connections to dst on ports
+// TapSYNs starts a SYNTap for connections to dst on ports
 // firstPort..lastPort; it stops when ctx is done.
 func (n *Network) TapSYNs(ctx context.Context, dst netip.Addr, firstPort, lastPort uint16) (*SYNTap, error) {
 	filter, err := synFilter()
@@ -47,9 +50,13 @@ func (n *Network) TapSYNs(ctx context.Context, dst netip.Addr, firstPort, lastPo
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("attaching the SYN filter: %w", err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: n.bridge.Attrs().Index}); err != nil {
+	// Every interface (index 0): the bridge device carries what the root
+	// host sends, the hosts' ports what the hosts send each other. A SYN
+	// seen twice on its way (the bridge, then the node's port) changes no
+	// "last".
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: 0}); err != nil {
 		_ = unix.Close(fd)
-		return nil, fmt.Errorf("binding the packet socket to %s: %w", BridgeName, err)
+		return nil, fmt.Errorf("binding the packet socket to every interface: %w", err)
 	}
 	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, last: map[uint16]time.Time{}, file: os.NewFile(uintptr(fd), "syntap-"+dst.String())}
 	go t.read()

@@ -155,3 +155,39 @@ func TestAnnouncementPolicyStartsL2OnAnInterface(t *testing.T) {
 		return err == nil && len(o) == 0, fmt.Sprint(o, err)
 	})
 }
+
+// The API refuses an AnnouncementPolicy that announces nothing, or names
+// an interface no Linux host can have, saying what to fix.
+func TestAnnouncementPolicyValidation(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	api := e2eutil.APIClient(t, cluster)
+	tests := []struct {
+		name string
+		spec lbv1alpha1.AnnouncementPolicySpec
+		want string
+	}{
+		{"neither bgp nor l2", lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{"default"}}, "say how the addresses are announced: bgp: {}, l2: {} or both"},
+		{"interface name too long", lbv1alpha1.AnnouncementPolicySpec{L2: &lbv1alpha1.L2Announcement{Interfaces: []string{"an-interface-name-longer-than-15"}}}, "spec.l2.interfaces[0]"},
+	}
+	for _, tt := range tests {
+		p := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "invalid"}, Spec: tt.spec}
+		err := api.Create(ctx, p)
+		if err == nil {
+			_ = api.Delete(ctx, p)
+			t.Errorf("%s: created", tt.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q in it", tt.name, err, tt.want)
+		}
+	}
+	// The smallest valid policy is accepted.
+	ok := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "valid"}, Spec: lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{}, AddressPools: []string{"no-such-pool"}}}
+	if err := api.Create(ctx, ok); err != nil {
+		t.Fatalf("creating a policy with bgp: {}: %v", err)
+	}
+	if err := api.Delete(ctx, ok); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
@@ -26,24 +23,18 @@ const LBMetricsAddress = "127.0.0.1:9464"
 // period); it also runs when the test ends.
 func StartLB(t *testing.T, ctx context.Context, c *localcluster.Cluster, node localcluster.Node) func() {
 	t.Helper()
-	label := func(ctx context.Context, value *string) {
-		v := "null"
-		if value != nil {
-			v = fmt.Sprintf("%q", *value)
-		}
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, ebbrun.LBNodeLabel, v)
-		if _, err := c.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatalf("labelling %s: %v", node.Name, err)
+	label := func(ctx context.Context, lb bool) {
+		if err := ebbrun.SetLBNode(ctx, c, node.Name, lb); err != nil {
+			t.Fatal(err)
 		}
 	}
-	on := "true"
-	label(ctx, &on)
+	label(ctx, true)
 	stopped := false
 	stop := func() {
 		if !stopped {
 			stopped = true
 			// Also a cleanup: the test's context may be over.
-			label(context.Background(), nil)
+			label(context.Background(), false)
 		}
 	}
 	t.Cleanup(stop)
