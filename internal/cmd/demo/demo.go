@@ -10,9 +10,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
-	"net/netip"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -223,7 +223,7 @@ func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io
 	}
 	results := []*demo.Result{ebb}
 	if o.Baseline {
-		fmt.Fprintln(out, "[demo] baseline: ebb lb rolled out with --disable-admin-state (health probes only)")
+		fmt.Fprintln(out, "[demo] baseline: ebb lb rolling out with --disable-admin-state (health probes only)")
 		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string { return append(args, disableAdminState) }); err != nil {
 			return nil, nil, err
 		}
@@ -233,8 +233,10 @@ func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io
 			return nil, nil, err
 		}
 		results = append(results, base)
-		fmt.Fprintln(out, "[demo] ebb lb rolled out with its admin state back on")
-		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string { return slices.DeleteFunc(args, func(a string) bool { return a == disableAdminState }) }); err != nil {
+		fmt.Fprintln(out, "[demo] ebb lb rolling out with its admin state back on")
+		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string {
+			return slices.DeleteFunc(args, func(a string) bool { return a == disableAdminState })
+		}); err != nil {
 			return nil, nil, err
 		}
 	}
