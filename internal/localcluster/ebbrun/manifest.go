@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -33,6 +34,9 @@ type ManifestOptions struct {
 	// ControllerArgs and LBArgs are added to the controller's and ebb lb's
 	// arguments.
 	ControllerArgs, LBArgs []string
+	// EditController, if set, edits the controller's Deployment further
+	// (volumes, environment), as a user's kustomize patch would.
+	EditController func(*appsv1.Deployment)
 }
 
 // InstallManifest installs ebb as a user does, from dist/install.yaml (its
@@ -114,6 +118,11 @@ func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
 			if err := editArgs(obj, func(args []string) []string { return append(args, opts.ControllerArgs...) }); err != nil {
 				return nil, err
 			}
+			if opts.EditController != nil {
+				if err := editTyped(obj, opts.EditController); err != nil {
+					return nil, err
+				}
+			}
 		}
 		if obj.GetKind() == "DaemonSet" && obj.GetName() == "ebb-lb" {
 			if err := editArgs(obj, func(args []string) []string { return append(args, opts.LBArgs...) }); err != nil {
@@ -128,6 +137,26 @@ func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
 		out.Write(y)
 	}
 	return out.Bytes(), nil
+}
+
+// editTyped edits a Deployment held as unstructured through its typed form.
+func editTyped(obj *unstructured.Unstructured, edit func(*appsv1.Deployment)) error {
+	d := &appsv1.Deployment{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, d); err != nil {
+		return fmt.Errorf("reading Deployment %s: %w", obj.GetName(), err)
+	}
+	edit(d)
+	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(d)
+	if err != nil {
+		return fmt.Errorf("writing Deployment %s: %w", obj.GetName(), err)
+	}
+	// The typed round trip adds empty fields (status, creationTimestamp)
+	// that a server-side apply must not own.
+	delete(out, "status")
+	unstructured.RemoveNestedField(out, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(out, "spec", "template", "metadata", "creationTimestamp")
+	obj.Object = out
+	return nil
 }
 
 // editArgs edits the arguments of a workload's first container.

@@ -24,18 +24,25 @@ var (
 // kinds.
 type Pod struct {
 	*Host
+	net      *Network
 	node     *Host
 	nodeLink netlink.Link
 }
 
 // AddPod makes the network namespace of a pod with IPs ips (one per family)
-// on node (a host of n). Close removes its link and routes.
+// on node (a host of n), named name ("namespace/pod"): Host(name) finds it
+// until Close, which removes its link and routes.
 func (n *Network) AddPod(node *Host, name string, ips ...netip.Addr) (_ *Pod, retErr error) {
 	h, err := newHost(name)
 	if err != nil {
 		return nil, err
 	}
-	p := &Pod{Host: h, node: node}
+	p := &Pod{Host: h, net: n, node: node}
+	// Registered at once (a pod of the same name still closing is
+	// replaced: Close forgets only its own).
+	n.mu.Lock()
+	n.hosts[name] = h
+	n.mu.Unlock()
 	defer func() {
 		if retErr != nil {
 			p.Close()
@@ -117,5 +124,10 @@ func (p *Pod) Close() {
 		_ = p.node.nl.LinkDel(p.nodeLink)
 		p.nodeLink = nil
 	}
+	p.net.mu.Lock()
+	if p.net.hosts[p.Name] == p.Host {
+		delete(p.net.hosts, p.Name)
+	}
+	p.net.mu.Unlock()
 	p.close()
 }

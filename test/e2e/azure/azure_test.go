@@ -1,14 +1,19 @@
-// Package azure_test drives ebb's Azure admin state end to end: `ebb
-// controller --cloud azure` runs on the local cluster against a fake Azure
-// Resource Manager (the SDK's fake server over an in-memory model, served
-// over HTTPS with a managed-identity token endpoint), and taints on the
-// cluster's nodes turn their backend entries Down and back.
+// Package azure_test drives ebb's Azure admin state end to end: ebb is
+// installed from dist/install.yaml with the controller patched as an Azure
+// user patches it (--cloud azure, azure.json and a CA from a Secret, a
+// managed identity's endpoint in its environment), its pods running ebb's
+// image against a fake Azure Resource Manager (the SDK's fake server over an
+// in-memory model, served over HTTPS on the control-plane host with a
+// managed-identity token endpoint), and taints on the cluster's nodes turn
+// their backend entries Down and back.
 package azure_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,9 +21,13 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -30,22 +39,27 @@ import (
 var (
 	cluster *localcluster.Cluster
 	cloud   *azurefake.Cloud
-	// controllerArgs start ebb controller against the fake; stopController
-	// stops the running one.
-	controllerArgs []string
-	stopController func()
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-azure", Nodes: 3}, &cluster, startEbb))
+	dist := e2eutil.DistDir()
+	opts := localcluster.Options{Name: "e2e-azure", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// startEbb serves the fake Azure and runs ebb controller against it.
-func startEbb(c *localcluster.Cluster) (func(), error) {
-	bin := os.Getenv("EBB_BIN")
-	if bin == "" {
-		return nil, errors.New("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
-	}
+// azureSecret holds azure.json and the fake's CA, as a user keeps the
+// cloud configuration; azureDir is where the controller mounts it.
+const (
+	azureSecret = "ebb-azure"
+	azureDir    = "/etc/ebb/azure"
+)
+
+// setUp serves the fake Azure on the control-plane host, puts its
+// configuration in a Secret and installs ebb with the controller patched
+// to use it.
+func setUp(c *localcluster.Cluster, dist string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
 	cloud = azurefake.New()
 	var v4 []*armnetwork.LoadBalancerBackendAddress
 	for _, n := range c.Nodes {
@@ -58,47 +72,122 @@ func startEbb(c *localcluster.Cluster) (func(), error) {
 	for _, lb := range []string{"kubernetes", "kubernetes-internal"} {
 		cloud.AddPool(lb, armnetwork.BackendAddressPool{Name: &name, Properties: &armnetwork.BackendAddressPoolPropertiesFormat{LoadBalancerBackendAddresses: v4}})
 	}
-	srv, ca := cloud.Serve()
-	dir := c.Dir()
-	caFile, cfgFile := filepath.Join(dir, "azure-ca.pem"), filepath.Join(dir, "azure.json")
+	// On the control-plane host's node-network address: the controller's
+	// pods reach it through their nodes, as they would reach Azure.
+	srv, ca, err := cloud.Serve(localcluster.ControlPlaneIP)
+	if err != nil {
+		return nil, err
+	}
 	cfg := fmt.Sprintf(`{"cloud":"AzurePublicCloud","tenantId":"t","subscriptionId":"sub","resourceGroup":"rg","useManagedIdentityExtension":true,
 		"loadBalancerBackendPoolConfigurationType":"nodeIP","enableLoadBalancerAdminState":true,"resourceManagerEndpoint":%q}`, srv.URL)
-	if err := os.WriteFile(caFile, ca, 0o644); err != nil {
+	secret := fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\nstringData:\n  azure.json: %q\n  ca.pem: %q\n",
+		ebbrun.Namespace, azureSecret, ebbrun.Namespace, cfg, ca)
+	if err := ebbrun.ApplyYAML(ctx, c, "azure-secret", secret); err != nil {
+		srv.Close()
 		return nil, err
 	}
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		return nil, err
-	}
-	// The controller inherits these: the managed identity answers from
-	// the fake, whose certificate it trusts.
-	for k, v := range map[string]string{"IDENTITY_ENDPOINT": srv.URL + azurefake.TokenPath, "IDENTITY_HEADER": "e2e", "SSL_CERT_FILE": caFile} {
-		if err := os.Setenv(k, v); err != nil {
-			return nil, err
-		}
-	}
-	controllerArgs = []string{"--cloud", "azure", "--azure-config", cfgFile}
-	stop, err := ebbrun.StartController(c, bin, controllerArgs...)
+	err = ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
+		ControllerArgs: []string{"--cloud=azure", "--azure-config=" + azureDir + "/azure.json"},
+		EditController: func(d *appsv1.Deployment) { useAzure(d, srv.URL) },
+	})
 	if err != nil {
 		srv.Close()
 		return nil, err
 	}
-	stopController = stop
-	return func() {
-		stopController()
-		srv.Close()
-	}, nil
+	return srv.Close, nil
 }
 
-// restartController stops ebb controller and runs it again: a new process
-// with nothing in memory.
-func restartController(t *testing.T) {
+// useAzure is the patch of the controller's Deployment: the Secret
+// mounted, the managed identity's endpoint (the fake's) in the
+// environment, the fake's CA trusted.
+func useAzure(d *appsv1.Deployment, url string) {
+	spec := &d.Spec.Template.Spec
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "azure", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: azureSecret}}})
+	c := &spec.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "azure", MountPath: azureDir, ReadOnly: true})
+	c.Env = append(c.Env,
+		corev1.EnvVar{Name: "IDENTITY_ENDPOINT", Value: url + azurefake.TokenPath},
+		corev1.EnvVar{Name: "IDENTITY_HEADER", Value: "e2e"},
+		corev1.EnvVar{Name: "SSL_CERT_FILE", Value: azureDir + "/ca.pem"})
+}
+
+// scaleController scales the controller's Deployment, as kubectl scale
+// does, and waits until that many replicas are Ready (0: no pod left).
+func scaleController(t *testing.T, ctx context.Context, replicas int32) {
 	t.Helper()
-	stopController()
-	stop, err := ebbrun.StartController(cluster, os.Getenv("EBB_BIN"), controllerArgs...)
-	if err != nil {
-		t.Fatalf("restarting ebb controller: %v", err)
+	patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
+	if _, err := cluster.Client.AppsV1().Deployments(ebbrun.Namespace).Patch(ctx, "ebb-controller", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("scaling ebb controller to %d: %v", replicas, err)
 	}
-	stopController = stop
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := controllerPods(ctx)
+		if err != nil {
+			return false, nil
+		}
+		if replicas == 0 {
+			return len(pods) == 0, nil
+		}
+		d, err := cluster.Client.AppsV1().Deployments(ebbrun.Namespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
+		return err == nil && d.Status.ReadyReplicas == replicas && d.Status.ObservedGeneration >= d.Generation, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for ebb controller at %d replicas: %v", replicas, err)
+	}
+}
+
+func controllerPods(ctx context.Context) ([]corev1.Pod, error) {
+	pods, err := cluster.Client.CoreV1().Pods(ebbrun.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
+	if err != nil {
+		return nil, err
+	}
+	return pods.Items, nil
+}
+
+// leaderMetrics reads the leading controller replica's metrics, on its
+// pod's loopback (config/manager binds them there).
+func leaderMetrics(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	lease, err := cluster.Client.CoordinationV1().Leases(ebbrun.Namespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, _, _ := strings.Cut(ptr.Deref(lease.Spec.HolderIdentity, ""), "_")
+	h, ok := cluster.Network.Host(ebbrun.Namespace + "/" + pod)
+	if !ok {
+		t.Fatalf("the leader %s has no network namespace of its own", pod)
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return h.DialContext(ctx, network, controllerMetrics)
+	}}}
+	resp, err := client.Get("http://" + controllerMetrics + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping the leader %s: %v", pod, err)
+	}
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(page)
+}
+
+// controllerMetrics is config/manager's --metrics-bind-address.
+const controllerMetrics = "127.0.0.1:8080"
+
+// logControllersOnFailure logs the last lines of each controller pod's log
+// if the test failed.
+func logControllersOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(cluster.Dir(), "logs", "pods", ebbrun.Namespace+"_ebb-controller-*.log"))
+		for _, path := range logs {
+			data, _ := os.ReadFile(path)
+			lines := strings.Split(string(data), "\n")
+			t.Logf("%s, last lines:\n%s", filepath.Base(path), strings.Join(lines[max(0, len(lines)-30):], "\n"))
+		}
+	})
 }
 
 // entryState is ip's admin state on the external load balancer;
@@ -148,13 +237,7 @@ func setTaint(t *testing.T, ctx context.Context, node, key string, on bool) {
 func TestTaintsSetAzureAdminState(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if t.Failed() {
-			log, _ := os.ReadFile(filepath.Join(cluster.Dir(), "logs", "ebb-controller.log"))
-			lines := strings.Split(string(log), "\n")
-			t.Logf("ebb controller's log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
-		}
-	})
+	logControllersOnFailure(t)
 	a, b, c := cluster.Nodes[0], cluster.Nodes[1], cluster.Nodes[2]
 	puts := cloud.Count("put")
 	setTaint(t, ctx, a.Name, lbmodel.TaintOutOfService, true)
@@ -173,7 +256,7 @@ func TestTaintsSetAzureAdminState(t *testing.T) {
 	e2eutil.Eventually(t, ctx, 20*time.Second, "both back to None on both load balancers", func(context.Context) (bool, string) {
 		return both(a.IP) == "None/None" && both(b.IP) == "None/None", fmt.Sprintf("%s %s", both(a.IP), both(b.IP))
 	})
-	page := e2eutil.Scrape(t, ebbrun.ControllerMetricsAddress)
+	page := leaderMetrics(t, ctx)
 	if !strings.Contains(page, "loadbalancer_adminstate_operation_duration_seconds_count") {
 		t.Error("no loadbalancer_adminstate metrics on the controller")
 	}
@@ -197,10 +280,13 @@ func TestRestartConvergesEntriesLeftDown(t *testing.T) {
 	e2eutil.Eventually(t, ctx, 20*time.Second, "the tainted node Down", func(context.Context) (bool, string) {
 		return entryState(a.IP) == "Down" && entryStateOn("kubernetes-internal", a.IP) == "Down", entryState(a.IP)
 	})
-	stopController()
+	// Every replica stops (kubectl scale --replicas=0), the taint goes
+	// while none runs, then they come back: new processes with nothing in
+	// memory.
+	scaleController(t, ctx, 0)
 	setTaint(t, ctx, a.Name, lbmodel.TaintDraining, false)
 	start := time.Now()
-	restartController(t)
+	scaleController(t, ctx, 2)
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the untainted node back to None after the restart", func(context.Context) (bool, string) {
 		return entryState(a.IP) == "None" && entryStateOn("kubernetes-internal", a.IP) == "None", entryState(a.IP)
 	})

@@ -2,28 +2,33 @@ package azurefake
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
-	"encoding/pem"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	certutil "k8s.io/client-go/util/cert"
 )
 
 // TokenPath is where the server answers managed-identity token requests
 // (App Service style: IDENTITY_ENDPOINT and IDENTITY_HEADER).
 const TokenPath = "/msi/token"
 
-// Serve serves the cloud over HTTPS, as Azure Resource Manager would, plus
-// a managed-identity token endpoint, so that a separate process (ebb
-// controller) can use it: point resourceManagerEndpoint at URL, set
-// IDENTITY_ENDPOINT=URL+TokenPath and IDENTITY_HEADER to anything, and
-// trust the returned CA (SSL_CERT_FILE).
-func (c *Cloud) Serve() (srv *httptest.Server, caPEM []byte) {
+// Serve serves the cloud over HTTPS on ip (a free port), as Azure Resource
+// Manager would, plus a managed-identity token endpoint, so that a separate
+// process (ebb controller, in a pod) can use it: point
+// resourceManagerEndpoint at URL, set IDENTITY_ENDPOINT=URL+TokenPath and
+// IDENTITY_HEADER to anything, and trust the returned CA (SSL_CERT_FILE).
+// The server's self-signed certificate names ip.
+func (c *Cloud) Serve(ip netip.Addr) (srv *httptest.Server, caPEM []byte, err error) {
 	transport := c.transport()
 	mux := http.NewServeMux()
 	mux.HandleFunc(TokenPath, func(w http.ResponseWriter, _ *http.Request) {
@@ -63,7 +68,23 @@ func (c *Cloud) Serve() (srv *httptest.Server, caPEM []byte) {
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
 	})
-	srv = httptest.NewTLSServer(mux)
-	caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	return srv, caPEM
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(ip, 0).String())
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening on %s for the fake Azure: %w", ip, err)
+	}
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey(ip.String(), []net.IP{ip.AsSlice()}, nil)
+	if err != nil {
+		_ = ln.Close()
+		return nil, nil, fmt.Errorf("making the fake Azure's certificate: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		_ = ln.Close()
+		return nil, nil, err
+	}
+	srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, TLS: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	srv.StartTLS()
+	// certPEM holds the serving certificate and the CA that signed it:
+	// trusting both is trusting the server.
+	return srv, certPEM, nil
 }
