@@ -11,9 +11,6 @@ package azure_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -143,37 +139,6 @@ func controllerPods(ctx context.Context) ([]corev1.Pod, error) {
 	return pods.Items, nil
 }
 
-// leaderMetrics reads the leading controller replica's metrics, on its
-// pod's loopback (config/manager binds them there).
-func leaderMetrics(t *testing.T, ctx context.Context) string {
-	t.Helper()
-	lease, err := cluster.Client.CoordinationV1().Leases(ebbrun.Namespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, _, _ := strings.Cut(ptr.Deref(lease.Spec.HolderIdentity, ""), "_")
-	h, ok := cluster.Network.Host(ebbrun.Namespace + "/" + pod)
-	if !ok {
-		t.Fatalf("the leader %s has no network namespace of its own", pod)
-	}
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return h.DialContext(ctx, network, controllerMetrics)
-	}}}
-	resp, err := client.Get("http://" + controllerMetrics + "/metrics")
-	if err != nil {
-		t.Fatalf("scraping the leader %s: %v", pod, err)
-	}
-	defer resp.Body.Close()
-	page, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(page)
-}
-
-// controllerMetrics is config/manager's --metrics-bind-address.
-const controllerMetrics = "127.0.0.1:8080"
-
 // logControllersOnFailure logs the last lines of each controller pod's log
 // if the test failed.
 func logControllersOnFailure(t *testing.T) {
@@ -256,7 +221,7 @@ func TestTaintsSetAzureAdminState(t *testing.T) {
 	e2eutil.Eventually(t, ctx, 20*time.Second, "both back to None on both load balancers", func(context.Context) (bool, string) {
 		return both(a.IP) == "None/None" && both(b.IP) == "None/None", fmt.Sprintf("%s %s", both(a.IP), both(b.IP))
 	})
-	page := leaderMetrics(t, ctx)
+	page := e2eutil.ControllerMetrics(t, ctx, cluster)
 	if !strings.Contains(page, "loadbalancer_adminstate_operation_duration_seconds_count") {
 		t.Error("no loadbalancer_adminstate metrics on the controller")
 	}

@@ -35,8 +35,12 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 	if on := interfacesWith(t, vip); len(on) > 0 {
 		t.Errorf("%s is configured on %v: nothing should configure a VIP on an interface", vip, on)
 	}
-	routes, err := vipaddr.New()
-	if err != nil {
+	// The LB node's routes: a Table reads the namespace it is made in.
+	var routes *vipaddr.Table
+	if err := lbNode.Host.Do(func() (err error) {
+		routes, err = vipaddr.New()
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	defer routes.Close()
@@ -51,8 +55,9 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 		t.Fatalf("ebb lb serves %s without its local route (proto %d)", vip, vipaddr.Protocol)
 	}
 
-	// Another process holds VIP:8080; the Service gains that port.
-	busy, err := net.Listen("tcp", net.JoinHostPort(vip.String(), "8080"))
+	// Another process on the LB node holds VIP:8080 (bound where the
+	// address is local); the Service gains that port.
+	busy, err := lbNode.Host.Listen("tcp", net.JoinHostPort(vip.String(), "8080"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,12 +106,15 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 	})
 }
 
-// interfacesWith names the interfaces of this host (the control-plane host,
-// where ebb lb runs) that have addr configured.
+// interfacesWith names the interfaces of the LB node's host, where ebb lb
+// runs, that have addr configured.
 func interfacesWith(t *testing.T, addr netip.Addr) []string {
 	t.Helper()
-	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
+	var list []netlink.Addr
+	if err := lbNode.Host.Do(func() (err error) {
+		list, err = netlink.AddrList(nil, netlink.FAMILY_ALL)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	var out []string

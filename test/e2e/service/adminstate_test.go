@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -158,10 +157,14 @@ func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 	updateNode(t, ctx, name, func(n *corev1.Node) { n.Spec.Unschedulable = on })
 }
 
-// lbMetrics scrapes ebb lb's metrics (the e2e setup serves them there).
+// lbMetrics scrapes the metrics of the LB node's ebb lb.
 func lbMetrics(t *testing.T) string {
 	t.Helper()
-	return e2eutil.Scrape(t, ebbrun.LBMetricsAddress)
+	page, err := e2eutil.LBPage(context.Background(), cluster, lbNode, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return page
 }
 
 // nodeConnections sums the connections the load balancer sent to a node's

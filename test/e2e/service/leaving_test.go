@@ -122,7 +122,8 @@ func TestOutOfServiceLifecycleAndNodeReplacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := "http://" + net.JoinHostPort(ip, "80") + "/"
-	node := cluster.Nodes[len(cluster.Nodes)-1].Name
+	apps := appNodes()
+	node := apps[len(apps)-1].Name
 	requests := func(what string, n int) {
 		t.Helper()
 		for i := range n {

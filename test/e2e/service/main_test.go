@@ -1,18 +1,20 @@
 // Package service_test drives Services of type LoadBalancer end to end, as
-// a user would: kubectl-equivalent API calls against the local cluster with
-// `ebb controller` and `ebb lb` running as processes, and traffic through
-// the load balancer's addresses.
+// a user would: ebb installed from dist/install.yaml on the local cluster
+// (its pods running ebb's image), kubectl-equivalent API calls, and traffic
+// through the load balancer's addresses.
 package service_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -24,21 +26,57 @@ import (
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
-var cluster *localcluster.Cluster
+var (
+	cluster *localcluster.Cluster
+	// lbNode runs ebb: the ebb lb DaemonSet's pod and both controller
+	// replicas (an infrastructure node). The tests drain, taint and
+	// replace the other nodes, which carry the apps, without moving ebb.
+	lbNode localcluster.Node
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-service", Nodes: 3}, &cluster, startEbb))
+	dist := e2eutil.DistDir()
+	opts := localcluster.Options{Name: "e2e-service", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
+	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// startEbb runs `ebb controller` and `ebb lb` against the cluster, as
-// processes in its namespace.
-func startEbb(c *localcluster.Cluster) (func(), error) {
-	bin := os.Getenv("EBB_BIN")
-	if bin == "" {
-		return nil, errors.New("EBB_BIN is not set: run the end-to-end tests with `make test` (it builds bin/ebb)")
+// setUp installs ebb with ebb lb and the controllers on the last node, and
+// routes the VIP pools to it from the router and from this host (where the
+// tests' clients run).
+func setUp(c *localcluster.Cluster, dist string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	lbNode = c.Nodes[len(c.Nodes)-1]
+	err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
+		LBNodes: []string{lbNode.Name},
+		EditController: func(d *appsv1.Deployment) {
+			d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: lbNode.Name}
+		},
+	})
+	if err != nil {
+		return nil, err
 	}
-	return ebbrun.StartEbb(c, bin)
+	if err := routeVIPsToLB(c); err != nil {
+		return nil, err
+	}
+	return func() {}, nil
 }
+
+// routeVIPsToLB routes both VIP pools to the LB node, from the router and
+// from this host.
+func routeVIPsToLB(c *localcluster.Cluster) error {
+	v4, v6 := netip.MustParseAddr(lbNode.IP), netip.MustParseAddr(lbNode.IPv6)
+	if err := c.RouteVIPsVia(v4, v6); err != nil {
+		return err
+	}
+	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, v4); err != nil {
+		return err
+	}
+	return c.Network.Root.AddRoute(localcluster.VIPPrefixv6, v6)
+}
+
+// appNodes are the nodes that carry the apps (all but the LB node).
+func appNodes() []localcluster.Node { return cluster.Nodes[:len(cluster.Nodes)-1] }
 
 // newNamespace creates a namespace for one test and deletes it afterwards.
 func newNamespace(t *testing.T, ctx context.Context) string {
@@ -109,7 +147,7 @@ func waitAddress(t *testing.T, ctx context.Context, ns, name string) string {
 func waitServes(t *testing.T, ctx context.Context, url string) {
 	t.Helper()
 	eventually(t, ctx, 30*time.Second, "every path to "+url+" answering", func(ctx context.Context) (bool, string) {
-		for i := range 2 * len(cluster.Nodes) {
+		for i := range 2 * len(appNodes()) {
 			if _, err := get(ctx, url); err != nil {
 				return false, fmt.Sprintf("request %d: %v", i, err)
 			}

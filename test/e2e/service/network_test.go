@@ -42,7 +42,7 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore := func() {
-		if err := cluster.RouteVIPs(); err != nil {
+		if err := routeVIPsToLB(cluster); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -3,9 +3,7 @@ package service_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -21,7 +19,7 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // A Service of class ebb.dev/l4 gets an address from the pool, with the
@@ -333,13 +331,7 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 	if len(got.Status.LoadBalancer.Ingress) != 0 {
 		t.Errorf("an SCTP Service got an address: %+v", got.Status.LoadBalancer)
 	}
-	resp, err := http.Get("http://" + ebbrun.ControllerMetricsAddress + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), `ebb_service_lb_sync_failures_total{reason="unsupported_protocol"}`) {
+	if !strings.Contains(e2eutil.ControllerMetrics(t, ctx, cluster), `ebb_service_lb_sync_failures_total{reason="unsupported_protocol"}`) {
 		t.Error("the controller's metrics do not count the failure")
 	}
 }
