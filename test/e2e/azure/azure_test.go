@@ -21,8 +21,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -108,35 +106,12 @@ func useAzure(d *appsv1.Deployment, url string) {
 }
 
 // scaleController scales the controller's Deployment, as kubectl scale
-// does, and waits until that many replicas are Ready (0: no pod left).
+// does (ebbrun.ScaleController).
 func scaleController(t *testing.T, ctx context.Context, replicas int32) {
 	t.Helper()
-	patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
-	if _, err := cluster.Client.AppsV1().Deployments(ebbrun.Namespace).Patch(ctx, "ebb-controller", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatalf("scaling ebb controller to %d: %v", replicas, err)
+	if err := ebbrun.ScaleController(ctx, cluster, replicas); err != nil {
+		t.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := controllerPods(ctx)
-		if err != nil {
-			return false, nil
-		}
-		if replicas == 0 {
-			return len(pods) == 0, nil
-		}
-		d, err := cluster.Client.AppsV1().Deployments(ebbrun.Namespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
-		return err == nil && d.Status.ReadyReplicas == replicas && d.Status.ObservedGeneration >= d.Generation, nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for ebb controller at %d replicas: %v", replicas, err)
-	}
-}
-
-func controllerPods(ctx context.Context) ([]corev1.Pod, error) {
-	pods, err := cluster.Client.CoreV1().Pods(ebbrun.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
-	if err != nil {
-		return nil, err
-	}
-	return pods.Items, nil
 }
 
 // logControllersOnFailure logs the last lines of each controller pod's log

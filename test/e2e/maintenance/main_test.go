@@ -1,18 +1,23 @@
 // Package maintenance_test drives NodeMaintenance end to end on the local
-// cluster, with `ebb controller` (and its admission webhooks) and `ebb lb`
-// as processes: kubectl-equivalent API calls, as an administrator and as
-// users with less power.
+// cluster, with ebb installed from dist/install.yaml (the controller
+// replicas with their admission webhooks, and ebb lb, as pods of ebb's
+// image): kubectl-equivalent API calls, as an administrator and as users
+// with less power.
 package maintenance_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -29,15 +34,56 @@ import (
 
 var (
 	cluster *localcluster.Cluster
-	// stopController stops the running `ebb controller` (tests restart it).
-	stopController func()
-	stopLB         func()
+	// lbNode runs ebb: the ebb lb DaemonSet's pod and both controller
+	// replicas (an infrastructure node). The tests maintain the other
+	// nodes, which carry the apps, without moving ebb.
+	lbNode localcluster.Node
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-maintenance", Nodes: 3}, &cluster, startEbb))
+	dist := e2eutil.DistDir()
+	opts := localcluster.Options{Name: "e2e-maintenance", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
+	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
+// setUp installs ebb from dist/install.yaml with ebb lb and the
+// controllers on the last node, and routes the VIP pools to it from this
+// host, where the tests' clients run.
+func setUp(c *localcluster.Cluster, dist string) (func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	lbNode = c.Nodes[len(c.Nodes)-1]
+	err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
+		LBNodes: []string{lbNode.Name},
+		EditController: func(d *appsv1.Deployment) {
+			d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: lbNode.Name}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	v4, v6 := netip.MustParseAddr(lbNode.IP), netip.MustParseAddr(lbNode.IPv6)
+	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, v4); err != nil {
+		return nil, err
+	}
+	if err := c.Network.Root.AddRoute(localcluster.VIPPrefixv6, v6); err != nil {
+		return nil, err
+	}
+	return func() {}, nil
+}
+
+// lbMetrics scrapes the metrics of the LB node's ebb lb.
+func lbMetrics(t *testing.T) string {
+	t.Helper()
+	page, err := e2eutil.LBPage(context.Background(), cluster, lbNode, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return page
+}
+
+// ebbBin is $EBB_BIN, bin/ebb of the checkout (make test sets it): the
+// kubectl plugin sits beside it.
 func ebbBin() (string, error) {
 	bin := os.Getenv("EBB_BIN")
 	if bin == "" {
@@ -46,34 +92,39 @@ func ebbBin() (string, error) {
 	return bin, nil
 }
 
-func startEbb(c *localcluster.Cluster) (func(), error) {
-	bin, err := ebbBin()
-	if err != nil {
-		return nil, err
-	}
-	if stopController, err = ebbrun.StartController(c, bin); err != nil {
-		return nil, err
-	}
-	if stopLB, err = ebbrun.StartLB(c, bin); err != nil {
-		stopController()
-		return nil, err
-	}
-	return func() {
-		stopLB()
-		stopController()
-	}, nil
-}
+// appNodes are the nodes the tests maintain (all but the LB node).
+func appNodes() []localcluster.Node { return cluster.Nodes[:len(cluster.Nodes)-1] }
 
-// restartController stops `ebb controller` and starts it again, with
-// extra flags args.
+// restartController rolls the controller out with extra flags args
+// (none: its installed arguments) and waits until a new replica leads.
 func restartController(t *testing.T, args ...string) {
 	t.Helper()
-	bin, err := ebbBin()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err := ebbrun.UpdateControllerArgs(ctx, cluster, func(current []string) []string {
+		return append(slices.DeleteFunc(current, func(a string) bool { return slices.Contains(testFlags, a) }), args...)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopController()
-	if stopController, err = ebbrun.StartController(cluster, bin, args...); err != nil {
+}
+
+// testFlags are the flags tests add to the controller (restartController
+// takes them away again).
+var testFlags = []string{"--max-draining-nodes=1"}
+
+// stopController stops every controller replica (kubectl scale
+// --replicas=0); startController brings them back.
+func stopController(t *testing.T) {
+	t.Helper()
+	if err := ebbrun.ScaleController(context.Background(), cluster, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func startController(t *testing.T) {
+	t.Helper()
+	if err := ebbrun.ScaleController(context.Background(), cluster, 2); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -96,7 +96,7 @@ func TestDrainOrderByPodType(t *testing.T) {
 		nm := getNM(t, ctx, "podtypes")
 		msg := nodeStatus(nm, node).DrainMessage
 		return meta.IsStatusConditionTrue(nm.Status.Conditions, v1alpha1.DrainedCondition) && strings.Contains(msg, "1 static pod(s) cannot be evacuated through the API") &&
-				strings.Contains(msg, "DaemonSet(s) tolerant tolerate the draining taint"),
+				strings.Contains(msg, "tolerant tolerate the draining taint"),
 			fmt.Sprintf("message %q", msg)
 	})
 	for _, e := range evacuations(t, ctx, ns) {

@@ -19,7 +19,6 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -177,7 +176,7 @@ func logPodTimeline(t *testing.T, ns, app string) {
 // frontends: which backends failed dials, were Down or unhealthy.
 func logLBSeries(t *testing.T, ns string, metrics ...string) {
 	t.Helper()
-	for _, l := range strings.Split(e2eutil.Scrape(t, ebbrun.LBMetricsAddress), "\n") {
+	for _, l := range strings.Split(lbMetrics(t), "\n") {
 		for _, m := range metrics {
 			if strings.HasPrefix(l, m) && strings.Contains(l, ns) {
 				t.Log(l)

@@ -19,7 +19,6 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -122,7 +121,7 @@ func TestZeroDowntimeDrain(t *testing.T) {
 		defer w.Stop()
 		for ev := range w.ResultChan() {
 			if ev.Type == watch.Added {
-				firstEvacuation <- e2eutil.AdminDown(e2eutil.Scrape(t, ebbrun.LBMetricsAddress), node)
+				firstEvacuation <- e2eutil.AdminDown(lbMetrics(t), node)
 				return
 			}
 		}
@@ -174,7 +173,7 @@ func TestZeroDowntimeDrain(t *testing.T) {
 	}
 	eventually(t, ctx, 30*time.Second, "the node back in rotation and schedulable", func(ctx context.Context) (bool, string) {
 		n := getNode(t, ctx, node)
-		return !n.Spec.Unschedulable && !e2eutil.AdminDown(e2eutil.Scrape(t, ebbrun.LBMetricsAddress), node), fmt.Sprint(n.Spec.Taints)
+		return !n.Spec.Unschedulable && !e2eutil.AdminDown(lbMetrics(t), node), fmt.Sprint(n.Spec.Taints)
 	})
 	time.Sleep(500 * time.Millisecond)
 	web.Stop()
