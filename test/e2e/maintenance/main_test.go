@@ -92,9 +92,6 @@ func ebbBin() (string, error) {
 	return bin, nil
 }
 
-// appNodes are the nodes the tests maintain (all but the LB node).
-func appNodes() []localcluster.Node { return cluster.Nodes[:len(cluster.Nodes)-1] }
-
 // restartController rolls the controller out with extra flags args
 // (none: its installed arguments) and waits until a new replica leads.
 func restartController(t *testing.T, args ...string) {
