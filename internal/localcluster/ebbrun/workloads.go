@@ -3,10 +3,13 @@ package ebbrun
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -147,3 +150,33 @@ func ScaleController(ctx context.Context, c *localcluster.Cluster, replicas int3
 
 // controllerDeployment names config/manager's Deployment (and its Lease).
 const controllerDeployment = "ebb-controller"
+
+// InstallOnNode installs ebb from manifest with ebb lb and both controller
+// replicas on node, an infrastructure node that suites draining, tainting
+// and replacing the others never move ebb off, and routes both VIP pools
+// to it (RouteVIPsTo).
+func InstallOnNode(ctx context.Context, c *localcluster.Cluster, manifest string, node localcluster.Node) error {
+	err := InstallManifest(ctx, c, manifest, ManifestOptions{
+		LBNodes: []string{node.Name},
+		EditController: func(d *appsv1.Deployment) {
+			d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node.Name}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return RouteVIPsTo(c, node)
+}
+
+// RouteVIPsTo routes both VIP pools to node, where ebb lb serves them, from
+// the router and from the control-plane host (where tests' clients run).
+func RouteVIPsTo(c *localcluster.Cluster, node localcluster.Node) error {
+	v4, v6 := netip.MustParseAddr(node.IP), netip.MustParseAddr(node.IPv6)
+	if err := c.RouteVIPsVia(v4, v6); err != nil {
+		return err
+	}
+	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, v4); err != nil {
+		return err
+	}
+	return c.Network.Root.AddRoute(localcluster.VIPPrefixv6, v6)
+}

@@ -59,19 +59,7 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 		_, err := e2eutil.GetIdentity(ctx, client, url)
 		return err == nil, fmt.Sprint(err)
 	})
-	before := map[string]float64{lbA.Name: lbConnections(t, ctx, lbA), lbB.Name: lbConnections(t, ctx, lbB)}
-	for i := range 60 {
-		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
-			t.Fatalf("request %d from the client through both LB hosts: %v", i, err)
-		}
-	}
-	for _, node := range []localcluster.Node{lbA, lbB} {
-		if n := lbConnections(t, ctx, node) - before[node.Name]; n == 0 {
-			t.Errorf("no connection of 60 went through the LB host %s: the router does not spread flows", node.Name)
-		} else {
-			t.Logf("%s carried %.0f of 60 connections", node.Name, n)
-		}
-	}
+	expectSpread(t, ctx, client, url, lbA, lbB)
 
 	// One host stops being an LB node: its ebb lb pod is stopped, closes
 	// its session, and the router withdraws it.
@@ -83,6 +71,29 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	for i := range 30 {
 		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
 			t.Fatalf("request %d after %s stopped: %v", i, lbB.Name, err)
+		}
+	}
+}
+
+// expectSpread sends 60 requests to url through client, each on a new
+// connection: none may fail, and each LB host must carry some (the router
+// spreads flows by ECMP).
+func expectSpread(t *testing.T, ctx context.Context, client *http.Client, url string, hosts ...localcluster.Node) {
+	t.Helper()
+	before := map[string]float64{}
+	for _, h := range hosts {
+		before[h.Name] = lbConnections(t, ctx, h)
+	}
+	for i := range 60 {
+		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
+			t.Fatalf("request %d from the client to %s: %v", i, url, err)
+		}
+	}
+	for _, h := range hosts {
+		if n := lbConnections(t, ctx, h) - before[h.Name]; n == 0 {
+			t.Errorf("no connection of 60 to %s went through the LB host %s: the router does not spread flows", url, h.Name)
+		} else {
+			t.Logf("%s carried %.0f of 60 connections to %s", h.Name, n, url)
 		}
 	}
 }
@@ -168,19 +179,7 @@ func TestBGPAnnouncesIPv6AddressesOverTheSameSessions(t *testing.T) {
 		_, err := e2eutil.GetIdentity(ctx, client, url)
 		return err == nil, fmt.Sprint(err)
 	})
-	before := map[string]float64{lbA.Name: lbConnections(t, ctx, lbA), lbB.Name: lbConnections(t, ctx, lbB)}
-	for i := range 60 {
-		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
-			t.Fatalf("request %d from the client to %s: %v", i, url, err)
-		}
-	}
-	for _, node := range []localcluster.Node{lbA, lbB} {
-		if n := lbConnections(t, ctx, node) - before[node.Name]; n == 0 {
-			t.Errorf("no connection of 60 to the IPv6 address went through the LB host %s", node.Name)
-		} else {
-			t.Logf("%s carried %.0f of 60 IPv6 connections", node.Name, n)
-		}
-	}
+	expectSpread(t, ctx, client, url, lbA, lbB)
 
 	stopped := time.Now()
 	stopB()

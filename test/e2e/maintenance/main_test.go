@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -47,26 +45,12 @@ func TestMain(m *testing.M) {
 }
 
 // setUp installs ebb from dist/install.yaml with ebb lb and the
-// controllers on the last node, and routes the VIP pools to it from this
-// host, where the tests' clients run.
+// controllers on the last node, the VIP pools routed to it.
 func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	lbNode = c.Nodes[len(c.Nodes)-1]
-	err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
-		LBNodes: []string{lbNode.Name},
-		EditController: func(d *appsv1.Deployment) {
-			d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: lbNode.Name}
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	v4, v6 := netip.MustParseAddr(lbNode.IP), netip.MustParseAddr(lbNode.IPv6)
-	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, v4); err != nil {
-		return nil, err
-	}
-	if err := c.Network.Root.AddRoute(localcluster.VIPPrefixv6, v6); err != nil {
+	if err := ebbrun.InstallOnNode(ctx, c, filepath.Join(dist, "install.yaml"), lbNode); err != nil {
 		return nil, err
 	}
 	return func() {}, nil

@@ -8,13 +8,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -40,39 +38,16 @@ func TestMain(m *testing.M) {
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// setUp installs ebb with ebb lb and the controllers on the last node, and
-// routes the VIP pools to it from the router and from this host (where the
-// tests' clients run).
+// setUp installs ebb with ebb lb and the controllers on the last node,
+// the VIP pools routed to it.
 func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	lbNode = c.Nodes[len(c.Nodes)-1]
-	err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
-		LBNodes: []string{lbNode.Name},
-		EditController: func(d *appsv1.Deployment) {
-			d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: lbNode.Name}
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := routeVIPsToLB(c); err != nil {
+	if err := ebbrun.InstallOnNode(ctx, c, filepath.Join(dist, "install.yaml"), lbNode); err != nil {
 		return nil, err
 	}
 	return func() {}, nil
-}
-
-// routeVIPsToLB routes both VIP pools to the LB node, from the router and
-// from this host.
-func routeVIPsToLB(c *localcluster.Cluster) error {
-	v4, v6 := netip.MustParseAddr(lbNode.IP), netip.MustParseAddr(lbNode.IPv6)
-	if err := c.RouteVIPsVia(v4, v6); err != nil {
-		return err
-	}
-	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, v4); err != nil {
-		return err
-	}
-	return c.Network.Root.AddRoute(localcluster.VIPPrefixv6, v6)
 }
 
 // appNodes are the nodes that carry the apps (all but the LB node).

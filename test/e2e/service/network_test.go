@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
@@ -42,7 +43,7 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore := func() {
-		if err := routeVIPsToLB(cluster); err != nil {
+		if err := ebbrun.RouteVIPsTo(cluster, lbNode); err != nil {
 			t.Fatal(err)
 		}
 	}
