@@ -94,9 +94,9 @@ bench-cutover: tools build
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -ebb bin/ebb
 
 ## bench-drain: a node drained under 1,000 req/s and 50 long-lived connections, ebb against kubectl drain, 3 runs each
-bench-drain: tools build
+bench-drain: tools build release
 	$(GO) build -o bin/bench-drain ./bench/drain
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -ebb bin/ebb
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -dist dist
 
 ## bench-maintenance: API writes and reconciles per minute of ebb controller with 100 nodes, 3,000 pods and 5 NodeMaintenances, draining and steady
 bench-maintenance: tools build

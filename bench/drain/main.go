@@ -22,55 +22,51 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
 func main() {
-	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
+	dist := flag.String("dist", "dist", "where `make release` wrote install.yaml and the image layout oci, which the benchmark installs")
 	runs := flag.Int("runs", 3, "runs of each mode")
 	rate := flag.Int("rate", 1000, "new connections per second")
 	longLived := flag.Int("long-lived", 50, "long-lived connections")
 	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
 	withBaseline := flag.Bool("baseline", true, "also run the baseline (off: ebb only, e.g. to investigate)")
 	flag.Parse()
-	benchcluster.Main("bench-drain", func() error { return run(*ebbBin, *runs, *rate, *longLived, *withBaseline, *out) })
+	benchcluster.Main("bench-drain", func() error { return run(*dist, *runs, *rate, *longLived, *withBaseline, *out) })
 }
 
-func run(ebbBin string, runs, rate, longLived int, withBaseline bool, out string) error {
+func run(dist string, runs, rate, longLived int, withBaseline bool, out string) error {
 	ctx := context.Background()
-	c, bin, err := benchcluster.Start(ctx, "bench-drain", ebbBin)
+	c, manifest, err := benchcluster.StartWithImage(ctx, "bench-drain", dist)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	stopController, err := ebbrun.StartController(c, bin)
-	if err != nil {
-		return err
-	}
-	defer stopController()
-
+	// As the demo: ebb installed from the manifest with ebb lb on the
+	// first node, the clients behind the router, the apps on the others.
 	opts := demo.DefaultOptions()
 	opts.Rate, opts.LongLived, opts.Progress = rate, longLived, os.Stderr
+	if err := demo.Install(ctx, c, manifest, &opts); err != nil {
+		return err
+	}
+	baselineOn := false
 	results := map[string][]*demo.Result{}
 	for i := range runs {
 		for _, baseline := range []bool{false, true} {
 			if baseline && !withBaseline {
 				continue
 			}
-			var lbArgs []string
-			if baseline {
-				lbArgs = []string{"--disable-admin-state"}
-			}
-			stopLB, err := ebbrun.StartLB(c, bin, lbArgs...)
-			if err != nil {
-				return err
+			if baseline != baselineOn {
+				if err := demo.SetBaseline(ctx, c, baseline); err != nil {
+					return err
+				}
+				baselineOn = baseline
 			}
 			o := opts
 			o.Baseline = baseline
 			o.Namespace = fmt.Sprintf("drain-%d-%v", i, map[bool]string{false: "ebb", true: "baseline"}[baseline])
 			res, err := demo.Run(ctx, c, o)
-			stopLB()
 			if err != nil {
 				return err
 			}

@@ -51,3 +51,25 @@ func Start(ctx context.Context, name, ebbBin string) (*localcluster.Cluster, str
 	}
 	return c, bin, nil
 }
+
+// StartWithImage is Start for a benchmark that installs ebb from dist
+// (`make release` writes dist/install.yaml and the image layout dist/oci):
+// the cluster runs pods of ebb's image as processes. It returns the
+// cluster and the manifest's absolute path.
+func StartWithImage(ctx context.Context, name, dist string) (*localcluster.Cluster, string, error) {
+	if err := localcluster.SetupNamespace(); err != nil {
+		return nil, "", err
+	}
+	manifest, err := filepath.Abs(filepath.Join(dist, "install.yaml"))
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := os.Stat(manifest); err != nil {
+		return nil, "", fmt.Errorf("%w: run `make release` (the make target does)", err)
+	}
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: 3, Progress: os.Stderr, Images: []string{filepath.Join(filepath.Dir(manifest), "oci")}})
+	if err != nil {
+		return nil, "", err
+	}
+	return c, manifest, nil
+}

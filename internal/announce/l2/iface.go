@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
 	"github.com/mdlayher/packet"
+	"github.com/vishvananda/netns"
 	"golang.org/x/net/ipv6"
 )
 
@@ -22,8 +24,12 @@ type iface struct {
 	v4  netip.Addr
 	hb  *packet.Conn
 	arp *arp.Client
-	ndp *ndp.Conn
-	// ndpErr says why there is no NDP responder.
+	// ndp is the NDP responder's socket: nil while the interface has no
+	// usable link-local address (none, or still tentative while duplicate
+	// address detection runs, as right after the link comes up).
+	ndp atomic.Pointer[ndp.Conn]
+	// ndpErr says why there was no NDP responder when the interface was
+	// opened.
 	ndpErr error
 	// closed tells its readers that their socket's error is the close
 	// (SetInterfaces took the interface away).
@@ -59,20 +65,37 @@ func openInterface(name string) (*iface, error) {
 			return nil, fmt.Errorf("opening the ARP socket on %s (needs CAP_NET_RAW): %w", name, err)
 		}
 	}
-	if c, _, err := ndp.Listen(ifi, ndp.LinkLocal); err != nil {
+	c, err := listenNDP(ifi)
+	switch {
+	case errors.Is(err, errNoLinkLocal):
 		ifc.ndpErr = err
-	} else {
-		var f ipv6.ICMPFilter
-		f.SetAll(true)
-		f.Accept(ipv6.ICMPTypeNeighborSolicitation)
-		if err := c.SetICMPFilter(&f); err != nil {
-			c.Close()
-			ifc.close()
-			return nil, fmt.Errorf("filtering ICMPv6 on %s: %w", name, err)
-		}
-		ifc.ndp = c
+	case err != nil:
+		ifc.close()
+		return nil, err
+	default:
+		ifc.ndp.Store(c)
 	}
 	return ifc, nil
+}
+
+// errNoLinkLocal is an interface without a usable link-local address.
+var errNoLinkLocal = errors.New("no usable IPv6 link-local address")
+
+// listenNDP opens the NDP responder's socket on ifi, hearing only
+// neighbour solicitations.
+func listenNDP(ifi *net.Interface) (*ndp.Conn, error) {
+	c, _, err := ndp.Listen(ifi, ndp.LinkLocal)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errNoLinkLocal, err)
+	}
+	var f ipv6.ICMPFilter
+	f.SetAll(true)
+	f.Accept(ipv6.ICMPTypeNeighborSolicitation)
+	if err := c.SetICMPFilter(&f); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("filtering ICMPv6 on %s: %w", ifi.Name, err)
+	}
+	return c, nil
 }
 
 func (i *iface) close() {
@@ -83,8 +106,8 @@ func (i *iface) close() {
 	if i.arp != nil {
 		i.arp.Close()
 	}
-	if i.ndp != nil {
-		i.ndp.Close()
+	if c := i.ndp.Load(); c != nil {
+		c.Close()
 	}
 }
 
@@ -111,17 +134,19 @@ func (i *iface) announce(addr netip.Addr) error {
 		}
 		return errors.Join(errs...)
 	}
-	if i.ndp == nil {
+	c := i.ndp.Load()
+	if c == nil {
 		return fmt.Errorf("no NDP on the interface: %w", i.ndpErr)
 	}
 	na := &ndp.NeighborAdvertisement{Override: true, TargetAddress: addr,
 		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: i.ifi.HardwareAddr}}}
-	return i.ndp.WriteTo(na, nil, netip.IPv6LinkLocalAllNodes())
+	return c.WriteTo(na, nil, netip.IPv6LinkLocalAllNodes())
 }
 
 // join joins (or leaves) addr's solicited-node multicast group.
 func (i *iface) join(addr netip.Addr, on bool) error {
-	if i.ndp == nil {
+	c := i.ndp.Load()
+	if c == nil {
 		return nil
 	}
 	group, err := ndp.SolicitedNodeMulticast(addr)
@@ -129,9 +154,9 @@ func (i *iface) join(addr netip.Addr, on bool) error {
 		return err
 	}
 	if on {
-		return i.ndp.JoinGroup(group)
+		return c.JoinGroup(group)
 	}
-	return i.ndp.LeaveGroup(group)
+	return c.LeaveGroup(group)
 }
 
 // readHeartbeats hands every heartbeat heard on ifc to the membership.
@@ -177,8 +202,9 @@ func (a *Announcer) answerARP(ifc *iface) {
 // answerNDP answers the neighbour solicitations for the addresses this
 // replica owns.
 func (a *Announcer) answerNDP(ifc *iface) {
+	conn := ifc.ndp.Load()
 	for {
-		m, _, from, err := ifc.ndp.ReadFrom()
+		m, _, from, err := conn.ReadFrom()
 		if err != nil {
 			if !a.stopping.Load() && !ifc.closed.Load() {
 				a.log.Error(err, "Reading NDP", "interface", ifc.ifi.Name)
@@ -196,8 +222,43 @@ func (a *Announcer) answerNDP(ifc *iface) {
 			// Duplicate address detection: tell everyone.
 			na.Solicited, to = false, netip.IPv6LinkLocalAllNodes()
 		}
-		if err := ifc.ndp.WriteTo(na, nil, to); err != nil {
+		if err := conn.WriteTo(na, nil, to); err != nil {
 			a.log.V(1).Info("Answering NDP failed", "address", ns.TargetAddress, "interface", ifc.ifi.Name, "error", err.Error())
 		}
 	}
+}
+
+// inNetNS runs fn on a thread in the network namespace fd (0: this
+// thread's own), as sockets fn opens must be: a goroutine may run on any
+// thread, and a caller such as a test may have started the announcer from
+// a thread in another namespace than the process's.
+func inNetNS(fd int, fn func() error) error {
+	if fd == 0 {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(netns.NsHandle(fd)); err != nil {
+			errc <- fmt.Errorf("entering the announcer's network namespace: %w", err)
+			return
+		}
+		err = fn()
+		if rerr := netns.Set(orig); rerr != nil {
+			// The thread stays locked and ends with the goroutine: the
+			// runtime retires it rather than reuse it in the wrong
+			// namespace.
+			errc <- errors.Join(err, rerr)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
 }

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/mdlayher/ndp"
 	"k8s.io/utils/clock"
 )
 
@@ -54,7 +55,10 @@ type Config struct {
 	KernelTable string
 	// NetNS is the network namespace of the nftables table (a file
 	// descriptor; 0: this process's). Sockets are opened in the calling
-	// thread's namespace.
+	// thread's namespace, and those opened later (an NDP responder once
+	// its interface has a link-local address) in NetNS: set it when
+	// starting the announcer from a thread in another namespace than the
+	// process's.
 	NetNS int
 	// Clock defaults to the real one.
 	Clock clock.WithTicker
@@ -178,8 +182,8 @@ func (a *Announcer) openLocked(name string) (*iface, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ifc.ndp == nil {
-		a.log.Info("No NDP on this interface: IPv6 addresses are not announced there", "interface", name, "reason", ifc.ndpErr.Error())
+	if ifc.ndp.Load() == nil {
+		a.log.Info("No NDP on this interface yet: IPv6 addresses are announced there once it has a usable link-local address", "interface", name, "reason", ifc.ndpErr.Error())
 	}
 	if !ifc.v4.IsValid() {
 		a.log.Info("No IPv4 address on this interface: IPv4 addresses are not announced there", "interface", name)
@@ -195,11 +199,68 @@ func (a *Announcer) serve(ifc *iface) {
 		a.wg.Add(1)
 		go func() { defer a.wg.Done(); a.answerARP(ifc) }()
 	}
-	if ifc.ndp != nil {
-		a.wg.Add(1)
-		go func() { defer a.wg.Done(); a.answerNDP(ifc) }()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if ifc.ndp.Load() == nil && !a.awaitNDP(ifc) {
+			return
+		}
+		a.answerNDP(ifc)
+	}()
+}
+
+// awaitNDP opens the NDP responder of an interface that had no usable
+// link-local address when it was opened, retrying until it has one (its
+// duplicate address detection over, or an address added): then it joins
+// the solicited-node groups of the IPv6 addresses this replica owns and
+// announces them there. False if the interface or the announcer closed
+// first.
+func (a *Announcer) awaitNDP(ifc *iface) bool {
+	for wait := ndpRetryFirst; ; wait = min(2*wait, ndpRetryMax) {
+		a.cfg.Clock.Sleep(wait)
+		if a.stopping.Load() || ifc.closed.Load() {
+			return false
+		}
+		var c *ndp.Conn
+		err := inNetNS(a.cfg.NetNS, func() (err error) {
+			c, err = listenNDP(ifc.ifi)
+			return err
+		})
+		if errors.Is(err, errNoLinkLocal) {
+			continue
+		}
+		if err != nil {
+			a.log.Error(err, "Opening NDP", "interface", ifc.ifi.Name)
+			return false
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.closed || ifc.closed.Load() {
+			c.Close()
+			return false
+		}
+		ifc.ndp.Store(c)
+		for addr := range *a.mine.Load() {
+			if addr.Is6() && a.allowedOn(addr, ifc) {
+				if err := ifc.join(addr, true); err != nil {
+					a.log.Error(err, "Joining a solicited-node multicast group", "address", addr, "interface", ifc.ifi.Name)
+				}
+				a.gratuitous[addr] = max(a.gratuitous[addr], gratuitousRepeats)
+			}
+		}
+		a.announceLocked()
+		a.log.Info("NDP on this interface: IPv6 addresses are announced there", "interface", ifc.ifi.Name)
+		return true
 	}
 }
+
+// How soon, and then how often at most, an interface without a usable
+// link-local address is tried again (duplicate address detection takes
+// about a second after the link comes up).
+const (
+	ndpRetryFirst = 100 * time.Millisecond
+	ndpRetryMax   = 5 * time.Second
+)
 
 // kernelIfaces are the interfaces whose outgoing ARP the kernel rules
 // rewrite: those with an IPv4 address.

@@ -435,3 +435,35 @@ func TestTakeoverReachesARouterAtOnce(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// An interface without a usable link-local address when the announcer
+// starts (IPv6 off on it here; right after a link comes up, its link-local
+// address is missing or tentative for a moment) gets its NDP responder
+// once it has one: the IPv6 address is then answered for there. It was
+// left without NDP for good before (a unit-test run in CI: "No NDP on this
+// interface", and the IPv6 address never moved to that host).
+func TestNDPStartsOnceTheInterfaceHasALinkLocalAddress(t *testing.T) {
+	s := newSegment(t)
+	h, dev := s.lbs["lb-a"], devOf("lb-a")
+	if err := h.SetSysctl("net/ipv6/conf/"+dev+"/disable_ipv6", "1"); err != nil {
+		t.Fatal(err)
+	}
+	a := s.start(t, "lb-a")
+	time.Sleep(300 * time.Millisecond)
+	if a.ifaces[0].ndp.Load() != nil {
+		t.Fatal("an NDP responder on an interface without IPv6")
+	}
+	if got, err := s.ask(vip6); err == nil {
+		t.Fatalf("the client reached %s (%s) with no NDP responder", vip6, got)
+	}
+	// IPv6 back on the interface (its global address too: disabling IPv6
+	// removed it).
+	if err := h.SetSysctl("net/ipv6/conf/"+dev+"/disable_ipv6", "0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddAddress(dev, netip.MustParsePrefix("fd00:5::1/64")); err != nil {
+		t.Fatal(err)
+	}
+	took := s.waitServedBy(t, vip6, "lb-a")
+	t.Logf("%s answered for by lb-a %s after IPv6 came back on %s", vip6, took.Round(time.Millisecond), dev)
+}

@@ -10,11 +10,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"syscall"
 	"time"
 
@@ -23,7 +21,6 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // Options are the demo's flags.
@@ -200,22 +197,11 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 // same with the load balancer's admin state off, then, with --lb-host, the
 // maintenance of an LB host; ebb's result comes first.
 func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io.Writer) ([]*demo.Result, *demo.LBHostResult, error) {
-	if len(c.Nodes) < 3 {
-		return nil, nil, fmt.Errorf("the demo needs 3 nodes (an LB host and two for the apps), not %d", len(c.Nodes))
-	}
-	lbNode := c.Nodes[0]
-	fmt.Fprintf(out, "[demo] installing ebb from %s: ebb lb on %s, the router reaching the addresses through it\n", o.Install, lbNode.Name)
-	if err := ebbrun.InstallManifest(ctx, c, o.Install, ebbrun.ManifestOptions{LBNodes: []string{lbNode.Name}}); err != nil {
-		return nil, nil, err
-	}
-	if err := c.RouteVIPsVia(netip.MustParseAddr(lbNode.IP), netip.MustParseAddr(lbNode.IPv6)); err != nil {
-		return nil, nil, err
-	}
 	scenario := o.Scenario
 	scenario.Progress, scenario.Namespace = out, "demo-ebb"
-	scenario.Dial = c.ExternalClient.DialContext
-	for _, n := range c.Nodes[1:] {
-		scenario.AppNodes = append(scenario.AppNodes, n.Name)
+	fmt.Fprintf(out, "[demo] installing ebb from %s: ebb lb on %s, the router reaching the addresses through it\n", o.Install, c.Nodes[0].Name)
+	if err := demo.Install(ctx, c, o.Install, &scenario); err != nil {
+		return nil, nil, err
 	}
 	ebb, err := demo.Run(ctx, c, scenario)
 	if err != nil {
@@ -224,7 +210,7 @@ func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io
 	results := []*demo.Result{ebb}
 	if o.Baseline {
 		fmt.Fprintln(out, "[demo] baseline: ebb lb rolling out with --disable-admin-state (health probes only)")
-		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string { return append(args, disableAdminState) }); err != nil {
+		if err := demo.SetBaseline(ctx, c, true); err != nil {
 			return nil, nil, err
 		}
 		scenario.Baseline, scenario.Namespace = true, "demo-baseline"
@@ -234,9 +220,7 @@ func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io
 		}
 		results = append(results, base)
 		fmt.Fprintln(out, "[demo] ebb lb rolling out with its admin state back on")
-		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string {
-			return slices.DeleteFunc(args, func(a string) bool { return a == disableAdminState })
-		}); err != nil {
+		if err := demo.SetBaseline(ctx, c, false); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -249,9 +233,6 @@ func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io
 	}
 	return results, lb, nil
 }
-
-// disableAdminState is the baseline's flag of ebb lb.
-const disableAdminState = "--disable-admin-state"
 
 // findInstall returns the manifest to install: flag, else
 // $EBB_DIST/install.yaml, else dist/install.yaml beside the bin directory
