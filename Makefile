@@ -84,14 +84,14 @@ bench-dataplane: build
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb
 
 ## bench-service: Service create to first request, EndpointSlice change to data plane, on the local cluster
-bench-service: tools build
+bench-service: tools build release
 	$(GO) build -o bin/bench-service ./bench/service
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -ebb bin/ebb
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -dist dist
 
 ## bench-cutover: leaving node -> last new connection (admin state vs probes only), spot eviction failures, on the local cluster
-bench-cutover: tools build
+bench-cutover: tools build release
 	$(GO) build -o bin/bench-cutover ./bench/cutover
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -ebb bin/ebb
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -dist dist
 
 ## bench-drain: a node drained under 1,000 req/s and 50 long-lived connections, ebb against kubectl drain, 3 runs each
 bench-drain: tools build release
@@ -99,9 +99,9 @@ bench-drain: tools build release
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -dist dist
 
 ## bench-maintenance: API writes and reconciles per minute of ebb controller with 100 nodes, 3,000 pods and 5 NodeMaintenances, draining and steady
-bench-maintenance: tools build
+bench-maintenance: tools build release
 	$(GO) build -o bin/bench-maintenance ./bench/maintenance
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-maintenance -ebb bin/ebb
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-maintenance -dist dist
 
 ## bench-lb-lifecycle: restarts of one LB (ebb hand-off, HAProxy seamless reload, plain restart), rolling upgrades of the ebb lb DaemonSet and a maintenance of an LB host, under 1,000 req/s and 50 long-lived connections, 3 runs
 bench-lb-lifecycle: tools build release

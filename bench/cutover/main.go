@@ -1,7 +1,8 @@
 // Command cutover measures how fast a leaving node stops getting new
-// connections, on the local cluster with `ebb controller` and `ebb lb` as
-// processes and a client opening new connections at a constant rate through
-// a node-mode LoadBalancer Service:
+// connections, on the local cluster with ebb installed from
+// dist/install.yaml (ebb lb and the controller on a fourth, infrastructure
+// node) and a client opening new connections at a constant rate through a
+// node-mode LoadBalancer Service whose pods run on the other three:
 //
 //   - cutover: the out-of-service taint is added at t0; the figures are
 //     the time of the last new connection the node accepted, minus t0
@@ -12,8 +13,9 @@
 //   - spot eviction: a PreemptScheduled Event is created at t0 and the
 //     node's data path is killed at t0 + 2 s; the figure is the number of
 //     failed requests. The same runs with admin state switched off
-//     (`ebb lb --disable-admin-state`: only the probes decide, every 5 s,
-//     2 failures) are the baseline, and give the probe-only cutover.
+//     (ebb lb rolled out with --disable-admin-state: only the probes
+//     decide, every 5 s, 2 failures) are the baseline, and give the
+//     probe-only cutover.
 //
 // The last line printed is a JSON summary, also written to
 // bench/results/cutover.json.
@@ -33,6 +35,7 @@ import (
 
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
+	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -41,68 +44,63 @@ import (
 )
 
 func main() {
-	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
+	dist := flag.String("dist", "dist", "where `make release` wrote install.yaml and the image layout oci, which the benchmark installs")
 	runs := flag.Int("runs", 20, "cutover runs (the out-of-service taint)")
 	spotRuns := flag.Int("spot-runs", 3, "spot-eviction runs, each with ebb and with the probe-only baseline")
 	rate := flag.Int("rate", 500, "new connections per second")
 	out := flag.String("out", "bench/results/cutover.json", "where to write the JSON summary")
 	flag.Parse()
-	benchcluster.Main("bench-cutover", func() error { return run(*ebbBin, *runs, *spotRuns, *rate, *out) })
+	benchcluster.Main("bench-cutover", func() error { return run(*dist, *runs, *spotRuns, *rate, *out) })
 }
 
 const ns = metav1.NamespaceDefault
 
-func run(ebbBin string, runs, spotRuns, rate int, out string) error {
+func run(dist string, runs, spotRuns, rate int, out string) error {
 	ctx := context.Background()
-	c, bin, err := benchcluster.Start(ctx, "bench-cutover", ebbBin)
+	c, manifest, err := benchcluster.Start(ctx, "bench-cutover", dist, 4)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	stop, err := ebbrun.StartEbb(c, bin)
-	if err != nil {
+	lbNode := c.Nodes[len(c.Nodes)-1]
+	if err := ebbrun.InstallOnNode(ctx, c, manifest, lbNode); err != nil {
 		return err
 	}
 	url, err := deploy(ctx, c)
 	if err != nil {
-		stop()
 		return err
 	}
 	svc, err := c.Client.CoreV1().Services(ns).Get(ctx, "app", metav1.GetOptions{})
 	if err != nil {
-		stop()
 		return err
 	}
 	// The traffic's node port: the Local Service's health check node port
 	// is probed even while the node is Down, and must not count.
-	b := &bench{c: c, nodePort: svc.Spec.Ports[0].NodePort, load: &loadgen.Requests{URL: url, Rate: rate, Timeout: requestTimeout}}
+	b := &bench{c: c, lbNode: lbNode, nodes: c.Nodes[:len(c.Nodes)-1], nodePort: svc.Spec.Ports[0].NodePort,
+		load: &loadgen.Requests{URL: url, Rate: rate, Timeout: requestTimeout}}
 	b.load.Start()
 	defer b.load.Stop()
 
 	cutovers, err := b.cutovers(ctx, runs)
 	if err != nil {
-		stop()
 		return err
 	}
 	// A node gets a new connection every len(nodes)/rate on average: the
 	// last-connection figure cannot resolve anything shorter. The data
 	// plane's own timestamp has no such limit.
-	resolution := time.Duration(float64(time.Second) * float64(len(c.Nodes)) / float64(rate))
+	resolution := time.Duration(float64(time.Second) * float64(len(b.nodes)) / float64(rate))
 	fmt.Fprintf(os.Stderr, "cutover over %d runs at %d conn/s: last new connection p50 %s p99 %s (resolution %s: the mean gap between a node's new connections); taint write to Down applied p50 %s p99 %s\n",
 		runs, rate, stats.Percentile(cutovers, 0.5), stats.Percentile(cutovers, 0.99), resolution,
 		stats.Percentile(b.apiToApplied, 0.5), stats.Percentile(b.apiToApplied, 0.99))
 	spotFailed, _, err := b.spotRuns(ctx, spotRuns)
-	stop()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "spot eviction with ebb: %d failed requests over %d runs\n", spotFailed, spotRuns)
 
-	stop, err = ebbrun.StartEbb(c, bin, "--disable-admin-state")
-	if err != nil {
+	if err := demo.SetBaseline(ctx, c, true); err != nil {
 		return err
 	}
-	defer stop()
 	if err := b.waitAllNodesServe(ctx); err != nil {
 		return err
 	}
@@ -139,7 +137,7 @@ func run(ebbBin string, runs, spotRuns, rate int, out string) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// deploy creates the echo app (3 replicas, one per node, tolerating the
+// deploy creates the echo app (3 replicas, one per app node, tolerating the
 // out-of-service taint so the measurement is about the load balancer, not
 // pod churn) and its node-mode LoadBalancer Service with
 // externalTrafficPolicy Local, and returns the Service's URL once it

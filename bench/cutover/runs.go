@@ -22,7 +22,10 @@ import (
 const requestTimeout = 3 * time.Second
 
 type bench struct {
-	c        *localcluster.Cluster
+	c *localcluster.Cluster
+	// lbNode runs ebb; nodes are the app's, which the runs take away.
+	lbNode   localcluster.Node
+	nodes    []localcluster.Node
 	nodePort int32
 	load     *loadgen.Requests
 	// apiToApplied: from the start of each taint's API write to ebb lb's
@@ -36,7 +39,7 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 	oos := corev1.Taint{Key: lbmodel.TaintOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}
 	var out []time.Duration
 	for i := range runs {
-		node := b.c.Nodes[i%len(b.c.Nodes)].Name
+		node := b.nodes[i%len(b.nodes)].Name
 		if err := b.waitServes(ctx, node, time.Now()); err != nil {
 			return nil, err
 		}
@@ -47,7 +50,7 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 		time.Sleep(time.Second)
 		cut := max(b.c.LastNewConnection(node, b.nodePort).Sub(t0), 0)
 		out = append(out, cut)
-		applied, err := appliedAt(node)
+		applied, err := b.appliedAt(ctx, node)
 		if err != nil {
 			return nil, err
 		}
@@ -65,8 +68,12 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 
 // appliedAt is when `ebb lb` last applied Down to node's backends, from
 // its own timestamp (same clock as the bench's: one machine).
-func appliedAt(node string) (time.Time, error) {
-	f, err := scrape.Families(ebbrun.LBMetricsAddress)
+func (b *bench) appliedAt(ctx context.Context, node string) (time.Time, error) {
+	page, err := ebbrun.LBPage(ctx, b.c, b.lbNode, "/metrics")
+	if err != nil {
+		return time.Time{}, err
+	}
+	f, err := scrape.Parse(page)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -86,7 +93,7 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 	var failed int64
 	var cutovers []time.Duration
 	for i := range runs {
-		node := b.c.Nodes[i%len(b.c.Nodes)].Name
+		node := b.nodes[i%len(b.nodes)].Name
 		if err := b.waitServes(ctx, node, time.Now()); err != nil {
 			return 0, nil, err
 		}
@@ -158,7 +165,7 @@ func (b *bench) waitServes(ctx context.Context, node string, since time.Time) er
 
 func (b *bench) waitAllNodesServe(ctx context.Context) error {
 	since := time.Now()
-	for _, n := range b.c.Nodes {
+	for _, n := range b.nodes {
 		if err := b.waitServes(ctx, n.Name, since); err != nil {
 			return err
 		}

@@ -38,7 +38,7 @@ func main() {
 
 func run(dist string, runs, rate, longLived int, withBaseline bool, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.StartWithImage(ctx, "bench-drain", dist)
+	c, manifest, err := benchcluster.Start(ctx, "bench-drain", dist, 3)
 	if err != nil {
 		return err
 	}

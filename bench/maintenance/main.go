@@ -34,7 +34,7 @@ import (
 const poolLabel = "bench.ebb.dev/pool"
 
 type options struct {
-	ebbBin        string
+	dist          string
 	nodes, pods   int
 	maintenances  int
 	nodesEach     int
@@ -45,7 +45,7 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.ebbBin, "ebb", "bin/ebb", "the ebb binary")
+	flag.StringVar(&o.dist, "dist", "dist", "where `make release` wrote install.yaml and the image layout oci, which the benchmark installs")
 	flag.IntVar(&o.nodes, "nodes", 100, "nodes in the cluster (the local cluster's 3 plus bare simulated ones)")
 	flag.IntVar(&o.pods, "pods", 3000, "pods on the bare nodes (10 Deployments)")
 	flag.IntVar(&o.maintenances, "maintenances", 5, "NodeMaintenances")
@@ -59,18 +59,19 @@ func main() {
 
 func run(o options) error {
 	ctx := context.Background()
-	c, bin, err := benchcluster.Start(ctx, "bench-maintenance", o.ebbBin)
+	c, manifest, err := benchcluster.Start(ctx, "bench-maintenance", o.dist, 3)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	// The controller alone: no `ebb lb` reports on these nodes, so a drain
-	// does not wait on load-balancer traffic, only on its pods.
-	stop, err := ebbrun.StartController(c, bin)
+	// ebb installed without an LB node: no ebb lb reports on these nodes,
+	// so a drain does not wait on load-balancer traffic, only on its
+	// pods. The controller's client may send 200 requests/s (burst 400),
+	// as an operator of a cluster this size would set it.
+	err = ebbrun.InstallManifest(ctx, c, manifest, ebbrun.ManifestOptions{ControllerArgs: []string{"--kube-api-qps=200", "--kube-api-burst=400"}})
 	if err != nil {
 		return err
 	}
-	defer stop()
 	cl, err := client.New(c.Config, client.Options{Scheme: demo.Scheme()})
 	if err != nil {
 		return err
@@ -102,51 +103,43 @@ func run(o options) error {
 
 	// Draining: every maintenance created in Drain at once, until all are
 	// Drained.
-	before, err := readCounters()
-	if err != nil {
-		return err
-	}
 	start = time.Now()
 	var names []string
-	for i := range o.maintenances {
-		nm := &v1alpha1.NodeMaintenance{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-%d", i)},
-			Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "bench-maintenance",
-				NodeSelector: byName(nodes[i*o.nodesEach : (i+1)*o.nodesEach]...)},
+	draining, err := measure(ctx, c, func() error {
+		for i := range o.maintenances {
+			nm := &v1alpha1.NodeMaintenance{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-%d", i)},
+				Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "bench-maintenance",
+					NodeSelector: byName(nodes[i*o.nodesEach : (i+1)*o.nodesEach]...)},
+			}
+			if err := cl.Create(ctx, nm); err != nil {
+				return fmt.Errorf("creating NodeMaintenance %s: %w", nm.Name, err)
+			}
+			names = append(names, nm.Name)
 		}
-		if err := cl.Create(ctx, nm); err != nil {
-			return fmt.Errorf("creating NodeMaintenance %s: %w", nm.Name, err)
-		}
-		names = append(names, nm.Name)
-	}
-	if err := waitDrained(ctx, cl, names, 10*time.Minute); err != nil {
+		return waitDrained(ctx, cl, names, 10*time.Minute)
+	})
+	if err != nil {
 		return err
 	}
 	drainTime := time.Since(start)
-	after, err := readCounters()
-	if err != nil {
-		return err
-	}
-	draining := after.minus(before).perMinute(drainTime)
+	draining = draining.perMinute(drainTime)
 	fmt.Fprintf(os.Stderr, "draining %d nodes under %d maintenances took %s: %.0f writes/min, %.0f reconciles/min (nodemaintenance), %.0f (evacuation)\n",
 		o.maintenances*o.nodesEach, o.maintenances, drainTime.Round(time.Second), draining.writes, draining.nodeMaintenanceReconciles, draining.evacuationReconciles)
 
 	// Steady state: the maintenances are drained; elsewhere a Deployment
 	// scales up and down.
 	time.Sleep(5 * time.Second) // the last writes of the drain and their echoes
-	before, err = readCounters()
+	var churned int
+	steady, err := measure(ctx, c, func() error {
+		var err error
+		churned, err = churn(ctx, c, o.steadyWindow, o.churnInterval, "app-0", int32(o.pods/deployments))
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	churned, err := churn(ctx, c, o.steadyWindow, o.churnInterval, "app-0", int32(o.pods/deployments))
-	if err != nil {
-		return err
-	}
-	after, err = readCounters()
-	if err != nil {
-		return err
-	}
-	steady := after.minus(before).perMinute(o.steadyWindow)
+	steady = steady.perMinute(o.steadyWindow)
 	fmt.Fprintf(os.Stderr, "steady state over %s (%d scale changes of 10 pods elsewhere): %.1f writes/min, %.1f reconciles/min (nodemaintenance), %.1f (evacuation)\n",
 		o.steadyWindow, churned, steady.writes, steady.nodeMaintenanceReconciles, steady.evacuationReconciles)
 
@@ -164,6 +157,7 @@ func run(o options) error {
 		"steady_reconciles_per_minute":              steady.nodeMaintenanceReconciles,
 		"steady_evacuation_reconciles_per_minute":   steady.evacuationReconciles,
 		"steady_scale_changes":                      churned,
+		"leader_lease_writes_per_minute":            steady.leaseWrites,
 	})
 }
 

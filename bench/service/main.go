@@ -1,5 +1,6 @@
 // Command service benchmarks Service load balancers on the local cluster
-// with `ebb controller` and `ebb lb` running as processes: the time from
+// with ebb installed from dist/install.yaml (ebb lb and the controller on
+// an infrastructure node, the app on the other three): the time from
 // creating a Service to its first successful request, and from an
 // EndpointSlice change to the data plane following it. The last line printed
 // is a JSON summary, also written to bench/results/service.json.
@@ -10,7 +11,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -33,27 +33,27 @@ import (
 )
 
 func main() {
-	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
+	dist := flag.String("dist", "dist", "where `make release` wrote install.yaml and the image layout oci, which the benchmark installs")
 	services := flag.Int("services", 50, "Services to create for the create-to-first-request figure")
 	updates := flag.Int("updates", 20, "endpoint changes to time")
 	scaleN := flag.Int("scale", 1000, "Services (3 ports, 20 endpoints each) for the memory and resync figures; 0 skips")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
-	benchcluster.Main("bench-service", func() error { return run(*ebbBin, *services, *updates, *scaleN, *out) })
+	benchcluster.Main("bench-service", func() error { return run(*dist, *services, *updates, *scaleN, *out) })
 }
 
-func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
+func run(dist string, nServices, nUpdates, nScale int, out string) error {
 	ctx := context.Background()
-	c, bin, err := benchcluster.Start(ctx, "bench-service", ebbBin)
+	c, manifest, err := benchcluster.Start(ctx, "bench-service", dist, 4)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	stop, err := ebbrun.StartEbb(c, bin)
-	if err != nil {
+	lbNode := c.Nodes[len(c.Nodes)-1]
+	if err := ebbrun.InstallOnNode(ctx, c, manifest, lbNode); err != nil {
 		return err
 	}
-	defer stop()
+	lb := lbReader{c: c, node: lbNode}
 
 	const ns = metav1.NamespaceDefault
 	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "app", 3), metav1.CreateOptions{}); err != nil {
@@ -82,14 +82,14 @@ func run(ebbBin string, nServices, nUpdates, nScale int, out string) error {
 	}
 	fmt.Fprintf(os.Stderr, "EndpointSlice change to data plane over %d changes: p50 %s p99 %s\n", nUpdates, stats.Percentile(updatesTimes, 0.5), stats.Percentile(updatesTimes, 0.99))
 
-	syncMs, frontends, err := lbSyncFigures()
+	syncMs, frontends, err := lb.syncFigures(ctx)
 	if err != nil {
 		return err
 	}
 	var sc scaleResult
 	if nScale > 0 {
 		fmt.Fprintf(os.Stderr, "creating %d Services of 3 ports with 20 endpoints each\n", nScale)
-		if sc, err = scale(ctx, c, ns, nScale, 20, frontends); err != nil {
+		if sc, err = scale(ctx, c, lb, ns, nScale, 20, frontends); err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "ebb lb with %d Services and %d endpoints: %.0f MiB resident, full resync %.1f ms, all served %s after the first create\n",
@@ -220,19 +220,20 @@ func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n 
 	return out, nil
 }
 
-// lbMetrics scrapes ebb lb's unlabelled series once.
-func lbMetrics() (map[string]float64, error) {
-	resp, err := http.Get("http://" + ebbrun.LBMetricsAddress + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+// lbReader reads the metrics of the ebb lb on node.
+type lbReader struct {
+	c    *localcluster.Cluster
+	node localcluster.Node
+}
+
+// metrics scrapes ebb lb's unlabelled series once.
+func (r lbReader) metrics(ctx context.Context) (map[string]float64, error) {
+	page, err := ebbrun.LBPage(ctx, r.c, r.node, "/metrics")
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]float64{}
-	for _, l := range strings.Split(string(body), "\n") {
+	for _, l := range strings.Split(page, "\n") {
 		if f := strings.Fields(l); len(f) == 2 && !strings.HasPrefix(l, "#") && !strings.Contains(f[0], "{") {
 			v, _ := strconv.ParseFloat(f[1], 64)
 			out[f[0]] = v
@@ -241,9 +242,9 @@ func lbMetrics() (map[string]float64, error) {
 	return out, nil
 }
 
-// lbSyncFigures reads ebb lb's mean full-sync time and frontend count.
-func lbSyncFigures() (float64, float64, error) {
-	m, err := lbMetrics()
+// syncFigures reads ebb lb's mean full-sync time and frontend count.
+func (r lbReader) syncFigures(ctx context.Context) (float64, float64, error) {
+	m, err := r.metrics(ctx)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -29,7 +29,7 @@ type scaleResult struct {
 // each with an EndpointSlice of perService endpoints spread over the nodes,
 // waits until ebb lb serves all their frontends, then reads its resident
 // memory and times full resyncs (triggered by touching a node).
-func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perService int, before float64) (scaleResult, error) {
+func scale(ctx context.Context, c *localcluster.Cluster, lb lbReader, ns string, n, perService int, before float64) (scaleResult, error) {
 	res := scaleResult{services: n, endpoints: n * perService}
 	start := time.Now()
 	for i := range n {
@@ -75,7 +75,7 @@ func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perServic
 	}
 	want := before + float64(3*n)
 	for {
-		_, frontends, err := lbSyncFigures()
+		_, frontends, err := lb.syncFigures(ctx)
 		if err == nil && frontends >= want {
 			break
 		}
@@ -88,7 +88,7 @@ func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perServic
 
 	// Full resyncs at this size: each node change recomputes and applies
 	// everything.
-	before0, err := lbMetrics()
+	before0, err := lb.metrics(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -112,7 +112,7 @@ func scale(ctx context.Context, c *localcluster.Cluster, ns string, n, perServic
 		time.Sleep(300 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	after, err := lbMetrics()
+	after, err := lb.metrics(ctx)
 	if err != nil {
 		return res, err
 	}

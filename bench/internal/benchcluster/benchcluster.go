@@ -1,6 +1,6 @@
 // Package benchcluster is the start-up the cluster benchmarks share: run
-// inside the local cluster's private namespaces, start a 3-node cluster,
-// find the ebb binary.
+// inside the local cluster's private namespaces, start a cluster that runs
+// ebb's image, to install ebb from dist/install.yaml.
 package benchcluster
 
 import (
@@ -34,29 +34,13 @@ func Main(name string, run func() error) {
 	}
 }
 
-// Start sets up the namespace, starts a 3-node cluster named name (its
-// progress on stderr) and returns it with the ebb binary's absolute path.
-// The caller stops the cluster.
-func Start(ctx context.Context, name, ebbBin string) (*localcluster.Cluster, string, error) {
-	if err := localcluster.SetupNamespace(); err != nil {
-		return nil, "", err
-	}
-	bin, err := filepath.Abs(ebbBin)
-	if err != nil {
-		return nil, "", err
-	}
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: 3, Progress: os.Stderr})
-	if err != nil {
-		return nil, "", err
-	}
-	return c, bin, nil
-}
-
-// StartWithImage is Start for a benchmark that installs ebb from dist
-// (`make release` writes dist/install.yaml and the image layout dist/oci):
-// the cluster runs pods of ebb's image as processes. It returns the
-// cluster and the manifest's absolute path.
-func StartWithImage(ctx context.Context, name, dist string) (*localcluster.Cluster, string, error) {
+// Start sets up the namespace and starts a cluster of nodes simulated
+// nodes named name (its progress on stderr) that runs pods of ebb's image
+// as processes, for a benchmark that installs ebb from dist (`make
+// release` writes dist/install.yaml and the image layout dist/oci). It
+// returns the cluster and the manifest's absolute path; the caller stops
+// the cluster.
+func Start(ctx context.Context, name, dist string, nodes int) (*localcluster.Cluster, string, error) {
 	if err := localcluster.SetupNamespace(); err != nil {
 		return nil, "", err
 	}
@@ -67,7 +51,7 @@ func StartWithImage(ctx context.Context, name, dist string) (*localcluster.Clust
 	if _, err := os.Stat(manifest); err != nil {
 		return nil, "", fmt.Errorf("%w: run `make release` (the make target does)", err)
 	}
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: 3, Progress: os.Stderr, Images: []string{filepath.Join(filepath.Dir(manifest), "oci")}})
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: nodes, Progress: os.Stderr, Images: []string{filepath.Join(filepath.Dir(manifest), "oci")}})
 	if err != nil {
 		return nil, "", err
 	}

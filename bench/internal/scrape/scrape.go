@@ -1,30 +1,22 @@
-// Package scrape reads a process's Prometheus metrics: the benchmarks take
+// Package scrape reads a process's Prometheus metrics page: the benchmarks take
 // figures from ebb's own counters and timestamps.
 package scrape
 
 import (
 	"fmt"
-	"net/http"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
 
-// Families fetches http://address/metrics and parses it.
-func Families(address string) (map[string]*dto.MetricFamily, error) {
-	resp, err := http.Get("http://" + address + "/metrics")
-	if err != nil {
-		return nil, fmt.Errorf("scraping %s: %w", address, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("scraping %s: %s", address, resp.Status)
-	}
+// Parse parses a Prometheus text page (what /metrics serves).
+func Parse(page string) (map[string]*dto.MetricFamily, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(page))
 	if err != nil {
-		return nil, fmt.Errorf("parsing the metrics of %s: %w", address, err)
+		return nil, fmt.Errorf("parsing metrics: %w", err)
 	}
 	return families, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,27 +38,24 @@ func newUpCommand(o *Options) *cobra.Command {
 			if withEbb && install != "" {
 				return errors.New("--with-ebb and --install both install ebb: give one")
 			}
-			if install != "" {
-				abs, err := filepath.Abs(install)
+			if withEbb || install != "" {
+				manifest, err := ebbrun.FindManifest(install)
 				if err != nil {
 					return err
 				}
-				if _, err := os.Stat(abs); err != nil {
-					return fmt.Errorf("--install %s: %w (make release writes dist/install.yaml)", install, err)
-				}
-				install = abs
+				install = manifest
 			}
-			return o.up(cmd.Context(), nodes, timeout, withEbb, install)
+			return o.up(cmd.Context(), nodes, timeout, install)
 		},
 	}
-	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "also run ebb's controller and load balancer against the cluster, with the VIP pool "+localcluster.VIPCIDR.String())
+	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "install ebb from the manifest `make release` writes ($EBB_DIST/install.yaml, else dist/install.yaml of this binary's checkout): --install with its default")
 	cmd.Flags().StringVar(&install, "install", "", "install ebb from this manifest (dist/install.yaml; its image layout is the oci directory next to it) as pods of ebb's image, with ebb lb on the first node")
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the cluster to be ready (building the tools first is not counted)")
 	return cmd
 }
 
-func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, withEbb bool, install string) error {
+func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, install string) error {
 	if pid, err := o.runningPID(); err != nil {
 		return err
 	} else if pid != 0 {
@@ -91,7 +87,7 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, with
 		return fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	serve := exec.Command(self, "cluster", "serve", "--name", o.Name, "--state-dir", o.StateRoot,
-		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--with-ebb="+strconv.FormatBool(withEbb), "--install="+install)
+		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--install="+install)
 	serve.Stdout, serve.Stderr = logFile, logFile
 	localcluster.NamespaceCommand(serve)
 	start := time.Now()
@@ -124,7 +120,7 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, with
 			if _, err := os.Stat(filepath.Join(dir, readyFile)); err == nil {
 				fmt.Printf("Cluster %q is up in %s: %d nodes.\n", o.Name, time.Since(start).Round(100*time.Millisecond), nodes)
 				fmt.Printf("  ebb cluster exec --name %s -- kubectl get nodes -o wide\n", o.Name)
-				if withEbb || install != "" {
+				if install != "" {
 					fmt.Printf("  ebb cluster exec --name %s -- kubectl get services -A   # type LoadBalancer, loadBalancerClass %s\n", o.Name, lbmodel.ClassL4)
 				}
 				fmt.Printf("  ebb cluster down --name %s\n", o.Name)
@@ -150,7 +146,6 @@ func tail(path string, n int) string {
 func newServeCommand(o *Options) *cobra.Command {
 	var nodes int
 	var binDir string
-	var withEbb bool
 	var install string
 	cmd := &cobra.Command{
 		Use:    "serve",
@@ -161,18 +156,17 @@ func newServeCommand(o *Options) *cobra.Command {
 			if err := o.validate(); err != nil {
 				return err
 			}
-			return o.serve(cmd.Context(), nodes, binDir, withEbb, install)
+			return o.serve(cmd.Context(), nodes, binDir, install)
 		},
 	}
 	cmd.Flags().StringVar(&install, "install", "", "install ebb from this manifest as pods of ebb's image")
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "directory of the pinned binaries")
-	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "also run ebb's controller and load balancer")
 	return cmd
 }
 
 // installOnFirstNode installs ebb from the manifest with ebb lb on the
-// first node, and routes the VIP pool there from the router and from the
+// first node, and routes both VIP pools there from the router and from the
 // control-plane host (where `ebb cluster exec` runs commands).
 func installOnFirstNode(ctx context.Context, c *localcluster.Cluster, manifest string) error {
 	first := c.Nodes[0]
@@ -180,16 +174,12 @@ func installOnFirstNode(ctx context.Context, c *localcluster.Cluster, manifest s
 	if err := ebbrun.InstallManifest(ctx, c, manifest, ebbrun.ManifestOptions{LBNodes: []string{first.Name}}); err != nil {
 		return err
 	}
-	via := netip.MustParseAddr(first.IP)
-	if err := c.Network.Root.AddRoute(localcluster.VIPPrefix, via); err != nil {
-		return err
-	}
-	return c.RouteVIPsVia(via)
+	return ebbrun.RouteVIPsTo(c, first)
 }
 
 // serve runs the cluster until SIGTERM or SIGINT. It is the init process of
 // the cluster's PID namespace, so when it ends every component ends.
-func (o *Options) serve(ctx context.Context, nodes int, binDir string, withEbb bool, install string) error {
+func (o *Options) serve(ctx context.Context, nodes int, binDir string, install string) error {
 	if !localcluster.InNamespace() {
 		return errors.New("`ebb cluster serve` runs only inside the namespace `ebb cluster up` makes")
 	}
@@ -209,17 +199,6 @@ func (o *Options) serve(ctx context.Context, nodes int, binDir string, withEbb b
 		if err := installOnFirstNode(ctx, c, install); err != nil {
 			return errors.Join(err, c.Stop())
 		}
-	}
-	if withEbb {
-		self, err := os.Executable()
-		if err != nil {
-			return errors.Join(fmt.Errorf("finding the ebb binary: %w", err), c.Stop())
-		}
-		stop, err := ebbrun.StartEbb(c, self)
-		if err != nil {
-			return errors.Join(err, c.Stop())
-		}
-		defer stop()
 	}
 	if err := os.WriteFile(filepath.Join(dir, binDirFile), []byte(c.BinDir+"\n"), 0o644); err != nil {
 		return errors.Join(fmt.Errorf("writing the tools directory: %w", err), c.Stop())

@@ -21,6 +21,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/cluster"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // Options are the demo's flags.
@@ -80,7 +81,7 @@ under traffic.`,
 				return err
 			}
 			o.Report = abs
-			if o.Install, err = findInstall(o.Install); err != nil {
+			if o.Install, err = ebbrun.FindManifest(o.Install); err != nil {
 				return err
 			}
 			if !localcluster.InNamespace() {
@@ -232,28 +233,6 @@ func (o *Options) scenarios(ctx context.Context, c *localcluster.Cluster, out io
 		return nil, nil, fmt.Errorf("maintaining an LB host: %w", err)
 	}
 	return results, lb, nil
-}
-
-// findInstall returns the manifest to install: flag, else
-// $EBB_DIST/install.yaml, else dist/install.yaml beside the bin directory
-// this binary is in (a checkout's bin/ebb), with a hint when it is absent.
-func findInstall(flag string) (string, error) {
-	path := flag
-	if path == "" {
-		if dist := os.Getenv("EBB_DIST"); dist != "" {
-			path = filepath.Join(dist, "install.yaml")
-		} else if self, err := os.Executable(); err == nil {
-			path = filepath.Join(filepath.Dir(filepath.Dir(self)), "dist", "install.yaml")
-		}
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", err
-	}
-	if _, err := os.Stat(abs); err != nil {
-		return "", fmt.Errorf("ebb demo installs ebb from %s and its image layout beside it: run `make release` (make demo does) or pass --install: %w", abs, err)
-	}
-	return abs, nil
 }
 
 // summary is the --json line: ebb's figures, and the baseline's beside.

@@ -37,6 +37,8 @@ type ManifestOptions struct {
 	// EditController, if set, edits the controller's Deployment further
 	// (volumes, environment), as a user's kustomize patch would.
 	EditController func(*appsv1.Deployment)
+	// EditLB, if set, edits ebb lb's DaemonSet further (tolerations).
+	EditLB func(*appsv1.DaemonSet)
 }
 
 // InstallManifest installs ebb as a user does, from dist/install.yaml (its
@@ -128,6 +130,11 @@ func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
 			if err := editArgs(obj, func(args []string) []string { return append(args, opts.LBArgs...) }); err != nil {
 				return nil, err
 			}
+			if opts.EditLB != nil {
+				if err := editTyped(obj, opts.EditLB); err != nil {
+					return nil, err
+				}
+			}
 		}
 		y, err := yaml.Marshal(obj.Object)
 		if err != nil {
@@ -139,16 +146,17 @@ func editManifest(data []byte, opts ManifestOptions) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// editTyped edits a Deployment held as unstructured through its typed form.
-func editTyped(obj *unstructured.Unstructured, edit func(*appsv1.Deployment)) error {
-	d := &appsv1.Deployment{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, d); err != nil {
-		return fmt.Errorf("reading Deployment %s: %w", obj.GetName(), err)
+// editTyped edits a workload held as unstructured through its typed form
+// (T is appsv1.Deployment or appsv1.DaemonSet).
+func editTyped[T any](obj *unstructured.Unstructured, edit func(*T)) error {
+	typed := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, typed); err != nil {
+		return fmt.Errorf("reading %s %s: %w", obj.GetKind(), obj.GetName(), err)
 	}
-	edit(d)
-	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(d)
+	edit(typed)
+	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
 	if err != nil {
-		return fmt.Errorf("writing Deployment %s: %w", obj.GetName(), err)
+		return fmt.Errorf("writing %s %s: %w", obj.GetKind(), obj.GetName(), err)
 	}
 	// The typed round trip adds empty fields (status, creationTimestamp)
 	// that a server-side apply must not own.
@@ -181,7 +189,7 @@ func WaitInstalled(ctx context.Context, c *localcluster.Cluster, lbNodes int) er
 	defer cancel()
 	var last string
 	err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		d, err := c.Client.AppsV1().Deployments(ebbNamespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
+		d, err := c.Client.AppsV1().Deployments(Namespace).Get(ctx, "ebb-controller", metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
 			return false, nil
@@ -195,7 +203,7 @@ func WaitInstalled(ctx context.Context, c *localcluster.Cluster, lbNodes int) er
 			last = "the validating webhook has no CA yet"
 			return false, nil
 		}
-		ds, err := c.Client.AppsV1().DaemonSets(ebbNamespace).Get(ctx, "ebb-lb", metav1.GetOptions{})
+		ds, err := c.Client.AppsV1().DaemonSets(Namespace).Get(ctx, "ebb-lb", metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
 			return false, nil
@@ -221,4 +229,26 @@ func ptrValue(p *int32) int32 {
 		return 1
 	}
 	return *p
+}
+
+// FindManifest returns the manifest to install ebb from: path if given,
+// else $EBB_DIST/install.yaml, else dist/install.yaml beside the bin
+// directory this binary is in (a checkout's bin/ebb). The image layout
+// (oci/) sits beside it. The error says how to make one.
+func FindManifest(path string) (string, error) {
+	if path == "" {
+		if dist := os.Getenv("EBB_DIST"); dist != "" {
+			path = filepath.Join(dist, "install.yaml")
+		} else if self, err := os.Executable(); err == nil {
+			path = filepath.Join(filepath.Dir(filepath.Dir(self)), "dist", "install.yaml")
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("ebb is installed from %s and its image layout beside it: run `make release` or give the manifest's path: %w", abs, err)
+	}
+	return abs, nil
 }

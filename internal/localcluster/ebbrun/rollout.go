@@ -13,10 +13,13 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
-// LBDaemonSet is the ebb lb DaemonSet of dist/install.yaml, in Namespace.
+// Names of dist/install.yaml's objects: the namespace ebb runs in, the
+// ebb lb DaemonSet, and the webhook configuration whose CA tells that the
+// controller serves admission.
 const (
-	LBDaemonSet = "ebb-lb"
-	Namespace   = ebbNamespace
+	Namespace               = "ebb-system"
+	LBDaemonSet             = "ebb-lb"
+	validatingConfiguration = "ebb-validating-webhook-configuration"
 )
 
 // RolloutRestartLB replaces every ebb lb pod by the DaemonSet's update

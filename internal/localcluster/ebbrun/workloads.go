@@ -154,18 +154,52 @@ const controllerDeployment = "ebb-controller"
 // InstallOnNode installs ebb from manifest with ebb lb and both controller
 // replicas on node, an infrastructure node that suites draining, tainting
 // and replacing the others never move ebb off, and routes both VIP pools
-// to it (RouteVIPsTo).
+// to it (RouteVIPsTo). The node is tainted (InfraTaintKey, NoSchedule), as dedicated
+// infrastructure nodes are, so that the suites' applications never land
+// on it (a test draining an application's node would drain ebb's), and
+// ebb's workloads tolerate the taint.
 func InstallOnNode(ctx context.Context, c *localcluster.Cluster, manifest string, node localcluster.Node) error {
+	infra := corev1.Taint{Key: InfraTaintKey, Effect: corev1.TaintEffectNoSchedule}
+	if err := taintNode(ctx, c, node.Name, infra); err != nil {
+		return err
+	}
+	tolerate := corev1.Toleration{Key: infra.Key, Operator: corev1.TolerationOpExists, Effect: infra.Effect}
 	err := InstallManifest(ctx, c, manifest, ManifestOptions{
 		LBNodes: []string{node.Name},
 		EditController: func(d *appsv1.Deployment) {
 			d.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node.Name}
+			d.Spec.Template.Spec.Tolerations = append(d.Spec.Template.Spec.Tolerations, tolerate)
+		},
+		EditLB: func(d *appsv1.DaemonSet) {
+			d.Spec.Template.Spec.Tolerations = append(d.Spec.Template.Spec.Tolerations, tolerate)
 		},
 	})
 	if err != nil {
 		return err
 	}
 	return RouteVIPsTo(c, node)
+}
+
+// InfraTaintKey is the key of the NoSchedule taint that keeps everything
+// but ebb off InstallOnNode's node.
+const InfraTaintKey = "node-role.kubernetes.io/infra"
+
+// taintNode adds taint to node (no-op when it has it).
+func taintNode(ctx context.Context, c *localcluster.Cluster, node string, taint corev1.Taint) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading node %s: %w", node, err)
+		}
+		for _, t := range n.Spec.Taints {
+			if t.MatchTaint(&taint) {
+				return nil
+			}
+		}
+		n.Spec.Taints = append(n.Spec.Taints, taint)
+		_, err = c.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
 }
 
 // RouteVIPsTo routes both VIP pools to node, where ebb lb serves them, from

@@ -91,5 +91,5 @@ func startLB(t *testing.T, ctx context.Context, node localcluster.Node) func() {
 
 // lbPage gets a page of the ebb lb on node's host.
 func lbPage(ctx context.Context, node localcluster.Node, path string) (string, error) {
-	return e2eutil.LBPage(ctx, cluster, node, path)
+	return ebbrun.LBPage(ctx, cluster, node, path)
 }

@@ -17,6 +17,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -73,7 +74,7 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 	// Each address has exactly one owner, by the replicas' own account.
 	owned := 0.0
 	for _, n := range lbs {
-		page, err := e2eutil.LBPage(ctx, cluster, n, "/metrics")
+		page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +135,7 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 	// new one binds them then (docs/dataplane.md). Only a replica that
 	// offers an address can take it over.
 	e2eutil.Eventually(t, ctx, 30*time.Second, back.Name+"'s ebb lb offering both addresses", func(ctx context.Context) (bool, string) {
-		page, err := e2eutil.LBPage(ctx, cluster, back, "/metrics")
+		page, err := ebbrun.LBPage(ctx, cluster, back, "/metrics")
 		if err != nil {
 			return false, err.Error()
 		}

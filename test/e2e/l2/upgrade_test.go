@@ -117,7 +117,7 @@ func TestL2RollingUpgradeKeepsTheAddressWhereItIs(t *testing.T) {
 	default:
 	}
 	for _, n := range lbs {
-		page, err := e2eutil.LBPage(ctx, cluster, n, "/metrics")
+		page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -59,7 +59,7 @@ func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 // lbMetrics scrapes the metrics of the LB node's ebb lb.
 func lbMetrics(t *testing.T) string {
 	t.Helper()
-	page, err := e2eutil.LBPage(context.Background(), cluster, lbNode, "/metrics")
+	page, err := ebbrun.LBPage(context.Background(), cluster, lbNode, "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

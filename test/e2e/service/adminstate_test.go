@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -160,7 +161,7 @@ func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 // lbMetrics scrapes the metrics of the LB node's ebb lb.
 func lbMetrics(t *testing.T) string {
 	t.Helper()
-	page, err := e2eutil.LBPage(context.Background(), cluster, lbNode, "/metrics")
+	page, err := ebbrun.LBPage(context.Background(), cluster, lbNode, "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
