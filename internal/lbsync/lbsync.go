@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/event"
@@ -135,7 +136,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "lbsync"})
 	defer s.queue.ShutDown()
 	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
-	s.skips = newSkipReporter(s.Recorder)
+	s.skips = newSkipReporter(s.Recorder, clock.RealClock{})
 	s.unannounced = &unannouncedReporter{recorder: s.Recorder, node: s.HostNode}
 	s.unreachable = newUnreachableReporter(s.Recorder)
 	if s.now == nil {

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/event"
@@ -22,10 +23,11 @@ const (
 
 // Retry bounds for frontends that could not be served: their cause (a port
 // held by another process, a missing address family) may go away without
-// any change in the cluster.
+// any change in the cluster, and the user waits for the retry then. A
+// retry is one Apply, cheap even with a thousand Services.
 const (
 	skippedRetryFirst = time.Second
-	skippedRetryMax   = 30 * time.Second
+	skippedRetryMax   = 10 * time.Second
 )
 
 // skipReporter tells a Service's owner, once per change, which of its
@@ -38,11 +40,16 @@ type skipReporter struct {
 	// services maps the last configuration's frontend names to their
 	// Services.
 	services map[string]*corev1.Service
-	backoff  time.Duration
+	// backoff is the last retry interval, retryAt when that retry is
+	// due: syncs that other events cause before then keep the schedule,
+	// so that a burst of unrelated changes does not stretch the retry.
+	backoff time.Duration
+	retryAt time.Time
+	clock   clock.PassiveClock
 }
 
-func newSkipReporter(recorder events.EventRecorder) *skipReporter {
-	return &skipReporter{recorder: recorder, reported: map[string]string{}, services: map[string]*corev1.Service{}}
+func newSkipReporter(recorder events.EventRecorder, clk clock.PassiveClock) *skipReporter {
+	return &skipReporter{recorder: recorder, reported: map[string]string{}, services: map[string]*corev1.Service{}, clock: clk}
 }
 
 // expect records which Service each frontend of the next apply belongs to.
@@ -82,9 +89,14 @@ func (r *skipReporter) report(log logr.Logger, skipped []dataplane.SkippedFronte
 	}
 	r.reported = now
 	if len(skipped) == 0 {
-		r.backoff = 0
+		r.backoff, r.retryAt = 0, time.Time{}
 		return 0
 	}
+	at := r.clock.Now()
+	if at.Before(r.retryAt) {
+		return r.retryAt.Sub(at)
+	}
 	r.backoff = min(max(2*r.backoff, skippedRetryFirst), skippedRetryMax)
+	r.retryAt = at.Add(r.backoff)
 	return r.backoff
 }

@@ -10,33 +10,45 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 )
 
 // A skipped frontend is reported on its Service once per change, its
-// recovery once, and the retry backs off while anything stays skipped.
+// recovery once, and the retry backs off while anything stays skipped:
+// only retries that were due move the backoff on, not syncs that other
+// events cause meanwhile (CI once saw a busy port freed and not served
+// for over 30 s: every unrelated sync had doubled the wait).
 func TestSkipReporterReportsChangesOnly(t *testing.T) {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}}
 	rec := events.NewFakeRecorder(10)
-	r := newSkipReporter(rec)
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+	r := newSkipReporter(rec, clk)
 	r.expect(map[string]*corev1.Service{"ns/web:http/TCP@10.0.0.7": svc})
 	busy := []dataplane.SkippedFrontend{{Name: "ns/web:http/TCP@10.0.0.7", Reason: dataplane.SkipListenFailed, Err: errors.New("address already in use")}}
 
 	steps := []struct {
 		name      string
+		after     time.Duration // since the previous step
 		skipped   []dataplane.SkippedFrontend
 		wantEvent string // prefix of the one event expected, "" for none
 		wantRetry time.Duration
 	}{
-		{"first skip", busy, "Warning FrontendNotServed", time.Second},
-		{"same skip again", busy, "", 2 * time.Second},
-		{"still skipped", busy, "", 4 * time.Second},
-		{"served again", nil, "Normal FrontendServed", 0},
-		{"nothing skipped", nil, "", 0},
-		{"skipped anew", busy, "Warning FrontendNotServed", time.Second},
+		{"first skip", 0, busy, "Warning FrontendNotServed", time.Second},
+		{"retried, same skip", time.Second, busy, "", 2 * time.Second},
+		{"retried, still skipped", 2 * time.Second, busy, "", 4 * time.Second},
+		{"an unrelated sync before the retry is due", time.Second, busy, "", 3 * time.Second},
+		{"another one", 2 * time.Second, busy, "", time.Second},
+		{"retried", time.Second, busy, "", 8 * time.Second},
+		{"retried", 8 * time.Second, busy, "", 10 * time.Second},
+		{"retried at most every 10 s", 10 * time.Second, busy, "", 10 * time.Second},
+		{"served again", 10 * time.Second, nil, "Normal FrontendServed", 0},
+		{"nothing skipped", time.Second, nil, "", 0},
+		{"skipped anew", time.Second, busy, "Warning FrontendNotServed", time.Second},
 	}
 	for _, step := range steps {
+		clk.SetTime(clk.Now().Add(step.after))
 		retry := r.report(logr.Discard(), step.skipped)
 		if retry != step.wantRetry {
 			t.Errorf("%s: retry in %s, want %s", step.name, retry, step.wantRetry)
