@@ -182,7 +182,7 @@ func assignSlots(set *backendSet, eligible map[*backend]bool, n int) []int {
 // robin); nil when none is included.
 func weightedTurns(set *backendSet, include func(*backend) bool, n int) []int {
 	type cand struct{ index, weight, current int }
-	var cs []cand
+	cs := make([]cand, 0, len(set.backends))
 	total := 0
 	for j, b := range set.backends {
 		if include(b) {
@@ -290,9 +290,9 @@ func inChunks(elems []nftables.SetElement, fn func([]nftables.SetElement) error)
 	return nil
 }
 
-// changedSlots lists the backends map entries to delete and add for
-// frontend i's slots to go from was to now.
-func changedSlots(i int, set *backendSet, was, now []int) (gone, added []nftables.SetElement) {
+// changedSlots appends to gone and added the backends map entries to
+// delete and add for frontend i's slots to go from was to now.
+func changedSlots(gone, added []nftables.SetElement, i int, set *backendSet, was, now []int) ([]nftables.SetElement, []nftables.SetElement) {
 	for s := range now {
 		if was[s] == now[s] {
 			continue
