@@ -159,23 +159,27 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscal
 			results[c.name] = append(results[c.name], res)
 		}
 	}
-	applyP99, ownerP99, err := applyToEffect(dataplane.EngineProxy)
+	proxy, err := applyToEffect(dataplane.EngineProxy)
 	if err != nil {
 		return err
 	}
-	var nftApplyP99, nftOwnerP99 float64
+	var kernel adminStateTimes
 	if os.Geteuid() == 0 {
-		if nftApplyP99, nftOwnerP99, err = applyToEffect(dataplane.EngineKernel); err != nil {
+		if kernel, err = applyToEffect(dataplane.EngineKernel); err != nil {
 			return fmt.Errorf("kernel engine: %w", err)
 		}
 	}
 	summary := map[string]any{
-		"date":                         time.Now().UTC().Format(time.RFC3339),
-		"rounds":                       rounds,
-		"apply_to_effect_us_p99":       applyP99,
-		"owner_admin_state_us_p99":     ownerP99,
-		"nft_apply_to_effect_us_p99":   nftApplyP99,
-		"nft_owner_admin_state_us_p99": nftOwnerP99,
+		"date":                               time.Now().UTC().Format(time.RFC3339),
+		"rounds":                             rounds,
+		"apply_to_effect_us_p99":             proxy.applyP99,
+		"owner_admin_state_us_p99":           proxy.ownerP99,
+		"owner_admin_down_us_p99":            proxy.ownerDownP99,
+		"nft_apply_to_effect_us_p99":         kernel.applyP99,
+		"nft_owner_admin_state_us_p99":       kernel.ownerP99,
+		"nft_owner_admin_down_us_p99":        kernel.ownerDownP99,
+		"nft_owner_admin_down_spaced_us_p99": kernel.spacedDownP99,
+		"nft_prepare_us_mean":                kernel.prepareMean,
 	}
 	for _, c := range cs {
 		addKeys(summary, c.prefix, medians(results[c.name]))
@@ -373,82 +377,6 @@ func drain(lb *lbProcess, backends []*echoBackend, r *round) error {
 	backends[0].mu.Unlock()
 	return lb.undrain(0)
 }
-
-// applyToEffect measures, in-process, how long it takes to set one node's
-// backends Down (or back) in a configuration of 50 frontends of 10 backends
-// (one backend per node each): by a whole-configuration Apply, and by the
-// node fast path SetOwnerAdminState. When either returns, the change is in
-// effect for every new connection. It returns both p99s in µs.
-func applyToEffect(engine dataplane.Engine) (float64, float64, error) {
-	dp, err := dataplane.New(dataplane.Options{Engine: engine, KernelTable: benchKernelTable})
-	if err != nil {
-		return 0, 0, err
-	}
-	defer dp.Close()
-	if engine == dataplane.EngineKernel {
-		defer removeKernelTable()
-	}
-	var cfg dataplane.Config
-	// Every port is held until all 50 are chosen, so that none is handed
-	// out twice.
-	var held []net.Listener
-	defer func() {
-		for _, ln := range held {
-			ln.Close()
-		}
-	}()
-	for f := range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, 0, err
-		}
-		held = append(held, ln)
-		port := ln.Addr().(*net.TCPAddr).Port
-		fe := dataplane.Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "127.0.0.1", Port: uint16(port)}
-		for b := range 10 {
-			fe.Backends = append(fe.Backends, dataplane.Backend{Address: fmt.Sprintf("10.0.0.%d", b+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", b+1)})
-		}
-		cfg.Frontends = append(cfg.Frontends, fe)
-	}
-	for _, ln := range held {
-		ln.Close()
-	}
-	held = nil
-	if err := applyAll(dp, cfg); err != nil {
-		return 0, 0, err
-	}
-	// Each loop flips the state every time, so that every call changes
-	// something (a call that changes nothing costs nothing in the kernel).
-	var times, owner []time.Duration
-	for i := range 1000 {
-		for f := range cfg.Frontends {
-			cfg.Frontends[f].Backends[3].AdminState = alternate(i)
-		}
-		start := time.Now()
-		if err := applyAll(dp, cfg); err != nil {
-			return 0, 0, err
-		}
-		times = append(times, time.Since(start))
-	}
-	for i := range 1000 {
-		start := time.Now()
-		if _, err := dp.SetOwnerAdminState("node-4", alternate(i+1)); err != nil {
-			return 0, 0, err
-		}
-		owner = append(owner, time.Since(start))
-	}
-	return us(stats.Percentile(times, 0.99)), us(stats.Percentile(owner, 0.99)), nil
-}
-
-// alternate is Down, None, Down, ...
-func alternate(i int) dataplane.AdminState {
-	if i%2 == 1 {
-		return dataplane.AdminNone
-	}
-	return dataplane.AdminDown
-}
-
-func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // medians takes the median of each figure over the rounds.
 func medians(rs []round) round {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"hash/fnv"
 	"net"
 	"net/netip"
 	"strconv"
@@ -45,6 +46,9 @@ type backend struct {
 	// inKernel: the kernel engine's installed table sends new flows to
 	// the backend (kernel frontends only).
 	inKernel atomic.Bool
+	// slotSeed is a hash of the address, which ranks the backend for the
+	// kernel engine's slots (rendezvousScore).
+	slotSeed uint64
 
 	m              backendMetrics
 	adminPublished bool // only Apply (under the data plane's lock) reads or writes it
@@ -53,8 +57,16 @@ type backend struct {
 func newBackend(b Backend, m backendMetrics) *backend {
 	ap := b.AddrPort()
 	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m}
+	be.slotSeed = addrSeed(be.addr)
 	be.update(b)
 	return be
+}
+
+// addrSeed is the FNV-1a hash of a backend's address.
+func addrSeed(addr string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(addr))
+	return h.Sum64()
 }
 
 // update applies a backend's changeable settings. A new admin state takes
@@ -75,11 +87,14 @@ func (b *backend) setAdminState(state adminState) {
 // eligible reports whether the backend may take a new connection: never
 // once removed or when admin Down, always when admin Up, else as its probe
 // says.
-func (b *backend) eligible() bool {
+func (b *backend) eligible() bool { return b.eligibleAs(adminState(b.admin.Load())) }
+
+// eligibleAs is eligible as if the backend's admin state were admin.
+func (b *backend) eligibleAs(admin adminState) bool {
 	if b.removed.Load() {
 		return false
 	}
-	switch adminState(b.admin.Load()) {
+	switch admin {
 	case adminDown:
 		return false
 	case adminUp:

@@ -76,6 +76,9 @@ type DataPlane struct {
 	// kernelInstalled: the table holds frontends, so the next change must
 	// rebuild it even when no kernel frontend is left.
 	kernelInstalled bool
+	// kernelPrepareDue: a change left the kernel's prepared entries to a
+	// later sync, which is scheduled.
+	kernelPrepareDue bool
 
 	mu        sync.Mutex // serialises Apply and Close
 	frontends map[frontendKey]*frontend
@@ -165,7 +168,7 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 		}
 		f.apply(fc, probers)
 	}
-	skipped = append(skipped, d.syncKernelLocked()...)
+	skipped = append(skipped, d.syncKernelLocked(false)...)
 	d.m.applySeconds.Observe(time.Since(start).Seconds())
 	// The new configuration is in effect; what follows starts serving new
 	// listeners and cleans up behind the old configuration.
@@ -355,7 +358,7 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 		}
 	}
 	if kernel {
-		if skipped := d.syncKernelLocked(); len(skipped) > 0 {
+		if skipped := d.syncKernelLocked(false); len(skipped) > 0 {
 			return n, fmt.Errorf("setting %s's backends %s in the kernel engine: %w", owner, state, skipped[0].Err)
 		}
 	}

@@ -226,6 +226,51 @@ func TestEnginesAdminDown(t *testing.T) {
 	})
 }
 
+// Nodes that leave and come back one right after another (faster than the
+// kernel engine prepares its entries for the next change): new
+// connections always go to exactly the nodes that are not Down.
+func TestEnginesNodesLeaveAndComeBackInQuickSuccession(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		var backends []Backend
+		var servers []*testBackend
+		for port := range uint16(3) {
+			b, s := n.echo(t, 8080+port)
+			backends, servers = append(backends, b), append(servers, s)
+		}
+		n.apply(t, n.frontendOn(80, backends...))
+		for _, step := range []struct {
+			owner int
+			state AdminState
+			want  []bool // which backends take new connections after it
+		}{
+			{0, AdminDown, []bool{false, true, true}},
+			{1, AdminDown, []bool{false, false, true}},
+			{0, AdminNone, []bool{true, false, true}},
+			{2, AdminDown, []bool{true, false, false}},
+			{1, AdminNone, []bool{true, true, false}},
+			{2, AdminNone, []bool{true, true, true}},
+		} {
+			if _, err := n.d.SetOwnerAdminState(backends[step.owner].Owner, step.state); err != nil {
+				t.Fatal(err)
+			}
+			var before []int64
+			for _, s := range servers {
+				before = append(before, s.accepted.Load())
+			}
+			for i := range 12 {
+				if err := n.roundTripNew(t, 80); err != nil {
+					t.Fatalf("after %s of backend %d: new connection %d: %v", step.state, step.owner, i, err)
+				}
+			}
+			for j, s := range servers {
+				if took := s.accepted.Load() - before[j]; (took > 0) != step.want[j] {
+					t.Errorf("after %s of backend %d: backend %d took %d of 12 new connections, want some: %t", step.state, step.owner, j, took, step.want[j])
+				}
+			}
+		}
+	})
+}
+
 // Source ranges: only the listed prefixes are served, others are refused.
 func TestEnginesSourceRanges(t *testing.T) {
 	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
@@ -552,7 +597,8 @@ func TestEnginesClientIPAffinity(t *testing.T) {
 }
 
 // The kernel engine's transactions are counted by kind: a configuration
-// rebuilds the tables, an admin-state change rewrites map entries only.
+// rebuilds the tables, a node's admin-state change on the fast path
+// changes its state in the owners map only.
 func TestKernelEngineSyncMetrics(t *testing.T) {
 	n := newEngineNet(t, EngineKernel, "IPv4")
 	a, _ := n.echo(t, 8080)
@@ -574,8 +620,8 @@ func TestKernelEngineSyncMetrics(t *testing.T) {
 			got[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
 		}
 	}
-	if got["rebuild"] != 1 || got["entries"] != 1 {
-		t.Errorf("kernel syncs by kind %v, want one rebuild (the apply) and one entries (the admin state)", got)
+	if got["rebuild"] != 1 || got["owners"] != 1 || got["entries"] != 0 {
+		t.Errorf("kernel syncs by kind %v, want one rebuild (the apply) and one owners (the admin state)", got)
 	}
 }
 

@@ -63,19 +63,22 @@ type kernelEngine struct {
 
 	mu   sync.Mutex // one transaction at a time
 	conn *nftables.Conn
-	// installed is what the kernel's table holds: each kernel frontend
-	// and the backend set its rules were built from; nil when unknown.
+	// installed is what the kernel's tables hold: each kernel frontend
+	// and the backend set its rules were built from, and each table's
+	// owners; nil when unknown.
 	installed map[*frontend]installedFrontend
+	owners    map[nftables.TableFamily]ownerTable
 }
 
 // installedFrontend is what the tables hold for a frontend: the backend
-// set its rules were built from, its table and index there, and the
-// backend of each map slot.
+// set its rules were built from, its table and index there, its backends'
+// eligibility they were planned by, and its slots.
 type installedFrontend struct {
 	set    *backendSet
 	family nftables.TableFamily
 	index  int
-	slots  []int
+	elig   setEligibility
+	plan   slotPlan
 }
 
 func newKernelEngine(table string, netns int) *kernelEngine {
@@ -139,46 +142,35 @@ func ackBuffer(c *netlink.Conn) error {
 
 // sync installs the rules of frontends, IPv4 ones in the table of family
 // ip, IPv6 ones in ip6. When the frontends and their backend sets are those
-// installed, only the backends map entries whose backend changed are
-// rewritten (the admin-state and probe path: two messages for up to a
-// thousand entries); otherwise both tables are rebuilt. Either is one
-// nftables transaction: all of it applies or nothing does. Flows already
-// established keep their translation in conntrack whatever the rules say;
-// only new flows follow the new rules.
-func (k *kernelEngine) sync(frontends []*frontend, m *metrics) error {
+// installed, only the map entries that changed are rewritten (the
+// admin-state and probe path: for a node that starts or stops leaving,
+// usually one entry of the owners map); otherwise both tables are rebuilt.
+// Either is one nftables transaction: all of it applies or nothing does.
+// Flows already established keep their translation in conntrack whatever
+// the rules say; only new flows follow the new rules. Without prepare,
+// the entries prepared for owners' next changes are left as they are (the
+// fast path), and stale says whether a later sync with prepare should
+// bring them up to date (an eligibility changed since they were).
+func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (stale bool, err error) {
 	start := time.Now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	c, err := k.connect()
 	if err != nil {
-		return err
+		return false, err
 	}
-	slices.SortFunc(frontends, func(a, b *frontend) int {
-		return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
-	})
-	eligible := map[*backend]bool{}
-	want := make(map[*frontend]installedFrontend, len(frontends))
+	want, owners := k.plan(frontends, prepare)
 	rulesets := map[nftables.TableFamily]*kernelRuleset{}
 	for _, a := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
 		fam := familyOf(a)
-		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, eligible: eligible}
+		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, pending: map[*nftables.Set][]nftables.SetElement{}}
 	}
-	index := map[nftables.TableFamily]int{}
-	for _, f := range frontends {
-		set := f.set.Load()
-		for _, b := range set.backends {
-			eligible[b] = b.eligible()
-		}
-		fam := familyOf(f.key.addr.Addr()).table
-		want[f] = installedFrontend{set: set, family: fam, index: index[fam], slots: assignSlots(set, eligible, slotCount(set))}
-		index[fam]++
-	}
-	kind := "entries"
+	kind := "rebuild"
 	if k.sameStructure(want) {
-		err = k.updateMaps(rulesets, want)
+		stale = !prepare && k.eligibilityChanged(want)
+		kind, err = k.updateMaps(rulesets, want, owners)
 	} else {
-		kind = "rebuild"
-		err = rebuild(rulesets, frontends, want)
+		err = rebuild(rulesets, frontends, want, owners)
 	}
 	if err == nil {
 		err = c.Flush()
@@ -186,17 +178,63 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics) error {
 	if err != nil {
 		m.kernelFailures.Inc()
 		k.dropConn()
-		k.installed = nil
-		return fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
+		k.installed, k.owners = nil, nil
+		return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 	}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
-	k.installed = want
-	for _, f := range frontends {
-		for _, b := range want[f].set.backends {
-			b.inKernel.Store(eligible[b])
+	k.installed, k.owners = want, owners
+	for _, w := range want {
+		for j, b := range w.set.backends {
+			b.inKernel.Store(w.elig.now[j])
 		}
 	}
-	return nil
+	return stale, nil
+}
+
+// eligibilityChanged reports whether a backend's eligibility differs from
+// the one the installed entries were planned by.
+func (k *kernelEngine) eligibilityChanged(want map[*frontend]installedFrontend) bool {
+	for f, w := range want {
+		have := k.installed[f].elig
+		if !slices.Equal(have.now, w.elig.now) || !slices.Equal(have.back, w.elig.back) {
+			return true
+		}
+	}
+	return false
+}
+
+// plan computes what the tables should hold for frontends: their places
+// and slots, and each table's owners. The installed slots are the
+// previous plan of a frontend whose structure is unchanged.
+func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (map[*frontend]installedFrontend, map[nftables.TableFamily]ownerTable) {
+	slices.SortFunc(frontends, func(a, b *frontend) int {
+		return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
+	})
+	want := make(map[*frontend]installedFrontend, len(frontends))
+	sets := map[nftables.TableFamily][]*backendSet{}
+	index := map[nftables.TableFamily]int{}
+	for _, f := range frontends {
+		set := f.set.Load()
+		fam := familyOf(f.key.addr.Addr()).table
+		want[f] = installedFrontend{set: set, family: fam, index: index[fam], elig: eligibilityOf(set)}
+		sets[fam] = append(sets[fam], set)
+		index[fam]++
+	}
+	owners := map[nftables.TableFamily]ownerTable{}
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		owners[fam] = newOwnerTable(sets[fam])
+	}
+	same := k.sameStructure(want)
+	for f, w := range want {
+		var prev *slotPlan
+		if same {
+			have := k.installed[f].plan
+			prev = &have
+		}
+		w.plan = planSlots(w.set, owners[w.family], w.elig, prev, prepare)
+		want[f] = w
+	}
+	return want, owners
 }
 
 // sameStructure reports whether the frontends, their backend sets and
@@ -214,8 +252,8 @@ func (k *kernelEngine) sameStructure(want map[*frontend]installedFrontend) bool 
 }
 
 // rebuild replaces both tables.
-func rebuild(rulesets map[nftables.TableFamily]*kernelRuleset, frontends []*frontend, want map[*frontend]installedFrontend) error {
-	for _, r := range rulesets {
+func rebuild(rulesets map[nftables.TableFamily]*kernelRuleset, frontends []*frontend, want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable) error {
+	for fam, r := range rulesets {
 		// Add, delete, add: the table is replaced whether or not it
 		// existed (adding an existing table is no error; deleting a
 		// missing one is).
@@ -225,10 +263,11 @@ func rebuild(rulesets map[nftables.TableFamily]*kernelRuleset, frontends []*fron
 		if err := r.addBase(); err != nil {
 			return err
 		}
+		r.addOwners(owners[fam])
 	}
 	for _, f := range frontends {
 		w := want[f]
-		if err := rulesets[w.family].addFrontend(w.index, w.set, w.slots); err != nil {
+		if err := rulesets[w.family].addFrontend(w.index, w.set, &w.plan); err != nil {
 			return err
 		}
 	}
@@ -240,28 +279,52 @@ func rebuild(rulesets map[nftables.TableFamily]*kernelRuleset, frontends []*fron
 	return nil
 }
 
-// updateMaps rewrites the backends map entries that changed since the
-// maps were installed: per table, one message of deletions and one of
-// additions for every frontend at once (up to a thousand entries each).
-func (k *kernelEngine) updateMaps(rulesets map[nftables.TableFamily]*kernelRuleset, want map[*frontend]installedFrontend) error {
+// updateMaps rewrites the map entries that changed since the maps were
+// installed: per table, one message of deletions and one of additions for
+// every frontend at once (up to a thousand entries each), for the owners
+// map and the backends map. It says which kind of update it was: "owners"
+// when only owners' states changed (the admin-state fast path), else
+// "entries".
+func (k *kernelEngine) updateMaps(rulesets map[nftables.TableFamily]*kernelRuleset, want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable) (string, error) {
 	// The admin-state fast path runs this on every node's taint: the
 	// entries are appended in place, not gathered per frontend, since
 	// allocation (and the collections it brings) was half its time.
 	gone := map[nftables.TableFamily][]nftables.SetElement{}
 	added := map[nftables.TableFamily][]nftables.SetElement{}
 	for f, w := range want {
-		gone[w.family], added[w.family] = changedSlots(gone[w.family], added[w.family], w.index, w.set, k.installed[f].slots, w.slots)
+		have := k.installed[f].plan
+		gone[w.family], added[w.family] = changedSlots(gone[w.family], added[w.family], w.index, w.set, &have, &w.plan)
 	}
+	kind := "owners"
 	for fam, r := range rulesets {
-		m := backendsMap(r.table, r.fam)
-		if err := inChunks(gone[fam], func(e []nftables.SetElement) error { return r.conn.SetDeleteElements(m, e) }); err != nil {
-			return fmt.Errorf("backends map: %w", err)
+		// A slot's home changes only with the structure: homes stays.
+		_, ownersMap, backends := kernelMaps(r.table, r.fam)
+		ownersGone, ownersAdded := changedOwners(nil, nil, k.owners[fam], owners[fam])
+		for _, step := range []struct {
+			m     *nftables.Set
+			elems []nftables.SetElement
+			add   bool
+		}{
+			// Deletions first, each map's, then additions: an entry
+			// replaced is deleted and added in the one transaction.
+			{ownersMap, ownersGone, false}, {backends, gone[fam], false},
+			{ownersMap, ownersAdded, true}, {backends, added[fam], true},
+		} {
+			err := inChunks(step.elems, func(e []nftables.SetElement) error {
+				if step.add {
+					return r.conn.SetAddElements(step.m, e)
+				}
+				return r.conn.SetDeleteElements(step.m, e)
+			})
+			if err != nil {
+				return "", fmt.Errorf("%s map: %w", step.m.Name, err)
+			}
 		}
-		if err := inChunks(added[fam], func(e []nftables.SetElement) error { return r.conn.SetAddElements(m, e) }); err != nil {
-			return fmt.Errorf("backends map: %w", err)
+		if len(gone[fam])+len(added[fam]) > 0 {
+			kind = "entries"
 		}
 	}
-	return nil
+	return kind, nil
 }
 
 // remove deletes both tables: new flows are no longer translated (flows
@@ -280,7 +343,7 @@ func (k *kernelEngine) remove() error {
 	}
 	err = c.Flush()
 	k.dropConn()
-	k.installed = nil
+	k.installed, k.owners = nil, nil
 	if err != nil {
 		return fmt.Errorf("removing the nftables tables %s: %w", k.table, err)
 	}

@@ -1,6 +1,9 @@
 package dataplane
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // removeEngineSwitches removes the running frontends whose engine the new
 // configuration changes, so that the new one starts afresh: its socket
@@ -16,11 +19,14 @@ func (d *DataPlane) removeEngineSwitches(admitted []Frontend) {
 	}
 }
 
-// syncKernelLocked rebuilds the kernel engine's table from the kernel
-// frontends, if there are any or the table holds some. When the table
-// cannot be installed, every kernel frontend is taken out and returned as
-// skipped (the previous table, if any, stays in the kernel). d.mu is held.
-func (d *DataPlane) syncKernelLocked() []SkippedFrontend {
+// syncKernelLocked syncs the kernel engine's tables with the kernel
+// frontends, if there are any or the tables hold some. Without prepare,
+// the entries prepared for the nodes' next changes are brought up to date
+// a little later (see kernelEngine.sync), so that an admin-state or probe
+// change takes effect at once. When the tables cannot be installed, every
+// kernel frontend is taken out and returned as skipped (the previous
+// tables, if any, stay in the kernel). d.mu is held.
+func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	if d.handedOver {
 		return nil // the tables are the successor's now
 	}
@@ -33,9 +39,12 @@ func (d *DataPlane) syncKernelLocked() []SkippedFrontend {
 	if len(kernel) == 0 && !d.kernelInstalled {
 		return nil
 	}
-	err := d.kernel.sync(kernel, d.m)
+	stale, err := d.kernel.sync(kernel, d.m, prepare)
 	if err == nil {
 		d.kernelInstalled = len(kernel) > 0
+		if stale {
+			d.prepareKernelLater()
+		}
 		return nil
 	}
 	var skipped []SkippedFrontend
@@ -48,8 +57,34 @@ func (d *DataPlane) syncKernelLocked() []SkippedFrontend {
 	return skipped
 }
 
-// markKernelDirty asks for the kernel table to be rebuilt; a probe calls
-// it when a backend's health changes. It never blocks.
+// kernelPrepareDelay is how long after a change the kernel's prepared
+// entries are brought up to date: long enough that the nodes of one
+// maintenance, tainted one after another, each change on the fast path,
+// rather than each waiting for the previous one's preparation.
+const kernelPrepareDelay = 100 * time.Millisecond
+
+// prepareKernelLater schedules a sync that prepares the kernel's entries
+// for the owners' next changes, unless one is scheduled. d.mu is held.
+func (d *DataPlane) prepareKernelLater() {
+	if d.kernelPrepareDue {
+		return
+	}
+	d.kernelPrepareDue = true
+	d.clock.AfterFunc(kernelPrepareDelay, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.kernelPrepareDue = false
+		if d.closed {
+			return
+		}
+		for _, s := range d.syncKernelLocked(true) {
+			d.log.Error(s.Err, "Preparing the kernel engine's entries for the next change", "frontend", s.Name)
+		}
+	})
+}
+
+// markKernelDirty asks for the kernel table to be synced again; a probe
+// calls it when a backend's health changes. It never blocks.
 func (d *DataPlane) markKernelDirty() {
 	select {
 	case d.kernelDirty <- struct{}{}:
@@ -68,7 +103,7 @@ func (d *DataPlane) resyncKernelOnProbes() {
 		}
 		d.mu.Lock()
 		if !d.closed {
-			for _, s := range d.syncKernelLocked() {
+			for _, s := range d.syncKernelLocked(false) {
 				d.log.Error(s.Err, "Rebuilding the kernel engine's table after a probe changed", "frontend", s.Name)
 			}
 		}

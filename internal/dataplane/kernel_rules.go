@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -44,15 +46,25 @@ type kernelRuleset struct {
 	table    *nftables.Table
 	services *nftables.Chain
 	conn     *nftables.Conn
-	// backends is the one map of every frontend's slots: (frontend index,
-	// slot) -> backend address and port. One map, so that a node's
-	// backends in every frontend change in two messages.
-	backends *nftables.Set
-	// pending are the map's entries, added once the rules are.
-	pending []nftables.SetElement
-	// eligible is each backend's eligibility when the sync began: the
-	// rules are built from it, and it is what they hold once installed.
-	eligible map[*backend]bool
+	// The maps of every frontend's slots (see kernel_slots.go): one set
+	// of maps for all frontends, so that a node's backends in every
+	// frontend change in a few messages.
+	homes, owners, backends *nftables.Set
+	// pending are the maps' entries, added once the rules are.
+	pending map[*nftables.Set][]nftables.SetElement
+}
+
+// kernelMaps are a table's three maps. The IDs name them within a
+// transaction that also creates them.
+func kernelMaps(t *nftables.Table, fam kernelFamily) (homes, owners, backends *nftables.Set) {
+	slot, _ := nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger)
+	slotState, _ := nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger, nftables.TypeInteger)
+	dest, _ := nftables.ConcatSetType(fam.addrType, nftables.TypeInetService)
+	id := 3 * uint32(fam.table)
+	homes = &nftables.Set{Table: t, Name: "homes", ID: id, IsMap: true, KeyType: slot, DataType: nftables.TypeInteger}
+	owners = &nftables.Set{Table: t, Name: "owners", ID: id + 1, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeInteger}
+	backends = &nftables.Set{Table: t, Name: "backends", ID: id + 2, IsMap: true, KeyType: slotState, DataType: dest}
+	return homes, owners, backends
 }
 
 // addBase adds the table's hooks: new flows to a frontend's address and
@@ -60,10 +72,11 @@ type kernelRuleset struct {
 // from this host itself (output); flows it translated are masqueraded.
 func (r *kernelRuleset) addBase() error {
 	c := r.conn
-	r.backends = backendsMap(r.table, r.fam)
-	r.backends.ID = uint32(r.fam.table) // unique within the transaction
-	if err := c.AddSet(r.backends, nil); err != nil {
-		return err
+	r.homes, r.owners, r.backends = kernelMaps(r.table, r.fam)
+	for _, m := range []*nftables.Set{r.homes, r.owners, r.backends} {
+		if err := c.AddSet(m, nil); err != nil {
+			return err
+		}
 	}
 	r.services = c.AddChain(&nftables.Chain{Name: "services", Table: r.table})
 	for _, hook := range []struct {
@@ -89,9 +102,9 @@ func (r *kernelRuleset) addBase() error {
 
 // addFrontend adds one frontend: a services rule that matches its address,
 // protocol and port, its source ranges, and the pick chain that translates
-// a new flow to the backend of its slot in the backends map. Only map
-// entries change when eligibility does.
-func (r *kernelRuleset) addFrontend(i int, set *backendSet, slots []int) error {
+// a new flow to the backend of its slot in the maps. Only map entries
+// change when eligibility does.
+func (r *kernelRuleset) addFrontend(i int, set *backendSet, plan *slotPlan) error {
 	c := r.conn
 	cfg := &set.cfg
 	k := cfg.key()
@@ -114,18 +127,10 @@ func (r *kernelRuleset) addFrontend(i int, set *backendSet, slots []int) error {
 		c.AddRule(&nftables.Rule{Table: r.table, Chain: fe, Exprs: append(r.matchSource(p.Masked()), &expr.Verdict{Kind: expr.VerdictGoto, Chain: pick.Name})})
 	}
 	// Any other source falls through: no translation, a reset.
-	return r.addPick(i, set, pick, slots)
+	return r.addPick(i, set, pick, plan)
 }
 
 func pickChain(i int) string { return fmt.Sprintf("fe-%d-pick", i) }
-
-// backendsMap is the map of every frontend's slots: key frontend index .
-// slot, data the address . port the slot translates to.
-func backendsMap(t *nftables.Table, fam kernelFamily) *nftables.Set {
-	key, _ := nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger)
-	data, _ := nftables.ConcatSetType(fam.addrType, nftables.TypeInetService)
-	return &nftables.Set{Table: t, Name: "backends", IsMap: true, KeyType: key, DataType: data}
-}
 
 // maxSlots bounds the slots of a frontend.
 const maxSlots = 4096
@@ -133,10 +138,9 @@ const maxSlots = 4096
 // slotsPerWeight is how many slots a backend gets per unit of weight. The
 // slots of a backend that becomes ineligible pass to others, so 4 means a
 // node with one of ten backends leaving gives four of the nine left a
-// quarter more new flows than the rest, and rewrites 4 entries per
-// frontend: measured on the test machines, about 2 µs of kernel time per
-// entry, so a node in 50 frontends is set Down in about a millisecond.
-// (16 would spread within 6% for four times the entries.)
+// quarter more new flows than the rest (16 would spread within 6%). A
+// node's change costs one owners entry whatever the slots, but every slot
+// is three map entries to write when the tables are rebuilt.
 const slotsPerWeight = 4
 
 // slotCount is the number of a frontend's slots: a fixed multiple of its
@@ -157,35 +161,111 @@ func slotCount(set *backendSet) int {
 // when no backend is eligible. Every backend owns slots in proportion to
 // its weight, interleaved (smooth weighted round robin over all backends),
 // and keeps them while eligible; the slots of ineligible backends go to the
-// eligible ones, again by weight. A change of eligibility so moves only the
+// eligible ones (see reassign). A change of eligibility so moves only the
 // slots of the backends that changed: few map entries to rewrite.
-func assignSlots(set *backendSet, eligible map[*backend]bool, n int) []int {
-	out := weightedTurns(set, func(*backend) bool { return true }, n)
-	var orphaned []int
+func assignSlots(set *backendSet, eligible func(*backend) bool, n int) []int {
+	return reassign(set, homeSlots(set, n), func(j int) bool { return eligible(set.backends[j]) })
+}
+
+// homeSlots is the backend of each of n slots when every backend is
+// eligible: its home.
+func homeSlots(set *backendSet, n int) []int {
+	return weightedTurns(set, func(int) bool { return true }, n)
+}
+
+// reassign is assignSlots from the slots' homes: a slot whose home backend
+// is not eligible goes to its heir. The heirs of one backend's slots take
+// turns among the other backends by weight (smooth weighted round robin,
+// starting at a place that depends on the backend, so that two leaving
+// backends do not both favour the same heirs); a slot whose heir is not
+// eligible either goes to the eligible backend that ranks first for it by
+// weighted rendezvous hashing. Neither choice depends on which other
+// backends are eligible, so a slot moves only when its own backend or its
+// heir changes: a node that leaves moves the slots it holds and no other
+// (the kernel engine's prepared entries stay valid; see kernel_slots.go).
+func reassign(set *backendSet, home []int, eligible func(j int) bool) []int {
+	out := slices.Clone(home)
+	var heirs map[int][]int // of each ineligible home, in turn
+	taken := map[int]int{}  // how many of its slots have their heir
 	for s, j := range out {
-		if !eligible[set.backends[j]] {
-			orphaned = append(orphaned, s)
+		if eligible(j) {
+			continue
 		}
-	}
-	heirs := weightedTurns(set, func(b *backend) bool { return eligible[b] }, len(orphaned))
-	for k, s := range orphaned {
+		if heirs == nil {
+			heirs = map[int][]int{}
+		}
+		if _, ok := heirs[j]; !ok {
+			heirs[j] = heirTurns(set, home, j)
+		}
 		out[s] = -1
-		if heirs != nil {
-			out[s] = heirs[k]
+		if turns := heirs[j]; len(turns) > 0 {
+			if h := turns[taken[j]%len(turns)]; eligible(h) {
+				out[s] = h
+			}
+		}
+		taken[j]++
+		if out[s] < 0 {
+			out[s] = rendezvousHeir(set, s, eligible)
 		}
 	}
 	return out
 }
 
-// weightedTurns is n turns among the backends that include accepts, in
-// proportion to their weights and interleaved (smooth weighted round
-// robin); nil when none is included.
-func weightedTurns(set *backendSet, include func(*backend) bool, n int) []int {
+// heirTurns is the heirs of backend j's slots in turn: as many turns among
+// the other backends, by weight, as j has slots, rotated by j.
+func heirTurns(set *backendSet, home []int, j int) []int {
+	n := 0
+	for _, h := range home {
+		if h == j {
+			n++
+		}
+	}
+	turns := weightedTurns(set, func(h int) bool { return h != j }, n)
+	if len(turns) == 0 {
+		return nil
+	}
+	k := j % len(turns)
+	return append(turns[k:], turns[:k]...)
+}
+
+// rendezvousHeir is the eligible backend that ranks first for slot s, or
+// -1 when none is eligible.
+func rendezvousHeir(set *backendSet, s int, eligible func(j int) bool) int {
+	heir, best := -1, 0.0
+	for h, b := range set.backends {
+		if !eligible(h) {
+			continue
+		}
+		if score := rendezvousScore(s, b); heir < 0 || score > best {
+			heir, best = h, score
+		}
+	}
+	return heir
+}
+
+// rendezvousScore ranks backend b for slot s: weighted rendezvous hashing
+// (-weight / ln(u), u a hash of the slot and the backend's address in
+// (0, 1)), so that each backend is first for a share of slots in proportion
+// to its weight.
+func rendezvousScore(s int, b *backend) float64 {
+	h := b.slotSeed ^ (uint64(s)+1)*0x9e3779b97f4a7c15
+	// splitmix64's finaliser spreads the bits.
+	h = (h ^ h>>30) * 0xbf58476d1ce4e5b9
+	h = (h ^ h>>27) * 0x94d049bb133111eb
+	h ^= h >> 31
+	u := (float64(h>>11) + 0.5) / (1 << 53)
+	return -float64(b.weight.Load()) / math.Log(u)
+}
+
+// weightedTurns is n turns among the backends that include accepts (by
+// index), in proportion to their weights and interleaved (smooth weighted
+// round robin); nil when none is included.
+func weightedTurns(set *backendSet, include func(j int) bool, n int) []int {
 	type cand struct{ index, weight, current int }
 	cs := make([]cand, 0, len(set.backends))
 	total := 0
 	for j, b := range set.backends {
-		if include(b) {
+		if include(j) {
 			w := int(b.weight.Load())
 			cs = append(cs, cand{index: j, weight: w})
 			total += w
@@ -209,37 +289,59 @@ func weightedTurns(set *backendSet, include func(*backend) bool, n int) []int {
 	return out
 }
 
-// mapKey is a backends map key: frontend index . slot.
-func mapKey(i, slot int) []byte { return append(u32(uint32(i)), u32(uint32(slot))...) }
+// slotMapKey is a homes map key: frontend index . slot.
+func slotMapKey(i, slot int) []byte { return append(u32(uint32(i)), u32(uint32(slot))...) }
 
-// mapElement is a backends map entry: frontend i's slot -> backend j's
-// address and port (the port padded to the 4-byte register).
-func mapElement(i int, set *backendSet, slot, j int) nftables.SetElement {
-	ap := set.backends[j].key
-	val := append(ap.Addr().AsSlice(), binaryutil.BigEndian.PutUint16(ap.Port())...)
-	return nftables.SetElement{Key: mapKey(i, slot), Val: append(val, 0, 0)}
+// backendsMapKey is a backends map key: frontend index . slot . state of
+// the slot's home owner.
+func backendsMapKey(i, slot int, state ownerState) []byte {
+	return append(slotMapKey(i, slot), u32(uint32(state))...)
 }
 
-// addPick adds the frontend's slots to the backends map and the pick
-// chain's one rule: mark the flow for masquerade and translate it to the
-// address and port of its slot (a counter modulo the slots). A slot with
-// no backend has no entry: the lookup misses and the flow is not
-// translated, so this host's own stack, which has no socket there, answers
-// it with a reset (UDP: port unreachable), as the proxy engine does.
-func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, slots []int) error {
-	if len(slots) == 0 {
+// backendElement is a backends map entry: frontend i's slot, when its home
+// owner is in state, -> backend j's address and port (the port padded to
+// the 4-byte register).
+func backendElement(i int, set *backendSet, slot int, state ownerState, j int) nftables.SetElement {
+	ap := set.backends[j].key
+	val := append(ap.Addr().AsSlice(), binaryutil.BigEndian.PutUint16(ap.Port())...)
+	return nftables.SetElement{Key: backendsMapKey(i, slot, state), Val: append(val, 0, 0)}
+}
+
+func ownerElement(id uint32, state ownerState) nftables.SetElement {
+	return nftables.SetElement{Key: u32(id), Val: u32(uint32(state))}
+}
+
+// addOwners adds the owners map's entries.
+func (r *kernelRuleset) addOwners(owners ownerTable) {
+	for id := 1; id < len(owners.state); id++ {
+		r.pending[r.owners] = append(r.pending[r.owners], ownerElement(uint32(id), owners.state[id]))
+	}
+}
+
+// addPick adds the frontend's slots to the maps and the pick chain's one
+// rule: mark the flow for masquerade and translate it to the address and
+// port the maps give its slot (a counter modulo the slots). A slot with no
+// backend has no entry: the lookup misses and the flow is not translated,
+// so this host's own stack, which has no socket there, answers it with a
+// reset (UDP: port unreachable), as the proxy engine does.
+func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, plan *slotPlan) error {
+	n := len(plan.homes)
+	if n == 0 {
 		return nil
 	}
-	for s, j := range slots {
-		if j >= 0 {
-			r.pending = append(r.pending, mapElement(i, set, s, j))
+	for s := range n {
+		r.pending[r.homes] = append(r.pending[r.homes], nftables.SetElement{Key: slotMapKey(i, s), Val: u32(plan.homes[s])})
+		for _, state := range []ownerState{ownerUp, ownerDown} {
+			if j := plan.entries[state][s]; j >= 0 {
+				r.pending[r.backends] = append(r.pending[r.backends], backendElement(i, set, s, state, j))
+			}
 		}
 	}
 	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-	}, r.slotKey(i, set, len(slots))...)})
+	}, r.slotKey(i, set, n)...)})
 	return nil
 }
 
@@ -247,9 +349,10 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, sl
 // same on every replica, so that they all send a client to one backend.
 const clientHashSeed = 0xebb
 
-// slotKey puts the backends map key, frontend index . slot, in the first
-// two 32-bit registers (1 and 9), looks it up (the address . port land
-// from register 1 on) and DNATs to the result. The slot is a counter
+// slotKey puts the frontend index and the slot in the 32-bit registers 8
+// and 9, looks up the slot's home owner (into register 10) and that
+// owner's state (over it), then the backend for the three (its address and
+// port land from register 1 on), and DNATs to it. The slot is a counter
 // modulo the slots (round robin), or for ClientIP a hash of the client's
 // address modulo the slots: a client keeps its slot, and its slot keeps
 // its backend while that is eligible.
@@ -263,14 +366,22 @@ func (r *kernelRuleset) slotKey(i int, set *backendSet, n int) []expr.Any {
 		key = append(key, &expr.Numgen{Register: 9, Modulus: uint32(n), Type: unix.NFT_NG_INCREMENTAL})
 	}
 	return append(key,
+		&expr.Lookup{SourceRegister: 1, DestRegister: 10, IsDestRegSet: true, SetName: r.homes.Name, SetID: r.homes.ID},
+		&expr.Lookup{SourceRegister: 10, DestRegister: 10, IsDestRegSet: true, SetName: r.owners.Name, SetID: r.owners.ID},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: r.backends.Name, SetID: r.backends.ID},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.fam.nfproto, RegAddrMin: 1, RegProtoMin: r.fam.portReg, Specified: true},
 	)
 }
 
-// flushPending adds the map entries the rules were built with.
+// flushPending adds the map entries the rules were built with: homes and
+// owners first, so that no lookup of a new rule can miss them.
 func (r *kernelRuleset) flushPending() error {
-	return inChunks(r.pending, func(elems []nftables.SetElement) error { return r.conn.SetAddElements(r.backends, elems) })
+	for _, m := range []*nftables.Set{r.homes, r.owners, r.backends} {
+		if err := inChunks(r.pending[m], func(elems []nftables.SetElement) error { return r.conn.SetAddElements(m, elems) }); err != nil {
+			return fmt.Errorf("%s map: %w", m.Name, err)
+		}
+	}
+	return nil
 }
 
 // elementsPerMessage bounds the entries of one message: a netlink
@@ -292,16 +403,31 @@ func inChunks(elems []nftables.SetElement, fn func([]nftables.SetElement) error)
 
 // changedSlots appends to gone and added the backends map entries to
 // delete and add for frontend i's slots to go from was to now.
-func changedSlots(gone, added []nftables.SetElement, i int, set *backendSet, was, now []int) ([]nftables.SetElement, []nftables.SetElement) {
-	for s := range now {
-		if was[s] == now[s] {
-			continue
+func changedSlots(gone, added []nftables.SetElement, i int, set *backendSet, was, now *slotPlan) ([]nftables.SetElement, []nftables.SetElement) {
+	for _, state := range []ownerState{ownerUp, ownerDown} {
+		for s, j := range now.entries[state] {
+			old := was.entries[state][s]
+			if old == j {
+				continue
+			}
+			if old >= 0 {
+				gone = append(gone, nftables.SetElement{Key: backendsMapKey(i, s, state)})
+			}
+			if j >= 0 {
+				added = append(added, backendElement(i, set, s, state, j))
+			}
 		}
-		if was[s] >= 0 {
-			gone = append(gone, nftables.SetElement{Key: mapKey(i, s)})
-		}
-		if now[s] >= 0 {
-			added = append(added, mapElement(i, set, s, now[s]))
+	}
+	return gone, added
+}
+
+// changedOwners appends to gone and added the owners map entries whose
+// state changed.
+func changedOwners(gone, added []nftables.SetElement, was, now ownerTable) ([]nftables.SetElement, []nftables.SetElement) {
+	for id := 1; id < len(now.state); id++ {
+		if was.state[id] != now.state[id] {
+			gone = append(gone, nftables.SetElement{Key: u32(uint32(id))})
+			added = append(added, ownerElement(uint32(id), now.state[id]))
 		}
 	}
 	return gone, added

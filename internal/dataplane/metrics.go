@@ -64,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"frontend", "reason"}),
 		kernelSyncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ebb_dataplane_kernel_sync_duration_seconds",
-			Help:    "nftables transactions of the kernel engine; kind is rebuild (whole tables) or entries (backends map entries only, the admin-state and probe path).",
+			Help:    "nftables transactions of the kernel engine; kind is rebuild (whole tables), entries (map entries: probes, and the entries prepared for the next change) or owners (only nodes' states: the admin-state fast path).",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 12),
 		}, []string{"kind"}),
 		kernelFailures: prometheus.NewCounter(prometheus.CounterOpts{

@@ -1,0 +1,65 @@
+package dataplane
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+// BenchmarkKernelAdminState sets one node Down and back in a kernel-engine
+// configuration of 50 frontends of 10 backends (one backend per node
+// each), in a network namespace of its own: the cost of a leaving node in
+// the kernel engine, through the node fast path and through a whole
+// configuration.
+func BenchmarkKernelAdminState(b *testing.B) {
+	host, err := network.NewHost("bench")
+	if err != nil {
+		b.Fatalf("making a network namespace: %v", err)
+	}
+	defer host.Close()
+	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	var cfg Config
+	for f := range 50 {
+		fe := Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "10.9.0.1", Port: uint16(1000 + f)}
+		for i := range 10 {
+			fe.Backends = append(fe.Backends, Backend{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", i+1)})
+		}
+		cfg.Frontends = append(cfg.Frontends, fe)
+	}
+	if err := applyAll(d, cfg); err != nil {
+		b.Fatal(err)
+	}
+	alternate := func(i int) AdminState {
+		if i%2 == 1 {
+			return AdminNone
+		}
+		return AdminDown
+	}
+	b.Run("SetOwnerAdminState", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			if _, err := d.SetOwnerAdminState("node-4", alternate(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := d.SetOwnerAdminState("node-4", AdminNone); err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.Run("Apply", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			for f := range cfg.Frontends {
+				cfg.Frontends[f].Backends[3].AdminState = alternate(i)
+			}
+			if err := applyAll(d, cfg); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
