@@ -159,14 +159,14 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 	if err != nil {
 		return false, err
 	}
-	want, owners := k.plan(frontends, prepare)
+	want, owners, same := k.plan(frontends, prepare)
 	rulesets := map[nftables.TableFamily]*kernelRuleset{}
 	for _, a := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
 		fam := familyOf(a)
 		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, pending: map[*nftables.Set][]nftables.SetElement{}}
 	}
 	kind := "rebuild"
-	if k.sameStructure(want) {
+	if same {
 		stale = !prepare && k.eligibilityChanged(want)
 		kind, err = k.updateMaps(rulesets, want, owners)
 	} else {
@@ -204,13 +204,14 @@ func (k *kernelEngine) eligibilityChanged(want map[*frontend]installedFrontend) 
 }
 
 // plan computes what the tables should hold for frontends: their places
-// and slots, and each table's owners. The installed slots are the
-// previous plan of a frontend whose structure is unchanged.
-func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (map[*frontend]installedFrontend, map[nftables.TableFamily]ownerTable) {
+// and slots, and each table's owners; same says whether the structure is
+// the installed one (then the installed slots are each frontend's
+// previous plan).
+func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable, same bool) {
 	slices.SortFunc(frontends, func(a, b *frontend) int {
 		return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
 	})
-	want := make(map[*frontend]installedFrontend, len(frontends))
+	want = make(map[*frontend]installedFrontend, len(frontends))
 	sets := map[nftables.TableFamily][]*backendSet{}
 	index := map[nftables.TableFamily]int{}
 	for _, f := range frontends {
@@ -220,11 +221,11 @@ func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (map[*frontend]
 		sets[fam] = append(sets[fam], set)
 		index[fam]++
 	}
-	owners := map[nftables.TableFamily]ownerTable{}
+	owners = map[nftables.TableFamily]ownerTable{}
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		owners[fam] = newOwnerTable(sets[fam])
 	}
-	same := k.sameStructure(want)
+	same = k.sameStructure(want)
 	for f, w := range want {
 		var prev *slotPlan
 		if same {
@@ -234,7 +235,7 @@ func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (map[*frontend]
 		w.plan = planSlots(w.set, owners[w.family], w.elig, prev, prepare)
 		want[f] = w
 	}
-	return want, owners
+	return want, owners, same
 }
 
 // sameStructure reports whether the frontends, their backend sets and
