@@ -9,8 +9,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // maxDialAttempts bounds how many backends one new connection tries that
@@ -190,17 +188,18 @@ func proxyCopy(dst, src net.Conn, c *tcpConn) int64 {
 	bufp := smallBufs.Get().(*[]byte)
 	defer smallBufs.Put(bufp)
 	buf := *bufp
-	var raw syscall.RawConn
-	if sc, ok := src.(syscall.Conn); ok {
-		raw, _ = sc.SyscallConn()
-	}
 	for {
-		n, full, err := copySmall(dst, src, raw, buf, c)
-		total += n
-		if full && err == nil {
-			var m int64
-			m, err = spliceCopy(dst, src, c)
-			total += m
+		m, err := src.Read(buf)
+		if m > 0 {
+			c.activity.Add(1)
+			total += int64(m)
+			if _, werr := dst.Write(buf[:m]); werr != nil {
+				err = werr
+			} else if m == len(buf) && err == nil {
+				var n int64
+				n, err = spliceCopy(dst, src, c)
+				total += n
+			}
 		}
 		switch {
 		case err == nil:
@@ -221,67 +220,6 @@ func proxyCopy(dst, src net.Conn, c *tcpConn) int64 {
 		c.close()
 		return total
 	}
-}
-
-// copySmall copies src to dst by read and write until src ends (io.EOF),
-// fails, or a read fills buf (full: the direction is bulk). It reads as
-// HAProxy does: after a read that took less than buf, which emptied the
-// socket, it waits for the poller to report more data instead of reading
-// into an EAGAIN (two system calls fewer per request and response). That
-// is only safe within one RawConn.Read: the poller's readiness survives
-// between its waits, while each new call forgets it, so every call reads
-// first. Without a raw connection it does one read and write.
-func copySmall(dst, src net.Conn, raw syscall.RawConn, buf []byte, c *tcpConn) (total int64, full bool, err error) {
-	moved := func(m int) bool {
-		c.activity.Add(1)
-		total += int64(m)
-		if _, werr := dst.Write(buf[:m]); werr != nil {
-			err = werr
-			return false
-		}
-		full = m == len(buf)
-		return !full
-	}
-	if raw == nil {
-		m, rerr := src.Read(buf)
-		if m > 0 {
-			moved(m)
-		}
-		if err == nil {
-			err = rerr
-		}
-		return total, full, err
-	}
-	emptied := false
-	rerr := raw.Read(func(fd uintptr) bool {
-		for {
-			if emptied {
-				emptied = false
-				return false // wait for the poller
-			}
-			m, e := unix.Read(int(fd), buf)
-			switch {
-			case e == unix.EINTR:
-				continue
-			case e == unix.EAGAIN:
-				return false
-			case e != nil:
-				err = e
-				return true
-			case m == 0:
-				err = io.EOF
-				return true
-			}
-			if !moved(m) {
-				return true
-			}
-			emptied = true
-		}
-	})
-	if err == nil {
-		err = rerr
-	}
-	return total, full, err
 }
 
 // spliceCopy moves a bulk direction by splice (io.Copy between two
