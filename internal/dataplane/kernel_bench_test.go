@@ -63,3 +63,47 @@ func BenchmarkKernelAdminState(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkKernelPrepare is the sync that prepares the entries after a
+// node's change (run off the change's path).
+func BenchmarkKernelPrepare(b *testing.B) {
+	host, err := network.NewHost("bench")
+	if err != nil {
+		b.Fatalf("making a network namespace: %v", err)
+	}
+	defer host.Close()
+	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	var cfg Config
+	for f := range 50 {
+		fe := Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "10.9.0.1", Port: uint16(1000 + f)}
+		for i := range 10 {
+			fe.Backends = append(fe.Backends, Backend{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", i+1)})
+		}
+		cfg.Frontends = append(cfg.Frontends, fe)
+	}
+	if err := applyAll(d, cfg); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		state := AdminDown
+		if i%2 == 1 {
+			state = AdminNone
+		}
+		b.StopTimer()
+		if _, err := d.SetOwnerAdminState("node-4", state); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		d.mu.Lock()
+		skipped := d.syncKernelLocked(true)
+		d.mu.Unlock()
+		if len(skipped) > 0 {
+			b.Fatal(skipped[0].Err)
+		}
+	}
+}

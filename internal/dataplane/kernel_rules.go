@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -161,71 +160,75 @@ func slotCount(set *backendSet) int {
 // when no backend is eligible. Every backend owns slots in proportion to
 // its weight, interleaved (smooth weighted round robin over all backends),
 // and keeps them while eligible; the slots of ineligible backends go to the
-// eligible ones (see reassign). A change of eligibility so moves only the
+// eligible ones (see slotHomes). A change of eligibility so moves only the
 // slots of the backends that changed: few map entries to rewrite.
 func assignSlots(set *backendSet, eligible func(*backend) bool, n int) []int {
-	return reassign(set, homeSlots(set, n), func(j int) bool { return eligible(set.backends[j]) })
+	return newSlotHomes(set, n).assignAll(set, func(j int) bool { return eligible(set.backends[j]) })
 }
 
-// homeSlots is the backend of each of n slots when every backend is
-// eligible: its home.
-func homeSlots(set *backendSet, n int) []int {
-	return weightedTurns(set, func(int) bool { return true }, n)
+// slotHomes is what a frontend's slots are whatever the backends'
+// eligibility: each slot's home backend (the one that holds it when every
+// backend is eligible), which of its home's slots it is, and the heirs of
+// each backend's slots in turn.
+//
+// A slot whose home is not eligible goes to its heir: the heirs of one
+// backend's slots take turns among the other backends by weight (smooth
+// weighted round robin, starting at a place that depends on the backend,
+// so that two leaving backends do not both favour the same heirs); a slot
+// whose heir is not eligible either goes to the eligible backend that ranks
+// first for it by weighted rendezvous hashing. Neither choice depends on
+// which other backends are eligible, so a slot moves only when its own
+// backend or its heir changes: a node that leaves moves the slots it holds
+// and no other (the kernel engine's prepared entries stay valid; see
+// kernel_slots.go).
+type slotHomes struct {
+	home, nth []int
+	heirs     [][]int
 }
 
-// reassign is assignSlots from the slots' homes: a slot whose home backend
-// is not eligible goes to its heir. The heirs of one backend's slots take
-// turns among the other backends by weight (smooth weighted round robin,
-// starting at a place that depends on the backend, so that two leaving
-// backends do not both favour the same heirs); a slot whose heir is not
-// eligible either goes to the eligible backend that ranks first for it by
-// weighted rendezvous hashing. Neither choice depends on which other
-// backends are eligible, so a slot moves only when its own backend or its
-// heir changes: a node that leaves moves the slots it holds and no other
-// (the kernel engine's prepared entries stay valid; see kernel_slots.go).
-func reassign(set *backendSet, home []int, eligible func(j int) bool) []int {
-	out := slices.Clone(home)
-	var heirs map[int][]int // of each ineligible home, in turn
-	taken := map[int]int{}  // how many of its slots have their heir
-	for s, j := range out {
-		if eligible(j) {
-			continue
+func newSlotHomes(set *backendSet, n int) slotHomes {
+	return slotHomesFrom(set, weightedTurns(set, func(int) bool { return true }, n))
+}
+
+// slotHomesFrom is the slots of the given homes.
+func slotHomesFrom(set *backendSet, home []int) slotHomes {
+	h := slotHomes{home: home, nth: make([]int, len(home)), heirs: make([][]int, len(set.backends))}
+	count := make([]int, len(set.backends))
+	for s, j := range home {
+		h.nth[s] = count[j]
+		count[j]++
+	}
+	for j, n := range count {
+		turns := weightedTurns(set, func(h int) bool { return h != j }, n)
+		if len(turns) > 0 {
+			k := j % len(turns)
+			h.heirs[j] = append(turns[k:], turns[:k]...)
 		}
-		if heirs == nil {
-			heirs = map[int][]int{}
+	}
+	return h
+}
+
+// assign is the backend of slot s under eligible, or -1.
+func (h slotHomes) assign(set *backendSet, s int, eligible func(j int) bool) int {
+	j := h.home[s]
+	if eligible(j) {
+		return j
+	}
+	if turns := h.heirs[j]; len(turns) > 0 {
+		if heir := turns[h.nth[s]%len(turns)]; eligible(heir) {
+			return heir
 		}
-		if _, ok := heirs[j]; !ok {
-			heirs[j] = heirTurns(set, home, j)
-		}
-		out[s] = -1
-		if turns := heirs[j]; len(turns) > 0 {
-			if h := turns[taken[j]%len(turns)]; eligible(h) {
-				out[s] = h
-			}
-		}
-		taken[j]++
-		if out[s] < 0 {
-			out[s] = rendezvousHeir(set, s, eligible)
-		}
+	}
+	return rendezvousHeir(set, s, eligible)
+}
+
+// assignAll is every slot's backend under eligible.
+func (h slotHomes) assignAll(set *backendSet, eligible func(j int) bool) []int {
+	out := make([]int, len(h.home))
+	for s := range out {
+		out[s] = h.assign(set, s, eligible)
 	}
 	return out
-}
-
-// heirTurns is the heirs of backend j's slots in turn: as many turns among
-// the other backends, by weight, as j has slots, rotated by j.
-func heirTurns(set *backendSet, home []int, j int) []int {
-	n := 0
-	for _, h := range home {
-		if h == j {
-			n++
-		}
-	}
-	turns := weightedTurns(set, func(h int) bool { return h != j }, n)
-	if len(turns) == 0 {
-		return nil
-	}
-	k := j % len(turns)
-	return append(turns[k:], turns[:k]...)
 }
 
 // rendezvousHeir is the eligible backend that ranks first for slot s, or

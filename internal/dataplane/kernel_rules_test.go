@@ -72,9 +72,10 @@ func TestReassignHeirs(t *testing.T) {
 			}
 		}
 	}
-	one := reassign(set, home, func(j int) bool { return j != 0 })
+	homes := slotHomesFrom(set, home)
+	one := homes.assignAll(set, func(j int) bool { return j != 0 })
 	spread("backend 0 out", one, map[int]int{1: 2000, 2: 1000, 3: 1000, 4: 2000})
-	two := reassign(set, home, func(j int) bool { return j != 0 && j != 4 })
+	two := homes.assignAll(set, func(j int) bool { return j != 0 && j != 4 })
 	spread("backends 0 and 4 out", two, map[int]int{1: 3000, 2: 1500, 3: 1500})
 	for s := range one {
 		if one[s] != 4 && two[s] != one[s] {

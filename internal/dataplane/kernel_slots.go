@@ -66,12 +66,12 @@ func newOwnerTable(sets []*backendSet) ownerTable {
 	return t
 }
 
-// slotPlan is what the maps hold for one frontend: the home backend of
-// each slot and its owner's id, and the backend index of each slot for
+// slotPlan is what the maps hold for one frontend: its slots' homes and
+// the owner id of each slot's home, and the backend index of each slot for
 // either state of that owner (-1: no backend, the lookup misses and the
 // flow is reset).
 type slotPlan struct {
-	home    []int
+	slotHomes
 	homes   []uint32
 	entries [2][]int
 }
@@ -103,9 +103,9 @@ func eligibilityOf(set *backendSet) setEligibility {
 func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *slotPlan, prepare bool) slotPlan {
 	var p slotPlan
 	if prev != nil {
-		p.home, p.homes = prev.home, prev.homes // they depend on the set only
+		p.slotHomes, p.homes = prev.slotHomes, prev.homes // they depend on the set only
 	} else {
-		p.home = homeSlots(set, slotCount(set))
+		p.slotHomes = newSlotHomes(set, slotCount(set))
 		p.homes = make([]uint32, len(p.home))
 		for s, j := range p.home {
 			p.homes[s] = owners.ids[set.backends[j].owner]
@@ -113,24 +113,19 @@ func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *sl
 	}
 	n := len(p.home)
 	p.entries = [2][]int{make([]int, n), make([]int, n)}
-	now := reassign(set, p.home, func(j int) bool { return elig.now[j] })
+	now := func(j int) bool { return elig.now[j] }
 	for s := range n {
 		state := owners.state[p.homes[s]]
-		p.entries[state][s] = now[s]
+		p.entries[state][s] = p.assign(set, s, now)
 		if prev != nil && !prepare {
 			p.entries[1-state][s] = prev.entries[1-state][s]
+			continue
 		}
-	}
-	if prev != nil && !prepare {
-		return p
-	}
-	// The other state of each owner, one owner at a time: its backends
-	// out (it goes Down) or back as if None (it comes back), the others
-	// as they are now.
-	for _, owner := range ownersOf(set) {
-		id := owners.ids[owner]
-		state := owners.state[id]
-		toggled := reassign(set, p.home, func(j int) bool {
+		// The other state of the slot's home owner: its backends out
+		// (it goes Down) or back as if None (it comes back), the
+		// others as they are now.
+		owner := set.backends[p.home[s]].owner
+		p.entries[1-state][s] = p.assign(set, s, func(j int) bool {
 			switch {
 			case set.backends[j].owner != owner:
 				return elig.now[j]
@@ -140,24 +135,8 @@ func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *sl
 				return elig.back[j]
 			}
 		})
-		for s := range n {
-			if p.homes[s] == id {
-				p.entries[1-state][s] = toggled[s]
-			}
-		}
 	}
 	return p
-}
-
-// ownersOf lists the distinct owners of a set's backends.
-func ownersOf(set *backendSet) []string {
-	var out []string
-	for _, b := range set.backends {
-		if !slices.Contains(out, b.owner) {
-			out = append(out, b.owner)
-		}
-	}
-	return out
 }
 
 // inUse is the backend index the slot's flows go to now.
