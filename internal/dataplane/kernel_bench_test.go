@@ -3,8 +3,10 @@ package dataplane
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 // BenchmarkKernelAdminState sets one node Down and back in a kernel-engine
@@ -42,11 +44,15 @@ func BenchmarkKernelAdminState(b *testing.B) {
 	}
 	b.Run("SetOwnerAdminState", func(b *testing.B) {
 		b.ReportAllocs()
+		var took []time.Duration
 		for i := 0; b.Loop(); i++ {
+			start := time.Now()
 			if _, err := d.SetOwnerAdminState("node-4", alternate(i)); err != nil {
 				b.Fatal(err)
 			}
+			took = append(took, time.Since(start))
 		}
+		b.ReportMetric(float64(stats.Percentile(took, 0.99).Microseconds()), "p99-µs")
 		if _, err := d.SetOwnerAdminState("node-4", AdminNone); err != nil {
 			b.Fatal(err)
 		}

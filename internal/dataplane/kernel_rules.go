@@ -336,7 +336,7 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, pl
 		r.pending[r.homes] = append(r.pending[r.homes], nftables.SetElement{Key: slotMapKey(i, s), Val: u32(plan.homes[s])})
 		for _, state := range []ownerState{ownerUp, ownerDown} {
 			if j := plan.entries[state][s]; j >= 0 {
-				r.pending[r.backends] = append(r.pending[r.backends], backendElement(i, set, s, state, j))
+				r.pending[r.backends] = append(r.pending[r.backends], backendElement(i, set, s, state, int(j)))
 			}
 		}
 	}
@@ -417,7 +417,7 @@ func changedSlots(gone, added []nftables.SetElement, i int, set *backendSet, was
 				gone = append(gone, nftables.SetElement{Key: backendsMapKey(i, s, state)})
 			}
 			if j >= 0 {
-				added = append(added, backendElement(i, set, s, state, j))
+				added = append(added, backendElement(i, set, s, state, int(j)))
 			}
 		}
 	}

@@ -73,7 +73,7 @@ func newOwnerTable(sets []*backendSet) ownerTable {
 type slotPlan struct {
 	slotHomes
 	homes   []uint32
-	entries [2][]int
+	entries [2][]int32
 }
 
 // setEligibility is, by backend index, each backend's eligibility when a
@@ -84,7 +84,8 @@ type setEligibility struct {
 }
 
 func eligibilityOf(set *backendSet) setEligibility {
-	e := setEligibility{now: make([]bool, len(set.backends)), back: make([]bool, len(set.backends))}
+	both := make([]bool, 2*len(set.backends)) // one allocation: this is the fast path
+	e := setEligibility{now: both[:len(set.backends)], back: both[len(set.backends):]}
 	for j, b := range set.backends {
 		admin := adminState(b.admin.Load())
 		e.now[j] = b.eligibleAs(admin)
@@ -112,11 +113,12 @@ func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *sl
 		}
 	}
 	n := len(p.home)
-	p.entries = [2][]int{make([]int, n), make([]int, n)}
+	both := make([]int32, 2*n) // one allocation: this is the fast path
+	p.entries = [2][]int32{both[:n], both[n:]}
 	now := func(j int) bool { return elig.now[j] }
 	for s := range n {
 		state := owners.state[p.homes[s]]
-		p.entries[state][s] = p.assign(set, s, now)
+		p.entries[state][s] = int32(p.assign(set, s, now))
 		if prev != nil && !prepare {
 			p.entries[1-state][s] = prev.entries[1-state][s]
 			continue
@@ -125,7 +127,7 @@ func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *sl
 		// (it goes Down) or back as if None (it comes back), the
 		// others as they are now.
 		owner := set.backends[p.home[s]].owner
-		p.entries[1-state][s] = p.assign(set, s, func(j int) bool {
+		p.entries[1-state][s] = int32(p.assign(set, s, func(j int) bool {
 			switch {
 			case set.backends[j].owner != owner:
 				return elig.now[j]
@@ -134,12 +136,12 @@ func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *sl
 			default:
 				return elig.back[j]
 			}
-		})
+		}))
 	}
 	return p
 }
 
 // inUse is the backend index the slot's flows go to now.
 func (p *slotPlan) inUse(owners ownerTable, s int) int {
-	return p.entries[owners.state[p.homes[s]]][s]
+	return int(p.entries[owners.state[p.homes[s]]][s])
 }

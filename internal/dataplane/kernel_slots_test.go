@@ -83,7 +83,7 @@ func TestPlanSlots(t *testing.T) {
 					}
 					// Otherwise only entries from or to the owner's
 					// backends change: the heirs of other slots stay.
-					ofOwner := func(j int) bool { return j >= 0 && set.backends[j].owner == owner }
+					ofOwner := func(j int32) bool { return j >= 0 && set.backends[j].owner == owner }
 					for state := range fast.entries {
 						for s, j := range fast.entries[state] {
 							if was := prepared.entries[state][s]; was != j && !ofOwner(was) && !ofOwner(j) {
