@@ -14,26 +14,16 @@ func BenchmarkApplyAdminState(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer d.Close()
-	var cfg Config
-	for f := range 50 {
-		at := freeAddr(&testing.T{}, "tcp")
-		fe := tcpFrontend(fmt.Sprintf("fe-%d", f), at)
-		for i := range 10 {
-			fe.Backends = append(fe.Backends, Backend{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", i+1)})
-		}
-		cfg.Frontends = append(cfg.Frontends, fe)
-	}
+	cfg := fiftyByTen(func(f int) Frontend {
+		return tcpFrontend(fmt.Sprintf("fe-%d", f), freeAddr(&testing.T{}, "tcp"))
+	})
 	if err := applyAll(d, cfg); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		state := AdminDown
-		if i%2 == 1 {
-			state = AdminNone
-		}
 		for f := range cfg.Frontends {
-			cfg.Frontends[f].Backends[3].AdminState = state
+			cfg.Frontends[f].Backends[3].AdminState = alternate(i)
 		}
 		if err := applyAll(d, cfg); err != nil {
 			b.Fatal(err)

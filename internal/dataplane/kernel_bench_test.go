@@ -9,39 +9,57 @@ import (
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
-// BenchmarkKernelAdminState sets one node Down and back in a kernel-engine
-// configuration of 50 frontends of 10 backends (one backend per node
-// each), in a network namespace of its own: the cost of a leaving node in
-// the kernel engine, through the node fast path and through a whole
-// configuration.
-func BenchmarkKernelAdminState(b *testing.B) {
-	host, err := network.NewHost("bench")
-	if err != nil {
-		b.Fatalf("making a network namespace: %v", err)
-	}
-	defer host.Close()
-	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
+// fiftyByTen is 50 frontends (frontend(f) for each) of 10 backends, one
+// per node (node-1 to node-10): the configuration of the admin-state
+// benchmarks.
+func fiftyByTen(frontend func(f int) Frontend) Config {
 	var cfg Config
 	for f := range 50 {
-		fe := Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "10.9.0.1", Port: uint16(1000 + f)}
+		fe := frontend(f)
 		for i := range 10 {
 			fe.Backends = append(fe.Backends, Backend{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", i+1)})
 		}
 		cfg.Frontends = append(cfg.Frontends, fe)
 	}
+	return cfg
+}
+
+// kernelBenchPlane is a kernel-engine data plane in a network namespace of
+// its own, serving fiftyByTen.
+func kernelBenchPlane(b *testing.B) (*DataPlane, Config) {
+	host, err := network.NewHost("bench")
+	if err != nil {
+		b.Fatalf("making a network namespace: %v", err)
+	}
+	b.Cleanup(host.Close)
+	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = d.Close() })
+	cfg := fiftyByTen(func(f int) Frontend {
+		return Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "10.9.0.1", Port: uint16(1000 + f)}
+	})
 	if err := applyAll(d, cfg); err != nil {
 		b.Fatal(err)
 	}
-	alternate := func(i int) AdminState {
-		if i%2 == 1 {
-			return AdminNone
-		}
-		return AdminDown
+	return d, cfg
+}
+
+// alternate is Down, None, Down, ...
+func alternate(i int) AdminState {
+	if i%2 == 1 {
+		return AdminNone
 	}
+	return AdminDown
+}
+
+// BenchmarkKernelAdminState sets one node Down and back in a kernel-engine
+// configuration of 50 frontends of 10 backends (one backend per node
+// each): the cost of a leaving node in the kernel engine, through the node
+// fast path and through a whole configuration.
+func BenchmarkKernelAdminState(b *testing.B) {
+	d, cfg := kernelBenchPlane(b)
 	b.Run("SetOwnerAdminState", func(b *testing.B) {
 		b.ReportAllocs()
 		var took []time.Duration
@@ -73,35 +91,11 @@ func BenchmarkKernelAdminState(b *testing.B) {
 // BenchmarkKernelPrepare is the sync that prepares the entries after a
 // node's change (run off the change's path).
 func BenchmarkKernelPrepare(b *testing.B) {
-	host, err := network.NewHost("bench")
-	if err != nil {
-		b.Fatalf("making a network namespace: %v", err)
-	}
-	defer host.Close()
-	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	var cfg Config
-	for f := range 50 {
-		fe := Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "10.9.0.1", Port: uint16(1000 + f)}
-		for i := range 10 {
-			fe.Backends = append(fe.Backends, Backend{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: uint16(30000 + f), Owner: fmt.Sprintf("node-%d", i+1)})
-		}
-		cfg.Frontends = append(cfg.Frontends, fe)
-	}
-	if err := applyAll(d, cfg); err != nil {
-		b.Fatal(err)
-	}
+	d, _ := kernelBenchPlane(b)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		state := AdminDown
-		if i%2 == 1 {
-			state = AdminNone
-		}
 		b.StopTimer()
-		if _, err := d.SetOwnerAdminState("node-4", state); err != nil {
+		if _, err := d.SetOwnerAdminState("node-4", alternate(i)); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
