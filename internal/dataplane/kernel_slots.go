@@ -140,8 +140,3 @@ func planSlots(set *backendSet, owners ownerTable, elig setEligibility, prev *sl
 	}
 	return p
 }
-
-// inUse is the backend index the slot's flows go to now.
-func (p *slotPlan) inUse(owners ownerTable, s int) int {
-	return int(p.entries[owners.state[p.homes[s]]][s])
-}

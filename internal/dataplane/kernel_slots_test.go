@@ -114,11 +114,13 @@ func TestPlanSlotsUnpreparedChanges(t *testing.T) {
 	inUse(t, "a back, b down", set, &third, owners)
 }
 
+// inUse fails the test unless every slot's entry in use, the one for its
+// home owner's state, is where exact says its flows must go.
 func inUse(t *testing.T, what string, set *backendSet, p *slotPlan, owners ownerTable) {
 	t.Helper()
 	want := exact(set)
 	for s := range want {
-		if got := p.inUse(owners, s); got != want[s] {
+		if got := int(p.entries[owners.state[p.homes[s]]][s]); got != want[s] {
 			t.Errorf("%s: slot %d goes to backend %d, want %d", what, s, got, want[s])
 		}
 	}
