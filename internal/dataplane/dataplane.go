@@ -358,7 +358,7 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 		}
 	}
 	if kernel {
-		if skipped := d.syncKernelLocked(false); len(skipped) > 0 {
+		if skipped := d.setKernelOwnerLocked(owner); len(skipped) > 0 {
 			return n, fmt.Errorf("setting %s's backends %s in the kernel engine: %w", owner, state, skipped[0].Err)
 		}
 	}

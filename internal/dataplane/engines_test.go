@@ -607,8 +607,17 @@ func TestKernelEngineSyncMetrics(t *testing.T) {
 	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
 		t.Fatal(err)
 	}
+	got := kernelSyncCounts(t, n.reg)
+	if got["rebuild"] != 1 || got["owners"] != 1 || got["entries"] != 0 {
+		t.Errorf("kernel syncs by kind %v, want one rebuild (the apply) and one owners (the admin state)", got)
+	}
+}
+
+// kernelSyncCounts is the kernel engine's transactions so far, by kind.
+func kernelSyncCounts(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+	t.Helper()
 	got := map[string]uint64{}
-	families, err := n.reg.Gather()
+	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,9 +629,7 @@ func TestKernelEngineSyncMetrics(t *testing.T) {
 			got[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
 		}
 	}
-	if got["rebuild"] != 1 || got["owners"] != 1 || got["entries"] != 0 {
-		t.Errorf("kernel syncs by kind %v, want one rebuild (the apply) and one owners (the admin state)", got)
-	}
+	return got
 }
 
 // roundTripWithin writes msg and reads a datagram back within d.

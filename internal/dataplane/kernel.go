@@ -68,6 +68,11 @@ type kernelEngine struct {
 	// owners; nil when unknown.
 	installed map[*frontend]installedFrontend
 	owners    map[nftables.TableFamily]ownerTable
+	// preparedAll: the installed entries are prepared for every owner's
+	// next change (see flipOwner); preparedOwner: for that owner's only
+	// (the one that changed last, by flipOwner).
+	preparedAll   bool
+	preparedOwner string
 }
 
 // installedFrontend is what the tables hold for a frontend: the backend
@@ -166,8 +171,10 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, pending: map[*nftables.Set][]nftables.SetElement{}}
 	}
 	kind := "rebuild"
+	prepared := true
 	if same {
 		stale = !prepare && k.eligibilityChanged(want)
+		prepared = prepare || (k.preparedAll && !stale)
 		kind, err = k.updateMaps(rulesets, want, owners)
 	} else {
 		err = rebuild(rulesets, frontends, want, owners)
@@ -182,7 +189,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 		return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 	}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
-	k.installed, k.owners = want, owners
+	k.installed, k.owners, k.preparedAll, k.preparedOwner = want, owners, prepared, ""
 	for _, w := range want {
 		for j, b := range w.set.backends {
 			b.inKernel.Store(w.elig.now[j])

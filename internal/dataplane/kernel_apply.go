@@ -57,6 +57,30 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	return skipped
 }
 
+// setKernelOwnerLocked brings owner's change to the kernel engine: on its
+// fast path when the installed entries were prepared for it, else by a
+// sync. d.mu is held.
+func (d *DataPlane) setKernelOwnerLocked(owner string) []SkippedFrontend {
+	if d.handedOver {
+		return nil
+	}
+	var kernel []*frontend
+	for _, f := range d.frontends {
+		if f.kernel {
+			kernel = append(kernel, f)
+		}
+	}
+	ok, err := d.kernel.flipOwner(kernel, owner, d.m)
+	switch {
+	case err != nil:
+		d.log.Error(err, "Changing a node's state in the kernel engine; syncing its tables", "node", owner)
+	case ok:
+		d.prepareKernelLater()
+		return nil
+	}
+	return d.syncKernelLocked(false)
+}
+
 // kernelPrepareDelay is how long after a change the kernel's prepared
 // entries are brought up to date: long enough that the nodes of one
 // maintenance, tainted one after another, each change on the fast path,

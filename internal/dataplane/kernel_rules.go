@@ -37,6 +37,14 @@ func familyOf(a netip.Addr) kernelFamily {
 	return kernelFamily{table: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr, portReg: 12}
 }
 
+// familyOfTable is the kernelFamily of a table family.
+func familyOfTable(t nftables.TableFamily) kernelFamily {
+	if t == nftables.TableFamilyIPv4 {
+		return familyOf(netip.IPv4Unspecified())
+	}
+	return familyOf(netip.IPv6Unspecified())
+}
+
 // kernelRuleset is one nftables table of the kernel engine (one per
 // address family), built from scratch or updated in place, installed in
 // one transaction with the other family's.

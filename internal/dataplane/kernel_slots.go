@@ -89,10 +89,7 @@ func eligibilityOf(set *backendSet) setEligibility {
 	for j, b := range set.backends {
 		admin := adminState(b.admin.Load())
 		e.now[j] = b.eligibleAs(admin)
-		if admin == adminDown {
-			admin = adminNone
-		}
-		e.back[j] = b.eligibleAs(admin)
+		e.back[j] = b.eligibleAs(backAs(admin))
 	}
 	return e
 }

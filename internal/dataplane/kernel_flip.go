@@ -1,0 +1,147 @@
+package dataplane
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/google/nftables"
+)
+
+// flipOwner is the kernel engine's path for one node's admin-state change
+// when the installed entries were prepared for it (by a sync that
+// prepared them all, or by this node's previous change on this path): the
+// node's state in the owners map is then the whole change, and nothing is
+// planned or allocated. It reports false, changing nothing, when that does not hold
+// (the structure changed, another backend's eligibility changed, the
+// entries were not prepared, or another node's slots would move: their
+// heir is on this node, or another node is out while this one comes back);
+// sync then does the change. frontends are the kernel frontends.
+func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error) {
+	start := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	prepared := k.preparedAll || (owner != "" && k.preparedOwner == owner)
+	if k.installed == nil || !prepared || len(frontends) != len(k.installed) {
+		return false, nil
+	}
+	// The owner's new state in each table: down when any of its
+	// backends is admin Down.
+	down := map[nftables.TableFamily]bool{}
+	for _, f := range frontends {
+		w, ok := k.installed[f]
+		if !ok || f.set.Load() != w.set {
+			return false, nil
+		}
+		for _, b := range w.set.backends {
+			if b.owner == owner {
+				down[w.family] = down[w.family] || adminState(b.admin.Load()) == adminDown
+			}
+		}
+	}
+	changed := map[nftables.TableFamily]ownerState{}
+	for fam, isDown := range down {
+		state := ownerUp
+		if isDown {
+			state = ownerDown
+		}
+		if k.owners[fam].state[k.owners[fam].ids[owner]] != state {
+			changed[fam] = state
+		}
+	}
+	for _, f := range frontends {
+		w := k.installed[f]
+		state, flips := changed[w.family]
+		for j, b := range w.set.backends {
+			now := b.eligible()
+			switch {
+			// The other backends as when the entries were made.
+			case b.owner != owner:
+				if now != w.elig.now[j] {
+					return false, nil
+				}
+			// The owner's: all out (going Down), back as prepared (coming
+			// back), or, with no change of state, as installed.
+			case flips && state == ownerDown && now,
+				flips && state == ownerUp && now != w.elig.back[j],
+				!flips && now != w.elig.now[j]:
+				return false, nil
+			}
+		}
+		if flips && !flipsAlone(w, k.owners[w.family], owner, state) {
+			return false, nil
+		}
+	}
+	// Exact: install the states, then record them and the eligibility.
+	if len(changed) > 0 {
+		c, err := k.connect()
+		if err != nil {
+			return false, err
+		}
+		for fam, state := range changed {
+			_, ownersMap, _ := kernelMaps(&nftables.Table{Name: k.table, Family: fam}, familyOfTable(fam))
+			id := k.owners[fam].ids[owner]
+			if err := c.SetDeleteElements(ownersMap, []nftables.SetElement{{Key: u32(id)}}); err != nil {
+				return false, err
+			}
+			if err := c.SetAddElements(ownersMap, []nftables.SetElement{ownerElement(id, state)}); err != nil {
+				return false, err
+			}
+		}
+		if err := c.Flush(); err != nil {
+			m.kernelFailures.Inc()
+			k.dropConn()
+			k.installed, k.owners = nil, nil
+			return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
+		}
+		for fam, state := range changed {
+			k.owners[fam].state[k.owners[fam].ids[owner]] = state
+		}
+		// The other nodes' prepared entries may have their heirs on
+		// this one: they are prepared again later. This one's stay
+		// valid (the others are as they were), so it can change back.
+		k.preparedAll, k.preparedOwner = false, owner
+	}
+	// The owner's backends are now what the checks above found.
+	for _, f := range frontends {
+		w := k.installed[f]
+		state, flips := changed[w.family]
+		for j, b := range w.set.backends {
+			if b.owner == owner && flips {
+				w.elig.now[j] = state == ownerUp && w.elig.back[j]
+				b.inKernel.Store(w.elig.now[j])
+			}
+		}
+	}
+	m.kernelSyncs.WithLabelValues("owners").Observe(time.Since(start).Seconds())
+	return true, nil
+}
+
+// flipsAlone reports whether owner's going to state moves no slot but its
+// own home slots, whose prepared entries are exact. Going Down, no other
+// slot may be on owner's backends (an heir there); coming back, every
+// other slot must be on its home (an heir elsewhere might return to owner).
+func flipsAlone(w installedFrontend, owners ownerTable, owner string, state ownerState) bool {
+	id := owners.ids[owner]
+	for s, home := range w.plan.homes {
+		if home == id {
+			continue
+		}
+		in := w.plan.entries[owners.state[home]][s]
+		switch {
+		case state == ownerDown && in >= 0 && w.set.backends[in].owner == owner:
+			return false
+		case state == ownerUp && int(in) != w.plan.home[s]:
+			return false
+		}
+	}
+	return true
+}
+
+// backAs is the admin state a backend would have if its owner came back:
+// Down as None, others as they are.
+func backAs(admin adminState) adminState {
+	if admin == adminDown {
+		return adminNone
+	}
+	return admin
+}
