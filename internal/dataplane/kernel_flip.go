@@ -80,11 +80,16 @@ func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics
 		for fam, state := range changed {
 			_, ownersMap, _ := kernelMaps(&nftables.Table{Name: k.table, Family: fam}, familyOfTable(fam))
 			id := k.owners[fam].ids[owner]
-			if err := c.SetDeleteElements(ownersMap, []nftables.SetElement{{Key: u32(id)}}); err != nil {
-				return false, err
+			err = c.SetDeleteElements(ownersMap, []nftables.SetElement{{Key: u32(id)}})
+			if err == nil {
+				err = c.SetAddElements(ownersMap, []nftables.SetElement{ownerElement(id, state)})
 			}
-			if err := c.SetAddElements(ownersMap, []nftables.SetElement{ownerElement(id, state)}); err != nil {
-				return false, err
+			if err != nil {
+				// Nothing half-built may go with the sync that follows:
+				// a new connection, and the tables rebuilt.
+				k.dropConn()
+				k.installed, k.owners = nil, nil
+				return false, fmt.Errorf("changing %s in the owners map: %w", owner, err)
 			}
 		}
 		if err := c.Flush(); err != nil {
