@@ -187,6 +187,25 @@ func TestZeroDowntimeDrain(t *testing.T) {
 	}
 }
 
+// connectionsThrough is the connections the load balancers report through
+// node's backends now.
+func connectionsThrough(t *testing.T, ctx context.Context, c client.Client, node string) int64 {
+	t.Helper()
+	var reports v1alpha1.LoadBalancerReportList
+	if err := c.List(ctx, &reports); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, r := range reports.Items {
+		for _, s := range r.Status.Nodes {
+			if s.Name == node {
+				n += s.Connections
+			}
+		}
+	}
+	return n
+}
+
 // onlyOn runs create while every node but node is cordoned, so the pods it
 // creates land on node without being pinned there.
 func onlyOn(t *testing.T, ctx context.Context, node string, create func()) {
@@ -209,14 +228,28 @@ func TestStuckConnectionReleasesDrainedAtTheTimeout(t *testing.T) {
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	node := cluster.Nodes[1].Name
 	addr := lbApp(t, ctx, ns, "stuck", 2, node, nil)
+	// The app's pods are on other nodes: a connection goes through the
+	// node only when the load balancer picks its node port. Open them, three
+	// at a time, until the load balancer reports some through it (CI once
+	// had none of three through the node, which then drained at once). A
+	// report counts the connections of a serving node at its heartbeat
+	// (10 s).
 	var long []*loadgen.LongLived
-	for range 3 {
-		l, err := loadgen.OpenLongLived(addr, 200*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
+	for through := false; !through; {
+		if len(long) == 12 {
+			t.Fatalf("%d long-lived connections, none reported through %s", len(long), node)
 		}
-		long = append(long, l)
-		defer l.Close()
+		for range 3 {
+			l, err := loadgen.OpenLongLived(addr, 200*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			long = append(long, l)
+			defer l.Close()
+		}
+		for wait := time.Now().Add(12 * time.Second); !through && time.Now().Before(wait); time.Sleep(500 * time.Millisecond) {
+			through = connectionsThrough(t, ctx, admin, node) > 0
+		}
 	}
 	nm := maintenance("stuck", v1alpha1.Drain, byName(node))
 	nm.Spec.TrafficDrainTimeoutSeconds = ptr.To[int32](4)
