@@ -20,13 +20,5 @@ func BenchmarkApplyAdminState(b *testing.B) {
 	if err := applyAll(d, cfg); err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		for f := range cfg.Frontends {
-			cfg.Frontends[f].Backends[3].AdminState = alternate(i)
-		}
-		if err := applyAll(d, cfg); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchApplyAdminState(b, d, cfg)
 }

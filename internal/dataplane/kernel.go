@@ -184,8 +184,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 	}
 	if err != nil {
 		m.kernelFailures.Inc()
-		k.dropConn()
-		k.installed, k.owners = nil, nil
+		k.forget()
 		return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 	}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
@@ -307,7 +306,7 @@ func (k *kernelEngine) updateMaps(rulesets map[nftables.TableFamily]*kernelRules
 	for fam, r := range rulesets {
 		// A slot's home changes only with the structure: homes stays.
 		_, ownersMap, backends := kernelMaps(r.table, r.fam)
-		ownersGone, ownersAdded := changedOwners(nil, nil, k.owners[fam], owners[fam])
+		ownersGone, ownersAdded := changedOwners(k.owners[fam], owners[fam])
 		for _, step := range []struct {
 			m     *nftables.Set
 			elems []nftables.SetElement
@@ -350,8 +349,7 @@ func (k *kernelEngine) remove() error {
 		c.DelTable(t)
 	}
 	err = c.Flush()
-	k.dropConn()
-	k.installed, k.owners = nil, nil
+	k.forget()
 	if err != nil {
 		return fmt.Errorf("removing the nftables tables %s: %w", k.table, err)
 	}
@@ -363,6 +361,13 @@ func (k *kernelEngine) close() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.dropConn()
+}
+
+// forget drops the connection, with anything batched on it, and what the
+// tables were known to hold: the next sync rebuilds them.
+func (k *kernelEngine) forget() {
+	k.dropConn()
+	k.installed, k.owners = nil, nil
 }
 
 func (k *kernelEngine) dropConn() {

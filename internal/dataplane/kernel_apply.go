@@ -30,12 +30,7 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	if d.handedOver {
 		return nil // the tables are the successor's now
 	}
-	var kernel []*frontend
-	for _, f := range d.frontends {
-		if f.kernel {
-			kernel = append(kernel, f)
-		}
-	}
+	kernel := d.kernelFrontendsLocked()
 	if len(kernel) == 0 && !d.kernelInstalled {
 		return nil
 	}
@@ -57,6 +52,18 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	return skipped
 }
 
+// kernelFrontendsLocked lists the frontends the kernel engine serves.
+// d.mu is held.
+func (d *DataPlane) kernelFrontendsLocked() []*frontend {
+	var kernel []*frontend
+	for _, f := range d.frontends {
+		if f.kernel {
+			kernel = append(kernel, f)
+		}
+	}
+	return kernel
+}
+
 // setKernelOwnerLocked brings owner's change to the kernel engine: on its
 // fast path when the installed entries were prepared for it, else by a
 // sync. d.mu is held.
@@ -64,12 +71,7 @@ func (d *DataPlane) setKernelOwnerLocked(owner string) []SkippedFrontend {
 	if d.handedOver {
 		return nil
 	}
-	var kernel []*frontend
-	for _, f := range d.frontends {
-		if f.kernel {
-			kernel = append(kernel, f)
-		}
-	}
+	kernel := d.kernelFrontendsLocked()
 	ok, err := d.kernel.flipOwner(kernel, owner, d.m)
 	switch {
 	case err != nil:

@@ -75,17 +75,21 @@ func BenchmarkKernelAdminState(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
-	b.Run("Apply", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; b.Loop(); i++ {
-			for f := range cfg.Frontends {
-				cfg.Frontends[f].Backends[3].AdminState = alternate(i)
-			}
-			if err := applyAll(d, cfg); err != nil {
-				b.Fatal(err)
-			}
+	b.Run("Apply", func(b *testing.B) { benchApplyAdminState(b, d, cfg) })
+}
+
+// benchApplyAdminState sets node-4's backend of every frontend of cfg Down
+// and back by whole configurations.
+func benchApplyAdminState(b *testing.B, d *DataPlane, cfg Config) {
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for f := range cfg.Frontends {
+			cfg.Frontends[f].Backends[3].AdminState = alternate(i)
 		}
-	})
+		if err := applyAll(d, cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // BenchmarkKernelPrepare is the sync that prepares the entries after a

@@ -87,15 +87,13 @@ func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics
 			if err != nil {
 				// Nothing half-built may go with the sync that follows:
 				// a new connection, and the tables rebuilt.
-				k.dropConn()
-				k.installed, k.owners = nil, nil
+				k.forget()
 				return false, fmt.Errorf("changing %s in the owners map: %w", owner, err)
 			}
 		}
 		if err := c.Flush(); err != nil {
 			m.kernelFailures.Inc()
-			k.dropConn()
-			k.installed, k.owners = nil, nil
+			k.forget()
 			return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 		}
 		for fam, state := range changed {

@@ -432,9 +432,9 @@ func changedSlots(gone, added []nftables.SetElement, i int, set *backendSet, was
 	return gone, added
 }
 
-// changedOwners appends to gone and added the owners map entries whose
-// state changed.
-func changedOwners(gone, added []nftables.SetElement, was, now ownerTable) ([]nftables.SetElement, []nftables.SetElement) {
+// changedOwners is the owners map entries to delete and add for the
+// owners whose state changed.
+func changedOwners(was, now ownerTable) (gone, added []nftables.SetElement) {
 	for id := 1; id < len(now.state); id++ {
 		if was.state[id] != now.state[id] {
 			gone = append(gone, nftables.SetElement{Key: u32(uint32(id))})
