@@ -73,6 +73,15 @@ func contenders(ebbBin, dir string, addrs []string, only string) []contender {
 		{name: "ebb", prefix: "", start: func(fe string, profile bool) (*lbProcess, error) {
 			return startEbb(ebbBin, dir, fe, addrs, profile)
 		}},
+		// ebb's proxy engine as it was before its event loop: two
+		// goroutines per connection over Go's net package.
+		{name: "ebb-goroutines", prefix: "goroutines_", start: func(fe string, _ bool) (*lbProcess, error) {
+			p, err := startEbb(ebbBin, dir, fe, addrs, false, "--proxy-goroutines")
+			if p != nil {
+				p.name = "ebb-goroutines"
+			}
+			return p, err
+		}},
 		{name: "haproxy", prefix: "haproxy_", start: func(fe string, _ bool) (*lbProcess, error) {
 			return startHAProxy(dir, fe, addrs, false)
 		}},

@@ -135,7 +135,7 @@ func (d *DataPlane) openListeners(frontends []Frontend) (map[frontendKey]any, []
 			opened[k] = l
 			continue
 		}
-		l, err := listen(k)
+		l, err := d.listen(k)
 		if err != nil {
 			skipped = append(skipped, SkippedFrontend{Name: fc.Name, Reason: SkipListenFailed, Err: fmt.Errorf("listening on %s: %w", k, err)})
 			continue
@@ -145,13 +145,23 @@ func (d *DataPlane) openListeners(frontends []Frontend) (map[frontendKey]any, []
 	return opened, skipped
 }
 
-// listen opens a frontend's socket with free-bind (IP_FREEBIND,
+// listen opens a frontend's socket: a raw one for the event loop (TCP
+// unless Options.GoroutineProxy), else one of Go's net package (see
+// listenNet).
+func (d *DataPlane) listen(k frontendKey) (any, error) {
+	if k.protocol == TCP && d.loop != nil {
+		return listenLoop(k)
+	}
+	return listenNet(k)
+}
+
+// listenNet opens a frontend's socket with free-bind (IP_FREEBIND,
 // IPV6_FREEBIND): the bind succeeds whether or not the address is
 // configured on the host yet, so that a load-balancer address needs no
 // manual set-up and the order in which the host learns it does not matter.
 // Traffic reaches the socket once the host accepts the address as local
 // (see internal/vipaddr).
-func listen(k frontendKey) (any, error) {
+func listenNet(k frontendKey) (any, error) {
 	// No TCP keep-alive on accepted sockets: four system calls per
 	// connection, set per frontend instead (Frontend.TCPKeepAlive).
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(_, _ string, c syscall.RawConn) error {

@@ -15,9 +15,9 @@ const idleSweepInterval = time.Second
 // tcpConn is one proxied TCP connection: the client's side and the
 // backend's.
 type tcpConn struct {
-	client, upstream net.Conn
-	backend          *backend
-	idleTimeout      time.Duration
+	ends        connEnds
+	backend     *backend
+	idleTimeout time.Duration
 
 	// activity counts reads that moved data, in both directions; the
 	// sweeper compares it between rounds instead of every read renewing a
@@ -37,10 +37,19 @@ type tcpConn struct {
 	quietSince time.Time
 }
 
+// connEnds is what closes a connection's two sockets: netConns for a
+// connection of goroutines, *loopConn for one on the event loop.
+type connEnds interface{ close() }
+
 // close ends both sides.
-func (c *tcpConn) close() {
-	_ = c.client.Close()
-	_ = c.upstream.Close()
+func (c *tcpConn) close() { c.ends.close() }
+
+// netConns are the two sides of a connection of goroutines.
+type netConns struct{ client, upstream net.Conn }
+
+func (n netConns) close() {
+	_ = n.client.Close()
+	_ = n.upstream.Close()
 }
 
 // connTable holds the established TCP connections of a data plane, for

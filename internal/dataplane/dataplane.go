@@ -27,9 +27,15 @@ type Options struct {
 	// Registerer takes the metrics. Default: a private registry.
 	Registerer prometheus.Registerer
 	Logger     logr.Logger
-	// DialContext dials backends and probe targets. Default: net.Dialer
-	// without TCP keep-alive (see Frontend.TCPKeepAlive).
+	// DialContext dials probe targets, and backends when GoroutineProxy
+	// is set. Default: net.Dialer without TCP keep-alive (see
+	// Frontend.TCPKeepAlive).
 	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
+	// GoroutineProxy moves the proxy engine's TCP connections with two
+	// goroutines each over Go's net package (dialing with DialContext),
+	// instead of on the event loop (see loop.go). It is the way back
+	// while the event loop is new, and the one for a custom dialer.
+	GoroutineProxy bool
 	// Clock paces the probes and the drain timeouts. Default: the real
 	// clock.
 	Clock Clock
@@ -38,10 +44,10 @@ type Options struct {
 	// KernelTable names the kernel engine's nftables tables (families ip
 	// and ip6). Default: DefaultKernelTable.
 	KernelTable string
-	// KernelNetNS, if set, is a network namespace file descriptor whose
-	// nftables the kernel engine programs (tests); default: this
-	// process's.
-	KernelNetNS int
+	// NetNS, if set, is a network namespace file descriptor whose
+	// nftables the kernel engine programs and from which the event loop
+	// connects to backends (tests); default: this process's.
+	NetNS int
 	// Inherited are listening sockets a predecessor handed over (see
 	// Sockets and HandOver): a frontend whose protocol, address and port
 	// match serves on one instead of opening its own. The data plane owns
@@ -67,6 +73,9 @@ type DataPlane struct {
 
 	conns     *connTable
 	stopSweep chan struct{}
+	// loop moves the proxy engine's TCP connections; nil with
+	// Options.GoroutineProxy.
+	loop *eventLoop
 
 	engine Engine
 	kernel *kernelEngine
@@ -115,8 +124,13 @@ func New(opts Options) (*DataPlane, error) {
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
-		engine: opts.Engine, kernel: newKernelEngine(opts.KernelTable, opts.KernelNetNS), kernelDirty: make(chan struct{}, 1),
+		engine: opts.Engine, kernel: newKernelEngine(opts.KernelTable, opts.NetNS), kernelDirty: make(chan struct{}, 1),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{}, inherited: map[frontendKey]*os.File{},
+	}
+	if !opts.GoroutineProxy {
+		if d.loop, err = newEventLoop(d, opts.NetNS); err != nil {
+			return nil, err
+		}
 	}
 	d.adoptInherited(opts.Inherited)
 	go d.conns.sweepIdle(d.clock, d.stopSweep)
@@ -236,6 +250,9 @@ func (d *DataPlane) Close() error {
 		delete(d.frontends, k)
 	}
 	d.conns.closeAll() // removed backends' draining connections too
+	if d.loop != nil {
+		d.loop.stop()
+	}
 	d.kernel.close()
 	for k, p := range d.probers {
 		p.stop(d.m)
@@ -376,9 +393,7 @@ func (d *DataPlane) StopAccepting() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, f := range d.frontends {
-		if f.tcp != nil {
-			_ = f.tcp.Close()
-		}
+		f.closeListener()
 	}
 }
 

@@ -80,7 +80,7 @@ func newEngineNet(t *testing.T, engine Engine, family string) *engineNet {
 	must(n.lb.SetSysctl("net/ipv4/ip_forward", "1"))
 	must(n.lb.SetSysctl("net/ipv6/conf/all/forwarding", "1"))
 	n.reg = prometheus.NewRegistry()
-	n.d = newDataPlane(t, Options{Engine: engine, KernelNetNS: n.lb.NetNS(), DialContext: n.lb.DialContext, Registerer: n.reg})
+	n.d = newDataPlane(t, Options{Engine: engine, NetNS: n.lb.NetNS(), DialContext: n.lb.DialContext, Registerer: n.reg})
 	return n
 }
 
@@ -442,7 +442,7 @@ func TestEnginesRestart(t *testing.T) {
 				t.Error("the proxy engine kept a connection after Close; this test's premise is wrong")
 			}
 		}
-		n.d = newDataPlane(t, Options{Engine: n.engine, KernelNetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
+		n.d = newDataPlane(t, Options{Engine: n.engine, NetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
 		n.apply(t, n.frontendOn(80, a))
 		if err := n.roundTripNew(t, 80); err != nil {
 			t.Errorf("a new connection after the restart: %v", err)

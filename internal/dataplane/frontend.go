@@ -12,7 +12,8 @@ import (
 type frontend struct {
 	d   *DataPlane
 	key frontendKey
-	tcp *net.TCPListener
+	tcp *net.TCPListener // goroutines (Options.GoroutineProxy)
+	lst *loopListener    // the event loop
 	udp *net.UDPConn
 	// stopReading: a successor reads the UDP socket now (HandOver).
 	stopReading atomic.Bool
@@ -35,6 +36,8 @@ func newFrontend(d *DataPlane, k frontendKey, listener any) *frontend {
 		f.kernel = true
 	case *net.TCPListener:
 		f.tcp = l
+	case *loopListener:
+		f.lst = l
 	case *net.UDPConn:
 		f.udp = l
 	}
@@ -86,6 +89,8 @@ func (f *frontend) serve() {
 	switch {
 	case f.tcp != nil:
 		go f.acceptLoop()
+	case f.lst != nil:
+		f.lst.serve(f.d.loop, f)
 	case f.udp != nil:
 		go f.udpLoop()
 	}
@@ -95,6 +100,8 @@ func (f *frontend) addr() net.Addr {
 	switch {
 	case f.tcp != nil:
 		return f.tcp.Addr()
+	case f.lst != nil:
+		return net.TCPAddrFromAddrPort(f.lst.addr)
 	case f.udp != nil:
 		return f.udp.LocalAddr()
 	case f.key.protocol == UDP:
@@ -143,11 +150,20 @@ func (f *frontend) close() {
 }
 
 func (f *frontend) closeSocket() {
-	if f.tcp != nil {
-		_ = f.tcp.Close()
-	}
+	f.closeListener()
 	if f.udp != nil {
 		_ = f.udp.Close()
+	}
+}
+
+// closeListener closes the TCP listener: established connections
+// continue.
+func (f *frontend) closeListener() {
+	switch {
+	case f.tcp != nil:
+		_ = f.tcp.Close()
+	case f.lst != nil:
+		f.lst.close(f.d.loop)
 	}
 }
 

@@ -32,6 +32,8 @@ func (d *DataPlane) Sockets() ([]*os.File, error) {
 		switch {
 		case f.tcp != nil:
 			file, err = f.tcp.File()
+		case f.lst != nil:
+			file, err = f.lst.file()
 		case f.udp != nil:
 			file, err = f.udp.File()
 		default:
@@ -59,9 +61,7 @@ func (d *DataPlane) HandOver() {
 	defer d.mu.Unlock()
 	d.handedOver = true
 	for _, f := range d.frontends {
-		if f.tcp != nil {
-			_ = f.tcp.Close()
-		}
+		f.closeListener()
 		if f.udp != nil {
 			f.stopReading.Store(true)
 			// Wakes the reader, which sees stopReading and returns.
@@ -103,6 +103,8 @@ func (d *DataPlane) takeInherited(k frontendKey) any {
 		if pc, err = net.FilePacketConn(file); err == nil {
 			l = pc.(*net.UDPConn)
 		}
+	} else if d.loop != nil {
+		l, err = inheritLoopListener(file)
 	} else {
 		var ln net.Listener
 		if ln, err = net.FileListener(file); err == nil {

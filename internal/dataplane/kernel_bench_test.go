@@ -32,7 +32,7 @@ func kernelBenchPlane(b *testing.B) (*DataPlane, Config) {
 		b.Fatalf("making a network namespace: %v", err)
 	}
 	b.Cleanup(host.Close)
-	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS()})
+	d, err := New(Options{Engine: EngineKernel, NetNS: host.NetNS()})
 	if err != nil {
 		b.Fatal(err)
 	}

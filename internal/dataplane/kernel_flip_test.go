@@ -22,7 +22,7 @@ func TestOwnerChangesKeepEveryEntryExact(t *testing.T) {
 	}
 	t.Cleanup(host.Close)
 	reg := prometheus.NewRegistry()
-	d, err := New(Options{Engine: EngineKernel, KernelNetNS: host.NetNS(), Registerer: reg})
+	d, err := New(Options{Engine: EngineKernel, NetNS: host.NetNS(), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,7 @@ func (f *frontend) proxy(set *backendSet, client *net.TCPConn, upstream net.Conn
 		setKeepAlive(client, ka)
 		setKeepAlive(upstream, ka)
 	}
-	c := &tcpConn{client: client, upstream: upstream, backend: b, idleTimeout: set.cfg.IdleTimeout.Duration, quietSince: f.d.clock.Now()}
+	c := &tcpConn{ends: netConns{client, upstream}, backend: b, idleTimeout: set.cfg.IdleTimeout.Duration, quietSince: f.d.clock.Now()}
 	f.d.conns.add(c)
 	b.active.Add(1)
 	b.m.active.Inc()

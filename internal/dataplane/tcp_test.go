@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	testingclock "k8s.io/utils/clock/testing"
 )
 
@@ -194,7 +195,7 @@ func TestRefusingBackendsAreTriedAgainOnce(t *testing.T) {
 				}
 				return d.DialContext(ctx, network, addr)
 			}
-			dp := newDataPlane(t, Options{DialContext: refusing})
+			dp := newDataPlane(t, Options{DialContext: refusing, GoroutineProxy: true})
 			at := freeAddr(t, "tcp")
 			mustApply(t, dp, tcpFrontend("web", at, a.backend(), b.backend()))
 			err := dialRoundTrip(at.String())
@@ -461,12 +462,21 @@ func TestListenBindsAnAddressTheHostDoesNotHave(t *testing.T) {
 	for _, addr := range []string{"192.0.2.10:8080", "[2001:db8::10]:8080"} {
 		ap := netip.MustParseAddrPort(addr)
 		for _, proto := range []Protocol{TCP, UDP} {
-			l, err := listen(frontendKey{addr: ap, protocol: proto})
+			k := frontendKey{addr: ap, protocol: proto}
+			l, err := listenNet(k)
 			if err != nil {
 				t.Errorf("%s %s: %v", proto, addr, err)
 				continue
 			}
 			_ = l.(interface{ Close() error }).Close()
+			if proto == TCP {
+				ll, err := listenLoop(k)
+				if err != nil {
+					t.Errorf("%s %s on the event loop: %v", proto, addr, err)
+					continue
+				}
+				_ = unix.Close(ll.fd)
+			}
 		}
 	}
 }

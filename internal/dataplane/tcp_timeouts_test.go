@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -126,10 +127,14 @@ func blackhole(t *testing.T) netip.AddrPort {
 // TCP keep-alive is off unless the frontend asks for it, then on both
 // sides.
 func TestTCPKeepAliveOnlyWhenConfigured(t *testing.T) {
-	for _, keepAlive := range []time.Duration{0, 30 * time.Second} {
-		t.Run(keepAlive.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		keepAlive  time.Duration
+		goroutines bool
+	}{{0, false}, {30 * time.Second, false}, {0, true}, {30 * time.Second, true}} {
+		keepAlive := tc.keepAlive
+		t.Run(fmt.Sprintf("%s goroutines=%v", keepAlive, tc.goroutines), func(t *testing.T) {
 			a := newTestBackend(t)
-			d := newDataPlane(t, Options{})
+			d := newDataPlane(t, Options{GoroutineProxy: tc.goroutines})
 			at := freeAddr(t, "tcp")
 			fe := tcpFrontend("web", at, a.backend())
 			fe.TCPKeepAlive.Duration = keepAlive
@@ -146,13 +151,44 @@ func TestTCPKeepAliveOnlyWhenConfigured(t *testing.T) {
 			if keepAlive > 0 {
 				want = 1
 			}
-			for side, conn := range map[string]net.Conn{"client": conns[0].client, "backend": conns[0].upstream} {
-				if got := sockoptInt(t, conn, unix.SOL_SOCKET, unix.SO_KEEPALIVE); got != want {
+			for side, got := range connSockoptInt(t, d, conns[0], unix.SOL_SOCKET, unix.SO_KEEPALIVE) {
+				if got != want {
 					t.Errorf("%s side: SO_KEEPALIVE %d, want %d", side, got, want)
+				}
+			}
+			// Every proxied socket forwards each write at once.
+			for side, got := range connSockoptInt(t, d, conns[0], unix.SOL_TCP, unix.TCP_NODELAY) {
+				if got != 1 {
+					t.Errorf("%s side: TCP_NODELAY %d, want 1", side, got)
 				}
 			}
 		})
 	}
+}
+
+// connSockoptInt reads a socket option of both sides of a proxied
+// connection, by side ("client", "backend").
+func connSockoptInt(t *testing.T, d *DataPlane, c *tcpConn, level, opt int) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	switch e := c.ends.(type) {
+	case netConns:
+		out["client"] = sockoptInt(t, e.client, level, opt)
+		out["backend"] = sockoptInt(t, e.upstream, level, opt)
+	case *loopConn:
+		var errs []error
+		d.loop.call(func() {
+			for side, fd := range map[string]int{"client": e.client.fd, "backend": e.upstream.fd} {
+				v, err := unix.GetsockoptInt(fd, level, opt)
+				out[side] = v
+				errs = append(errs, err)
+			}
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 func sockoptInt(t *testing.T, c net.Conn, level, opt int) int {
@@ -191,7 +227,7 @@ func TestSweep(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client, upstream := net.Pipe()
 			defer client.Close()
-			c := &tcpConn{client: client, upstream: upstream, idleTimeout: 10 * time.Second, quietSince: t0}
+			c := &tcpConn{ends: netConns{client, upstream}, idleTimeout: 10 * time.Second, quietSince: t0}
 			if tc.moved {
 				c.activity.Add(1)
 			}

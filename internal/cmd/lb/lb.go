@@ -82,6 +82,8 @@ type Options struct {
 	// KernelTable names the kernel engine's nftables tables.
 	Engine      string
 	KernelTable string
+	// ProxyGoroutines: dataplane.Options.GoroutineProxy.
+	ProxyGoroutines bool
 	// NodeName is the node this replica runs on: when it gets a leaving
 	// taint, the replica drains itself.
 	NodeName string
@@ -160,6 +162,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.L2.Interval, "l2-heartbeat-interval", 100*time.Millisecond, "how often this replica tells the others on the --l2-interface segments that it is alive")
 	cmd.Flags().DurationVar(&o.L2.DeadAfter, "l2-dead-after", 500*time.Millisecond, "a replica not heard for this long loses its L2 addresses to the others (the failover time when an LB host dies)")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
+	cmd.Flags().BoolVar(&o.ProxyGoroutines, "proxy-goroutines", false, "move the proxy engine's TCP connections with two goroutines each over Go's net package instead of on its event loop (the way back while the event loop is new)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
 	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
 	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
@@ -193,7 +196,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if taken != nil {
 		inherited = taken.Files
 	}
-	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, Inherited: inherited})
+	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, GoroutineProxy: o.ProxyGoroutines, Inherited: inherited})
 	if err != nil {
 		if taken != nil {
 			taken.Abort()

@@ -1,0 +1,286 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The proxy engine moves its TCP connections on one event loop: a
+// goroutine that waits in epoll_wait (edge-triggered) over raw,
+// non-blocking sockets and does each connection's reads and writes itself,
+// as HAProxy does. Go's net package costs a proxied connection about a
+// third more system calls than that (it asks the kernel for both addresses
+// of every socket, reads each direction until EAGAIN, asks for SO_ERROR
+// after a connect and removes each socket from its poller before closing
+// it), and two goroutines per connection add the scheduler's wake-ups
+// between them.
+//
+// Only the loop's goroutine touches its sockets and connections. Other
+// goroutines (the idle sweeper, drain timers, Apply, Close) ask it to act
+// with do or call, which wake it through an eventfd.
+
+// loopEvents is the most events one epoll_wait returns.
+const loopEvents = 256
+
+// loopReadSize is the loop's one read buffer: every read lands in it and
+// is written on at once; only what the far side cannot take yet is copied
+// into the connection's own buffer.
+const loopReadSize = 64 << 10
+
+// maxAcceptBatch bounds the connections one listener accepts before the
+// loop serves the others' events (HAProxy's tune.maxaccept).
+const maxAcceptBatch = 64
+
+// connectCheckInterval is how often, at most, the loop looks for connects
+// past their timeout while any is in flight.
+const connectCheckInterval = 10 * time.Millisecond
+
+// yieldInterval is how often a loop that never runs out of events lets
+// the scheduler run (see run).
+const yieldInterval = time.Millisecond
+
+// loopHandler is what owns one of the loop's file descriptors.
+type loopHandler interface {
+	// event handles epoll's events for the descriptor.
+	event(l *eventLoop, events uint32)
+}
+
+// loopFD is an entry of the loop's descriptor table. gen tells a stale
+// event (for a descriptor closed, and its number reused, in the same
+// batch) from a current one: epoll returns it with the event.
+type loopFD struct {
+	h   loopHandler
+	gen uint32
+}
+
+// eventLoop runs the proxy engine's TCP connections (see above).
+type eventLoop struct {
+	d      *DataPlane
+	epfd   int
+	wakefd int // eventfd: commands are waiting
+	netns  int // a network namespace the loop's thread joins (tests); 0: none
+
+	mu      sync.Mutex
+	cmds    []func()
+	stopped bool
+	exited  chan struct{}
+
+	// Only the loop's goroutine reads or writes what follows.
+	fds        []loopFD
+	gen        uint32
+	buf        []byte
+	connecting []*loopConn
+	nextCheck  time.Time
+	// epf is the epoll descriptor as Go's poller watches it; deadline is
+	// its read deadline.
+	epf      *os.File
+	deadline time.Time
+	// backlog are listeners that stopped at maxAcceptBatch with
+	// connections still queued: their edge has passed, so the loop
+	// accepts from them again without waiting for a new one.
+	backlog []*loopListener
+	quit    bool
+}
+
+// newEventLoop starts a loop for d.
+func newEventLoop(d *DataPlane, netns int) (*eventLoop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating the proxy's epoll instance: %w", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("creating the proxy's eventfd: %w", err)
+	}
+	l := &eventLoop{d: d, epfd: epfd, wakefd: wakefd, netns: netns, exited: make(chan struct{}), buf: make([]byte, loopReadSize)}
+	if err := l.add(wakefd, unix.EPOLLIN|unix.EPOLLET, wakeHandler{}); err != nil {
+		_ = unix.Close(epfd)
+		_ = unix.Close(wakefd)
+		return nil, err
+	}
+	started := make(chan error, 1)
+	go l.run(started)
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// wakeHandler owns the eventfd: its event means commands are waiting.
+type wakeHandler struct{}
+
+func (wakeHandler) event(l *eventLoop, _ uint32) {
+	var b [8]byte
+	_, _ = unix.Read(l.wakefd, b[:])
+	l.mu.Lock()
+	cmds := l.cmds
+	l.cmds = nil
+	l.mu.Unlock()
+	for _, fn := range cmds {
+		fn()
+	}
+}
+
+// do runs fn on the loop's goroutine, soon; nothing if the loop stopped.
+func (l *eventLoop) do(fn func()) bool {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return false
+	}
+	l.cmds = append(l.cmds, fn)
+	first := len(l.cmds) == 1
+	l.mu.Unlock()
+	if first {
+		one := [8]byte{1}
+		_, _ = unix.Write(l.wakefd, one[:])
+	}
+	return true
+}
+
+// call runs fn on the loop's goroutine and returns when it has run; false
+// (and fn never runs) if the loop stopped.
+func (l *eventLoop) call(fn func()) bool {
+	done := make(chan struct{})
+	if !l.do(func() { fn(); close(done) }) {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-l.exited:
+		return false
+	}
+}
+
+// stop closes every socket of the loop (listeners and connections) and
+// ends it; it returns once the loop is gone.
+func (l *eventLoop) stop() {
+	l.call(func() { l.quit = true })
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+	<-l.exited
+}
+
+func (l *eventLoop) run(started chan<- error) {
+	if l.netns != 0 {
+		// The thread stays in the namespace and dies with the goroutine
+		// (it is never unlocked).
+		runtime.LockOSThread()
+		if err := unix.Setns(l.netns, unix.CLONE_NEWNET); err != nil {
+			started <- fmt.Errorf("joining the proxy's network namespace: %w", err)
+			return
+		}
+	}
+	// The loop never blocks in epoll_wait itself: a goroutine blocked in
+	// a system call holds its thread's processor until the runtime's
+	// monitor takes it away, and the monitor then wakes every 20 µs to
+	// do so again. Instead the epoll descriptor is itself watched by Go's
+	// poller (it is readable while events wait), and the loop parks like
+	// any goroutine reading a socket.
+	if err := unix.SetNonblock(l.epfd, true); err != nil {
+		started <- fmt.Errorf("making the proxy's epoll instance non-blocking: %w", err)
+		return
+	}
+	l.epf = os.NewFile(uintptr(l.epfd), "ebb-proxy-epoll")
+	raw, err := l.epf.SyscallConn()
+	if err != nil {
+		started <- fmt.Errorf("watching the proxy's epoll instance: %w", err)
+		return
+	}
+	started <- nil
+	defer close(l.exited)
+	events := make([]unix.EpollEvent, loopEvents)
+	var n int
+	wait := func(fd uintptr) bool {
+		n, err = unix.EpollWait(int(fd), events, 0)
+		return n > 0 || len(l.backlog) > 0 || (err != nil && !errors.Is(err, unix.EINTR))
+	}
+	lastYield := time.Now()
+	for !l.quit {
+		if now := time.Now(); now.Sub(lastYield) > yieldInterval {
+			// A goroutine that runs for 10 ms without a break is
+			// preempted by the runtime's monitor, which then polls every
+			// 20 µs for a while: a busy loop would keep it at that pace.
+			runtime.Gosched()
+			lastYield = now
+		}
+		l.setDeadline()
+		n = 0
+		if rerr := raw.Read(wait); rerr != nil && !errors.Is(rerr, os.ErrDeadlineExceeded) {
+			l.d.log.Error(rerr, "Waiting for the proxy's events")
+			time.Sleep(10 * time.Millisecond)
+		}
+		for i := range n {
+			ev := &events[i]
+			fd := int(ev.Fd)
+			if fd < len(l.fds) && l.fds[fd].h != nil && l.fds[fd].gen == uint32(ev.Pad) {
+				l.fds[fd].h.event(l, ev.Events)
+			}
+		}
+		l.acceptBacklog()
+		l.checkConnects()
+	}
+	l.closeEverything()
+}
+
+// setDeadline bounds the wait for events by the next connect check while
+// connects are in flight.
+func (l *eventLoop) setDeadline() {
+	var want time.Time
+	if len(l.connecting) > 0 {
+		want = l.nextCheck
+	}
+	if !want.Equal(l.deadline) {
+		l.deadline = want
+		_ = l.epf.SetReadDeadline(want)
+	}
+}
+
+// add registers fd with the loop.
+func (l *eventLoop) add(fd int, events uint32, h loopHandler) error {
+	l.gen++
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd), Pad: int32(l.gen)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("adding a socket to the proxy's epoll instance: %w", err)
+	}
+	for fd >= len(l.fds) {
+		l.fds = append(l.fds, make([]loopFD, len(l.fds)+64)...)
+	}
+	l.fds[fd] = loopFD{h: h, gen: l.gen}
+	return nil
+}
+
+// closeFD closes a descriptor of the loop (which also takes it out of the
+// epoll instance: the loop never duplicates its descriptors).
+func (l *eventLoop) closeFD(fd int) {
+	if fd < len(l.fds) {
+		l.fds[fd] = loopFD{}
+	}
+	_ = unix.Close(fd)
+}
+
+// closeEverything closes every listener and connection left (the loop is
+// stopping).
+func (l *eventLoop) closeEverything() {
+	for fd, e := range l.fds {
+		switch h := e.h.(type) {
+		case *loopListener:
+			h.closeOnLoop(l)
+		case *loopSide:
+			l.closeConn(h.conn)
+		case nil:
+		default:
+			l.closeFD(fd)
+		}
+	}
+	_ = l.epf.Close()
+}

@@ -1,0 +1,158 @@
+package dataplane
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// Many connections at once, each sending in both directions at once and
+// more than a socket buffer holds, come back byte-exact: the event loop's
+// partial writes, back-pressure and half-closes, beside the goroutines'.
+func TestManyConcurrentStreamsStayByteExact(t *testing.T) {
+	for _, goroutines := range []bool{false, true} {
+		t.Run(fmt.Sprintf("goroutines=%v", goroutines), func(t *testing.T) {
+			a, b := newTestBackend(t), newTestBackend(t)
+			d := newDataPlane(t, Options{GoroutineProxy: goroutines})
+			at := freeAddr(t, "tcp")
+			mustApply(t, d, tcpFrontend("web", at, a.backend(), b.backend()))
+			sizes := []int{1, 100, 64 << 10, (64 << 10) + 1, 3 << 20}
+			var wg sync.WaitGroup
+			errs := make(chan error, 200)
+			for i := range 100 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs <- echoStream(at.String(), sizes[i%len(sizes)])
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Error(err)
+				}
+			}
+			waitFor(t, "every connection to close", func() bool { return d.Connections() == 0 })
+		})
+	}
+}
+
+// echoStream writes n random bytes while reading the echo, half-closes,
+// and checks that exactly those bytes came back before the end of the
+// stream.
+func echoStream(addr string, n int) error {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	msg := make([]byte, n)
+	_, _ = rand.Read(msg)
+	werr := make(chan error, 1)
+	go func() {
+		_, err := c.Write(msg)
+		if err == nil {
+			err = c.(*net.TCPConn).CloseWrite()
+		}
+		werr <- err
+	}()
+	got, err := io.ReadAll(c)
+	if err := errors.Join(err, <-werr); err != nil {
+		return fmt.Errorf("%d bytes: %w", n, err)
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("%d bytes sent, %d came back (equal: false)", n, len(got))
+	}
+	return nil
+}
+
+// On the event loop, a client whose every backend refuses is reset after
+// each backend was tried twice (two rounds), and each refusal is counted.
+func TestLoopRefusedEverywhereResetsTheClient(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	d := newDataPlane(t, Options{Registerer: reg})
+	var backends []Backend
+	for range 2 {
+		dead := freeAddr(t, "tcp") // nothing listens here: refused
+		backends = append(backends, Backend{Address: dead.Addr().String(), Port: dead.Port()})
+	}
+	at := freeAddr(t, "tcp")
+	mustApply(t, d, tcpFrontend("web", at, backends...))
+	// The reset may come before the dial returns, or on the first read.
+	c, err := net.Dial("tcp", at.String())
+	if err == nil {
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+	}
+	if !isReset(err) {
+		t.Fatalf("%v, want a reset", err)
+	}
+	if got := sumCounters(t, reg, "ebb_dataplane_dial_errors_total"); got != 4 {
+		t.Errorf("%v dial errors, want 4 (two backends, two rounds)", got)
+	}
+	if got := testutil.ToFloat64(d.m.refused.WithLabelValues("web", "no_backend")); got != 1 {
+		t.Errorf("%v refused for no backend, want 1", got)
+	}
+}
+
+func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
+
+// sumCounters adds up every series of a counter.
+func sumCounters(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// A request and the client's FIN that arrive together (the loop reads the
+// request short of its buffer with the FIN already signalled, and takes
+// that as the end without another read) still reach the backend whole,
+// and the answer still reaches the client.
+func TestLoopRequestAndFINTogether(t *testing.T) {
+	a := newTestBackend(t)
+	d := newDataPlane(t, Options{})
+	at := freeAddr(t, "tcp")
+	mustApply(t, d, tcpFrontend("web", at, a.backend()))
+	for i := range 50 {
+		c, err := net.Dial("tcp", at.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := []byte(fmt.Sprintf("request %d", i))
+		// One write and the FIN right after it: usually one event.
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.(*net.TCPConn).CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(c)
+		_ = c.Close()
+		if err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("connection %d: got %q (%v), want %q", i, got, err, msg)
+		}
+	}
+}
