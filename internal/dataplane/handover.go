@@ -3,7 +3,6 @@ package dataplane
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"time"
 
@@ -160,13 +159,8 @@ func socketKeyOf(fd int) (frontendKey, error) {
 	if err != nil {
 		return frontendKey{}, fmt.Errorf("reading the socket's address: %w", err)
 	}
-	var ap netip.AddrPort
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		ap = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
-		ap = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
-	default:
+	ap := addrPortOf(sa)
+	if !ap.IsValid() {
 		return frontendKey{}, fmt.Errorf("not an IP socket (%T)", sa)
 	}
 	switch typ {
