@@ -178,3 +178,16 @@ func probeRounds(d *DataPlane) uint64 {
 	}
 	return n
 }
+
+// bothProxies runs a test of the proxy engine's TCP connections on the
+// event loop and on goroutines (Options.GoroutineProxy), with the options
+// to start the data plane with.
+func bothProxies(t *testing.T, test func(t *testing.T, proxy Options)) {
+	for _, goroutines := range []bool{false, true} {
+		name := "loop"
+		if goroutines {
+			name = "goroutines"
+		}
+		t.Run(name, func(t *testing.T) { test(t, Options{GoroutineProxy: goroutines}) })
+	}
+}

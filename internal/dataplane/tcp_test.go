@@ -24,90 +24,94 @@ import (
 // Admin Down mid-stream: the established connection stays byte-exact, and
 // no new connection reaches the backend; Down to None restores it.
 func TestAdminDownKeepsEstablishedConnectionsAndStopsNewOnes(t *testing.T) {
-	a, b := newTestBackend(t), newTestBackend(t)
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	fe := tcpFrontend("web", at, a.backend(), b.backend())
-	mustApply(t, d, fe)
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a, b := newTestBackend(t), newTestBackend(t)
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		fe := tcpFrontend("web", at, a.backend(), b.backend())
+		mustApply(t, d, fe)
 
-	// Find a connection that went to a.
-	var conn net.Conn
-	for conn == nil {
-		before := a.accepted.Load()
-		c, err := net.Dial("tcp", at.String())
-		if err != nil {
-			t.Fatal(err)
+		// Find a connection that went to a.
+		var conn net.Conn
+		for conn == nil {
+			before := a.accepted.Load()
+			c, err := net.Dial("tcp", at.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := roundTrip(c, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if a.accepted.Load() > before {
+				conn = c
+				defer c.Close()
+			} else {
+				c.Close()
+			}
 		}
-		if err := roundTrip(c, []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-		if a.accepted.Load() > before {
-			conn = c
-			defer c.Close()
-		} else {
-			c.Close()
-		}
-	}
 
-	fe.Backends[0].AdminState = AdminDown
-	mustApply(t, d, fe)
-	acceptedAtDown := a.accepted.Load()
+		fe.Backends[0].AdminState = AdminDown
+		mustApply(t, d, fe)
+		acceptedAtDown := a.accepted.Load()
 
-	// The established connection carries 1 MiB both ways, byte-exact.
-	payload := make([]byte, 1<<20)
-	_, _ = rand.Read(payload)
-	go func() { _, _ = conn.Write(payload) }()
-	got := make([]byte, len(payload))
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, payload) {
-		t.Fatalf("established connection after admin Down: err %v, equal %v", err, bytes.Equal(got, payload))
-	}
-	for i := range 20 {
-		if err := dialRoundTrip(at.String()); err != nil {
-			t.Fatalf("new connection %d with one backend Down: %v", i, err)
+		// The established connection carries 1 MiB both ways, byte-exact.
+		payload := make([]byte, 1<<20)
+		_, _ = rand.Read(payload)
+		go func() { _, _ = conn.Write(payload) }()
+		got := make([]byte, len(payload))
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, payload) {
+			t.Fatalf("established connection after admin Down: err %v, equal %v", err, bytes.Equal(got, payload))
 		}
-	}
-	if n := a.accepted.Load() - acceptedAtDown; n != 0 {
-		t.Errorf("%d new connections reached the admin Down backend", n)
-	}
+		for i := range 20 {
+			if err := dialRoundTrip(at.String()); err != nil {
+				t.Fatalf("new connection %d with one backend Down: %v", i, err)
+			}
+		}
+		if n := a.accepted.Load() - acceptedAtDown; n != 0 {
+			t.Errorf("%d new connections reached the admin Down backend", n)
+		}
 
-	fe.Backends[0].AdminState = AdminNone
-	mustApply(t, d, fe)
-	for range 20 {
-		if err := dialRoundTrip(at.String()); err != nil {
-			t.Fatal(err)
+		fe.Backends[0].AdminState = AdminNone
+		mustApply(t, d, fe)
+		for range 20 {
+			if err := dialRoundTrip(at.String()); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	if a.accepted.Load() == acceptedAtDown {
-		t.Error("no new connection reached the backend after admin None")
-	}
+		if a.accepted.Load() == acceptedAtDown {
+			t.Error("no new connection reached the backend after admin None")
+		}
+	})
 }
 
 // With every backend ineligible, a new connection is refused at once, not
 // left hanging.
 func TestAllBackendsDownRefusesFast(t *testing.T) {
-	a := newTestBackend(t)
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	be := a.backend()
-	be.AdminState = AdminDown
-	mustApply(t, d, tcpFrontend("web", at, be))
-	// The reset may already fail the dial, or else the first read. A
-	// client left hanging instead would hit the read deadline: a timeout,
-	// which fails the test without a wall-clock bound that a loaded
-	// machine could break.
-	c, err := net.Dial("tcp", at.String())
-	if err == nil {
-		defer c.Close()
-		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		_, err = c.Read(make([]byte, 1))
-	}
-	if err == nil || errors.Is(err, errTimeout(err)) {
-		t.Fatalf("connecting to a frontend without eligible backends: %v; want a reset", err)
-	}
-	if a.accepted.Load() != 0 {
-		t.Error("the admin Down backend got a connection")
-	}
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a := newTestBackend(t)
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		be := a.backend()
+		be.AdminState = AdminDown
+		mustApply(t, d, tcpFrontend("web", at, be))
+		// The reset may already fail the dial, or else the first read. A
+		// client left hanging instead would hit the read deadline: a timeout,
+		// which fails the test without a wall-clock bound that a loaded
+		// machine could break.
+		c, err := net.Dial("tcp", at.String())
+		if err == nil {
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+		}
+		if err == nil || errors.Is(err, errTimeout(err)) {
+			t.Fatalf("connecting to a frontend without eligible backends: %v; want a reset", err)
+		}
+		if a.accepted.Load() != 0 {
+			t.Error("the admin Down backend got a connection")
+		}
+	})
 }
 
 // errTimeout returns err if it is a timeout, so a timeout fails the check
@@ -123,30 +127,32 @@ func errTimeout(err error) error {
 // Half-close: the client's end of stream reaches the backend, whose answer
 // still reaches the client.
 func TestHalfClose(t *testing.T) {
-	a := newTestBackend(t)
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	mustApply(t, d, tcpFrontend("web", at, a.backend()))
-	c, err := net.Dial("tcp", at.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	msg := bytes.Repeat([]byte("half-close "), 10000)
-	if _, err := c.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	got, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("reading after half-close: %v", err)
-	}
-	if !bytes.Equal(got, msg) {
-		t.Errorf("got %d bytes back, want %d", len(got), len(msg))
-	}
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a := newTestBackend(t)
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("web", at, a.backend()))
+		c, err := net.Dial("tcp", at.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		msg := bytes.Repeat([]byte("half-close "), 10000)
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("reading after half-close: %v", err)
+		}
+		if !bytes.Equal(got, msg) {
+			t.Errorf("got %d bytes back, want %d", len(got), len(msg))
+		}
+	})
 }
 
 // A dial failure moves a new connection on to the next eligible backend;
@@ -154,20 +160,22 @@ func TestHalfClose(t *testing.T) {
 // answering backend among many refusing ones serves every connection (a
 // new Service whose node port only one node has programmed yet).
 func TestDialFailureTriesNextBackend(t *testing.T) {
-	a := newTestBackend(t)
-	backends := []Backend{a.backend()}
-	for range 5 {
-		dead := freeAddr(t, "tcp") // nothing listens here: refused
-		backends = append(backends, Backend{Address: dead.Addr().String(), Port: dead.Port()})
-	}
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	mustApply(t, d, tcpFrontend("web", at, backends...))
-	for i := range 20 {
-		if err := dialRoundTrip(at.String()); err != nil {
-			t.Fatalf("connection %d: %v", i, err)
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a := newTestBackend(t)
+		backends := []Backend{a.backend()}
+		for range 5 {
+			dead := freeAddr(t, "tcp") // nothing listens here: refused
+			backends = append(backends, Backend{Address: dead.Addr().String(), Port: dead.Port()})
 		}
-	}
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("web", at, backends...))
+		for i := range 20 {
+			if err := dialRoundTrip(at.String()); err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+		}
+	})
 }
 
 // Backends that refuse are tried a second time before the client is reset:
@@ -211,120 +219,128 @@ func TestRefusingBackendsAreTriedAgainOnce(t *testing.T) {
 
 // Source ranges admit only the listed client prefixes.
 func TestSourceRanges(t *testing.T) {
-	a := newTestBackend(t)
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	fe := tcpFrontend("web", at, a.backend())
-	fe.SourceRanges = []string{"192.0.2.0/24"}
-	mustApply(t, d, fe)
-	if err := dialRoundTrip(at.String()); err == nil {
-		t.Fatal("a client outside the source ranges was served")
-	}
-	fe.SourceRanges = []string{"192.0.2.0/24", "127.0.0.0/8"}
-	mustApply(t, d, fe)
-	if err := dialRoundTrip(at.String()); err != nil {
-		t.Fatalf("a client inside the source ranges: %v", err)
-	}
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a := newTestBackend(t)
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		fe := tcpFrontend("web", at, a.backend())
+		fe.SourceRanges = []string{"192.0.2.0/24"}
+		mustApply(t, d, fe)
+		if err := dialRoundTrip(at.String()); err == nil {
+			t.Fatal("a client outside the source ranges was served")
+		}
+		fe.SourceRanges = []string{"192.0.2.0/24", "127.0.0.0/8"}
+		mustApply(t, d, fe)
+		if err := dialRoundTrip(at.String()); err != nil {
+			t.Fatalf("a client inside the source ranges: %v", err)
+		}
+	})
 }
 
 // PROXY protocol v2 tells the backend the client's address.
 func TestProxyProtocolV2(t *testing.T) {
-	headers := make(chan []byte, 1)
-	a := newTestBackend(t, func(c net.Conn) {
-		hdr := make([]byte, 28)
-		_, _ = io.ReadFull(c, hdr)
-		headers <- hdr
-	})
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	fe := tcpFrontend("web", at, a.backend())
-	fe.ProxyProtocol = true
-	mustApply(t, d, fe)
-	c, err := net.Dial("tcp", at.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("after the header")); err != nil {
-		t.Fatal(err)
-	}
-	want := proxyHeaderV2(c.LocalAddr().(*net.TCPAddr).AddrPort(), at)
-	if got := <-headers; !bytes.Equal(got, want) {
-		t.Errorf("header %x, want %x", got, want)
-	}
-	if !bytes.HasPrefix(want, proxyV2Signature) || want[12] != 0x21 || want[13] != 0x11 {
-		t.Errorf("not a PROXY v2 TCP4 header: %x", want)
-	}
-}
-
-// Least connections sends a new connection to the backend with fewer.
-func TestLeastConnections(t *testing.T) {
-	a, b := newTestBackend(t), newTestBackend(t)
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	fe := tcpFrontend("web", at, a.backend(), b.backend())
-	fe.Balancing = LeastConnections
-	mustApply(t, d, fe)
-	var open []net.Conn
-	defer func() {
-		for _, c := range open {
-			c.Close()
-		}
-	}()
-	for range 4 {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		headers := make(chan []byte, 1)
+		a := newTestBackend(t, func(c net.Conn) {
+			hdr := make([]byte, 28)
+			_, _ = io.ReadFull(c, hdr)
+			headers <- hdr
+		})
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		fe := tcpFrontend("web", at, a.backend())
+		fe.ProxyProtocol = true
+		mustApply(t, d, fe)
 		c, err := net.Dial("tcp", at.String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		open = append(open, c)
-		if err := roundTrip(c, []byte("x")); err != nil {
+		defer c.Close()
+		if err := roundTrip(c, []byte("after the header")); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if a.accepted.Load() != 2 || b.accepted.Load() != 2 {
-		t.Errorf("4 long connections split %d/%d, want 2/2", a.accepted.Load(), b.accepted.Load())
-	}
+		want := proxyHeaderV2(c.LocalAddr().(*net.TCPAddr).AddrPort(), at)
+		if got := <-headers; !bytes.Equal(got, want) {
+			t.Errorf("header %x, want %x", got, want)
+		}
+		if !bytes.HasPrefix(want, proxyV2Signature) || want[12] != 0x21 || want[13] != 0x11 {
+			t.Errorf("not a PROXY v2 TCP4 header: %x", want)
+		}
+	})
+}
+
+// Least connections sends a new connection to the backend with fewer.
+func TestLeastConnections(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a, b := newTestBackend(t), newTestBackend(t)
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		fe := tcpFrontend("web", at, a.backend(), b.backend())
+		fe.Balancing = LeastConnections
+		mustApply(t, d, fe)
+		var open []net.Conn
+		defer func() {
+			for _, c := range open {
+				c.Close()
+			}
+		}()
+		for range 4 {
+			c, err := net.Dial("tcp", at.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			open = append(open, c)
+			if err := roundTrip(c, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if a.accepted.Load() != 2 || b.accepted.Load() != 2 {
+			t.Errorf("4 long connections split %d/%d, want 2/2", a.accepted.Load(), b.accepted.Load())
+		}
+	})
 }
 
 // Removing a backend drains it: established connections continue, or end
 // after the drain timeout.
 func TestRemovedBackendDrains(t *testing.T) {
-	for _, drain := range []time.Duration{0, 200 * time.Millisecond} {
-		t.Run(fmt.Sprintf("drainTimeout=%s", drain), func(t *testing.T) {
-			a, b := newTestBackend(t), newTestBackend(t)
-			clk := testingclock.NewFakeClock(time.Now())
-			d := newDataPlane(t, Options{Clock: clk})
-			at := freeAddr(t, "tcp")
-			fe := tcpFrontend("web", at, a.backend())
-			fe.DrainTimeout.Duration = drain
-			mustApply(t, d, fe)
-			c, err := net.Dial("tcp", at.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := roundTrip(c, []byte("x")); err != nil {
-				t.Fatal(err)
-			}
-			fe.Backends = []Backend{b.backend()}
-			mustApply(t, d, fe)
-			if err := roundTrip(c, []byte("still there")); err != nil {
-				t.Fatalf("right after removal: %v", err)
-			}
-			// The drain timer runs on the injected clock: step past it.
-			clk.Step(400 * time.Millisecond)
-			if drain == 0 {
-				if err := roundTrip(c, []byte("later")); err != nil {
-					t.Errorf("without a drain timeout the connection broke: %v", err)
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		for _, drain := range []time.Duration{0, 200 * time.Millisecond} {
+			t.Run(fmt.Sprintf("drainTimeout=%s", drain), func(t *testing.T) {
+				a, b := newTestBackend(t), newTestBackend(t)
+				clk := testingclock.NewFakeClock(time.Now())
+				d := newDataPlane(t, Options{Clock: clk, GoroutineProxy: proxy.GoroutineProxy})
+				at := freeAddr(t, "tcp")
+				fe := tcpFrontend("web", at, a.backend())
+				fe.DrainTimeout.Duration = drain
+				mustApply(t, d, fe)
+				c, err := net.Dial("tcp", at.String())
+				if err != nil {
+					t.Fatal(err)
 				}
-			} else {
-				waitFor(t, "the connection to end at the drain timeout", func() bool { return roundTrip(c, []byte("later")) != nil })
-			}
-			if err := dialRoundTrip(at.String()); err != nil || a.accepted.Load() != 1 {
-				t.Errorf("new connection after removal: %v; removed backend accepted %d", err, a.accepted.Load())
-			}
-		})
-	}
+				defer c.Close()
+				if err := roundTrip(c, []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+				fe.Backends = []Backend{b.backend()}
+				mustApply(t, d, fe)
+				if err := roundTrip(c, []byte("still there")); err != nil {
+					t.Fatalf("right after removal: %v", err)
+				}
+				// The drain timer runs on the injected clock: step past it.
+				clk.Step(400 * time.Millisecond)
+				if drain == 0 {
+					if err := roundTrip(c, []byte("later")); err != nil {
+						t.Errorf("without a drain timeout the connection broke: %v", err)
+					}
+				} else {
+					waitFor(t, "the connection to end at the drain timeout", func() bool { return roundTrip(c, []byte("later")) != nil })
+				}
+				if err := dialRoundTrip(at.String()); err != nil || a.accepted.Load() != 1 {
+					t.Errorf("new connection after removal: %v; removed backend accepted %d", err, a.accepted.Load())
+				}
+			})
+		}
+	})
 }
 
 // Reconfiguration under load drops nothing: clients keep connecting while
@@ -529,20 +545,22 @@ func TestSetOwnerAdminState(t *testing.T) {
 // An IPv6 frontend proxies to an IPv4 backend, and the PROXY header then
 // carries IPv6 addresses.
 func TestIPv6Frontend(t *testing.T) {
-	ln, err := net.Listen("tcp", "[::1]:0")
-	if err != nil {
-		t.Fatalf("listening on IPv6 loopback: %v", err)
-	}
-	at := ln.Addr().(*net.TCPAddr).AddrPort()
-	ln.Close()
-	a := newTestBackend(t)
-	d := newDataPlane(t, Options{})
-	mustApply(t, d, tcpFrontend("v6", at, a.backend()))
-	if err := dialRoundTrip(at.String()); err != nil {
-		t.Fatal(err)
-	}
-	hdr := proxyHeaderV2(at, at)
-	if hdr[13] != 0x21 || len(hdr) != 16+36 {
-		t.Errorf("PROXY header for IPv6: %x", hdr)
-	}
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		ln, err := net.Listen("tcp", "[::1]:0")
+		if err != nil {
+			t.Fatalf("listening on IPv6 loopback: %v", err)
+		}
+		at := ln.Addr().(*net.TCPAddr).AddrPort()
+		ln.Close()
+		a := newTestBackend(t)
+		d := newDataPlane(t, proxy)
+		mustApply(t, d, tcpFrontend("v6", at, a.backend()))
+		if err := dialRoundTrip(at.String()); err != nil {
+			t.Fatal(err)
+		}
+		hdr := proxyHeaderV2(at, at)
+		if hdr[13] != 0x21 || len(hdr) != 16+36 {
+			t.Errorf("PROXY header for IPv6: %x", hdr)
+		}
+	})
 }

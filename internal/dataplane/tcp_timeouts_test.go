@@ -18,27 +18,29 @@ import (
 // with traffic in the same time does not. The sweeper runs on the injected
 // clock.
 func TestIdleConnectionsEnd(t *testing.T) {
-	a := newTestBackend(t)
-	clk := testingclock.NewFakeClock(time.Now())
-	d := newDataPlane(t, Options{Clock: clk})
-	at := freeAddr(t, "tcp")
-	fe := tcpFrontend("web", at, a.backend())
-	fe.IdleTimeout.Duration = 10 * time.Second
-	mustApply(t, d, fe)
-	quiet, busy := dialed(t, at.String()), dialed(t, at.String())
-	waitFor(t, "both connections in the table", func() bool { return len(d.conns.snapshot(nil)) == 2 })
-	for range 14 {
-		if err := roundTrip(busy, []byte("x")); err != nil {
-			t.Fatalf("a busy connection broke: %v", err)
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		a := newTestBackend(t)
+		clk := testingclock.NewFakeClock(time.Now())
+		d := newDataPlane(t, Options{Clock: clk, GoroutineProxy: proxy.GoroutineProxy})
+		at := freeAddr(t, "tcp")
+		fe := tcpFrontend("web", at, a.backend())
+		fe.IdleTimeout.Duration = 10 * time.Second
+		mustApply(t, d, fe)
+		quiet, busy := dialed(t, at.String()), dialed(t, at.String())
+		waitFor(t, "both connections in the table", func() bool { return len(d.conns.snapshot(nil)) == 2 })
+		for range 14 {
+			if err := roundTrip(busy, []byte("x")); err != nil {
+				t.Fatalf("a busy connection broke: %v", err)
+			}
+			before := d.conns.sweeps.Load()
+			clk.Step(idleSweepInterval)
+			waitFor(t, "a sweep", func() bool { return d.conns.sweeps.Load() > before })
 		}
-		before := d.conns.sweeps.Load()
-		clk.Step(idleSweepInterval)
-		waitFor(t, "a sweep", func() bool { return d.conns.sweeps.Load() > before })
-	}
-	waitFor(t, "the quiet connection to end", func() bool { return closedByPeer(quiet) })
-	if err := roundTrip(busy, []byte("still there")); err != nil {
-		t.Errorf("the busy connection ended with the quiet one: %v", err)
-	}
+		waitFor(t, "the quiet connection to end", func() bool { return closedByPeer(quiet) })
+		if err := roundTrip(busy, []byte("still there")); err != nil {
+			t.Errorf("the busy connection ended with the quiet one: %v", err)
+		}
+	})
 }
 
 // dialed connects to addr and closes the connection when the test ends.
@@ -62,36 +64,38 @@ func closedByPeer(c net.Conn) bool {
 // A backend that does not answer a connect is given up after the connect
 // timeout, and the connection moves on to the next backend.
 func TestConnectTimeoutMovesOn(t *testing.T) {
-	good := newTestBackend(t)
-	silent := blackhole(t)
-	d := newDataPlane(t, Options{})
-	at := freeAddr(t, "tcp")
-	fe := tcpFrontend("web", at, Backend{Address: silent.Addr().String(), Port: silent.Port()}, good.backend())
-	fe.ConnectTimeout.Duration = 300 * time.Millisecond
-	mustApply(t, d, fe)
-	var slowest time.Duration
-	for i := range 4 {
-		start := time.Now()
-		c, err := net.DialTimeout("tcp", at.String(), time.Second)
-		if err != nil {
-			t.Fatal(err)
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		good := newTestBackend(t)
+		silent := blackhole(t)
+		d := newDataPlane(t, proxy)
+		at := freeAddr(t, "tcp")
+		fe := tcpFrontend("web", at, Backend{Address: silent.Addr().String(), Port: silent.Port()}, good.backend())
+		fe.ConnectTimeout.Duration = 300 * time.Millisecond
+		mustApply(t, d, fe)
+		var slowest time.Duration
+		for i := range 4 {
+			start := time.Now()
+			c, err := net.DialTimeout("tcp", at.String(), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The client's connect is accepted at once; the round trip waits
+			// for the data plane's dial.
+			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+			err = roundTrip(c, []byte("hello"))
+			_ = c.Close()
+			if err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+			slowest = max(slowest, time.Since(start))
 		}
-		// The client's connect is accepted at once; the round trip waits
-		// for the data plane's dial.
-		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-		err = roundTrip(c, []byte("hello"))
-		_ = c.Close()
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
+		if slowest < 300*time.Millisecond || slowest > 2*time.Second {
+			t.Errorf("the slowest connection took %s; want the connect timeout (300ms) and then the next backend", slowest)
 		}
-		slowest = max(slowest, time.Since(start))
-	}
-	if slowest < 300*time.Millisecond || slowest > 2*time.Second {
-		t.Errorf("the slowest connection took %s; want the connect timeout (300ms) and then the next backend", slowest)
-	}
-	if good.accepted.Load() != 4 {
-		t.Errorf("the answering backend took %d of 4 connections", good.accepted.Load())
-	}
+		if good.accepted.Load() != 4 {
+			t.Errorf("the answering backend took %d of 4 connections", good.accepted.Load())
+		}
+	})
 }
 
 // blackhole returns a loopback address that never answers a connect: a
