@@ -110,7 +110,7 @@ func (l *eventLoop) dial(c *loopConn) {
 		if err == nil {
 			err = l.add(fd, sideEvents, &c.upstream)
 			if err != nil {
-				_ = unix.Close(fd)
+				_ = sysClose(fd)
 			}
 		}
 		if err == nil {
@@ -137,17 +137,20 @@ func (l *eventLoop) refuse(c *loopConn) {
 // connectTo opens a non-blocking socket with TCP_NODELAY and starts its
 // connect.
 func connectTo(to netip.AddrPort) (int, error) {
-	family, sa := sockaddrOf(to)
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	family := unix.AF_INET6
+	if to.Addr().Unmap().Is4() {
+		family = unix.AF_INET
+	}
+	fd, err := sysSocket(family)
 	if err != nil {
 		return -1, err
 	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_NODELAY, 1); err != nil {
-		_ = unix.Close(fd)
+	if err := sysSetsockoptInt(fd, unix.SOL_TCP, unix.TCP_NODELAY, 1); err != nil {
+		_ = sysClose(fd)
 		return -1, err
 	}
-	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
-		_ = unix.Close(fd)
+	if err := sysConnect(fd, to); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		_ = sysClose(fd)
 		return -1, err
 	}
 	return fd, nil
@@ -291,7 +294,7 @@ func (l *eventLoop) pump(src *loopSide) {
 			if !dst.writable {
 				return
 			}
-			n, err := unix.Write(dst.fd, src.pending)
+			n, err := sysWrite(dst.fd, src.pending)
 			if err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 				l.closeConn(c)
 				return
@@ -310,7 +313,7 @@ func (l *eventLoop) pump(src *loopSide) {
 		if !src.readable {
 			return
 		}
-		n, err := unix.Read(src.fd, l.buf)
+		n, err := sysRead(src.fd, l.buf)
 		switch {
 		case n > 0:
 			c.tc.activity.Add(1)
@@ -340,7 +343,7 @@ func (l *eventLoop) pump(src *loopSide) {
 // dst, keeping what dst cannot take yet.
 func (l *eventLoop) forward(src, dst *loopSide, b []byte) {
 	if dst.writable {
-		n, err := unix.Write(dst.fd, b)
+		n, err := sysWrite(dst.fd, b)
 		if err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			l.closeConn(src.conn)
 			return
@@ -380,7 +383,7 @@ func (l *eventLoop) endDirection(src *loopSide) {
 		l.closeConn(src.conn)
 		return
 	}
-	if err := unix.Shutdown(dst.fd, unix.SHUT_WR); err != nil {
+	if err := sysShutdown(dst.fd, unix.SHUT_WR); err != nil {
 		l.closeConn(src.conn)
 	}
 }
@@ -423,7 +426,7 @@ func (c *loopConn) close() {
 // fails fast instead of waiting.
 func resetClose(fd int) {
 	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-	_ = unix.Close(fd)
+	_ = sysClose(fd)
 }
 
 // setKeepAliveFD turns on TCP keep-alive probes after idle of quiet, as

@@ -171,11 +171,11 @@ func (l *eventLoop) accept(ln *loopListener) {
 		if ln.closed {
 			return
 		}
-		fd, sa, err := unix.Accept4(ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, from, err := sysAccept4(ln.fd)
 		switch {
 		case err == nil:
 			ln.backoff = 0
-			l.newConn(ln.f, fd, addrPortOf(sa))
+			l.newConn(ln.f, fd, from)
 			continue
 		case errors.Is(err, unix.EAGAIN):
 			return
@@ -211,13 +211,20 @@ func sockaddrOf(ap netip.AddrPort) (family int, sa unix.Sockaddr) {
 	if a.Is4() {
 		return unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
 	}
-	sa6 := &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
-	if z := a.Zone(); z != "" {
-		if ifi, err := net.InterfaceByName(z); err == nil {
-			sa6.ZoneId = uint32(ifi.Index)
-		}
+	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16(), ZoneId: zoneIndex(a.Zone())}
+}
+
+// zoneIndex is the interface index of an IPv6 zone (0 for none or an
+// unknown one).
+func zoneIndex(zone string) uint32 {
+	if zone == "" {
+		return 0
 	}
-	return unix.AF_INET6, sa6
+	ifi, err := net.InterfaceByName(zone)
+	if err != nil {
+		return 0
+	}
+	return uint32(ifi.Index)
 }
 
 // addrPortOf is a socket address as a netip.AddrPort (zero for other
