@@ -116,6 +116,12 @@ func newEventLoop(d *DataPlane, netns int) (*eventLoop, error) {
 	started := make(chan error, 1)
 	go l.run(started)
 	if err := <-started; err != nil {
+		if l.epf != nil {
+			_ = l.epf.Close() // it owns epfd
+		} else {
+			_ = unix.Close(epfd)
+		}
+		_ = unix.Close(wakefd)
 		return nil, err
 	}
 	return l, nil
