@@ -31,7 +31,7 @@ type loopConn struct {
 	from    netip.AddrPort // the client
 	state   loopConnState
 	backend *backend
-	tc      *tcpConn // in the connection table once open
+	tc      tcpConn // in the connection table once open (one allocation with the connection)
 
 	client, upstream loopSide
 
@@ -264,8 +264,9 @@ func (l *eventLoop) established(c *loopConn) {
 		setKeepAliveFD(c.client.fd, ka)
 		setKeepAliveFD(c.upstream.fd, ka)
 	}
-	c.tc = &tcpConn{ends: c, backend: b, idleTimeout: cfg.IdleTimeout.Duration, quietSince: c.f.d.clock.Now()}
-	c.f.d.conns.add(c.tc)
+	c.tc.ends, c.tc.backend = c, b
+	c.tc.idleTimeout, c.tc.quietSince = cfg.IdleTimeout.Duration, c.f.d.clock.Now()
+	c.f.d.conns.add(&c.tc)
 	b.active.Add(1)
 	b.m.active.Inc()
 	b.m.total.Inc()
@@ -409,7 +410,7 @@ func (l *eventLoop) closeConn(c *loopConn) {
 		return
 	}
 	b := c.backend
-	c.f.d.conns.remove(c.tc)
+	c.f.d.conns.remove(&c.tc)
 	b.active.Add(-1)
 	b.m.active.Dec()
 	b.m.toBackend.Add(float64(c.client.bytes))
