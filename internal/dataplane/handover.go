@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -155,13 +156,12 @@ func socketKeyOf(fd int) (frontendKey, error) {
 	if err != nil {
 		return frontendKey{}, fmt.Errorf("reading the socket type: %w", err)
 	}
-	sa, err := unix.Getsockname(fd)
+	ap, err := sysGetsockname(fd)
 	if err != nil {
 		return frontendKey{}, fmt.Errorf("reading the socket's address: %w", err)
 	}
-	ap := addrPortOf(sa)
 	if !ap.IsValid() {
-		return frontendKey{}, fmt.Errorf("not an IP socket (%T)", sa)
+		return frontendKey{}, errors.New("not an IP socket")
 	}
 	switch typ {
 	case unix.SOCK_DGRAM:

@@ -129,7 +129,7 @@ func (l *eventLoop) dial(c *loopConn) {
 // so that the client fails fast instead of waiting.
 func (l *eventLoop) refuse(c *loopConn) {
 	c.state = connClosed
-	_ = unix.SetsockoptLinger(c.client.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	setResetOnClose(c.client.fd)
 	l.closeFD(c.client.fd)
 	c.client.fd = -1
 }
@@ -137,11 +137,7 @@ func (l *eventLoop) refuse(c *loopConn) {
 // connectTo opens a non-blocking socket with TCP_NODELAY and starts its
 // connect.
 func connectTo(to netip.AddrPort) (int, error) {
-	family := unix.AF_INET6
-	if to.Addr().Unmap().Is4() {
-		family = unix.AF_INET
-	}
-	fd, err := sysSocket(family)
+	fd, err := sysSocket(socketFamily(to))
 	if err != nil {
 		return -1, err
 	}
@@ -271,12 +267,12 @@ func (l *eventLoop) established(c *loopConn) {
 	b.m.active.Inc()
 	b.m.total.Inc()
 	if cfg.ProxyProtocol {
-		local, err := unix.Getsockname(c.client.fd)
+		local, err := sysGetsockname(c.client.fd)
 		if err != nil {
 			l.closeConn(c)
 			return
 		}
-		c.client.keep(proxyHeaderV2(c.from, addrPortOf(local)))
+		c.client.keep(proxyHeaderV2(c.from, local))
 	}
 	l.pump(&c.client)
 	if c.state == connOpen {
@@ -426,7 +422,7 @@ func (c *loopConn) close() {
 // resetClose closes a client connection with a reset, so that the client
 // fails fast instead of waiting.
 func resetClose(fd int) {
-	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	setResetOnClose(fd)
 	_ = sysClose(fd)
 }
 

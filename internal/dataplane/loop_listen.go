@@ -34,7 +34,7 @@ const listenBacklog = 65535
 // inherit (so that the proxy forwards each write at once without a system
 // call per connection).
 func listenLoop(k frontendKey) (*loopListener, error) {
-	family, sa := sockaddrOf(k.addr)
+	family := socketFamily(k.addr)
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("opening a socket: %w", err)
@@ -43,7 +43,7 @@ func listenLoop(k frontendKey) (*loopListener, error) {
 		_ = unix.Close(fd)
 		return nil, err
 	}
-	if err := unix.Bind(fd, sa); err != nil {
+	if err := sysBind(fd, k.addr); err != nil {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("bind: %w", err)
 	}
@@ -105,12 +105,12 @@ func inheritLoopListener(file *os.File) (*loopListener, error) {
 }
 
 func newLoopListener(fd int) (*loopListener, error) {
-	sa, err := unix.Getsockname(fd)
+	at, err := sysGetsockname(fd)
 	if err != nil {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("reading the socket's address: %w", err)
 	}
-	return &loopListener{fd: fd, addr: addrPortOf(sa)}, nil
+	return &loopListener{fd: fd, addr: at}, nil
 }
 
 // file returns a duplicate of the listening socket, for a successor.
@@ -205,15 +205,6 @@ func (l *eventLoop) acceptBacklog() {
 	}
 }
 
-// sockaddrOf is an address as the socket calls take it.
-func sockaddrOf(ap netip.AddrPort) (family int, sa unix.Sockaddr) {
-	a := ap.Addr().Unmap()
-	if a.Is4() {
-		return unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
-	}
-	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16(), ZoneId: zoneIndex(a.Zone())}
-}
-
 // zoneIndex is the interface index of an IPv6 zone (0 for none or an
 // unknown one).
 func zoneIndex(zone string) uint32 {
@@ -225,16 +216,4 @@ func zoneIndex(zone string) uint32 {
 		return 0
 	}
 	return uint32(ifi.Index)
-}
-
-// addrPortOf is a socket address as a netip.AddrPort (zero for other
-// families).
-func addrPortOf(sa unix.Sockaddr) netip.AddrPort {
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
-	}
-	return netip.AddrPort{}
 }

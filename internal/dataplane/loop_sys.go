@@ -74,6 +74,40 @@ func sysConnect(fd int, to netip.AddrPort) error {
 	return rawErr(e)
 }
 
+// sysBind binds fd to at.
+func sysBind(fd int, at netip.AddrPort) error {
+	var sa unix.RawSockaddrAny
+	n := putSockaddr(&sa, at)
+	_, _, e := unix.RawSyscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(n))
+	return rawErr(e)
+}
+
+// sysGetsockname is the local address of fd (zero for a socket that is
+// not IPv4 or IPv6).
+func sysGetsockname(fd int) (netip.AddrPort, error) {
+	var sa unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	_, _, e := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&n)))
+	if e != 0 {
+		return netip.AddrPort{}, e
+	}
+	return addrPortOfRaw(&sa), nil
+}
+
+// socketFamily is the socket family (AF_INET, AF_INET6) of an address.
+func socketFamily(ap netip.AddrPort) int {
+	if ap.Addr().Unmap().Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
+// setResetOnClose makes closing fd send a reset (SO_LINGER 0), so that a
+// refused client fails fast instead of waiting.
+func setResetOnClose(fd int) {
+	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+}
+
 // sysAccept4 accepts a connection, non-blocking, and returns its peer.
 func sysAccept4(fd int) (int, netip.AddrPort, error) {
 	var sa unix.RawSockaddrAny
