@@ -103,8 +103,13 @@ func (l *eventLoop) dial(c *loopConn) {
 			if len(c.tried) == 0 || c.round == dialRounds {
 				break
 			}
+			// The next round starts after dialRoundPause: the
+			// connection waits among the connects in flight, with no
+			// socket, until checkConnects finds its deadline passed.
 			c.round, c.tried = c.round+1, c.tried[:0]
-			continue
+			c.deadline = time.Now().Add(dialRoundPause)
+			l.startConnect(c)
+			return
 		}
 		fd, err := connectTo(b.key)
 		if err == nil {
@@ -192,6 +197,11 @@ func (l *eventLoop) checkConnects() {
 		c := l.connecting[i]
 		if now.Before(c.deadline) {
 			i++
+			continue
+		}
+		if c.upstream.fd < 0 { // paused between rounds (see dial)
+			l.endConnect(c) // takes c out of l.connecting at i
+			l.dial(c)
 			continue
 		}
 		l.connectFailed(c, unix.ETIMEDOUT) // takes c out of l.connecting at i

@@ -91,6 +91,7 @@ func TestLoopRefusedEverywhereResetsTheClient(t *testing.T) {
 	at := freeAddr(t, "tcp")
 	mustApply(t, d, tcpFrontend("web", at, backends...))
 	// The reset may come before the dial returns, or on the first read.
+	start := time.Now()
 	c, err := net.Dial("tcp", at.String())
 	if err == nil {
 		defer c.Close()
@@ -100,12 +101,47 @@ func TestLoopRefusedEverywhereResetsTheClient(t *testing.T) {
 	if !isReset(err) {
 		t.Fatalf("%v, want a reset", err)
 	}
+	if took := time.Since(start); took < dialRoundPause {
+		t.Errorf("reset after %v, want it after the pause between rounds (%v)", took, dialRoundPause)
+	}
 	if got := sumCounters(t, reg, "ebb_dataplane_dial_errors_total"); got != 4 {
 		t.Errorf("%v dial errors, want 4 (two backends, two rounds)", got)
 	}
 	if got := testutil.ToFloat64(d.m.refused.WithLabelValues("web", "no_backend")); got != 1 {
 		t.Errorf("%v refused for no backend, want 1", got)
 	}
+}
+
+// A backend that starts listening while a connection waits between its
+// dial rounds (a node port whose kube-proxy caught up) takes the connection
+// in the second round: the client sees a short delay, not a reset.
+func TestABackendListeningAfterTheFirstRoundTakesTheConnection(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		reg := prometheus.NewRegistry()
+		proxy.Registerer = reg
+		d := newDataPlane(t, proxy)
+		late, dead := freeAddr(t, "tcp"), freeAddr(t, "tcp") // both refuse at first
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("web", at,
+			Backend{Address: late.Addr().String(), Port: late.Port()},
+			Backend{Address: dead.Addr().String(), Port: dead.Port()}))
+		done := make(chan error, 1)
+		go func() { done <- dialRoundTrip(at.String()) }()
+		for sumCounters(t, reg, "ebb_dataplane_dial_errors_total") < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		ln, err := net.Listen("tcp", late.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveEcho(t, ln)
+		if err := <-done; err != nil {
+			t.Fatalf("round trip: %v, want it to reach the backend that started listening", err)
+		}
+		if got := sumCounters(t, reg, "ebb_dataplane_dial_errors_total"); got != 2 {
+			t.Errorf("%v dial errors, want 2 (the first round)", got)
+		}
+	})
 }
 
 func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }

@@ -26,6 +26,14 @@ const maxDialAttempts = 3
 // again; refusals cost a round trip each.
 const dialRounds = 2
 
+// dialRoundPause is how long a new connection waits before its next round
+// through backends that all refused. The refusals of a round come back to
+// back within a millisecond or two, faster than the nodes' kube-proxies
+// take a terminated pod's endpoint out; after the pause the node ports have
+// most likely caught up. A client of a Service with no backend at all is
+// refused that much later.
+const dialRoundPause = 100 * time.Millisecond
+
 // copyChunk is how much one splice call may move before the idle deadline
 // is renewed.
 const copyChunk = 4 << 20
@@ -77,6 +85,9 @@ func (f *frontend) dialBackend(set *backendSet, network string, client netip.Add
 		if b == nil {
 			if len(tried) == 0 || round == dialRounds {
 				return nil, nil
+			}
+			if network == "tcp" { // a UDP dial is never refused
+				time.Sleep(dialRoundPause)
 			}
 			round, tried = round+1, tried[:0]
 			continue
