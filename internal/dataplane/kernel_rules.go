@@ -63,14 +63,24 @@ type kernelRuleset struct {
 
 // kernelMaps are a table's three maps. The IDs name them within a
 // transaction that also creates them.
+//
+// Their integers (frontend index, slot, owner, state) are 32 bits in host
+// byte order, which is nft's mark type. The kernel cares about none of
+// this; the nft tool does: with the generic integer type it cannot tell a
+// concatenated key's fields apart and aborts listing the maps. Typed so,
+// with the fields' lengths (Concatenation) and the keys' byte order, `nft
+// list map` prints them (values still byte-swapped: nft assumes network
+// order for them). The pick rule, whose lookups chain, nft 1.0 cannot
+// print at all (docs/dataplane.md).
 func kernelMaps(t *nftables.Table, fam kernelFamily) (homes, owners, backends *nftables.Set) {
-	slot, _ := nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger)
-	slotState, _ := nftables.ConcatSetType(nftables.TypeInteger, nftables.TypeInteger, nftables.TypeInteger)
+	hostInt := nftables.TypeMark
+	slot, _ := nftables.ConcatSetType(hostInt, hostInt)
+	slotState, _ := nftables.ConcatSetType(hostInt, hostInt, hostInt)
 	dest, _ := nftables.ConcatSetType(fam.addrType, nftables.TypeInetService)
 	id := 3 * uint32(fam.table)
-	homes = &nftables.Set{Table: t, Name: "homes", ID: id, IsMap: true, KeyType: slot, DataType: nftables.TypeInteger}
-	owners = &nftables.Set{Table: t, Name: "owners", ID: id + 1, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeInteger}
-	backends = &nftables.Set{Table: t, Name: "backends", ID: id + 2, IsMap: true, KeyType: slotState, DataType: dest}
+	homes = &nftables.Set{Table: t, Name: "homes", ID: id, IsMap: true, Concatenation: true, KeyType: slot, DataType: hostInt, KeyByteOrder: binaryutil.NativeEndian}
+	owners = &nftables.Set{Table: t, Name: "owners", ID: id + 1, IsMap: true, KeyType: hostInt, DataType: hostInt, KeyByteOrder: binaryutil.NativeEndian}
+	backends = &nftables.Set{Table: t, Name: "backends", ID: id + 2, IsMap: true, Concatenation: true, KeyType: slotState, DataType: dest, KeyByteOrder: binaryutil.NativeEndian}
 	return homes, owners, backends
 }
 

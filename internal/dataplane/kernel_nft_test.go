@@ -1,0 +1,46 @@
+package dataplane
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// An operator reads the kernel engine's maps with the nft tool: where each
+// slot sends new flows, per state of its node. (The tool once aborted on
+// them: it could not tell the fields of their keys apart.)
+func TestKernelEngineMapsReadWithNft(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Fatalf("this test needs the nft tool (hack/tools.sh installs it): %v", err)
+	}
+	n := newEngineNet(t, EngineKernel, "IPv4")
+	a, _ := n.echo(t, 8080)
+	b, _ := n.echo(t, 8081)
+	n.apply(t, n.frontendOn(80, a, b))
+	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
+		t.Fatal(err)
+	}
+	list := func(m string) string {
+		t.Helper()
+		var out []byte
+		err := n.lb.Do(func() (err error) {
+			out, err = exec.Command("nft", "list", "map", "ip", DefaultKernelTable, m).CombinedOutput()
+			return err
+		})
+		if err != nil {
+			t.Fatalf("nft list map ip %s %s: %v\n%s", DefaultKernelTable, m, err, out)
+		}
+		return string(out)
+	}
+	for _, m := range []string{"homes", "owners"} {
+		if got := list(m); !strings.Contains(got, "type mark") {
+			t.Errorf("map %s:\n%s\nwant its type printed", m, got)
+		}
+	}
+	backends := list("backends")
+	for _, want := range []string{"10.1.0.2 . 8080", "10.1.0.2 . 8081"} {
+		if !strings.Contains(backends, want) {
+			t.Errorf("map backends:\n%s\nwant an entry for %s", backends, want)
+		}
+	}
+}
