@@ -148,8 +148,17 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscal
 	}
 	cs := contenders(ebbBin, dir, addrs, only)
 	results := map[string][]round{}
+	var tracked []float64 // what conntrack alone costs a connection, per round
 	for r := range rounds {
 		direct := measureDirect(addrs[0], d)
+		if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-kernel" }) {
+			t, err := measureTracked(addrs[0], d, direct)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "round %d conntrack on, no load balancer: system %5.1f µs per connection\n", r+1, t)
+			tracked = append(tracked, t)
+		}
 		for i := range cs {
 			c := cs[(i+r)%len(cs)] // a different one goes first each round
 			lb, err := c.start(freeAddr(), profile && r == 0)
@@ -192,6 +201,9 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscal
 	}
 	for _, c := range cs {
 		addKeys(summary, c.prefix, medians(results[c.name]))
+	}
+	if tracked != nil {
+		summary["conntrack_cpu_us_per_conn_system"] = stats.Median(tracked)
 	}
 	if e, h := results["ebb"], results["haproxy"]; e != nil && h != nil {
 		addRatios(summary, medians(e), medians(h))
