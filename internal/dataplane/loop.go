@@ -82,10 +82,16 @@ type eventLoop struct {
 	buf        []byte
 	connecting []*loopConn
 	nextCheck  time.Time
-	// epf is the epoll descriptor as Go's poller watches it; deadline is
-	// its read deadline.
+	// epf is the epoll descriptor as Go's poller watches it, raw its
+	// descriptor, deadline its read deadline.
 	epf      *os.File
+	raw      syscall.RawConn
 	deadline time.Time
+	// events holds the events of the last wait, the first ready of them.
+	// poll is pollReady, made into a function once.
+	events []unix.EpollEvent
+	ready  int
+	poll   func(uintptr) bool
 	// briefWait: wait up to briefWait in the kernel before parking (see
 	// run); off where epoll_pwait2 is missing.
 	briefWait bool
@@ -205,37 +211,31 @@ func (l *eventLoop) run(started chan<- error) {
 	// itself (briefWait, unseen by the runtime like its other system
 	// calls): under load the next event comes within it. Meanwhile no
 	// other goroutine runs on the loop's processor; with one processor,
-	// timers and probes run up to briefWait late.
+	// timers and probes run up to briefWait late, or up to yieldInterval
+	// while the loop is busy (see yield).
 	if err := unix.SetNonblock(l.epfd, true); err != nil {
 		started <- fmt.Errorf("making the proxy's epoll instance non-blocking: %w", err)
 		return
 	}
 	l.epf = os.NewFile(uintptr(l.epfd), "ebb-proxy-epoll")
-	raw, err := l.epf.SyscallConn()
-	if err != nil {
+	var err error
+	if l.raw, err = l.epf.SyscallConn(); err != nil {
 		started <- fmt.Errorf("watching the proxy's epoll instance: %w", err)
 		return
 	}
 	started <- nil
 	defer close(l.exited)
-	events := make([]unix.EpollEvent, loopEvents)
-	var n int
-	poll := func(fd uintptr) bool {
-		n, err = sysEpollWait(int(fd), events)
-		return n > 0 || len(l.backlog) > 0 || (err != nil && !errors.Is(err, unix.EINTR))
-	}
+	l.events = make([]unix.EpollEvent, loopEvents)
+	l.poll = l.pollReady
 	lastYield := time.Now()
 	for !l.quit {
 		if now := time.Now(); now.Sub(lastYield) > yieldInterval {
-			// A goroutine that runs for 10 ms without a break is
-			// preempted by the runtime's monitor, which then polls every
-			// 20 µs for a while: a busy loop would keep it at that pace.
-			runtime.Gosched()
+			l.yield()
 			lastYield = now
 		}
-		l.wait(raw, poll, events, &n)
-		for i := range n {
-			ev := &events[i]
+		l.wait()
+		for i := range l.ready {
+			ev := &l.events[i]
 			fd := int(ev.Fd)
 			if fd < len(l.fds) && l.fds[fd].h != nil && l.fds[fd].gen == uint32(ev.Pad) {
 				l.fds[fd].h.event(l, ev.Events)
@@ -247,32 +247,67 @@ func (l *eventLoop) run(started chan<- error) {
 	l.closeEverything()
 }
 
-// wait sets *n to the number of events it put in events: those waiting,
-// else those that come within briefWait, else it parks on Go's poller
-// until some come or the next connect check is due.
-func (l *eventLoop) wait(raw syscall.RawConn, poll func(uintptr) bool, events []unix.EpollEvent, n *int) {
-	*n = 0
-	if poll(uintptr(l.epfd)) {
+// pollReady takes the events waiting into l.events, without blocking, and
+// says whether the loop has work. Go's poller calls it when the epoll
+// descriptor is readable.
+func (l *eventLoop) pollReady(fd uintptr) bool {
+	n, err := sysEpollWait(int(fd), l.events)
+	l.ready = max(n, 0)
+	return n > 0 || len(l.backlog) > 0 || (err != nil && !errors.Is(err, unix.EINTR))
+}
+
+// wait puts in l.events the events waiting, else those that come within
+// briefWait, else it parks on Go's poller until some come or the next
+// connect check is due.
+func (l *eventLoop) wait() {
+	if l.poll(uintptr(l.epfd)) {
 		return
 	}
 	if l.briefWait {
 		// Let the goroutines that are ready run first: while the loop
 		// waits in the kernel, none can run on its processor.
 		runtime.Gosched()
-		m, err := sysEpollWaitFor(l.epfd, events, briefWait)
+		m, err := sysEpollWaitFor(l.epfd, l.events, briefWait)
 		switch {
 		case errors.Is(err, unix.ENOSYS):
 			l.briefWait = false // before Linux 5.11
 		case m > 0:
-			*n = m
+			l.ready = m
 			return
 		}
 	}
 	l.setDeadline()
-	if err := raw.Read(poll); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := l.raw.Read(l.poll); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		l.d.log.Error(err, "Waiting for the proxy's events")
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// yield lets the rest of the process run while the loop never runs out of
+// events. runtime.Gosched alone runs the goroutines that are ready, but
+// not those whose sockets are: the scheduler asks Go's poller only when no
+// goroutine is runnable, and a loop that yields stays runnable, so the
+// metrics server, the API watches and the probes would wait for the
+// runtime's monitor to poll (every 10 ms). So the loop parks once on its
+// epoll descriptor, after a wake-up of its own (the eventfd) that makes the
+// descriptor readable: the scheduler runs the ready goroutines, polls, and
+// finds the loop ready again with the others. A goroutine that runs for
+// 10 ms without a break would also be preempted by the monitor, which then
+// polls every 20 µs for a while.
+func (l *eventLoop) yield() {
+	l.setDeadline() // a past one would end the park before it began
+	parked := false
+	_ = l.raw.Read(func(uintptr) bool {
+		if parked {
+			return true
+		}
+		parked = true
+		// Woken here, not before Read: Read first forgets a readiness
+		// the poller may already have seen.
+		one := [8]byte{1}
+		_, _ = sysWrite(l.wakefd, one[:])
+		return false
+	})
 }
 
 // setDeadline bounds the wait for events by the next connect check while
