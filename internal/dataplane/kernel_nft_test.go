@@ -6,10 +6,12 @@ import (
 	"testing"
 )
 
-// An operator reads the kernel engine's maps with the nft tool: where each
-// slot sends new flows, per state of its node. (The tool once aborted on
-// them: it could not tell the fields of their keys apart.)
-func TestKernelEngineMapsReadWithNft(t *testing.T) {
+// An operator reads the kernel engine's tables with the nft tool: the
+// whole ruleset, and the maps that say where each slot sends new flows,
+// per state of its node. (The tool once aborted on both: it could not tell
+// the fields of the maps' keys apart, nor print a lookup keyed by another
+// lookup's result.)
+func TestKernelEngineTablesReadWithNft(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Fatalf("this test needs the nft tool (hack/tools.sh installs it): %v", err)
 	}
@@ -42,5 +44,17 @@ func TestKernelEngineMapsReadWithNft(t *testing.T) {
 		if !strings.Contains(backends, want) {
 			t.Errorf("map backends:\n%s\nwant an entry for %s", backends, want)
 		}
+	}
+	// The whole ruleset prints too, the pick rule with it.
+	var out []byte
+	err := n.lb.Do(func() (err error) {
+		out, err = exec.Command("nft", "list", "ruleset").CombinedOutput()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "@backends") {
+		t.Errorf("nft list ruleset:\n%s\nwant the pick rule's lookup in @backends", out)
 	}
 }

@@ -70,8 +70,7 @@ type kernelRuleset struct {
 // concatenated key's fields apart and aborts listing the maps. Typed so,
 // with the fields' lengths (Concatenation) and the keys' byte order, `nft
 // list map` prints them (values still byte-swapped: nft assumes network
-// order for them). The pick rule, whose lookups chain, nft 1.0 cannot
-// print at all (docs/dataplane.md).
+// order for them).
 func kernelMaps(t *nftables.Table, fam kernelFamily) (homes, owners, backends *nftables.Set) {
 	hostInt := nftables.TypeMark
 	slot, _ := nftables.ConcatSetType(hostInt, hostInt)
@@ -358,38 +357,63 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, pl
 			}
 		}
 	}
-	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: append([]expr.Any{
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
-		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-	}, r.slotKey(i, set, n)...)})
+	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: r.slotKey(i, set, n)})
 	return nil
 }
+
+// The 32-bit registers of the pick rule (8 to 11 are the 128-bit register
+// 1, where the backend's address and port land).
+const (
+	regFrontend = 8  // the frontend index, then the backend's address
+	regSlot     = 9  // the slot, then an IPv4 backend's port
+	regOwner    = 10 // the slot's home owner, then its state
+	regMark     = 20 // the flow's packet mark as it leaves the rule
+)
 
 // clientHashSeed seeds the client-address hash of ClientIP frontends: the
 // same on every replica, so that they all send a client to one backend.
 const clientHashSeed = 0xebb
 
-// slotKey puts the frontend index and the slot in the 32-bit registers 8
-// and 9, looks up the slot's home owner (into register 10) and that
-// owner's state (over it), then the backend for the three (its address and
-// port land from register 1 on), and DNATs to it. The slot is a counter
-// modulo the slots (round robin), or for ClientIP a hash of the client's
-// address modulo the slots: a client keeps its slot, and its slot keeps
-// its backend while that is eligible.
+// slotKey is the pick rule: it puts the frontend index and the slot in
+// registers, looks up the slot's home owner, that owner's state, then the
+// backend for the three (its address and port land from register 1 on),
+// marks the flow for masquerade and DNATs it to the backend. The slot is a
+// counter modulo the slots (round robin), or for ClientIP a hash of the
+// client's address modulo the slots: a client keeps its slot, and its slot
+// keeps its backend while that is eligible.
+//
+// The owner and its state pass through the packet mark on their way to
+// the next lookup (the mark itself is restored before the last lookup,
+// with the masquerade bit): the kernel does not need it, but the nft tool
+// aborts printing a lookup whose key is another lookup's result (nft 1.0),
+// and so `nft list ruleset` would, for every table. Only a flow's first
+// packet runs the rule.
 func (r *kernelRuleset) slotKey(i int, set *backendSet, n int) []expr.Any {
-	key := []expr.Any{&expr.Immediate{Register: 1, Data: u32(uint32(i))}}
-	if set.cfg.Balancing == ClientIP {
-		key = append(key,
-			&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.saddrOff, Len: r.fam.addrLen},
-			&expr.Hash{SourceRegister: 9, DestRegister: 9, Length: r.fam.addrLen, Modulus: uint32(n), Seed: clientHashSeed, Type: expr.HashTypeJenkins})
-	} else {
-		key = append(key, &expr.Numgen{Register: 9, Modulus: uint32(n), Type: unix.NFT_NG_INCREMENTAL})
+	exprs := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: regMark},
+		&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
+		&expr.Immediate{Register: regFrontend, Data: u32(uint32(i))},
 	}
-	return append(key,
-		&expr.Lookup{SourceRegister: 1, DestRegister: 10, IsDestRegSet: true, SetName: r.homes.Name, SetID: r.homes.ID},
-		&expr.Lookup{SourceRegister: 10, DestRegister: 10, IsDestRegSet: true, SetName: r.owners.Name, SetID: r.owners.ID},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: r.backends.Name, SetID: r.backends.ID},
+	if set.cfg.Balancing == ClientIP {
+		exprs = append(exprs,
+			&expr.Payload{DestRegister: regSlot, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.saddrOff, Len: r.fam.addrLen},
+			&expr.Hash{SourceRegister: regSlot, DestRegister: regSlot, Length: r.fam.addrLen, Modulus: uint32(n), Seed: clientHashSeed, Type: expr.HashTypeJenkins})
+	} else {
+		exprs = append(exprs, &expr.Numgen{Register: regSlot, Modulus: uint32(n), Type: unix.NFT_NG_INCREMENTAL})
+	}
+	viaMark := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: regOwner},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: regOwner},
+	}
+	exprs = append(exprs, &expr.Lookup{SourceRegister: regFrontend, DestRegister: regOwner, IsDestRegSet: true, SetName: r.homes.Name, SetID: r.homes.ID})
+	exprs = append(exprs, viaMark...)
+	// owners has an entry for every owner homes names (they are written
+	// in one transaction), so the mark is never left holding an owner.
+	exprs = append(exprs, &expr.Lookup{SourceRegister: regOwner, DestRegister: regOwner, IsDestRegSet: true, SetName: r.owners.Name, SetID: r.owners.ID})
+	exprs = append(exprs, viaMark...)
+	return append(exprs,
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: regMark},
+		&expr.Lookup{SourceRegister: regFrontend, DestRegister: 1, IsDestRegSet: true, SetName: r.backends.Name, SetID: r.backends.ID},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.fam.nfproto, RegAddrMin: 1, RegProtoMin: r.fam.portReg, Specified: true},
 	)
 }
