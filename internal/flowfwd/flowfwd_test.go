@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -181,6 +183,15 @@ func TestMovedConnections(t *testing.T) {
 				}
 				if segs == 0 || mode != tc.state.mode() {
 					t.Errorf("Segments() = %d, %s; want some, %s", segs, mode, tc.state.mode())
+				}
+				// An operator can read the table with the nft tool.
+				var out []byte
+				err = n.serving.Do(func() (err error) {
+					out, err = exec.Command("nft", "list", "ruleset").CombinedOutput()
+					return err
+				})
+				if err != nil || !strings.Contains(string(out), "@addresses") {
+					t.Errorf("nft list ruleset: %v\n%s\nwant the rule's lookup in @addresses", err, out)
 				}
 				if err := f.Remove(); err != nil {
 					t.Fatal(err)
