@@ -436,12 +436,12 @@ func resetClose(fd int) {
 	_ = sysClose(fd)
 }
 
-// setKeepAliveFD turns on TCP keep-alive probes after idle of quiet, as
-// setKeepAlive does for a net.Conn.
+// setKeepAliveFD sets keepAliveConfig(idle) on a raw socket.
 func setKeepAliveFD(fd int, idle time.Duration) {
-	secs := max(int(idle/time.Second), 1)
+	ka := keepAliveConfig(idle)
+	secs := func(d time.Duration) int { return max(int(d/time.Second), 1) }
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
-	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPIDLE, secs)
-	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPINTVL, max(secs/5, 1))
-	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPCNT, 5)
+	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPIDLE, secs(ka.Idle))
+	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPINTVL, secs(ka.Interval))
+	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPCNT, ka.Count)
 }

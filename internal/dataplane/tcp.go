@@ -171,11 +171,18 @@ func (f *frontend) proxy(set *backendSet, client *net.TCPConn, upstream net.Conn
 	<-done
 }
 
-// setKeepAlive turns on TCP keep-alive probes after idle of quiet. They
-// cost four system calls per socket, so they are set only when configured.
+// keepAliveConfig is the TCP keep-alive of a frontend's connections: a
+// probe after idle of quiet, then every fifth of it (at least a second),
+// and the connection ends after 5 unanswered. The probes cost four system
+// calls per socket to set up, so they are set only when configured.
+func keepAliveConfig(idle time.Duration) net.KeepAliveConfig {
+	return net.KeepAliveConfig{Enable: true, Idle: idle, Interval: max(idle/5, time.Second), Count: 5}
+}
+
+// setKeepAlive sets keepAliveConfig(idle) on a net.Conn.
 func setKeepAlive(c net.Conn, idle time.Duration) {
 	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: idle, Interval: max(idle/5, time.Second), Count: 5})
+		_ = tc.SetKeepAliveConfig(keepAliveConfig(idle))
 	}
 }
 
