@@ -160,6 +160,19 @@ func TestTCPKeepAliveOnlyWhenConfigured(t *testing.T) {
 					t.Errorf("%s side: SO_KEEPALIVE %d, want %d", side, got, want)
 				}
 			}
+			if keepAlive > 0 {
+				// The same probes on both paths: after 30 s, every 6 s, 5 of them.
+				for _, o := range []struct {
+					name      string
+					opt, want int
+				}{{"TCP_KEEPIDLE", unix.TCP_KEEPIDLE, 30}, {"TCP_KEEPINTVL", unix.TCP_KEEPINTVL, 6}, {"TCP_KEEPCNT", unix.TCP_KEEPCNT, 5}} {
+					for side, got := range connSockoptInt(t, d, conns[0], unix.SOL_TCP, o.opt) {
+						if got != o.want {
+							t.Errorf("%s side: %s %d, want %d", side, o.name, got, o.want)
+						}
+					}
+				}
+			}
 			// Every proxied socket forwards each write at once.
 			for side, got := range connSockoptInt(t, d, conns[0], unix.SOL_TCP, unix.TCP_NODELAY) {
 				if got != 1 {
