@@ -357,7 +357,7 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, pl
 			}
 		}
 	}
-	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: r.slotKey(i, set, n)})
+	r.conn.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: r.pickExprs(i, set, n)})
 	return nil
 }
 
@@ -374,10 +374,10 @@ const (
 // same on every replica, so that they all send a client to one backend.
 const clientHashSeed = 0xebb
 
-// slotKey is the pick rule: it puts the frontend index and the slot in
-// registers, looks up the slot's home owner, that owner's state, then the
-// backend for the three (its address and port land from register 1 on),
-// marks the flow for masquerade and DNATs it to the backend. The slot is a
+// pickExprs are the pick rule's expressions: they put the frontend index
+// and the slot in registers, look up the slot's home owner, that owner's
+// state, then the backend for the three (its address and port land from
+// register 1 on), mark the flow for masquerade and DNAT it to the backend. The slot is a
 // counter modulo the slots (round robin), or for ClientIP a hash of the
 // client's address modulo the slots: a client keeps its slot, and its slot
 // keeps its backend while that is eligible.
@@ -388,7 +388,7 @@ const clientHashSeed = 0xebb
 // aborts printing a lookup whose key is another lookup's result (nft 1.0),
 // and so `nft list ruleset` would, for every table. Only a flow's first
 // packet runs the rule.
-func (r *kernelRuleset) slotKey(i int, set *backendSet, n int) []expr.Any {
+func (r *kernelRuleset) pickExprs(i int, set *backendSet, n int) []expr.Any {
 	exprs := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: regMark},
 		&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},

@@ -5,7 +5,7 @@ import (
 )
 
 // How the kernel engine picks a backend for a new flow, in three lookups
-// of its maps (see slotKey):
+// of its maps (see pickExprs):
 //
 //	homes:    frontend . slot         -> the owner (node) of the slot's home backend
 //	owners:   owner                   -> 0 while the owner is up, 1 while it is admin Down
