@@ -22,39 +22,32 @@ func TestKernelEngineTablesReadWithNft(t *testing.T) {
 	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
 		t.Fatal(err)
 	}
-	list := func(m string) string {
+	// nft runs the nft tool in the load balancer's namespace.
+	nft := func(args ...string) string {
 		t.Helper()
 		var out []byte
 		err := n.lb.Do(func() (err error) {
-			out, err = exec.Command("nft", "list", "map", "ip", DefaultKernelTable, m).CombinedOutput()
+			out, err = exec.Command("nft", args...).CombinedOutput()
 			return err
 		})
 		if err != nil {
-			t.Fatalf("nft list map ip %s %s: %v\n%s", DefaultKernelTable, m, err, out)
+			t.Fatalf("nft %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 		return string(out)
 	}
 	for _, m := range []string{"homes", "owners"} {
-		if got := list(m); !strings.Contains(got, "type mark") {
+		if got := nft("list", "map", "ip", DefaultKernelTable, m); !strings.Contains(got, "type mark") {
 			t.Errorf("map %s:\n%s\nwant its type printed", m, got)
 		}
 	}
-	backends := list("backends")
+	backends := nft("list", "map", "ip", DefaultKernelTable, "backends")
 	for _, want := range []string{"10.1.0.2 . 8080", "10.1.0.2 . 8081"} {
 		if !strings.Contains(backends, want) {
 			t.Errorf("map backends:\n%s\nwant an entry for %s", backends, want)
 		}
 	}
 	// The whole ruleset prints too, the pick rule with it.
-	var out []byte
-	err := n.lb.Do(func() (err error) {
-		out, err = exec.Command("nft", "list", "ruleset").CombinedOutput()
-		return err
-	})
-	if err != nil {
-		t.Fatalf("nft list ruleset: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "@backends") {
-		t.Errorf("nft list ruleset:\n%s\nwant the pick rule's lookup in @backends", out)
+	if got := nft("list", "ruleset"); !strings.Contains(got, "@backends") {
+		t.Errorf("nft list ruleset:\n%s\nwant the pick rule's lookup in @backends", got)
 	}
 }

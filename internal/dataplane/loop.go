@@ -47,7 +47,7 @@ const connectCheckInterval = 10 * time.Millisecond
 const briefWait = 200 * time.Microsecond
 
 // yieldInterval is how often a loop that never runs out of events lets
-// the scheduler run (see run).
+// the scheduler run (see yield).
 const yieldInterval = time.Millisecond
 
 // loopHandler is what owns one of the loop's file descriptors.

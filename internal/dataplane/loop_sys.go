@@ -17,7 +17,7 @@ import (
 // µs apart when busy) and starts another thread to look for work; the loop
 // has none to give, so every such hand-off is pure cost (it was 9% of the
 // loop's CPU with one processor). Raw calls look like running code to the
-// runtime, and the loop yields once a millisecond (see run).
+// runtime, and the loop yields once a millisecond (see yield).
 
 func rawErr(e unix.Errno) error {
 	if e == 0 {
