@@ -48,7 +48,7 @@ func applyToEffect(engine dataplane.Engine) (adminStateTimes, error) {
 	}
 	defer dp.Close()
 	if engine == dataplane.EngineKernel {
-		defer removeKernelTable()
+		defer removeKernelTable(0)
 	}
 	cfg, err := adminStateConfig()
 	if err != nil {

@@ -19,13 +19,13 @@ const conntrackTable = "ebb-bench-conntrack"
 // measureDirect's, with conntrack on: its busy time per connection minus
 // base's is what conntrack alone costs a flow, of the kernel engine's
 // system-wide figure.
-func measureTracked(addr string, d time.Duration, base direct) (float64, error) {
-	c, err := nftables.New()
+func measureTracked(t *topology, addr string, d time.Duration, base direct) (float64, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(t.lbNetNS()))
 	if err != nil {
 		return 0, fmt.Errorf("turning conntrack on: %w", err)
 	}
-	t := &nftables.Table{Name: conntrackTable, Family: nftables.TableFamilyIPv4}
-	c.AddTable(t)
+	tbl := &nftables.Table{Name: conntrackTable, Family: nftables.TableFamilyIPv4}
+	c.AddTable(tbl)
 	for _, h := range []struct {
 		hook     *nftables.ChainHook
 		priority *nftables.ChainPriority
@@ -34,9 +34,9 @@ func measureTracked(addr string, d time.Duration, base direct) (float64, error) 
 		{nftables.ChainHookOutput, nftables.ChainPriorityNATDest},
 		{nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
 	} {
-		ch := c.AddChain(&nftables.Chain{Name: fmt.Sprint("nat-", *h.hook), Table: t, Type: nftables.ChainTypeNAT, Hooknum: h.hook, Priority: h.priority})
+		ch := c.AddChain(&nftables.Chain{Name: fmt.Sprint("nat-", *h.hook), Table: tbl, Type: nftables.ChainTypeNAT, Hooknum: h.hook, Priority: h.priority})
 		if *h.hook == *nftables.ChainHookPostrouting {
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
 				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{255}},
 				&expr.Masq{},
@@ -47,9 +47,9 @@ func measureTracked(addr string, d time.Duration, base direct) (float64, error) 
 		return 0, fmt.Errorf("turning conntrack on: %w", err)
 	}
 	defer func() {
-		c.DelTable(t)
+		c.DelTable(tbl)
 		_ = c.Flush()
 	}()
-	conn := measureCost(0, func() (int64, int64) { return newConnections(addr, 16, d) })
+	conn := measureCost(0, func() (int64, int64) { return t.newConnections(addr, 16, d) })
 	return perOp(conn.total, conn.ops) - base.connSystem, nil
 }

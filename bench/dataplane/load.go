@@ -18,8 +18,8 @@ type echoBackend struct {
 	record   atomic.Bool
 }
 
-func newEchoBackend() (*echoBackend, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func newEchoBackend(t *topology) (*echoBackend, error) {
+	ln, err := t.listenBackend()
 	if err != nil {
 		return nil, err
 	}
@@ -68,9 +68,9 @@ func exchange(c net.Conn, msg, buf []byte) error {
 	return err
 }
 
-// runWorkers runs fn on n goroutines until d has passed and returns the
-// sum of what they counted and the errors.
-func runWorkers(n int, d time.Duration, fn func(stop *atomic.Bool) (int64, int64)) (ops, errs int64) {
+// runWorkers runs fn on n goroutines, each on the client's host, until d
+// has passed and returns the sum of what they counted and the errors.
+func (t *topology) runWorkers(n int, d time.Duration, fn func(stop *atomic.Bool) (int64, int64)) (ops, errs int64) {
 	var stop atomic.Bool
 	var total, failed atomic.Int64
 	var wg sync.WaitGroup
@@ -78,9 +78,11 @@ func runWorkers(n int, d time.Duration, fn func(stop *atomic.Bool) (int64, int64
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o, e := fn(&stop)
-			total.Add(o)
-			failed.Add(e)
+			t.asClient(func() {
+				o, e := fn(&stop)
+				total.Add(o)
+				failed.Add(e)
+			})
 		}()
 	}
 	time.Sleep(d)
@@ -91,8 +93,8 @@ func runWorkers(n int, d time.Duration, fn func(stop *atomic.Bool) (int64, int64
 
 // newConnections: each operation is a new connection carrying one 64-byte
 // request and its echo.
-func newConnections(addr string, workers int, d time.Duration) (int64, int64) {
-	return runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
+func (t *topology) newConnections(addr string, workers int, d time.Duration) (int64, int64) {
+	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
 		msg, buf := make([]byte, 64), make([]byte, 64)
 		var ok, bad int64
 		for !stop.Load() {
@@ -114,8 +116,8 @@ func newConnections(addr string, workers int, d time.Duration) (int64, int64) {
 
 // keepAlive: each operation is a 64-byte request and echo on a connection
 // that stays open.
-func keepAlive(addr string, workers int, d time.Duration) (int64, int64) {
-	return runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
+func (t *topology) keepAlive(addr string, workers int, d time.Duration) (int64, int64) {
+	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return 0, 1
@@ -134,9 +136,9 @@ func keepAlive(addr string, workers int, d time.Duration) (int64, int64) {
 }
 
 // bulk: each operation is 64 KiB sent and echoed; returns bytes echoed.
-func bulk(addr string, workers int, d time.Duration) (int64, int64) {
+func (t *topology) bulk(addr string, workers int, d time.Duration) (int64, int64) {
 	const size = 64 << 10
-	return runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
+	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return 0, 1
@@ -155,8 +157,8 @@ func bulk(addr string, workers int, d time.Duration) (int64, int64) {
 }
 
 // latencies measures round trips of 64 bytes on one connection.
-func latencies(addr string, n int) ([]time.Duration, error) {
-	c, err := net.Dial("tcp", addr)
+func (t *topology) latencies(addr string, n int) ([]time.Duration, error) {
+	c, err := t.dial(addr)
 	if err != nil {
 		return nil, err
 	}

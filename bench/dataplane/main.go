@@ -10,7 +10,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,10 +46,11 @@ func main() {
 	ebbBin := flag.String("ebb", "bin/ebb", "the ebb binary")
 	d := flag.Duration("duration", 4*time.Second, "length of each measurement")
 	rounds := flag.Int("rounds", 3, "rounds per load balancer (medians are reported)")
-	out := flag.String("out", "bench/results/dataplane.json", "where to write the JSON summary")
+	out := flag.String("out", defaultOut, "where to write the JSON summary (bench/results/dataplane-routed.json by default with -topology routed)")
 	profile := flag.Bool("profile", false, "save CPU profiles of ebb under each load next to the JSON summary")
 	syscalls := flag.Bool("syscalls", true, "count each contender's system calls per connection and per request with strace -c in the first round")
 	only := flag.String("only", "", "comma-separated contenders to run (default: all)")
+	topo := flag.String("topology", "loopback", "where the parts run: loopback (client, load balancer and backends in this namespace, every packet through lo) or routed (each a host of its own, the load balancer's routing between the client and the backends; needs root)")
 	minimal := flag.String("serve-minimal-proxy", "", "internal: run as the minimal Go proxy listening on this address")
 	backends := flag.String("backends", "", "internal: the minimal Go proxy's backends")
 	flag.Parse()
@@ -62,43 +62,48 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-dataplane: no strace, system calls are not counted")
 		*syscalls = false
 	}
-	if err := run(*ebbBin, *d, *rounds, *out, *profile, *syscalls, *only); err != nil {
+	if *topo == "routed" && *out == defaultOut {
+		*out = "bench/results/dataplane-routed.json"
+	}
+	if err := run(*topo, *ebbBin, *d, *rounds, *out, *profile, *syscalls, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-dataplane:", err)
 		os.Exit(1)
 	}
 }
 
-func contenders(ebbBin, dir string, addrs []string, only string) []contender {
+const defaultOut = "bench/results/dataplane.json"
+
+func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []contender {
 	all := []contender{
 		{name: "ebb", prefix: "", start: func(fe string, profile bool) (*lbProcess, error) {
-			return startEbb(ebbBin, dir, fe, addrs, profile)
+			return startEbb(t, ebbBin, dir, fe, addrs, profile)
 		}},
 		// ebb's proxy engine as it was before its event loop: two
 		// goroutines per connection over Go's net package.
 		{name: "ebb-goroutines", prefix: "goroutines_", start: func(fe string, _ bool) (*lbProcess, error) {
-			p, err := startEbb(ebbBin, dir, fe, addrs, false, "--proxy-goroutines")
+			p, err := startEbb(t, ebbBin, dir, fe, addrs, false, "--proxy-goroutines")
 			if p != nil {
 				p.name = "ebb-goroutines"
 			}
 			return p, err
 		}},
 		{name: "haproxy", prefix: "haproxy_", start: func(fe string, _ bool) (*lbProcess, error) {
-			return startHAProxy(dir, fe, addrs, false)
+			return startHAProxy(t, dir, fe, addrs, false)
 		}},
 		{name: "haproxy-tuned", prefix: "haproxy_tuned_", start: func(fe string, _ bool) (*lbProcess, error) {
-			return startHAProxy(dir, fe, addrs, true)
+			return startHAProxy(t, dir, fe, addrs, true)
 		}},
 		{name: "minimal-go", prefix: "minimal_go_", start: func(fe string, _ bool) (*lbProcess, error) {
-			return startMinimalGo(dir, fe, addrs)
+			return startMinimalGo(t, dir, fe, addrs)
 		}},
 		// ebb's kernel engine: the process only programs nftables; the
-		// kernel forwards (DNAT in the output hook, since the client is on
-		// this host).
+		// kernel forwards (DNAT in the output hook when the client is on
+		// this host, in prerouting when it is routed to it).
 		{name: "ebb-kernel", prefix: "nft_", start: func(fe string, _ bool) (*lbProcess, error) {
-			p, err := startEbb(ebbBin, dir, fe, addrs, false, "--engine", "Kernel", "--kernel-table", benchKernelTable)
+			p, err := startEbb(t, ebbBin, dir, fe, addrs, false, "--engine", "Kernel", "--kernel-table", benchKernelTable)
 			if p != nil {
 				p.name = "ebb-kernel"
-				p.cleanup = removeKernelTable // its rules outlive it, by design
+				p.cleanup = func() { removeKernelTable(t.lbNetNS()) } // its rules outlive it, by design
 			}
 			return p, err
 		}},
@@ -121,53 +126,58 @@ func contenders(ebbBin, dir string, addrs []string, only string) []contender {
 // removed when the benchmark ends (ebb lb leaves it in place at exit).
 const benchKernelTable = "ebb-bench"
 
-func removeKernelTable() {
-	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable})
+func removeKernelTable(netns int) {
+	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable, NetNS: netns})
 	if err == nil {
 		_ = dp.RemoveKernelTable()
 		_ = dp.Close()
 	}
 }
 
-func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscalls bool, only string) error {
+func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, syscalls bool, only string) error {
+	t, err := newTopology(topo)
+	if err != nil {
+		return err
+	}
+	defer t.close()
 	dir, err := os.MkdirTemp("", "ebb-bench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	defer removeKernelTable()
+	defer removeKernelTable(t.lbNetNS())
 	var backends []*echoBackend
 	var addrs []string
 	for range 3 {
-		b, err := newEchoBackend()
+		b, err := newEchoBackend(t)
 		if err != nil {
 			return err
 		}
 		backends = append(backends, b)
 		addrs = append(addrs, b.ln.Addr().String())
 	}
-	cs := contenders(ebbBin, dir, addrs, only)
+	cs := contenders(t, ebbBin, dir, addrs, only)
 	results := map[string][]round{}
 	var tracked []float64 // what conntrack alone costs a connection, per round
 	for r := range rounds {
-		direct := measureDirect(addrs[0], d)
+		direct := measureDirect(t, addrs[0], d)
 		if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-kernel" }) {
-			t, err := measureTracked(addrs[0], d, direct)
+			tr, err := measureTracked(t, addrs[0], d, direct)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "round %d conntrack on, no load balancer: system %5.1f µs per connection\n", r+1, t)
-			tracked = append(tracked, t)
+			fmt.Fprintf(os.Stderr, "round %d conntrack on, no load balancer: system %5.1f µs per connection\n", r+1, tr)
+			tracked = append(tracked, tr)
 		}
 		for i := range cs {
 			c := cs[(i+r)%len(cs)] // a different one goes first each round
-			lb, err := c.start(freeAddr(), profile && r == 0)
+			lb, err := c.start(t.frontend(), profile && r == 0)
 			if err != nil {
 				return err
 			}
-			res, err := measure(lb, backends, addrs[0], direct, d, filepath.Dir(out))
+			res, err := measure(t, lb, backends, direct, d, filepath.Dir(out))
 			if err == nil && syscalls && r == 0 {
-				err = countAll(lb, dir, &res)
+				err = countAll(t, lb, dir, &res)
 			}
 			lb.stop()
 			if err != nil {
@@ -189,6 +199,7 @@ func run(ebbBin string, d time.Duration, rounds int, out string, profile, syscal
 	}
 	summary := map[string]any{
 		"date":                               time.Now().UTC().Format(time.RFC3339),
+		"topology":                           topo,
 		"rounds":                             rounds,
 		"apply_to_effect_us_p99":             proxy.applyP99,
 		"owner_admin_state_us_p99":           proxy.ownerP99,
@@ -269,17 +280,17 @@ type direct struct {
 	latencies             []time.Duration
 }
 
-func measureDirect(addr string, d time.Duration) direct {
-	conn := measureCost(0, func() (int64, int64) { return newConnections(addr, 16, d) })
-	req := measureCost(0, func() (int64, int64) { return keepAlive(addr, 16, d) })
-	lat, _ := latencies(addr, latencySamples)
+func measureDirect(t *topology, addr string, d time.Duration) direct {
+	conn := measureCost(0, func() (int64, int64) { return t.newConnections(addr, 16, d) })
+	req := measureCost(0, func() (int64, int64) { return t.keepAlive(addr, 16, d) })
+	lat, _ := t.latencies(addr, latencySamples)
 	return direct{connSystem: perOp(conn.total, conn.ops), reqSystem: perOp(req.total, req.ops), latencies: lat}
 }
 
 const latencySamples = 20000
 
 // measure runs every load against one load balancer.
-func measure(lb *lbProcess, backends []*echoBackend, directAddr string, base direct, d time.Duration, profileDir string) (round, error) {
+func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d time.Duration, profileDir string) (round, error) {
 	var r round
 	profile := func(name string) func() {
 		if lb.pprof == "" {
@@ -289,7 +300,7 @@ func measure(lb *lbProcess, backends []*echoBackend, directAddr string, base dir
 		go func() {
 			defer close(done)
 			path := filepath.Join(profileDir, "ebb-"+name+".pprof")
-			if err := lb.profileCPU(d-time.Second, path); err != nil {
+			if err := lb.profileCPU(t, d-time.Second, path); err != nil {
 				fmt.Fprintln(os.Stderr, "profiling:", err)
 			}
 		}()
@@ -297,7 +308,7 @@ func measure(lb *lbProcess, backends []*echoBackend, directAddr string, base dir
 	}
 	pid := lb.cmd.Process.Pid
 	wait := profile("conn")
-	c := measureCost(pid, func() (int64, int64) { return newConnections(lb.frontend, 16, d) })
+	c := measureCost(pid, func() (int64, int64) { return t.newConnections(lb.frontend, 16, d) })
 	wait()
 	r.connRate = float64(c.ops) / d.Seconds()
 	r.connCPU = perOp(c.process, c.ops)
@@ -305,18 +316,18 @@ func measure(lb *lbProcess, backends []*echoBackend, directAddr string, base dir
 	r.errors += float64(c.errs)
 
 	wait = profile("keepalive")
-	c = measureCost(pid, func() (int64, int64) { return keepAlive(lb.frontend, 16, d) })
+	c = measureCost(pid, func() (int64, int64) { return t.keepAlive(lb.frontend, 16, d) })
 	wait()
 	r.keepaliveRPS = float64(c.ops) / d.Seconds()
 	r.keepaliveCPU = perOp(c.process, c.ops)
 	r.keepaliveCPUSystem = perOp(c.total, c.ops) - base.reqSystem
 	r.errors += float64(c.errs)
 
-	n, errs := bulk(lb.frontend, 4, d)
+	n, errs := t.bulk(lb.frontend, 4, d)
 	r.throughputMBs = float64(n) / d.Seconds() / 1e6
 	r.errors += float64(errs)
 
-	via, err := latencies(lb.frontend, latencySamples)
+	via, err := t.latencies(lb.frontend, latencySamples)
 	if err != nil {
 		return r, err
 	}
@@ -328,18 +339,18 @@ func measure(lb *lbProcess, backends []*echoBackend, directAddr string, base dir
 	if lb.drain == nil {
 		return r, nil
 	}
-	return r, drain(lb, backends, &r)
+	return r, drain(t, lb, backends, &r)
 }
 
 // countAll counts the system calls of a contender per new connection and
 // per kept-alive request.
-func countAll(lb *lbProcess, dir string, r *round) error {
+func countAll(t *topology, lb *lbProcess, dir string, r *round) error {
 	pid := lb.cmd.Process.Pid
-	conn, err := countSyscalls(pid, dir, lb.name+"-conn", func() (int64, int64) { return newConnections(lb.frontend, 16, 2*time.Second) })
+	conn, err := countSyscalls(pid, dir, lb.name+"-conn", func() (int64, int64) { return t.newConnections(lb.frontend, 16, 2*time.Second) })
 	if err != nil {
 		return err
 	}
-	req, err := countSyscalls(pid, dir, lb.name+"-req", func() (int64, int64) { return keepAlive(lb.frontend, 16, 2*time.Second) })
+	req, err := countSyscalls(pid, dir, lb.name+"-req", func() (int64, int64) { return t.keepAlive(lb.frontend, 16, 2*time.Second) })
 	if err != nil {
 		return err
 	}
@@ -351,12 +362,12 @@ func countAll(lb *lbProcess, dir string, r *round) error {
 // drain sets backend 0 to drain under a constant stream of new connections
 // and 12 long-lived ones, and counts new connections that still reach it
 // after the command returned, and failures on the long-lived connections.
-func drain(lb *lbProcess, backends []*echoBackend, r *round) error {
+func drain(t *topology, lb *lbProcess, backends []*echoBackend, r *round) error {
 	var stop atomic.Bool
 	var resets atomic.Int64
 	var wg sync.WaitGroup
 	for range 12 {
-		c, err := net.Dial("tcp", lb.frontend)
+		c, err := t.dial(lb.frontend)
 		if err != nil {
 			return err
 		}
@@ -377,7 +388,7 @@ func drain(lb *lbProcess, backends []*echoBackend, r *round) error {
 	loadDone := make(chan struct{})
 	go func() {
 		defer close(loadDone)
-		newConnections(lb.frontend, 4, 2*time.Second)
+		t.newConnections(lb.frontend, 4, 2*time.Second)
 	}()
 	time.Sleep(500 * time.Millisecond)
 	backends[0].record.Store(true)

@@ -49,7 +49,7 @@ func serveMinimalProxy(listen string, backends []string) error {
 
 // startMinimalGo runs this binary as the minimal Go proxy on core 0 with
 // GOMAXPROCS=1, like ebb.
-func startMinimalGo(dir, frontend string, backends []string) (*lbProcess, error) {
+func startMinimalGo(t *topology, dir, frontend string, backends []string) (*lbProcess, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -58,11 +58,11 @@ func startMinimalGo(dir, frontend string, backends []string) (*lbProcess, error)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	log, _ := os.Create(filepath.Join(dir, "minimal-go.log"))
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if err := t.startLB(cmd); err != nil {
 		return nil, fmt.Errorf("starting the minimal Go proxy: %w", err)
 	}
 	p := &lbProcess{name: "minimal-go", cmd: cmd, frontend: frontend, dir: dir}
-	if err := waitListening(frontend); err != nil {
+	if err := waitListening(t, frontend); err != nil {
 		p.stop()
 		return nil, err
 	}

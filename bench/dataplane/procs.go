@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,10 +48,10 @@ func (p *lbProcess) stop() {
 	}
 }
 
-func waitListening(addr string) error {
+func waitListening(t *topology, addr string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
+		if c, err := t.dial(addr); err == nil {
 			c.Close()
 			return nil
 		}
@@ -80,28 +79,28 @@ func ebbConfig(frontend string, backends []string, down map[int]bool) string {
 // startEbb runs `ebb lb` on core 0 with GOMAXPROCS=1 (HAProxy runs one
 // thread). Drain rewrites the file, sends SIGHUP and waits until the
 // metrics show the reload applied.
-func startEbb(ebbBin, dir, frontend string, backends []string, profile bool, extraArgs ...string) (*lbProcess, error) {
+func startEbb(t *topology, ebbBin, dir, frontend string, backends []string, profile bool, extraArgs ...string) (*lbProcess, error) {
 	file := filepath.Join(dir, "ebb.yaml")
 	if err := os.WriteFile(file, []byte(ebbConfig(frontend, backends, nil)), 0o644); err != nil {
 		return nil, err
 	}
-	metrics := freeAddr()
+	metrics := t.lbLocal()
 	args := append([]string{"-c", "0", ebbBin, "lb", "--config", file, "--metrics-bind-address", metrics, "--poll-interval", "1h"}, extraArgs...)
 	pprofAddr := ""
 	if profile {
-		pprofAddr = freeAddr()
+		pprofAddr = t.lbLocal()
 		args = append(args, "--pprof-bind-address", pprofAddr)
 	}
 	cmd := exec.Command("taskset", args...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	log, _ := os.Create(filepath.Join(dir, "ebb.log"))
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if err := t.startLB(cmd); err != nil {
 		return nil, fmt.Errorf("starting ebb lb: %w", err)
 	}
 	p := &lbProcess{name: "ebb", cmd: cmd, frontend: frontend, dir: dir, pprof: pprofAddr}
 	reloads := func() int {
-		resp, err := http.Get("http://" + metrics + "/metrics")
+		resp, err := t.lbHTTP().Get("http://" + metrics + "/metrics")
 		if err != nil {
 			return -1
 		}
@@ -132,7 +131,7 @@ func startEbb(ebbBin, dir, frontend string, backends []string, profile bool, ext
 	}
 	p.drain = func(i int) error { return apply(map[int]bool{i: true}) }
 	p.undrain = func(int) error { return apply(nil) }
-	if err := waitListening(frontend); err != nil {
+	if err := waitListening(t, frontend); err != nil {
 		p.stop()
 		return nil, err
 	}
@@ -144,7 +143,7 @@ func startEbb(ebbBin, dir, frontend string, backends []string, profile bool, ext
 // connection (tcp-smart-accept and tcp-smart-connect: no empty ACK of its
 // own before the first data). Drain uses the admin socket's `set server
 // be/sN state drain`.
-func startHAProxy(dir, frontend string, backends []string, tuned bool) (*lbProcess, error) {
+func startHAProxy(t *topology, dir, frontend string, backends []string, tuned bool) (*lbProcess, error) {
 	name := "haproxy"
 	extra := ""
 	if tuned {
@@ -179,7 +178,7 @@ backend be
 	cmd := exec.Command("taskset", "-c", "0", "haproxy", "-db", "-f", cfg)
 	log, _ := os.Create(filepath.Join(dir, name+".log"))
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if err := t.startLB(cmd); err != nil {
 		return nil, fmt.Errorf("starting haproxy (apt-get install haproxy): %w", err)
 	}
 	p := &lbProcess{name: name, cmd: cmd, frontend: frontend, dir: dir}
@@ -202,7 +201,7 @@ backend be
 	}
 	p.drain = func(i int) error { return admin(fmt.Sprintf("set server be/s%d state drain", i+1)) }
 	p.undrain = func(i int) error { return admin(fmt.Sprintf("set server be/s%d state ready", i+1)) }
-	if err := waitListening(frontend); err != nil {
+	if err := waitListening(t, frontend); err != nil {
 		p.stop()
 		return nil, err
 	}
@@ -219,8 +218,8 @@ func freeAddr() string {
 }
 
 // profileCPU saves a CPU profile of ebb taken over d to path.
-func (p *lbProcess) profileCPU(d time.Duration, path string) error {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, int(d.Seconds())))
+func (p *lbProcess) profileCPU(t *topology, d time.Duration, path string) error {
+	resp, err := t.lbHTTP().Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, int(d.Seconds())))
 	if err != nil {
 		return err
 	}
