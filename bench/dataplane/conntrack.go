@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -15,15 +14,39 @@ import (
 // alone do not: conntrack starts with the first NAT or ct expression.)
 const conntrackTable = "ebb-bench-conntrack"
 
-// measureTracked is the new-connection load straight to the backend, as
-// measureDirect's, with conntrack on: its busy time per connection minus
-// base's is what conntrack alone costs a flow, of the kernel engine's
-// system-wide figure.
-func measureTracked(t *topology, addr string, d time.Duration, base direct) (float64, error) {
+// measureTracked is what conntrack alone costs a new connection straight
+// to the backend, system-wide, in µs: the direct load with the table
+// above in slices alternated with the same load without it. In the routed
+// topology the table sits on the load balancer's host, which forwards
+// the direct load, as the kernel engine's would.
+func measureTracked(t *topology, addr string) (float64, error) {
 	c, err := nftables.New(nftables.WithNetNSFd(t.lbNetNS()))
 	if err != nil {
 		return 0, fmt.Errorf("turning conntrack on: %w", err)
 	}
+	on := false
+	set := func(want bool) error {
+		if want == on {
+			return nil
+		}
+		if want {
+			addConntrackTable(c)
+		} else {
+			c.DelTable(&nftables.Table{Name: conntrackTable, Family: nftables.TableFamilyIPv4})
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("turning conntrack on=%t: %w", want, err)
+		}
+		on = want
+		return nil
+	}
+	defer func() { _ = set(false) }()
+	load := func() (int64, int64) { return t.newConnections(addr, 16, systemSlice) }
+	return pairedSystemCost(systemPairs, load, load, set)
+}
+
+// addConntrackTable queues conntrackTable's creation on c.
+func addConntrackTable(c *nftables.Conn) {
 	tbl := &nftables.Table{Name: conntrackTable, Family: nftables.TableFamilyIPv4}
 	c.AddTable(tbl)
 	for _, h := range []struct {
@@ -43,13 +66,4 @@ func measureTracked(t *topology, addr string, d time.Duration, base direct) (flo
 			}})
 		}
 	}
-	if err := c.Flush(); err != nil {
-		return 0, fmt.Errorf("turning conntrack on: %w", err)
-	}
-	defer func() {
-		c.DelTable(tbl)
-		_ = c.Flush()
-	}()
-	conn := measureCost(0, func() (int64, int64) { return t.newConnections(addr, 16, d) })
-	return perOp(conn.total, conn.ops) - base.connSystem, nil
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 // systemBusy is the busy time of all CPUs so far (everything in /proc/stat
@@ -70,4 +72,52 @@ func measureCost(pid int, load func() (int64, int64)) cost {
 // perOp is d per operation in µs.
 func perOp(d time.Duration, ops int64) float64 {
 	return us(d) / float64(max(ops, 1))
+}
+
+// System-wide figures come from short slices of a load through the
+// contender and of the same load straight to a backend, alternated.
+const (
+	systemPairs = 6
+	systemSlice = 600 * time.Millisecond
+)
+
+// pairedSystemCost is what load adds to the machine's busy time per
+// operation over base, in µs: slices of the two alternate (ABBA, pairs of
+// them) and the median of the differences within each pair is returned.
+// The machine's speed drifts by up to 1.4x within seconds, so one run of
+// each, seconds apart, put a kernel path's few µs anywhere from -80 to
+// +70 µs; neighbouring slices share most of the drift. prepare, if not
+// nil, runs before each slice, outside the measurement, told whether
+// load (true) or base (false) comes next.
+func pairedSystemCost(pairs int, base, load func() (int64, int64), prepare func(load bool) error) (float64, error) {
+	diffs := make([]float64, 0, pairs)
+	for i := range pairs {
+		var busy [2]float64 // base, load
+		order := []bool{false, true}
+		if i%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, isLoad := range order {
+			if prepare != nil {
+				if err := prepare(isLoad); err != nil {
+					return 0, err
+				}
+			}
+			run := base
+			if isLoad {
+				run = load
+			}
+			c := measureCost(0, run)
+			if c.ops == 0 {
+				return 0, fmt.Errorf("a %v slice completed no operation (%d failed)", systemSlice, c.errs)
+			}
+			if isLoad {
+				busy[1] = perOp(c.total, c.ops)
+			} else {
+				busy[0] = perOp(c.total, c.ops)
+			}
+		}
+		diffs = append(diffs, busy[1]-busy[0])
+	}
+	return stats.Median(diffs), nil
 }

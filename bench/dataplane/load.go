@@ -91,18 +91,24 @@ func (t *topology) runWorkers(n int, d time.Duration, fn func(stop *atomic.Bool)
 	return total.Load(), failed.Load()
 }
 
+// opTimeout bounds a new connection's dial and exchange.
+const opTimeout = 5 * time.Second
+
 // newConnections: each operation is a new connection carrying one 64-byte
 // request and its echo.
 func (t *topology) newConnections(addr string, workers int, d time.Duration) (int64, int64) {
 	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
 		msg, buf := make([]byte, 64), make([]byte, 64)
 		var ok, bad int64
+		dialer := t.dialer(addr)
 		for !stop.Load() {
-			c, err := net.Dial("tcp", addr)
+			c, err := dialer.Dial("tcp", addr)
 			if err != nil {
 				bad++
 				continue
 			}
+			// A lost packet fails the operation rather than hang the run.
+			_ = c.SetDeadline(time.Now().Add(opTimeout))
 			if exchange(c, msg, buf) != nil {
 				bad++
 			} else {
@@ -118,7 +124,7 @@ func (t *topology) newConnections(addr string, workers int, d time.Duration) (in
 // that stays open.
 func (t *topology) keepAlive(addr string, workers int, d time.Duration) (int64, int64) {
 	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
-		c, err := net.Dial("tcp", addr)
+		c, err := t.dialer(addr).Dial("tcp", addr)
 		if err != nil {
 			return 0, 1
 		}
@@ -139,7 +145,7 @@ func (t *topology) keepAlive(addr string, workers int, d time.Duration) (int64, 
 func (t *topology) bulk(addr string, workers int, d time.Duration) (int64, int64) {
 	const size = 64 << 10
 	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
-		c, err := net.Dial("tcp", addr)
+		c, err := t.dialer(addr).Dial("tcp", addr)
 		if err != nil {
 			return 0, 1
 		}

@@ -52,11 +52,20 @@ func main() {
 	only := flag.String("only", "", "comma-separated contenders to run (default: all)")
 	topo := flag.String("topology", "loopback", "where the parts run: loopback (client, load balancer and backends in this namespace, every packet through lo) or routed (each a host of its own, the load balancer's routing between the client and the backends; needs root)")
 	minimal := flag.String("serve-minimal-proxy", "", "internal: run as the minimal Go proxy listening on this address")
-	backends := flag.String("backends", "", "internal: the minimal Go proxy's backends")
+	minimalEBPF := flag.String("serve-minimal-ebpf", "", "internal: run as the minimal eBPF NAT, loading this object file")
+	frontend := flag.String("frontend", "", "internal: the minimal eBPF NAT's frontend")
+	backends := flag.String("backends", "", "internal: the minimal proxy's or NAT's backends")
 	flag.Parse()
 	if *minimal != "" {
 		fmt.Fprintln(os.Stderr, serveMinimalProxy(*minimal, strings.Split(*backends, ",")))
 		os.Exit(1)
+	}
+	if *minimalEBPF != "" {
+		if err := serveMinimalNAT(*minimalEBPF, "eth0", *frontend, strings.Split(*backends, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
 	}
 	if _, err := exec.LookPath("strace"); err != nil && *syscalls {
 		fmt.Fprintln(os.Stderr, "bench-dataplane: no strace, system calls are not counted")
@@ -108,9 +117,21 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 			return p, err
 		}},
 	}
+	if t.lb != nil {
+		// The floor of a kernel data path without conntrack: an eBPF
+		// program on the LB host's client-side interface and its own
+		// flow table (bench/dataplane/bpf/minimal_nat.c).
+		all = append(all, contender{name: "minimal-ebpf", prefix: "minimal_ebpf_", start: func(fe string, _ bool) (*lbProcess, error) {
+			return startMinimalEBPF(t, dir, fe, addrs)
+		}})
+	}
 	var out []contender
 	for _, c := range all {
 		if only != "" && !slices.Contains(strings.Split(only, ","), c.name) {
+			continue
+		}
+		if c.name == "minimal-ebpf" && os.Geteuid() != 0 {
+			fmt.Fprintln(os.Stderr, "bench-dataplane: not root, leaving out minimal-ebpf (loading BPF programs needs CAP_BPF and CAP_NET_ADMIN)")
 			continue
 		}
 		if c.name == "ebb-kernel" && os.Geteuid() != 0 {
@@ -160,9 +181,9 @@ func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, 
 	results := map[string][]round{}
 	var tracked []float64 // what conntrack alone costs a connection, per round
 	for r := range rounds {
-		direct := measureDirect(t, addrs[0], d)
+		direct := measureDirect(t, addrs[0])
 		if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-kernel" }) {
-			tr, err := measureTracked(t, addrs[0], d, direct)
+			tr, err := measureTracked(t, addrs[0])
 			if err != nil {
 				return err
 			}
@@ -272,19 +293,18 @@ func ratio(a, b float64) float64 {
 	return float64(int(a/b*1000)) / 1000
 }
 
-// direct is what the client and the backends cost without a load balancer,
-// per operation, measured in the same round: the system-wide figures of a
-// contender are its busy time per operation minus these.
+// direct is the client going straight to a backend, without a load
+// balancer: the system-wide figures of a contender are its busy time per
+// operation minus the direct load's in slices alternated with its own
+// (pairedSystemCost), its added latency its round trips' minus these.
 type direct struct {
-	connSystem, reqSystem float64
-	latencies             []time.Duration
+	addr      string
+	latencies []time.Duration
 }
 
-func measureDirect(t *topology, addr string, d time.Duration) direct {
-	conn := measureCost(0, func() (int64, int64) { return t.newConnections(addr, 16, d) })
-	req := measureCost(0, func() (int64, int64) { return t.keepAlive(addr, 16, d) })
+func measureDirect(t *topology, addr string) direct {
 	lat, _ := t.latencies(addr, latencySamples)
-	return direct{connSystem: perOp(conn.total, conn.ops), reqSystem: perOp(req.total, req.ops), latencies: lat}
+	return direct{addr: addr, latencies: lat}
 }
 
 const latencySamples = 20000
@@ -312,16 +332,27 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	wait()
 	r.connRate = float64(c.ops) / d.Seconds()
 	r.connCPU = perOp(c.process, c.ops)
-	r.connCPUSystem = perOp(c.total, c.ops) - base.connSystem
 	r.errors += float64(c.errs)
+	var err error
+	r.connCPUSystem, err = pairedSystemCost(systemPairs,
+		func() (int64, int64) { return t.newConnections(base.addr, 16, systemSlice) },
+		func() (int64, int64) { return t.newConnections(lb.frontend, 16, systemSlice) }, nil)
+	if err != nil {
+		return r, err
+	}
 
 	wait = profile("keepalive")
 	c = measureCost(pid, func() (int64, int64) { return t.keepAlive(lb.frontend, 16, d) })
 	wait()
 	r.keepaliveRPS = float64(c.ops) / d.Seconds()
 	r.keepaliveCPU = perOp(c.process, c.ops)
-	r.keepaliveCPUSystem = perOp(c.total, c.ops) - base.reqSystem
 	r.errors += float64(c.errs)
+	r.keepaliveCPUSystem, err = pairedSystemCost(systemPairs,
+		func() (int64, int64) { return t.keepAlive(base.addr, 16, systemSlice) },
+		func() (int64, int64) { return t.keepAlive(lb.frontend, 16, systemSlice) }, nil)
+	if err != nil {
+		return r, err
+	}
 
 	n, errs := t.bulk(lb.frontend, 4, d)
 	r.throughputMBs = float64(n) / d.Seconds() / 1e6

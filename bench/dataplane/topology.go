@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +9,7 @@ import (
 	"runtime"
 	"sync/atomic"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
@@ -42,6 +42,8 @@ var (
 	routedLBFront  = netip.MustParsePrefix("10.77.1.1/24")
 	routedLBBack   = netip.MustParsePrefix("10.77.2.1/24")
 	routedBackends = netip.MustParsePrefix("10.77.2.2/24")
+	// routedDirect is the client's source address for the direct runs.
+	routedDirect = netip.MustParsePrefix("10.77.1.3/24")
 )
 
 // newTopology builds the named topology.
@@ -72,7 +74,7 @@ func (t *topology) buildRouted() error {
 	if t.backends, err = network.NewHost("bench-backends"); err != nil {
 		return err
 	}
-	if err := network.LinkHosts(t.lb, "eth0", []netip.Prefix{routedLBFront}, t.client, "eth0", []netip.Prefix{routedClient}); err != nil {
+	if err := network.LinkHosts(t.lb, "eth0", []netip.Prefix{routedLBFront}, t.client, "eth0", []netip.Prefix{routedClient, routedDirect}); err != nil {
 		return err
 	}
 	if err := network.LinkHosts(t.lb, "eth1", []netip.Prefix{routedLBBack}, t.backends, "eth0", []netip.Prefix{routedBackends}); err != nil {
@@ -81,6 +83,19 @@ func (t *topology) buildRouted() error {
 	anyV4 := netip.MustParsePrefix("0.0.0.0/0")
 	if err := t.client.AddRoute(anyV4, routedLBFront.Addr()); err != nil {
 		return err
+	}
+	// Direct connections (to a backend) leave from an address of their
+	// own: a load balancer that keeps its own flow table without
+	// translating the source (the minimal eBPF NAT) would otherwise take a
+	// direct connection's replies for those of an earlier flow of the
+	// same client port that it sent to the same backend. A route's
+	// preferred source, not a bind, so that ports in TIME_WAIT are reused
+	// as for any other connection.
+	err = t.client.Do(func() error {
+		return netlink.RouteReplace(&netlink.Route{Dst: ipNet(routedBackends.Masked()), Gw: routedLBFront.Addr().AsSlice(), Src: routedDirect.Addr().AsSlice()})
+	})
+	if err != nil {
+		return fmt.Errorf("routing the backends from %s: %w", routedDirect.Addr(), err)
 	}
 	if err := t.backends.AddRoute(anyV4, routedLBBack.Addr()); err != nil {
 		return err
@@ -162,12 +177,22 @@ func (t *topology) listenBackend() (net.Listener, error) {
 	return t.backends.Listen("tcp", netip.AddrPortFrom(routedBackends.Addr(), 0).String())
 }
 
+// dialer is how the client's host connects.
+func (t *topology) dialer(string) *net.Dialer {
+	return &net.Dialer{Timeout: opTimeout}
+}
+
 // dial connects from the client's host.
 func (t *topology) dial(addr string) (net.Conn, error) {
 	if t.client == nil {
-		return net.Dial("tcp", addr)
+		return t.dialer(addr).Dial("tcp", addr)
 	}
-	return t.client.DialContext(context.Background(), "tcp", addr)
+	var c net.Conn
+	err := t.client.Do(func() (err error) {
+		c, err = t.dialer(addr).Dial("tcp", addr)
+		return err
+	})
+	return c, err
 }
 
 // asClient runs fn on this goroutine with its thread in the client's
@@ -195,4 +220,8 @@ func (t *topology) asClient(fn func()) {
 		return
 	}
 	runtime.UnlockOSThread()
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
