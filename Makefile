@@ -14,7 +14,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover clean
+.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover clean
 
 all: build
 
@@ -82,6 +82,13 @@ bench-dataplane: build
 	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
 	$(GO) build -o bin/bench-dataplane ./bench/dataplane
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb
+
+## bench-dataplane-routed: the same with the client, the load balancer and the backends on hosts of their own (network namespaces, the LB host routing), plus a minimal eBPF NAT as the floor of a kernel path (needs root; installs HAProxy and clang with apt-get if missing)
+bench-dataplane-routed: build
+	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
+	command -v clang >/dev/null || { apt-get update && apt-get install -y clang; }
+	$(GO) build -o bin/bench-dataplane ./bench/dataplane
+	taskset -c 1 bin/bench-dataplane -ebb bin/ebb -topology routed
 
 ## bench-service: Service create to first request, EndpointSlice change to data plane, on the local cluster
 bench-service: tools build release

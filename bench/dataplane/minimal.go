@@ -50,21 +50,30 @@ func serveMinimalProxy(listen string, backends []string) error {
 // startMinimalGo runs this binary as the minimal Go proxy on core 0 with
 // GOMAXPROCS=1, like ebb.
 func startMinimalGo(t *topology, dir, frontend string, backends []string) (*lbProcess, error) {
+	return startSelf(t, dir, "minimal-go", frontend, "-serve-minimal-proxy", frontend, "-backends", strings.Join(backends, ","))
+}
+
+// startSelf runs this binary with args on core 0 of the load balancer's
+// host (GOMAXPROCS=1), as the contender name, and returns once frontend
+// answers; its output goes to name.log in dir, quoted if it never does.
+func startSelf(t *topology, dir, name, frontend string, args ...string) (*lbProcess, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("taskset", "-c", "0", self, "-serve-minimal-proxy", frontend, "-backends", strings.Join(backends, ","))
+	cmd := exec.Command("taskset", append([]string{"-c", "0", self}, args...)...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	log, _ := os.Create(filepath.Join(dir, "minimal-go.log"))
+	logPath := filepath.Join(dir, name+".log")
+	log, _ := os.Create(logPath)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := t.startLB(cmd); err != nil {
-		return nil, fmt.Errorf("starting the minimal Go proxy: %w", err)
+		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &lbProcess{name: "minimal-go", cmd: cmd, frontend: frontend, dir: dir}
+	p := &lbProcess{name: name, cmd: cmd, frontend: frontend, dir: dir}
 	if err := waitListening(t, frontend); err != nil {
 		p.stop()
-		return nil, err
+		out, _ := os.ReadFile(logPath)
+		return nil, fmt.Errorf("%s: %w: %s", name, err, out)
 	}
 	return p, nil
 }

@@ -123,21 +123,5 @@ func startMinimalEBPF(t *topology, dir, frontend string, backends []string) (*lb
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command("taskset", "-c", "0", self, "-serve-minimal-ebpf", obj, "-frontend", frontend, "-backends", strings.Join(backends, ","))
-	log, _ := os.Create(filepath.Join(dir, "minimal-ebpf.log"))
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := t.startLB(cmd); err != nil {
-		return nil, fmt.Errorf("starting the minimal eBPF NAT: %w", err)
-	}
-	p := &lbProcess{name: "minimal-ebpf", cmd: cmd, frontend: frontend, dir: dir}
-	if err := waitListening(t, frontend); err != nil {
-		p.stop()
-		data, _ := os.ReadFile(filepath.Join(dir, "minimal-ebpf.log"))
-		return nil, fmt.Errorf("%w: %s", err, data)
-	}
-	return p, nil
+	return startSelf(t, dir, "minimal-ebpf", frontend, "-serve-minimal-ebpf", obj, "-frontend", frontend, "-backends", strings.Join(backends, ","))
 }
