@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -52,6 +53,10 @@ const (
 	schedulerPort         = 10259
 	kwokPort              = 10247
 )
+
+// nodeMonitorGracePeriod is how long the node lifecycle controller waits
+// for a node's heartbeat before it marks the node NotReady.
+const nodeMonitorGracePeriod = 2 * time.Minute
 
 // Options configure a cluster.
 type Options struct {
@@ -336,8 +341,9 @@ func (c *Cluster) startComponents() error {
 			"--kube-api-burst=400",
 			"--cluster-name=" + c.opts.Name,
 			// kwok's simulated heartbeats can lapse on a busy 2-core
-			// machine; a longer grace keeps nodes from flapping NotReady.
-			"--node-monitor-grace-period=2m",
+			// machine; a longer grace keeps nodes from flapping NotReady
+			// (watchHeartbeats reports each lapse).
+			"--node-monitor-grace-period=" + nodeMonitorGracePeriod.String(),
 		}},
 		{"kube-scheduler", []string{
 			"--kubeconfig=" + schedConfig,
@@ -465,8 +471,14 @@ func (c *Cluster) startSimulators() error {
 		})
 		pods.Skip(runner.Runs)
 	}
+	heartbeatsDone := make(chan struct{})
+	go func() {
+		defer close(heartbeatsDone)
+		watchHeartbeats(ctx, c.Client, clock.RealClock{}, c.opts.Progress, filepath.Join(c.opts.Dir, "logs", "kwok.log"))
+	}()
 	go func() {
 		defer close(c.simsDone)
+		defer func() { <-heartbeatsDone }()
 		done := make(chan struct{})
 		if runner != nil {
 			go func() {
