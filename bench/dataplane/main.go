@@ -1,10 +1,14 @@
-// Command dataplane benchmarks ebb's data plane (`ebb lb`) against HAProxy
-// 2.6 (as configured by default and with its fast options on) and a
-// minimal Go proxy in one run, on loopback: each load balancer pinned to
+// Command dataplane benchmarks ebb's data plane (`ebb lb`, both engines)
+// against HAProxy 2.6 (as configured by default and with its fast options
+// on) and a minimal Go proxy in one run: each load balancer pinned to
 // core 0 with one thread, the client and three echo backends on core 1.
-// Each round runs every contender, a different one first, and medians are
-// reported. The last line
-// printed is a JSON summary, also written to bench/results/dataplane.json.
+// With -topology loopback (the default) every part shares this process's
+// network namespace; with -topology routed each is a host of its own and
+// the load balancer's host routes between them (topology.go), and a
+// minimal eBPF NAT joins as the floor of a kernel data path. Each round
+// runs every contender, a different one first, and medians are reported.
+// The last line printed is a JSON summary, also written to
+// bench/results/dataplane.json (dataplane-routed.json when routed).
 package main
 
 import (
