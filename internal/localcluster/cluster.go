@@ -58,6 +58,10 @@ const (
 // for a node's heartbeat before it marks the node NotReady.
 const nodeMonitorGracePeriod = 2 * time.Minute
 
+// nodeLeaseSeconds is the duration of the node Leases kwok keeps; it
+// renews them every quarter of it.
+const nodeLeaseSeconds = 40
+
 // Options configure a cluster.
 type Options struct {
 	// Name names the cluster in messages. Default "ebb".
@@ -313,6 +317,17 @@ func (c *Cluster) startComponents() error {
 		"--cidr=" + PodCIDR.String(),
 		"--node-ip=" + controlPlaneIP,
 		fmt.Sprintf("--server-address=127.0.0.1:%d", kwokPort),
+		// Node Leases, renewed every 10 s, as kubelets do. Without this
+		// flag kwok v0.8.0 keeps none (its configuration's default of 40
+		// applies only to a KwokConfiguration file), and the heartbeat
+		// stage writes node status only every 10 to 20 minutes: the node
+		// lifecycle controller then marked every node NotReady each
+		// --node-monitor-grace-period ("all Nodes are not-Ready. Entering
+		// master disruption mode"), their pods unready, until kwok's
+		// initialize stage made the nodes Ready again a moment later.
+		// Traffic to a single replica failed whenever that flap fell in a
+		// test's window (CI: TestSurgeMovesASingleReplicaWithoutDowntime).
+		fmt.Sprintf("--node-lease-duration-seconds=%d", nodeLeaseSeconds),
 	}
 	for _, s := range stages {
 		kwokArgs = append(kwokArgs, "--config="+s)

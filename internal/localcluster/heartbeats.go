@@ -20,10 +20,11 @@ import (
 // kwok renews a node's Lease every 10 s (a quarter of its 40 s duration).
 // A Lease older than heartbeatLapse has missed at least two renewals; past
 // --node-monitor-grace-period (2m) the node lifecycle controller marks the
-// node NotReady and its pods unready, and traffic to them fails. On a busy
-// 2-core machine CI has seen that happen mid-suite (NodeNotReady for two
-// nodes at once) without knowing why, so the local cluster reports every
-// lapse as it happens, with what kwok logged about leases.
+// node NotReady and its pods unready, and traffic to them fails. CI saw
+// that mid-suite (NodeNotReady for two nodes at once) while kwok kept no
+// Leases at all (see nodeLeaseSeconds); so that a lapse never goes unseen
+// again, the local cluster reports every one as it happens, with what kwok
+// logged about leases.
 const (
 	heartbeatLapse = 30 * time.Second
 	heartbeatPoll  = 5 * time.Second
