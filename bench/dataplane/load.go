@@ -100,7 +100,7 @@ func (t *topology) newConnections(addr string, workers int, d time.Duration) (in
 	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
 		msg, buf := make([]byte, 64), make([]byte, 64)
 		var ok, bad int64
-		dialer := t.dialer(addr)
+		dialer := t.dialer()
 		for !stop.Load() {
 			c, err := dialer.Dial("tcp", addr)
 			if err != nil {
@@ -124,7 +124,7 @@ func (t *topology) newConnections(addr string, workers int, d time.Duration) (in
 // that stays open.
 func (t *topology) keepAlive(addr string, workers int, d time.Duration) (int64, int64) {
 	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
-		c, err := t.dialer(addr).Dial("tcp", addr)
+		c, err := t.dialer().Dial("tcp", addr)
 		if err != nil {
 			return 0, 1
 		}
@@ -145,7 +145,7 @@ func (t *topology) keepAlive(addr string, workers int, d time.Duration) (int64, 
 func (t *topology) bulk(addr string, workers int, d time.Duration) (int64, int64) {
 	const size = 64 << 10
 	return t.runWorkers(workers, d, func(stop *atomic.Bool) (int64, int64) {
-		c, err := t.dialer(addr).Dial("tcp", addr)
+		c, err := t.dialer().Dial("tcp", addr)
 		if err != nil {
 			return 0, 1
 		}

@@ -178,18 +178,18 @@ func (t *topology) listenBackend() (net.Listener, error) {
 }
 
 // dialer is how the client's host connects.
-func (t *topology) dialer(string) *net.Dialer {
+func (t *topology) dialer() *net.Dialer {
 	return &net.Dialer{Timeout: opTimeout}
 }
 
 // dial connects from the client's host.
 func (t *topology) dial(addr string) (net.Conn, error) {
 	if t.client == nil {
-		return t.dialer(addr).Dial("tcp", addr)
+		return t.dialer().Dial("tcp", addr)
 	}
 	var c net.Conn
 	err := t.client.Do(func() (err error) {
-		c, err = t.dialer(addr).Dial("tcp", addr)
+		c, err = t.dialer().Dial("tcp", addr)
 		return err
 	})
 	return c, err
