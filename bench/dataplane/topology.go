@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"sync/atomic"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
@@ -91,11 +90,8 @@ func (t *topology) buildRouted() error {
 	// same client port that it sent to the same backend. A route's
 	// preferred source, not a bind, so that ports in TIME_WAIT are reused
 	// as for any other connection.
-	err = t.client.Do(func() error {
-		return netlink.RouteReplace(&netlink.Route{Dst: ipNet(routedBackends.Masked()), Gw: routedLBFront.Addr().AsSlice(), Src: routedDirect.Addr().AsSlice()})
-	})
-	if err != nil {
-		return fmt.Errorf("routing the backends from %s: %w", routedDirect.Addr(), err)
+	if err := t.client.AddRouteFrom(routedBackends.Masked(), routedLBFront.Addr(), routedDirect.Addr()); err != nil {
+		return err
 	}
 	if err := t.backends.AddRoute(anyV4, routedLBBack.Addr()); err != nil {
 		return err
@@ -220,8 +216,4 @@ func (t *topology) asClient(fn func()) {
 		return
 	}
 	runtime.UnlockOSThread()
-}
-
-func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }

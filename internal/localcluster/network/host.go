@@ -255,6 +255,17 @@ func (h *Host) AddRoute(dst netip.Prefix, via ...netip.Addr) error {
 	return nil
 }
 
+// AddRouteFrom routes dst through via, with src as the preferred source
+// address of the connections this host opens along it (a bind would also
+// set it, but would keep the kernel from reusing ports in TIME_WAIT).
+func (h *Host) AddRouteFrom(dst netip.Prefix, via, src netip.Addr) error {
+	r := &netlink.Route{Dst: ipNet(dst), Gw: via.AsSlice(), Src: src.AsSlice()}
+	if err := h.nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("routing %s via %s from %s on %s: %w", dst, via, src, h.Name, err)
+	}
+	return nil
+}
+
 // DeleteRoute removes the route to dst, if there is one.
 func (h *Host) DeleteRoute(dst netip.Prefix) error {
 	if err := h.nl.RouteDel(&netlink.Route{Dst: ipNet(dst)}); err != nil && !isNotFound(err) {
