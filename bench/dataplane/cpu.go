@@ -10,9 +10,13 @@ import (
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
-// systemBusy is the busy time of all CPUs so far (everything in /proc/stat
-// but idle and iowait): what a kernel data path costs shows up here and
-// not in the load balancer's own process time.
+// systemBusy is the busy time of all CPUs so far (in /proc/stat, user,
+// nice, system, irq and softirq): what a kernel data path costs shows up
+// here and not in the load balancer's own process time. Steal is left
+// out, with idle and iowait: it is time the hypervisor gave another
+// machine while this one wanted to run (up to a quarter of it on the
+// machines here), not work done here, and it came and went with the
+// neighbours' load.
 func systemBusy() time.Duration {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -24,11 +28,8 @@ func systemBusy() time.Duration {
 		return 0
 	}
 	var busy int64
-	for i, f := range fields[1:9] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		n, _ := strconv.ParseInt(f, 10, 64)
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system irq softirq
+		n, _ := strconv.ParseInt(fields[i], 10, 64)
 		busy += n
 	}
 	const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
@@ -88,7 +89,8 @@ const (
 // each, seconds apart, put a kernel path's few µs anywhere from -80 to
 // +70 µs; neighbouring slices share most of the drift. prepare, if not
 // nil, runs before each slice, outside the measurement, told whether
-// load (true) or base (false) comes next.
+// load (true) or base (false) comes next, and once more at the end with
+// true: what runs next expects the load's state.
 func pairedSystemCost(pairs int, base, load func() (int64, int64), prepare func(load bool) error) (float64, error) {
 	diffs := make([]float64, 0, pairs)
 	for i := range pairs {
@@ -118,6 +120,11 @@ func pairedSystemCost(pairs int, base, load func() (int64, int64), prepare func(
 			}
 		}
 		diffs = append(diffs, busy[1]-busy[0])
+	}
+	if prepare != nil {
+		if err := prepare(true); err != nil {
+			return 0, err
+		}
 	}
 	return stats.Median(diffs), nil
 }

@@ -117,6 +117,7 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 			if p != nil {
 				p.name = "ebb-kernel"
 				p.cleanup = func() { removeKernelTable(t.lbNetNS()) } // its rules outlive it, by design
+				p.tracksHost = true
 			}
 			return p, err
 		}},
@@ -330,6 +331,14 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 		}()
 		return func() { <-done }
 	}
+	var untrack func(load bool) error // nil: the direct slices need nothing
+	if lb.tracksHost {
+		var err error
+		if untrack, err = untrackDirect(t, base.addr); err != nil {
+			return r, err
+		}
+		defer func() { _ = untrack(true) }() // removes the table
+	}
 	pid := lb.cmd.Process.Pid
 	wait := profile("conn")
 	c := measureCost(pid, func() (int64, int64) { return t.newConnections(lb.frontend, 16, d) })
@@ -340,7 +349,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	var err error
 	r.connCPUSystem, err = pairedSystemCost(systemPairs,
 		func() (int64, int64) { return t.newConnections(base.addr, 16, systemSlice) },
-		func() (int64, int64) { return t.newConnections(lb.frontend, 16, systemSlice) }, nil)
+		func() (int64, int64) { return t.newConnections(lb.frontend, 16, systemSlice) }, untrack)
 	if err != nil {
 		return r, err
 	}
@@ -353,7 +362,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.errors += float64(c.errs)
 	r.keepaliveCPUSystem, err = pairedSystemCost(systemPairs,
 		func() (int64, int64) { return t.keepAlive(base.addr, 16, systemSlice) },
-		func() (int64, int64) { return t.keepAlive(lb.frontend, 16, systemSlice) }, nil)
+		func() (int64, int64) { return t.keepAlive(lb.frontend, 16, systemSlice) }, untrack)
 	if err != nil {
 		return r, err
 	}

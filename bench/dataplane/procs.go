@@ -31,6 +31,10 @@ type lbProcess struct {
 	undrain func(i int) error
 	// cleanup, if set, runs after the process stopped.
 	cleanup func()
+	// tracksHost: the process turns conntrack on for every flow of the
+	// load balancer's host (the kernel engine), so the direct slices of
+	// the system-wide figures run untracked (untrackDirect).
+	tracksHost bool
 }
 
 func (p *lbProcess) stop() {
