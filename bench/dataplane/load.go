@@ -1,12 +1,16 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ebbdev/ebb/internal/stats"
 )
 
 // echoBackend is a TCP echo server that records when it accepts.
@@ -160,6 +164,57 @@ func (t *topology) bulk(addr string, workers int, d time.Duration) (int64, int64
 		}
 		return n, 0
 	})
+}
+
+// Added latency comes from slices of round trips through the contender
+// and straight to the backend, alternated.
+const (
+	latencyPairs = 10
+	latencySlice = 2000 // round trips
+)
+
+// addedLatency is what the load balancer at via adds to a 64-byte round
+// trip, at the median and the 99th percentile, in µs: slices through it
+// and straight to the backend at direct alternate (ABBA), and each path's
+// round trips are pooled. Measured once each, seconds apart, the two
+// tails met different moments of a machine whose neighbours come and go:
+// the same contender's p99 moved by 3x between rounds. prepare is as for
+// pairedSystemCost.
+func (t *topology) addedLatency(via, direct string, prepare func(load bool) error) (p50, p99 float64, err error) {
+	var through, straight []time.Duration
+	for i := range latencyPairs {
+		for _, isLoad := range []bool{i%2 == 0, i%2 == 1} {
+			if prepare != nil {
+				if err := prepare(isLoad); err != nil {
+					return 0, 0, err
+				}
+			}
+			addr := direct
+			if isLoad {
+				addr = via
+			}
+			lat, err := t.latencies(addr, latencySlice)
+			if err != nil {
+				return 0, 0, fmt.Errorf("round trips to %s: %w", addr, err)
+			}
+			if isLoad {
+				through = append(through, lat...)
+			} else {
+				straight = append(straight, lat...)
+			}
+		}
+	}
+	if prepare != nil {
+		if err := prepare(true); err != nil {
+			return 0, 0, err
+		}
+	}
+	slices.Sort(through)
+	slices.Sort(straight)
+	added := func(q float64) float64 {
+		return us(stats.Percentile(through, q) - stats.Percentile(straight, q))
+	}
+	return added(0.50), added(0.99), nil
 }
 
 // latencies measures round trips of 64 bytes on one connection.

@@ -186,7 +186,7 @@ func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, 
 	results := map[string][]round{}
 	var tracked []float64 // what conntrack alone costs a connection, per round
 	for r := range rounds {
-		direct := measureDirect(t, addrs[0])
+		direct := direct{addr: addrs[0]}
 		if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-kernel" }) {
 			tr, err := measureTracked(t, addrs[0])
 			if err != nil {
@@ -299,20 +299,13 @@ func ratio(a, b float64) float64 {
 }
 
 // direct is the client going straight to a backend, without a load
-// balancer: the system-wide figures of a contender are its busy time per
-// operation minus the direct load's in slices alternated with its own
-// (pairedSystemCost), its added latency its round trips' minus these.
+// balancer: a contender's system-wide figures are its busy time per
+// operation minus the direct load's, and its added latency its round
+// trips' minus the direct ones', each in slices alternated with its own
+// (pairedSystemCost, addedLatency).
 type direct struct {
-	addr      string
-	latencies []time.Duration
+	addr string
 }
-
-func measureDirect(t *topology, addr string) direct {
-	lat, _ := t.latencies(addr, latencySamples)
-	return direct{addr: addr, latencies: lat}
-}
-
-const latencySamples = 20000
 
 // measure runs every load against one load balancer.
 func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d time.Duration, profileDir string) (round, error) {
@@ -371,15 +364,9 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.throughputMBs = float64(n) / d.Seconds() / 1e6
 	r.errors += float64(errs)
 
-	via, err := t.latencies(lb.frontend, latencySamples)
-	if err != nil {
+	if r.p50, r.p99, err = t.addedLatency(lb.frontend, base.addr, untrack); err != nil {
 		return r, err
 	}
-	if base.latencies == nil {
-		return r, fmt.Errorf("no direct latencies")
-	}
-	r.p50 = us(stats.Percentile(via, 0.50) - stats.Percentile(base.latencies, 0.50))
-	r.p99 = us(stats.Percentile(via, 0.99) - stats.Percentile(base.latencies, 0.99))
 	if lb.drain == nil {
 		return r, nil
 	}
