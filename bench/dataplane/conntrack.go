@@ -22,14 +22,14 @@ const conntrackTable = "ebb-bench-conntrack"
 // above in slices alternated with the same load without it. In the routed
 // topology the table sits on the load balancer's host, which forwards
 // the direct load, as the kernel engine's would.
-func measureTracked(t *topology, addr string) (float64, error) {
+func measureTracked(t *topology, addr string, pairs int) (float64, error) {
 	set, err := toggledTable(t, conntrackTable, addConntrackTable)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = set(false) }()
 	load := func() (int64, int64) { return t.newConnections(addr, 16, systemSlice) }
-	return pairedSystemCost(systemPairs, load, load, set)
+	return pairedSystemCost(pairs, load, load, set)
 }
 
 // toggledTable returns a function that adds the table name (built by add)

@@ -78,8 +78,8 @@ func perOp(d time.Duration, ops int64) float64 {
 // System-wide figures come from short slices of a load through the
 // contender and of the same load straight to a backend, alternated.
 const (
-	systemPairs = 6
-	systemSlice = 600 * time.Millisecond
+	defaultSystemPairs = 6
+	systemSlice        = 600 * time.Millisecond
 )
 
 // pairedSystemCost is what load adds to the machine's busy time per

@@ -52,6 +52,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds per load balancer (medians are reported)")
 	out := flag.String("out", defaultOut, "where to write the JSON summary (bench/results/dataplane-routed.json by default with -topology routed)")
 	profile := flag.Bool("profile", false, "save CPU profiles of ebb under each load next to the JSON summary")
+	pairs := flag.Int("pairs", defaultSystemPairs, "pairs of alternated slices behind each system-wide figure (more resolve a kernel path's few µs better, and take longer)")
 	syscalls := flag.Bool("syscalls", true, "count each contender's system calls per connection and per request with strace -c in the first round")
 	only := flag.String("only", "", "comma-separated contenders to run (default: all)")
 	topo := flag.String("topology", "loopback", "where the parts run: loopback (client, load balancer and backends in this namespace, every packet through lo) or routed (each a host of its own, the load balancer's routing between the client and the backends; needs root)")
@@ -60,6 +61,10 @@ func main() {
 	frontend := flag.String("frontend", "", "internal: the minimal eBPF NAT's frontend")
 	backends := flag.String("backends", "", "internal: the minimal proxy's or NAT's backends")
 	flag.Parse()
+	if *pairs < 1 {
+		fmt.Fprintln(os.Stderr, "bench-dataplane: -pairs must be at least 1")
+		os.Exit(2)
+	}
 	if *minimal != "" {
 		fmt.Fprintln(os.Stderr, serveMinimalProxy(*minimal, strings.Split(*backends, ",")))
 		os.Exit(1)
@@ -78,7 +83,7 @@ func main() {
 	if *topo == "routed" && *out == defaultOut {
 		*out = "bench/results/dataplane-routed.json"
 	}
-	if err := run(*topo, *ebbBin, *d, *rounds, *out, *profile, *syscalls, *only); err != nil {
+	if err := run(*topo, *ebbBin, *d, *rounds, *pairs, *out, *profile, *syscalls, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-dataplane:", err)
 		os.Exit(1)
 	}
@@ -160,7 +165,7 @@ func removeKernelTable(netns int) {
 	}
 }
 
-func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, syscalls bool, only string) error {
+func run(topo, ebbBin string, d time.Duration, rounds, pairs int, out string, profile, syscalls bool, only string) error {
 	t, err := newTopology(topo)
 	if err != nil {
 		return err
@@ -188,7 +193,7 @@ func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, 
 	for r := range rounds {
 		direct := direct{addr: addrs[0]}
 		if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-kernel" }) {
-			tr, err := measureTracked(t, addrs[0])
+			tr, err := measureTracked(t, addrs[0], pairs)
 			if err != nil {
 				return err
 			}
@@ -201,7 +206,7 @@ func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, 
 			if err != nil {
 				return err
 			}
-			res, err := measure(t, lb, backends, direct, d, filepath.Dir(out))
+			res, err := measure(t, lb, backends, direct, d, pairs, filepath.Dir(out))
 			if err == nil && syscalls && r == 0 {
 				err = countAll(t, lb, dir, &res)
 			}
@@ -227,6 +232,7 @@ func run(topo, ebbBin string, d time.Duration, rounds int, out string, profile, 
 		"date":                               time.Now().UTC().Format(time.RFC3339),
 		"topology":                           topo,
 		"rounds":                             rounds,
+		"system_pairs":                       pairs,
 		"apply_to_effect_us_p99":             proxy.applyP99,
 		"owner_admin_state_us_p99":           proxy.ownerP99,
 		"owner_admin_down_us_p99":            proxy.ownerDownP99,
@@ -308,7 +314,7 @@ type direct struct {
 }
 
 // measure runs every load against one load balancer.
-func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d time.Duration, profileDir string) (round, error) {
+func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d time.Duration, pairs int, profileDir string) (round, error) {
 	var r round
 	profile := func(name string) func() {
 		if lb.pprof == "" {
@@ -340,7 +346,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.connCPU = perOp(c.process, c.ops)
 	r.errors += float64(c.errs)
 	var err error
-	r.connCPUSystem, err = pairedSystemCost(systemPairs,
+	r.connCPUSystem, err = pairedSystemCost(pairs,
 		func() (int64, int64) { return t.newConnections(base.addr, 16, systemSlice) },
 		func() (int64, int64) { return t.newConnections(lb.frontend, 16, systemSlice) }, untrack)
 	if err != nil {
@@ -353,7 +359,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.keepaliveRPS = float64(c.ops) / d.Seconds()
 	r.keepaliveCPU = perOp(c.process, c.ops)
 	r.errors += float64(c.errs)
-	r.keepaliveCPUSystem, err = pairedSystemCost(systemPairs,
+	r.keepaliveCPUSystem, err = pairedSystemCost(pairs,
 		func() (int64, int64) { return t.keepAlive(base.addr, 16, systemSlice) },
 		func() (int64, int64) { return t.keepAlive(lb.frontend, 16, systemSlice) }, untrack)
 	if err != nil {
