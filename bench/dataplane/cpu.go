@@ -82,19 +82,14 @@ const (
 	systemSlice        = 600 * time.Millisecond
 )
 
-// pairedSystemCost is what load adds to the machine's busy time per
-// operation over base, in µs: slices of the two alternate (ABBA, pairs of
-// them) and the median of the differences within each pair is returned.
-// The machine's speed drifts by up to 1.4x within seconds, so one run of
-// each, seconds apart, put a kernel path's few µs anywhere from -80 to
-// +70 µs; neighbouring slices share most of the drift. prepare, if not
-// nil, runs before each slice, outside the measurement, told whether
-// load (true) or base (false) comes next, and once more at the end with
-// true: what runs next expects the load's state.
-func pairedSystemCost(pairs int, base, load func() (int64, int64), prepare func(load bool) error) (float64, error) {
-	diffs := make([]float64, 0, pairs)
+// alternateSlices runs pairs of slices, a base and a load one in each pair,
+// ABBA (the pairs' orders alternate: neighbouring slices share most of
+// the machine's drift). prepare, if not nil, runs before each slice,
+// outside it, told whether load (true) or base (false) comes next, and
+// once more at the end with true: what runs next expects the load's state.
+// slice runs one slice, told its kind and its pair.
+func alternateSlices(pairs int, prepare func(load bool) error, slice func(pair int, load bool) error) error {
 	for i := range pairs {
-		var busy [2]float64 // base, load
 		order := []bool{false, true}
 		if i%2 == 1 {
 			order = []bool{true, false}
@@ -102,29 +97,46 @@ func pairedSystemCost(pairs int, base, load func() (int64, int64), prepare func(
 		for _, isLoad := range order {
 			if prepare != nil {
 				if err := prepare(isLoad); err != nil {
-					return 0, err
+					return err
 				}
 			}
-			run := base
-			if isLoad {
-				run = load
-			}
-			c := measureCost(0, run)
-			if c.ops == 0 {
-				return 0, fmt.Errorf("a %v slice completed no operation (%d failed)", systemSlice, c.errs)
-			}
-			if isLoad {
-				busy[1] = perOp(c.total, c.ops)
-			} else {
-				busy[0] = perOp(c.total, c.ops)
+			if err := slice(i, isLoad); err != nil {
+				return err
 			}
 		}
-		diffs = append(diffs, busy[1]-busy[0])
 	}
 	if prepare != nil {
-		if err := prepare(true); err != nil {
-			return 0, err
+		return prepare(true)
+	}
+	return nil
+}
+
+// pairedSystemCost is what load adds to the machine's busy time per
+// operation over base, in µs: slices of the two alternate (alternateSlices) and
+// the median of the differences within each pair is returned. The
+// machine's speed drifts by up to 1.4x within seconds, so one run of
+// each, seconds apart, put a kernel path's few µs anywhere from -80 to
+// +70 µs. prepare is as for alternateSlices.
+func pairedSystemCost(pairs int, base, load func() (int64, int64), prepare func(load bool) error) (float64, error) {
+	busy := make([][2]float64, pairs) // per pair: base, load
+	err := alternateSlices(pairs, prepare, func(pair int, isLoad bool) error {
+		run, kind := base, 0
+		if isLoad {
+			run, kind = load, 1
 		}
+		c := measureCost(0, run)
+		if c.ops == 0 {
+			return fmt.Errorf("a %v slice completed no operation (%d failed)", systemSlice, c.errs)
+		}
+		busy[pair][kind] = perOp(c.total, c.ops)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	diffs := make([]float64, 0, pairs)
+	for _, b := range busy {
+		diffs = append(diffs, b[1]-b[0])
 	}
 	return stats.Median(diffs), nil
 }

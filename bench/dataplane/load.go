@@ -175,39 +175,27 @@ const (
 
 // addedLatency is what the load balancer at via adds to a 64-byte round
 // trip, at the median and the 99th percentile, in µs: slices through it
-// and straight to the backend at direct alternate (ABBA), and each path's
-// round trips are pooled. Measured once each, seconds apart, the two
-// tails met different moments of a machine whose neighbours come and go:
-// the same contender's p99 moved by 3x between rounds. prepare is as for
-// pairedSystemCost.
+// and straight to the backend at direct alternate (alternateSlices), and each
+// path's round trips are pooled. Measured once each, seconds apart, the
+// two tails met different moments of a machine whose neighbours come and
+// go: the same contender's p99 moved by 3x between rounds. prepare is as
+// for alternateSlices.
 func (t *topology) addedLatency(via, direct string, prepare func(load bool) error) (p50, p99 float64, err error) {
 	var through, straight []time.Duration
-	for i := range latencyPairs {
-		for _, isLoad := range []bool{i%2 == 0, i%2 == 1} {
-			if prepare != nil {
-				if err := prepare(isLoad); err != nil {
-					return 0, 0, err
-				}
-			}
-			addr := direct
-			if isLoad {
-				addr = via
-			}
-			lat, err := t.latencies(addr, latencySlice)
-			if err != nil {
-				return 0, 0, fmt.Errorf("round trips to %s: %w", addr, err)
-			}
-			if isLoad {
-				through = append(through, lat...)
-			} else {
-				straight = append(straight, lat...)
-			}
+	err = alternateSlices(latencyPairs, prepare, func(_ int, isLoad bool) error {
+		addr, pool := direct, &straight
+		if isLoad {
+			addr, pool = via, &through
 		}
-	}
-	if prepare != nil {
-		if err := prepare(true); err != nil {
-			return 0, 0, err
+		lat, err := t.latencies(addr, latencySlice)
+		if err != nil {
+			return fmt.Errorf("round trips to %s: %w", addr, err)
 		}
+		*pool = append(*pool, lat...)
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
 	}
 	slices.Sort(through)
 	slices.Sort(straight)

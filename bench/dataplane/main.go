@@ -191,7 +191,6 @@ func run(topo, ebbBin string, d time.Duration, rounds, pairs int, out string, pr
 	results := map[string][]round{}
 	var tracked []float64 // what conntrack alone costs a connection, per round
 	for r := range rounds {
-		direct := direct{addr: addrs[0]}
 		if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-kernel" }) {
 			tr, err := measureTracked(t, addrs[0], pairs)
 			if err != nil {
@@ -206,7 +205,7 @@ func run(topo, ebbBin string, d time.Duration, rounds, pairs int, out string, pr
 			if err != nil {
 				return err
 			}
-			res, err := measure(t, lb, backends, direct, d, pairs, filepath.Dir(out))
+			res, err := measure(t, lb, backends, addrs[0], d, pairs, filepath.Dir(out))
 			if err == nil && syscalls && r == 0 {
 				err = countAll(t, lb, dir, &res)
 			}
@@ -304,17 +303,13 @@ func ratio(a, b float64) float64 {
 	return float64(int(a/b*1000)) / 1000
 }
 
-// direct is the client going straight to a backend, without a load
-// balancer: a contender's system-wide figures are its busy time per
-// operation minus the direct load's, and its added latency its round
-// trips' minus the direct ones', each in slices alternated with its own
+// measure runs every load against one load balancer. direct is a
+// backend's address, which the client reaches without a load balancer:
+// the contender's system-wide figures are its busy time per operation
+// minus the direct load's, and its added latency its round trips' minus
+// the direct ones', each in slices alternated with its own
 // (pairedSystemCost, addedLatency).
-type direct struct {
-	addr string
-}
-
-// measure runs every load against one load balancer.
-func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d time.Duration, pairs int, profileDir string) (round, error) {
+func measure(t *topology, lb *lbProcess, backends []*echoBackend, direct string, d time.Duration, pairs int, profileDir string) (round, error) {
 	var r round
 	profile := func(name string) func() {
 		if lb.pprof == "" {
@@ -333,7 +328,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	var untrack func(load bool) error // nil: the direct slices need nothing
 	if lb.tracksHost {
 		var err error
-		if untrack, err = untrackDirect(t, base.addr); err != nil {
+		if untrack, err = untrackDirect(t, direct); err != nil {
 			return r, err
 		}
 		defer func() { _ = untrack(true) }() // removes the table
@@ -347,7 +342,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.errors += float64(c.errs)
 	var err error
 	r.connCPUSystem, err = pairedSystemCost(pairs,
-		func() (int64, int64) { return t.newConnections(base.addr, 16, systemSlice) },
+		func() (int64, int64) { return t.newConnections(direct, 16, systemSlice) },
 		func() (int64, int64) { return t.newConnections(lb.frontend, 16, systemSlice) }, untrack)
 	if err != nil {
 		return r, err
@@ -360,7 +355,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.keepaliveCPU = perOp(c.process, c.ops)
 	r.errors += float64(c.errs)
 	r.keepaliveCPUSystem, err = pairedSystemCost(pairs,
-		func() (int64, int64) { return t.keepAlive(base.addr, 16, systemSlice) },
+		func() (int64, int64) { return t.keepAlive(direct, 16, systemSlice) },
 		func() (int64, int64) { return t.keepAlive(lb.frontend, 16, systemSlice) }, untrack)
 	if err != nil {
 		return r, err
@@ -370,7 +365,7 @@ func measure(t *topology, lb *lbProcess, backends []*echoBackend, base direct, d
 	r.throughputMBs = float64(n) / d.Seconds() / 1e6
 	r.errors += float64(errs)
 
-	if r.p50, r.p99, err = t.addedLatency(lb.frontend, base.addr, untrack); err != nil {
+	if r.p50, r.p99, err = t.addedLatency(lb.frontend, direct, untrack); err != nil {
 		return r, err
 	}
 	if lb.drain == nil {
