@@ -14,7 +14,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover clean
+.PHONY: all build image release tools test unit e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover clean
 
 all: build
 
@@ -53,14 +53,19 @@ lint: tools
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
-## generate: regenerate deepcopy, CRDs, webhook configurations and RBAC from the markers
-generate: tools
+## generate: regenerate deepcopy, CRDs, webhook configurations and RBAC from the markers, and the eBPF kernel path's object
+generate: tools bpf
 	$(TOOLS_BIN)/controller-gen object paths=./api/...
 	$(TOOLS_BIN)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(TOOLS_BIN)/controller-gen webhook paths=./internal/webhook/... output:webhook:artifacts:config=config/webhook
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...}" output:rbac:artifacts:config=config/rbac/controller
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
+
+## bpf: build the eBPF kernel path's object (internal/dataplane/bpf/ebb_lb.o, committed so that building ebb needs no clang; installs clang and llvm with apt-get if missing)
+bpf:
+	command -v clang >/dev/null && command -v llvm-strip >/dev/null || { apt-get update && apt-get install -y clang llvm; }
+	cd internal/dataplane/bpf && clang -O2 -g -mcpu=v3 -target bpf -I/usr/include/$$(uname -m)-linux-gnu -fdebug-prefix-map=$$PWD=. -c ebb_lb.c -o ebb_lb.o && llvm-strip -g ebb_lb.o
 
 ## verify: regenerate, fail if anything generated is out of date, and lint
 verify: generate lint

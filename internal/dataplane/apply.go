@@ -65,10 +65,15 @@ func (d *DataPlane) admit(cfg Config) ([]Frontend, []SkippedFrontend) {
 			skipped = append(skipped, SkippedFrontend{Name: name, Reason: SkipInvalid, Err: err})
 			continue
 		}
+		named := nf.Engine
 		nf.Engine = d.engineFor(&nf)
 		if nf.Engine == EngineKernel {
-			if why := kernelUnsupported(&nf); why != "" {
-				skipped = append(skipped, SkippedFrontend{Name: nf.Name, Reason: SkipInvalid, Err: fmt.Errorf("engine Kernel (the data plane's default): %s", why)})
+			if why := d.kernelUnsupported(&nf); why != "" {
+				which := "engine Kernel"
+				if named == "" {
+					which += " (the data plane's default)"
+				}
+				skipped = append(skipped, SkippedFrontend{Name: nf.Name, Reason: SkipInvalid, Err: fmt.Errorf("%s: %s", which, why)})
 				continue
 			}
 		}
@@ -109,7 +114,7 @@ func (d *DataPlane) engineFor(f *Frontend) Engine {
 		e = d.engine
 	}
 	if e == EngineAuto {
-		if kernelUnsupported(f) == "" {
+		if d.kernelUnsupported(f) == "" {
 			return EngineKernel
 		}
 		return EngineProxy

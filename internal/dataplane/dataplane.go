@@ -44,6 +44,18 @@ type Options struct {
 	// KernelTable names the kernel engine's nftables tables (families ip
 	// and ip6). Default: DefaultKernelTable.
 	KernelTable string
+	// KernelPath says how the kernel engine forwards flows. Default:
+	// KernelPathNftables.
+	KernelPath KernelPath
+	// BPFPinDir is where the eBPF kernel path pins its maps and
+	// attachments, so that they outlive the process (a bpffs mount,
+	// mounted there if it is not). Default: DefaultBPFPinDir.
+	BPFPinDir string
+	// BPFInterfaces are the interfaces the eBPF kernel path forwards
+	// from: where clients' packets and backends' replies arrive.
+	// Default: every interface of the namespace but lo, when the path
+	// first loads.
+	BPFInterfaces []string
 	// NetNS, if set, is a network namespace file descriptor whose
 	// nftables the kernel engine programs and from which the event loop
 	// connects to backends (tests); default: this process's.
@@ -78,7 +90,7 @@ type DataPlane struct {
 	loop *eventLoop
 
 	engine Engine
-	kernel *kernelEngine
+	kernel kernelPath
 	// kernelDirty asks for the kernel table to be rebuilt (a probe
 	// changed a backend's health).
 	kernelDirty chan struct{}
@@ -117,6 +129,10 @@ func New(opts Options) (*DataPlane, error) {
 	default:
 		return nil, fmt.Errorf("engine %q is not supported: use Proxy, Kernel or Auto", opts.Engine)
 	}
+	kernel, err := newKernelPath(opts)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("registering data plane metrics: %w", err)
@@ -124,7 +140,7 @@ func New(opts Options) (*DataPlane, error) {
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
-		engine: opts.Engine, kernel: newKernelEngine(opts.KernelTable, opts.NetNS), kernelDirty: make(chan struct{}, 1),
+		engine: opts.Engine, kernel: kernel, kernelDirty: make(chan struct{}, 1),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{}, inherited: map[frontendKey]*os.File{},
 	}
 	if !opts.GoroutineProxy {

@@ -37,6 +37,7 @@ var plans = map[string]addressPlan{
 // used through the addresses of one family.
 type engineNet struct {
 	engine                Engine
+	path                  KernelPath
 	ip                    addressPlan
 	client, lb, backendNS *network.Host
 	d                     *DataPlane
@@ -45,7 +46,29 @@ type engineNet struct {
 
 func newEngineNet(t *testing.T, engine Engine, family string) *engineNet {
 	t.Helper()
-	n := &engineNet{engine: engine, ip: plans[family]}
+	return newEngineNetOn(t, engineVariant{engine: engine}, family)
+}
+
+// engineVariant is an engine, and for the kernel engine its path.
+type engineVariant struct {
+	engine Engine
+	path   KernelPath
+}
+
+func (v engineVariant) String() string {
+	if v.path == KernelPathEBPF {
+		return string(v.engine) + "-eBPF"
+	}
+	return string(v.engine)
+}
+
+// engineVariants are what the behaviour table runs against: the proxy,
+// and the kernel engine on each of its paths.
+var engineVariants = []engineVariant{{engine: EngineProxy}, {engine: EngineKernel}, {engine: EngineKernel, path: KernelPathEBPF}}
+
+func newEngineNetOn(t *testing.T, v engineVariant, family string) *engineNet {
+	t.Helper()
+	n := &engineNet{engine: v.engine, path: v.path, ip: plans[family]}
 	for _, h := range []struct {
 		name string
 		to   **network.Host
@@ -80,9 +103,46 @@ func newEngineNet(t *testing.T, engine Engine, family string) *engineNet {
 	must(n.lb.SetSysctl("net/ipv4/ip_forward", "1"))
 	must(n.lb.SetSysctl("net/ipv6/conf/all/forwarding", "1"))
 	n.reg = prometheus.NewRegistry()
-	n.d = newDataPlane(t, Options{Engine: engine, NetNS: n.lb.NetNS(), DialContext: n.lb.DialContext, Registerer: n.reg})
+	if n.path == KernelPathEBPF {
+		// The pins outlive the data plane (they are how its flows
+		// survive a restart): removed when the test ends, after its
+		// data planes closed.
+		t.Cleanup(func() {
+			if err := newEBPFPath(n.options()).remove(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	opts := n.options()
+	opts.Registerer = n.reg
+	n.d = newDataPlane(t, opts)
 	return n
 }
+
+// options are the data plane's options: the engine and kernel path, in
+// the load balancer's host.
+func (n *engineNet) options() Options {
+	return Options{Engine: n.engine, KernelPath: n.path, NetNS: n.lb.NetNS(), DialContext: n.lb.DialContext}
+}
+
+// rejects checks that the data plane refuses fe with a message that
+// contains why: for what this engine cannot do.
+func (n *engineNet) rejects(t *testing.T, fe Frontend, why string) {
+	t.Helper()
+	var res ApplyResult
+	err := n.lb.Do(func() (err error) {
+		res, err = n.d.Apply(Config{Frontends: []Frontend{fe}})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), why) {
+		t.Errorf("%s applied: %v; want it refused, saying %q", n.engineName(), err, why)
+	}
+}
+
+func (n *engineNet) engineName() string { return engineVariant{n.engine, n.path}.String() }
 
 // apply applies frontends inside the load balancer's host, where the
 // proxy engine's sockets must open.
@@ -149,17 +209,27 @@ func (n *engineNet) frontendOn(port uint16, backends ...Backend) Frontend {
 
 // forEachEngine runs test against each engine, over IPv4.
 func forEachEngine(t *testing.T, test func(t *testing.T, n *engineNet)) {
-	for _, e := range []Engine{EngineProxy, EngineKernel} {
-		t.Run(string(e), func(t *testing.T) { test(t, newEngineNet(t, e, "IPv4")) })
+	for _, v := range engineVariants {
+		t.Run(v.String(), func(t *testing.T) { test(t, newEngineNetOn(t, v, "IPv4")) })
 	}
 }
 
 // forEachEngineAndFamily runs test against each engine, over IPv4 and
 // over IPv6.
+// The eBPF kernel path forwards IPv4 only: over IPv6 it is checked to
+// refuse the frontend instead.
 func forEachEngineAndFamily(t *testing.T, test func(t *testing.T, n *engineNet)) {
-	for _, e := range []Engine{EngineProxy, EngineKernel} {
+	for _, v := range engineVariants {
 		for _, family := range []string{"IPv4", "IPv6"} {
-			t.Run(string(e)+"/"+family, func(t *testing.T) { test(t, newEngineNet(t, e, family)) })
+			t.Run(v.String()+"/"+family, func(t *testing.T) {
+				n := newEngineNetOn(t, v, family)
+				if v.path == KernelPathEBPF && family == "IPv6" {
+					a, _ := n.echo(t, 8080)
+					n.rejects(t, n.frontendOn(80, a), "forwards IPv4 only")
+					return
+				}
+				test(t, n)
+			})
 		}
 	}
 }
@@ -388,6 +458,10 @@ func TestEnginesUDP(t *testing.T) {
 		}()
 		fe := n.frontendOn(53, Backend{Address: n.ip.backend.String(), Port: 5353})
 		fe.Protocol = UDP
+		if n.path == KernelPathEBPF {
+			n.rejects(t, fe, "forwards TCP only")
+			return
+		}
 		n.apply(t, fe)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -442,7 +516,7 @@ func TestEnginesRestart(t *testing.T) {
 				t.Error("the proxy engine kept a connection after Close; this test's premise is wrong")
 			}
 		}
-		n.d = newDataPlane(t, Options{Engine: n.engine, NetNS: n.lb.NetNS(), DialContext: n.lb.DialContext})
+		n.d = newDataPlane(t, n.options())
 		n.apply(t, n.frontendOn(80, a))
 		if err := n.roundTripNew(t, 80); err != nil {
 			t.Errorf("a new connection after the restart: %v", err)

@@ -73,11 +73,12 @@ func TestOwnerChangesKeepEveryEntryExact(t *testing.T) {
 		} else if prepared && othersOut == 0 {
 			t.Errorf("step %d: %s %s with the entries prepared and no other node out took a sync, not the owners map", step, node, state)
 		}
-		d.kernel.mu.Lock()
-		for f, w := range d.kernel.installed {
-			inUse(t, fmt.Sprintf("step %d (%s %s), %s", step, node, state, f.set.Load().cfg.Name), w.set, &w.plan, d.kernel.owners[w.family])
+		k := d.kernel.(*kernelEngine)
+		k.mu.Lock()
+		for f, w := range k.installed {
+			inUse(t, fmt.Sprintf("step %d (%s %s), %s", step, node, state, f.set.Load().cfg.Name), w.set, &w.plan, k.owners[w.family])
 		}
-		d.kernel.mu.Unlock()
+		k.mu.Unlock()
 		if t.Failed() {
 			return
 		}

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync/atomic"
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
 	"github.com/mdlayher/packet"
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/ipv6"
 )
 
@@ -226,39 +224,4 @@ func (a *Announcer) answerNDP(ifc *iface) {
 			a.log.V(1).Info("Answering NDP failed", "address", ns.TargetAddress, "interface", ifc.ifi.Name, "error", err.Error())
 		}
 	}
-}
-
-// inNetNS runs fn on a thread in the network namespace fd (0: this
-// thread's own), as sockets fn opens must be: a goroutine may run on any
-// thread, and a caller such as a test may have started the announcer from
-// a thread in another namespace than the process's.
-func inNetNS(fd int, fn func() error) error {
-	if fd == 0 {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(netns.NsHandle(fd)); err != nil {
-			errc <- fmt.Errorf("entering the announcer's network namespace: %w", err)
-			return
-		}
-		err = fn()
-		if rerr := netns.Set(orig); rerr != nil {
-			// The thread stays locked and ends with the goroutine: the
-			// runtime retires it rather than reuse it in the wrong
-			// namespace.
-			errc <- errors.Join(err, rerr)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
 }

@@ -33,6 +33,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/mdlayher/ndp"
 	"k8s.io/utils/clock"
+
+	"github.com/ebbdev/ebb/internal/netnsexec"
 )
 
 // Config configures an Announcer.
@@ -222,7 +224,7 @@ func (a *Announcer) awaitNDP(ifc *iface) bool {
 			return false
 		}
 		var c *ndp.Conn
-		err := inNetNS(a.cfg.NetNS, func() (err error) {
+		err := netnsexec.Run(a.cfg.NetNS, func() (err error) {
 			c, err = listenNDP(ifc.ifi)
 			return err
 		})

@@ -82,6 +82,11 @@ type Options struct {
 	// KernelTable names the kernel engine's nftables tables.
 	Engine      string
 	KernelTable string
+	// KernelPath, BPFPinDir and BPFInterfaces: how the kernel engine
+	// forwards (dataplane.Options).
+	KernelPath    string
+	BPFPinDir     string
+	BPFInterfaces []string
 	// ProxyGoroutines: dataplane.Options.GoroutineProxy.
 	ProxyGoroutines bool
 	// NodeName is the node this replica runs on: when it gets a leaving
@@ -164,6 +169,9 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (nftables DNAT and conntrack; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
 	cmd.Flags().BoolVar(&o.ProxyGoroutines, "proxy-goroutines", false, "move the proxy engine's TCP connections with two goroutines each over Go's net package instead of on its event loop (the way back while the event loop is new)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
+	cmd.Flags().StringVar(&o.KernelPath, "kernel-path", string(dataplane.KernelPathNftables), "how the kernel engine forwards: nftables (DNAT and conntrack; TCP and UDP, IPv4 and IPv6, clients on this host too) or ebpf (a tc program with its own flow table, no conntrack: about a third of the CPU per new connection; IPv4 TCP from other hosts only; needs CAP_BPF, CAP_NET_ADMIN and a bpffs, mounted at /sys/fs/bpf if missing)")
+	cmd.Flags().StringVar(&o.BPFPinDir, "bpf-pin-dir", dataplane.DefaultBPFPinDir, "where --kernel-path=ebpf pins its maps and attachments: they stay at exit, so that the kernel keeps forwarding and the next ebb lb takes them over (on a hostPath in a pod)")
+	cmd.Flags().StringArrayVar(&o.BPFInterfaces, "bpf-interface", nil, "an interface --kernel-path=ebpf forwards from, where clients' packets and backends' replies arrive (repeatable; default: every interface but lo when it starts)")
 	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
 	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
 	cmd.Flags().DurationVar(&o.JoinForward, "join-forward", 5*time.Minute, "after this host starts announcing (first start, or its node no longer leaving), how long it sends the TCP segments of the other LB hosts' connections that the routers move to it back to them (connections older than that are reset when moved); 0: never")
@@ -196,12 +204,12 @@ func (o *Options) Run(ctx context.Context) error {
 	if taken != nil {
 		inherited = taken.Files
 	}
-	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, GoroutineProxy: o.ProxyGoroutines, Inherited: inherited})
+	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, KernelPath: dataplane.KernelPath(o.KernelPath), BPFPinDir: o.BPFPinDir, BPFInterfaces: o.BPFInterfaces, GoroutineProxy: o.ProxyGoroutines, Inherited: inherited})
 	if err != nil {
 		if taken != nil {
 			taken.Abort()
 		}
-		return fmt.Errorf("--engine: %w", err)
+		return fmt.Errorf("starting the data plane (--engine, --kernel-path): %w", err)
 	}
 	if o.Engine != string(dataplane.EngineProxy) {
 		if err := dataplane.CheckForwarding(); err != nil {

@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: GPL-2.0
+//
+// The eBPF kernel path of ebb's kernel engine (`ebb lb --kernel-path
+// ebpf`): IPv4 TCP frontends forwarded at tc ingress, with a flow table of
+// its own instead of conntrack. The selection is the nftables path's
+// (kernel_slots.go): a new flow takes a slot of its frontend (a counter,
+// or a hash of the client's address for ClientIP), the slot's home owner
+// (node), that owner's state, and the backend for the three. A node's
+// admin Down is so one element of owners: new flows stop at once, the
+// flows already in the table keep their backend.
+//
+// A flow is translated both ways, like a masquerading DNAT: the client's
+// packets to the frontend leave to the backend from this host's address
+// and a source port of its own (SNAT_MIN..SNAT_MAX, outside the host's
+// ephemeral ports), and the backend's replies to that address and port go
+// back to the client from the frontend. Packets are redirected to the
+// interface the route names (bpf_redirect_neigh), so they skip the
+// host's IP stack and netfilter.
+//
+// What the program does not translate it passes to the host's stack:
+// a new flow with no eligible backend or from outside the source ranges,
+// a segment of a flow it does not know (one the drain timeout ended), so
+// that the stack, which has no socket at the frontend's address, answers
+// with a reset, as the other engines do.
+//
+// ebb lb reads the flows map to count a backend's connections and sweeps
+// it (closed, idle and unanswered flows). Built by `make generate` with
+// clang; the object is committed (ebb_lb.o). No libbpf headers.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+
+#define SEC(name) __attribute__((section(name), used))
+#define __uint(name, val) int(*name)[val]
+#define __type(name, val) typeof(val) *name
+
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
+static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 size) = (void *)BPF_FUNC_l3_csum_replace;
+static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to, __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
+static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from, __u32 len, __u64 flags) = (void *)BPF_FUNC_skb_store_bytes;
+static __s64 (*bpf_csum_diff)(__be32 *from, __u32 from_size, __be32 *to, __u32 to_size, __wsum seed) = (void *)BPF_FUNC_csum_diff;
+static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen, __u32 flags) = (void *)BPF_FUNC_fib_lookup;
+static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
+
+#define AF_INET 2
+
+// The source ports of translated flows: above the host's ephemeral ports
+// (net.ipv4.ip_local_port_range, 32768..60999 by default), so that the
+// replies of the host's own connections (ebb's probes) are never taken
+// for a flow's.
+#define SNAT_MIN 61000
+#define SNAT_COUNT 4536
+// How many ports a new flow tries before it is dropped (its client
+// retries its SYN).
+#define SNAT_TRIES 8
+
+#define MAX_FRONTENDS 4096
+#define MAX_SLOTS 1048576
+#define MAX_OWNERS 65536
+#define MAX_RANGES 65536
+#define MAX_FLOWS 262144
+
+// An endpoint: address and port in network order.
+struct endpoint {
+	__u32 addr;
+	__u16 port;
+	__u16 pad;
+};
+
+struct frontend_key {
+	__u32 addr;
+	__u16 port;
+	__u16 proto;
+};
+
+#define FRONTEND_CLIENT_IP 1 // ClientIP affinity: the slot is a hash of the client
+#define FRONTEND_RANGES 2    // source ranges: only their clients are forwarded
+
+struct frontend {
+	__u32 id;
+	__u32 slots;
+	__u32 flags;
+	__u32 pad;
+};
+
+struct slot_key {
+	__u32 frontend;
+	__u32 slot;
+};
+
+struct backend_key {
+	__u32 frontend;
+	__u32 slot;
+	__u32 state;
+	__u32 pad;
+};
+
+// A source range of a frontend: the LPM key's prefix covers the frontend
+// id (32 bits) and the range's prefix.
+struct range_key {
+	__u32 prefixlen;
+	__u32 frontend;
+	__u32 addr;
+};
+
+// A packet's addresses and ports as it carries them: the client's to a
+// frontend (the flows map's key), or a backend's to this host's
+// translated source (the replies map's key).
+struct tuple {
+	__u32 saddr, daddr;
+	__u16 sport, dport;
+};
+
+#define FLOW_FIN_CLIENT 1 // the client sent a FIN
+#define FLOW_FIN_BACKEND 2 // the backend sent a FIN
+#define FLOW_RST 4        // either side reset the flow
+#define FLOW_ANSWERED 8   // the backend answered
+#define FLOW_CLOSED (FLOW_RST)
+
+struct flow {
+	struct endpoint backend;
+	struct endpoint source; // this host's address and port toward the backend
+	__u64 seen;             // bpf_ktime_get_ns of the last packet
+	__u32 flags;
+	__u32 out_ifindex; // toward the backend
+};
+
+struct reply {
+	struct tuple client; // the flow's key
+	__u32 in_ifindex;    // toward the client
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_FRONTENDS);
+	__type(key, struct frontend_key);
+	__type(value, struct frontend);
+} frontends SEC(".maps");
+
+// homes: frontend . slot -> the owner id of the slot's home backend.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SLOTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct slot_key);
+	__type(value, __u32);
+} homes SEC(".maps");
+
+// owners: owner id -> 0 while up, 1 while admin Down.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_OWNERS);
+	__type(key, __u32);
+	__type(value, __u32);
+} owners SEC(".maps");
+
+// owner_names: owner id -> the owner's (node's) name. The program does
+// not read it: it is how a restarted ebb lb learns the ids its
+// predecessor gave the nodes, so that its first change moves no slot.
+struct owner_name {
+	char name[256];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_OWNERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct owner_name);
+} owner_names SEC(".maps");
+
+// backends: frontend . slot . owner state -> backend; no entry: no backend.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SLOTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct backend_key);
+	__type(value, struct endpoint);
+} backends SEC(".maps");
+
+// turns: a frontend's round-robin counter, by frontend id.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_FRONTENDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} turns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_RANGES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct range_key);
+	__type(value, __u32);
+} ranges SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_FLOWS);
+	__type(key, struct tuple);
+	__type(value, struct flow);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_FLOWS);
+	__type(key, struct tuple);
+	__type(value, struct reply);
+} replies SEC(".maps");
+
+#define IP_OFF ETH_HLEN
+#define TCP_OFF (ETH_HLEN + sizeof(struct iphdr))
+#define IP_ADDRS_OFF (IP_OFF + __builtin_offsetof(struct iphdr, saddr))
+#define IP_TTL_OFF (IP_OFF + __builtin_offsetof(struct iphdr, ttl))
+#define IP_CSUM_OFF (IP_OFF + __builtin_offsetof(struct iphdr, check))
+#define TCP_CSUM_OFF (TCP_OFF + __builtin_offsetof(struct tcphdr, check))
+
+// parse finds an IPv4 TCP packet without IP options; NULL otherwise.
+static __always_inline struct iphdr *parse(struct __sk_buff *skb, struct tcphdr **tcp) {
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != __builtin_bswap16(ETH_P_IP))
+		return 0;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_TCP)
+		return 0;
+	struct tcphdr *t = (void *)(ip + 1);
+	if ((void *)(t + 1) > end)
+		return 0;
+	*tcp = t;
+	return ip;
+}
+
+// translate gives the packet the source and destination src and dst,
+// lowers its TTL and fixes the checksums, then sends it out of ifindex
+// to the next hop the routes give. ttl is the packet's TTL, above 1.
+static __always_inline int translate(struct __sk_buff *skb, struct tuple *from, struct tuple *to, __u8 ttl, __u32 ifindex) {
+	__be32 old_addrs[2] = {from->saddr, from->daddr};
+	__be32 new_addrs[2] = {to->saddr, to->daddr};
+	__be32 old_ports = (__u32)from->sport | ((__u32)from->dport << 16);
+	__be32 new_ports = (__u32)to->sport | ((__u32)to->dport << 16);
+	__s64 addrs = bpf_csum_diff(old_addrs, sizeof(old_addrs), new_addrs, sizeof(new_addrs), 0);
+	__s64 ports = bpf_csum_diff(&old_ports, sizeof(old_ports), &new_ports, sizeof(new_ports), 0);
+	// The TTL is the first byte of a 16-bit word of the header (with the
+	// protocol): its checksum changes by that word's change.
+	__u16 old_ttl = (__u16)ttl;
+	__u16 new_ttl = (__u16)(ttl - 1);
+	__u8 lowered = ttl - 1;
+	if (addrs < 0 || ports < 0 ||
+	    bpf_skb_store_bytes(skb, IP_ADDRS_OFF, new_addrs, sizeof(new_addrs), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, TCP_OFF, &new_ports, sizeof(new_ports), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_TTL_OFF, &lowered, 1, 0) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, 0, addrs, 0) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, __builtin_bswap16(old_ttl << 8), __builtin_bswap16(new_ttl << 8), 2) < 0 ||
+	    bpf_l4_csum_replace(skb, TCP_CSUM_OFF, 0, addrs, BPF_F_PSEUDO_HDR) < 0 ||
+	    bpf_l4_csum_replace(skb, TCP_CSUM_OFF, 0, ports, 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect_neigh(ifindex, 0, 0, 0);
+}
+
+static __always_inline __u32 mix(__u32 h) {
+	h ^= h >> 16;
+	h *= 0x7feb352d;
+	h ^= h >> 15;
+	h *= 0x846ca68b;
+	h ^= h >> 16;
+	return h;
+}
+
+// pick finds the backend of a new flow to fe, or NULL for none.
+static __always_inline struct endpoint *pick(struct frontend *fe, __u32 client) {
+	if (fe->slots == 0)
+		return 0;
+	__u32 slot;
+	if (fe->flags & FRONTEND_CLIENT_IP) {
+		slot = mix(client ^ 0xebb) % fe->slots;
+	} else {
+		__u32 id = fe->id;
+		__u32 *turn = bpf_map_lookup_elem(&turns, &id);
+		if (!turn)
+			return 0;
+		slot = __sync_fetch_and_add(turn, 1) % fe->slots;
+	}
+	struct slot_key sk = {.frontend = fe->id, .slot = slot};
+	__u32 *owner = bpf_map_lookup_elem(&homes, &sk);
+	if (!owner)
+		return 0;
+	__u32 *state = bpf_map_lookup_elem(&owners, owner);
+	if (!state)
+		return 0;
+	struct backend_key bk = {.frontend = fe->id, .slot = slot, .state = *state};
+	return bpf_map_lookup_elem(&backends, &bk);
+}
+
+// open starts a flow from the client's packet t to the backend be: the
+// route to the backend, this host's address on it, a free source port.
+// It returns the flow as stored, or NULL when none could be made.
+static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t, struct endpoint *be) {
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET,
+		.l4_protocol = IPPROTO_TCP,
+		.ifindex = skb->ingress_ifindex,
+		.ipv4_src = t->saddr,
+		.ipv4_dst = be->addr,
+	};
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	struct flow f = {.backend = *be, .source = {.addr = fib.ipv4_src}, .seen = bpf_ktime_get_ns(), .out_ifindex = fib.ifindex};
+	struct reply r = {.client = *t, .in_ifindex = skb->ingress_ifindex};
+	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
+	int i;
+#pragma unroll
+	for (i = 0; i < SNAT_TRIES; i++) {
+		__u16 port = SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT;
+		struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port, .dport = __builtin_bswap16(port)};
+		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) == 0) {
+			f.source.port = rk.dport;
+			if (bpf_map_update_elem(&flows, t, &f, BPF_ANY) < 0) {
+				bpf_map_delete_elem(&replies, &rk);
+				return 0;
+			}
+			return bpf_map_lookup_elem(&flows, t);
+		}
+	}
+	return 0;
+}
+
+// to_backend forwards a client's packet to a frontend.
+static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct frontend *fe) {
+	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
+	__u8 ttl = ip->ttl;
+	int syn = tcp->syn && !tcp->ack;
+	__u32 seg = (tcp->fin ? FLOW_FIN_CLIENT : 0) | (tcp->rst ? FLOW_RST : 0);
+	struct flow *f = bpf_map_lookup_elem(&flows, &t);
+	if (f && syn && (f->flags & (FLOW_RST | FLOW_FIN_CLIENT)))
+		f = 0; // the client's port is used again: a new flow
+	if (!f) {
+		if (!syn)
+			return TC_ACT_OK;
+		if (fe->flags & FRONTEND_RANGES) {
+			struct range_key rk = {.prefixlen = 64, .frontend = fe->id, .addr = t.saddr};
+			if (!bpf_map_lookup_elem(&ranges, &rk))
+				return TC_ACT_OK;
+		}
+		struct endpoint *be = pick(fe, t.saddr);
+		if (!be)
+			return TC_ACT_OK;
+		f = open(skb, &t, be);
+		if (!f)
+			return TC_ACT_SHOT;
+	}
+	if (ttl <= 1)
+		return TC_ACT_OK; // the stack answers with time exceeded
+	f->seen = bpf_ktime_get_ns();
+	if (seg && (f->flags & seg) != seg)
+		__sync_fetch_and_or(&f->flags, seg);
+	struct tuple to = {.saddr = f->source.addr, .daddr = f->backend.addr, .sport = f->source.port, .dport = f->backend.port};
+	return translate(skb, &t, &to, ttl, f->out_ifindex);
+}
+
+// to_client forwards a backend's reply r.
+static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct tuple *t, struct reply *r) {
+	__u8 ttl = ip->ttl;
+	if (ttl <= 1)
+		return TC_ACT_OK;
+	__u32 seg = FLOW_ANSWERED | (tcp->fin ? FLOW_FIN_BACKEND : 0) | (tcp->rst ? FLOW_RST : 0);
+	struct tuple client = r->client;
+	__u32 ifindex = r->in_ifindex;
+	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	if (f && f->source.port == t->dport && f->source.addr == t->daddr) {
+		f->seen = bpf_ktime_get_ns();
+		if ((f->flags & seg) != seg)
+			__sync_fetch_and_or(&f->flags, seg);
+	}
+	struct tuple to = {.saddr = client.daddr, .daddr = client.saddr, .sport = client.dport, .dport = client.sport};
+	return translate(skb, t, &to, ttl, ifindex);
+}
+
+SEC("tc")
+int ebb_ingress(struct __sk_buff *skb) {
+	struct tcphdr *tcp;
+	struct iphdr *ip = parse(skb, &tcp);
+	if (!ip)
+		return TC_ACT_OK;
+	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
+	if (__builtin_bswap16(t.dport) >= SNAT_MIN) {
+		struct reply *r = bpf_map_lookup_elem(&replies, &t);
+		if (r)
+			return to_client(skb, ip, tcp, &t, r);
+	}
+	struct frontend_key fk = {.addr = t.daddr, .port = t.dport, .proto = IPPROTO_TCP};
+	struct frontend *fe = bpf_map_lookup_elem(&frontends, &fk);
+	if (!fe)
+		return TC_ACT_OK;
+	return to_backend(skb, ip, tcp, fe);
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,373 @@
+package dataplane
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/netnsexec"
+)
+
+// ebpfObject is the eBPF kernel path's program and maps, built from
+// bpf/ebb_lb.c by `make generate` (see that file for what it does).
+//
+//go:embed bpf/ebb_lb.o
+var ebpfObject []byte
+
+// DefaultBPFPinDir is where the eBPF kernel path pins its maps and
+// attachments by default.
+const DefaultBPFPinDir = "/sys/fs/bpf/ebb"
+
+// ebpfPath is the kernel engine's eBPF path: it loads bpf/ebb_lb.o,
+// attaches it at tc ingress of the namespace's interfaces, and keeps its
+// maps as the frontends say (kernel_ebpf_maps.go). The maps and the
+// attachments are pinned under the pin directory, so that the kernel
+// keeps forwarding while ebb lb restarts, and the next ebb lb takes them
+// over.
+type ebpfPath struct {
+	table      string
+	pinBase    string
+	interfaces []string
+	netns      int
+	clock      Clock
+	log        logr.Logger
+
+	mu    sync.Mutex
+	dir   string // the pin directory of this namespace and table
+	coll  *ebpf.Collection
+	links []link.Link
+	// installed is what the maps hold, as this process last wrote or
+	// first read them.
+	installed *bpfContents
+	// idle is each frontend's idle timeout, for the sweeper.
+	idle      map[bpfFrontendKey]time.Duration
+	stopSweep chan struct{}
+}
+
+func newEBPFPath(opts Options) *ebpfPath {
+	e := &ebpfPath{table: opts.KernelTable, pinBase: opts.BPFPinDir, interfaces: opts.BPFInterfaces, netns: opts.NetNS, clock: opts.Clock, log: opts.Logger}
+	if e.table == "" {
+		e.table = DefaultKernelTable
+	}
+	if e.pinBase == "" {
+		e.pinBase = DefaultBPFPinDir
+	}
+	return e
+}
+
+// unsupported: the program parses IPv4 TCP, and forwards what arrives
+// from other hosts only.
+func (e *ebpfPath) unsupported(f *Frontend) string {
+	k := f.key()
+	switch {
+	case k.protocol != TCP:
+		return "the eBPF kernel path forwards TCP only (use the nftables kernel path, ebb lb --kernel-path=nftables, or the proxy engine)"
+	case !k.addr.Addr().Is4():
+		return "the eBPF kernel path forwards IPv4 only (use the nftables kernel path, ebb lb --kernel-path=nftables, or the proxy engine)"
+	}
+	return ""
+}
+
+// pinDirectory is the directory of this namespace's and table's pins:
+// the namespace's inode tells the load balancer hosts of one machine
+// apart (the local cluster's, a test's).
+func (e *ebpfPath) pinDirectory() (string, error) {
+	path := "/proc/self/ns/net"
+	if e.netns != 0 {
+		path = fmt.Sprintf("/proc/self/fd/%d", e.netns)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("reading the network namespace's inode: %w", err)
+	}
+	return filepath.Join(e.pinBase, fmt.Sprintf("netns-%d", st.Ino), e.table), nil
+}
+
+// mountBPFFS makes sure dir is on a bpffs: it mounts one at
+// /sys/fs/bpf if dir is under it and nothing is mounted there yet.
+func mountBPFFS(dir string) error {
+	const root = "/sys/fs/bpf"
+	probe := dir
+	for {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(probe, &fs); err == nil {
+			if fs.Type == unix.BPF_FS_MAGIC {
+				return nil
+			}
+			break
+		}
+		parent := filepath.Dir(probe)
+		if parent == probe {
+			break
+		}
+		probe = parent
+	}
+	if dir != root && !strings.HasPrefix(dir, root+"/") {
+		return fmt.Errorf("%s is not on a bpffs: mount one there or choose a directory under %s (--bpf-pin-dir)", dir, root)
+	}
+	if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mounting a bpffs at %s (the eBPF kernel path pins its maps there, so that flows survive a restart): %w", root, err)
+	}
+	return nil
+}
+
+// load loads the program and maps, or takes over those pinned, and
+// attaches the program to the interfaces. e.mu is held.
+func (e *ebpfPath) load() error {
+	if e.coll != nil {
+		return nil
+	}
+	dir, err := e.pinDirectory()
+	if err != nil {
+		return err
+	}
+	if err := mountBPFFS(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("making the pin directory: %w", err)
+	}
+	coll, err := loadPinned(dir)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Maps pinned by an ebb of another layout: start afresh. The
+		// flows they carried end.
+		e.log.Info("The pinned eBPF maps are of another layout; replacing them (their flows end)", "dir", dir)
+		if err := removePins(dir); err != nil {
+			return err
+		}
+		coll, err = loadPinned(dir)
+	}
+	if err != nil {
+		return err
+	}
+	links, err := e.attach(dir, coll.Programs["ebb_ingress"])
+	if err != nil {
+		coll.Close()
+		return err
+	}
+	installed, err := readContents(coll)
+	if err != nil {
+		closeLinks(links)
+		coll.Close()
+		return err
+	}
+	e.dir, e.coll, e.links, e.installed = dir, coll, links, installed
+	e.stopSweep = make(chan struct{})
+	go e.sweepEvery(time.Second, e.stopSweep)
+	return nil
+}
+
+func loadPinned(dir string) (*ebpf.Collection, error) {
+	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(ebpfObject))
+	if err != nil {
+		return nil, fmt.Errorf("reading the eBPF object: %w", err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinByName
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+	if err != nil {
+		return nil, fmt.Errorf("loading the eBPF kernel path: %w", err)
+	}
+	return coll, nil
+}
+
+// removePins unpins everything in dir but the directory.
+func removePins(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("listing the pins: %w", err)
+	}
+	for _, ent := range entries {
+		if err := os.Remove(filepath.Join(dir, ent.Name())); err != nil {
+			return fmt.Errorf("unpinning %s: %w", ent.Name(), err)
+		}
+	}
+	return nil
+}
+
+// attach attaches prog at tc ingress (tcx) of the interfaces, replacing
+// the program of an attachment pinned by a predecessor (the kernel swaps
+// it atomically: no packet goes untranslated), and pins new ones.
+func (e *ebpfPath) attach(dir string, prog *ebpf.Program) ([]link.Link, error) {
+	var links []link.Link
+	err := netnsexec.Run(e.netns, func() error {
+		names, err := e.interfaceNames()
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			l, err := attachOne(dir, name, prog)
+			if err != nil {
+				return err
+			}
+			links = append(links, l)
+		}
+		return nil
+	})
+	if err != nil {
+		closeLinks(links)
+		return nil, err
+	}
+	return links, nil
+}
+
+func attachOne(dir, name string, prog *ebpf.Program) (link.Link, error) {
+	pin := filepath.Join(dir, "link-"+name)
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		if err := l.Update(prog); err == nil {
+			return l, nil
+		}
+		// A link whose interface went away: attach afresh.
+		_ = l.Unpin()
+		_ = l.Close()
+	}
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("finding interface %s: %w", name, err)
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifi.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return nil, fmt.Errorf("attaching the eBPF kernel path to %s: %w", name, err)
+	}
+	if err := l.Pin(pin); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("pinning the attachment to %s: %w", name, err)
+	}
+	return l, nil
+}
+
+// interfaceNames are the interfaces to attach to: those configured, or
+// every interface of the namespace but the loopback.
+func (e *ebpfPath) interfaceNames() ([]string, error) {
+	if len(e.interfaces) > 0 {
+		return e.interfaces, nil
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	var names []string
+	for _, ifi := range ifs {
+		if ifi.Flags&net.FlagLoopback == 0 {
+			names = append(names, ifi.Name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+func closeLinks(links []link.Link) {
+	for _, l := range links {
+		_ = l.Close()
+	}
+}
+
+// sync writes the maps for frontends. The eBPF maps are updated element
+// by element, in an order that keeps every lookup of a new flow
+// consistent (kernel_ebpf_maps.go); an owner's state is one element, as
+// in the nftables path, and written last.
+func (e *ebpfPath) sync(frontends []*frontend, m *metrics, _ bool) (bool, error) {
+	start := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	kind := "entries"
+	if e.coll == nil {
+		kind = "rebuild"
+	}
+	if err := e.load(); err != nil {
+		m.kernelFailures.Inc()
+		return false, err
+	}
+	want := e.plan(frontends)
+	if e.installed.sameButOwners(want) && kind != "rebuild" {
+		kind = "owners"
+	}
+	if err := e.write(want); err != nil {
+		m.kernelFailures.Inc()
+		// What the maps hold is unknown now: read it back.
+		if got, rerr := readContents(e.coll); rerr == nil {
+			e.installed = got
+		}
+		return false, fmt.Errorf("writing the eBPF kernel path's maps: %w", err)
+	}
+	e.installed = want
+	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	for _, f := range frontends {
+		for _, b := range f.set.Load().backends {
+			b.inKernel.Store(b.eligible())
+		}
+	}
+	return false, nil
+}
+
+// flipOwner: every sync of the eBPF path is as cheap as a flip (it writes
+// only the elements that changed), so there is no separate fast path.
+func (e *ebpfPath) flipOwner([]*frontend, string, *metrics) (bool, error) { return false, nil }
+
+// remove detaches the program and unpins everything: new and established
+// flows alike are no longer forwarded.
+func (e *ebpfPath) remove() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.release()
+	dir, err := e.pinDirectory()
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("removing the eBPF kernel path's pins: %w", err)
+	}
+	return nil
+}
+
+// close lets go of the program, maps and attachments; their pins keep
+// them in the kernel, forwarding.
+func (e *ebpfPath) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.release()
+}
+
+// release stops the sweeper and closes what the process holds. e.mu is
+// held.
+func (e *ebpfPath) release() {
+	if e.stopSweep != nil {
+		close(e.stopSweep)
+		e.stopSweep = nil
+	}
+	closeLinks(e.links)
+	if e.coll != nil {
+		e.coll.Close()
+	}
+	e.coll, e.links, e.installed = nil, nil, nil
+}
+
+// ebpfAddr is an IPv4 address as the program keeps it, or false for
+// another family.
+func ebpfAddr(a netip.Addr) ([4]byte, bool) {
+	a = a.Unmap()
+	if !a.Is4() {
+		return [4]byte{}, false
+	}
+	return a.As4(), true
+}
+
+// bigEndianPort is a port as the packet carries it.
+func bigEndianPort(p uint16) [2]byte { return [2]byte{byte(p >> 8), byte(p)} }
+
+func portOf(p [2]byte) uint16 { return uint16(p[0])<<8 | uint16(p[1]) }

@@ -1,0 +1,261 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// The flow table of the eBPF kernel path (bpf/ebb_lb.c): flows, keyed by
+// the client's packets' addresses and ports, and replies, keyed by the
+// backend's.
+type (
+	bpfTuple struct {
+		Saddr, Daddr [4]byte
+		Sport, Dport [2]byte
+	}
+	bpfFlow struct {
+		Backend, Source bpfEndpoint
+		Seen            uint64 // CLOCK_MONOTONIC, ns
+		Flags           uint32
+		OutIfindex      uint32
+	}
+	bpfReply struct {
+		Client    bpfTuple
+		InIfindex uint32
+		Pad       uint32
+	}
+)
+
+// A flow's flags, as the program sets them.
+const (
+	bpfFlowFinClient  = 1
+	bpfFlowFinBackend = 2
+	bpfFlowRST        = 4
+	bpfFlowAnswered   = 8
+)
+
+// How long the sweeper leaves a flow in the table after it ended: long
+// enough for the segments still in flight (the last ACK after both FINs,
+// a retransmitted FIN), as conntrack's TIME_WAIT does for far longer.
+const (
+	bpfResetLinger  = time.Second
+	bpfClosedLinger = 10 * time.Second
+	// bpfUnansweredTimeout ends a flow the backend never answered (a
+	// client's SYN retries are over by then).
+	bpfUnansweredTimeout = 30 * time.Second
+)
+
+// over reports whether the flow has ended: reset, or closed both ways.
+func (f *bpfFlow) over() bool {
+	const closed = bpfFlowFinClient | bpfFlowFinBackend
+	return f.Flags&bpfFlowRST != 0 || f.Flags&closed == closed
+}
+
+// replyKey is the key of the flow's entry in replies.
+func (f *bpfFlow) replyKey() bpfTuple {
+	return bpfTuple{Saddr: f.Backend.Addr, Sport: f.Backend.Port, Daddr: f.Source.Addr, Dport: f.Source.Port}
+}
+
+// expired reports whether the sweeper should delete a flow age after its
+// last packet.
+func (f *bpfFlow) expired(age, idle time.Duration) bool {
+	switch {
+	case f.Flags&bpfFlowRST != 0:
+		return age > bpfResetLinger
+	case f.over():
+		return age > bpfClosedLinger
+	case f.Flags&bpfFlowAnswered == 0:
+		return age > bpfUnansweredTimeout
+	}
+	return age > idle
+}
+
+func (t bpfTuple) frontendKey() frontendKey {
+	return frontendKey{addr: netip.AddrPortFrom(netip.AddrFrom4(t.Daddr), portOf(t.Dport)), protocol: TCP}
+}
+
+func (b bpfEndpoint) addrPort() netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4(b.Addr), portOf(b.Port))
+}
+
+// eachFlow calls fn with every flow in the table. e.mu is held.
+func (e *ebpfPath) eachFlow(fn func(k bpfTuple, f bpfFlow)) error {
+	var k bpfTuple
+	var f bpfFlow
+	it := e.coll.Maps["flows"].Iterate()
+	for it.Next(&k, &f) {
+		fn(k, f)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading the eBPF flow table: %w", err)
+	}
+	return nil
+}
+
+// activeFlows counts the flows that have not ended, by frontend and
+// backend.
+func (e *ebpfPath) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[flowKey]int64{}
+	if e.coll == nil {
+		return out, nil
+	}
+	err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
+		fe := k.frontendKey()
+		if !f.over() && frontends[fe] {
+			out[flowKey{frontend: fe, backend: f.Backend.addrPort()}]++
+		}
+	})
+	return out, err
+}
+
+// dropFlows deletes the flows fe forwards to backend: the next segment of
+// one finds no flow and is answered with a reset by the host's stack.
+func (e *ebpfPath) dropFlows(fe frontendKey, backend netip.AddrPort) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.coll == nil {
+		return nil
+	}
+	return e.deleteFlows(func(k bpfTuple, f bpfFlow) bool {
+		return k.frontendKey() == fe && f.Backend.addrPort() == backend
+	})
+}
+
+// deleteFlows deletes the flows gone says to, with their replies'
+// entries. e.mu is held.
+func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
+	type doomed struct {
+		key   bpfTuple
+		reply bpfTuple
+	}
+	var del []doomed
+	if err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
+		if gone(k, f) {
+			del = append(del, doomed{k, f.replyKey()})
+		}
+	}); err != nil {
+		return err
+	}
+	flows, replies := e.coll.Maps["flows"], e.coll.Maps["replies"]
+	for _, d := range del {
+		if err := flows.Delete(d.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting a flow: %w", err)
+		}
+		if err := replies.Delete(d.reply); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting a flow's reply entry: %w", err)
+		}
+	}
+	return nil
+}
+
+// sweepEvery sweeps the flow table every interval until stop closes.
+func (e *ebpfPath) sweepEvery(interval time.Duration, stop <-chan struct{}) {
+	t := e.clock.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C():
+		}
+		if err := e.sweep(); err != nil {
+			e.log.Error(err, "Sweeping the eBPF kernel path's flow table")
+		}
+	}
+}
+
+// sweep deletes the flows that ended or idled past their frontend's idle
+// timeout, the reply entries no flow owns (a client port used again
+// replaces its flow), and the removed frontends none of whose flows is
+// left.
+func (e *ebpfPath) sweep() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.coll == nil {
+		return nil
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		return err
+	}
+	if err := e.deleteFlows(func(k bpfTuple, f bpfFlow) bool {
+		idle, ok := e.idle[bpfFrontendKeyOf(k.frontendKey())]
+		if !ok {
+			idle = DefaultTCPIdleTimeout
+		}
+		return f.expired(time.Duration(int64(now)-int64(f.Seen)), idle)
+	}); err != nil {
+		return err
+	}
+	if err := e.deleteOrphanReplies(); err != nil {
+		return err
+	}
+	return e.deleteDrainedFrontends()
+}
+
+// deleteOrphanReplies deletes the reply entries whose flow is gone or
+// has another source now. e.mu is held.
+func (e *ebpfPath) deleteOrphanReplies() error {
+	flows, replies := e.coll.Maps["flows"], e.coll.Maps["replies"]
+	var orphans []bpfTuple
+	var k bpfTuple
+	var r bpfReply
+	it := replies.Iterate()
+	for it.Next(&k, &r) {
+		var f bpfFlow
+		if err := flows.Lookup(r.Client, &f); err != nil || f.replyKey() != k {
+			orphans = append(orphans, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading the eBPF reply table: %w", err)
+	}
+	for _, o := range orphans {
+		if err := replies.Delete(o); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting a reply entry: %w", err)
+		}
+	}
+	return nil
+}
+
+// deleteDrainedFrontends deletes the removed frontends' entries once
+// none of their flows is left. e.mu is held.
+func (e *ebpfPath) deleteDrainedFrontends() error {
+	draining := map[bpfFrontendKey]bool{}
+	for k, fe := range e.installed.frontends {
+		if fe.ID == 0 {
+			draining[k] = true
+		}
+	}
+	if len(draining) == 0 {
+		return nil
+	}
+	if err := e.eachFlow(func(k bpfTuple, _ bpfFlow) {
+		delete(draining, bpfFrontendKeyOf(k.frontendKey()))
+	}); err != nil {
+		return err
+	}
+	for k := range draining {
+		if err := e.coll.Maps["frontends"].Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting a removed frontend: %w", err)
+		}
+		delete(e.installed.frontends, k)
+	}
+	return nil
+}
+
+// monotonicNow is the clock of the program's bpf_ktime_get_ns.
+func monotonicNow() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, fmt.Errorf("reading the monotonic clock: %w", err)
+	}
+	return uint64(ts.Nano()), nil
+}

@@ -1,0 +1,73 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// KernelPath says how the kernel engine forwards its frontends' flows.
+type KernelPath string
+
+const (
+	// KernelPathNftables translates flows with nftables NAT rules and
+	// carries them in conntrack (kernel.go): every protocol and family
+	// the engine serves, and clients on the load balancer's host too.
+	KernelPathNftables KernelPath = "nftables"
+	// KernelPathEBPF translates flows with a tc program and a flow table
+	// of its own, without conntrack (kernel_ebpf.go): IPv4 TCP frontends,
+	// clients and backends on other hosts. It costs a new connection
+	// about a third of what nftables does (docs/benchmarks.md).
+	KernelPathEBPF KernelPath = "ebpf"
+)
+
+// kernelPath is what the kernel engine needs of a way to forward flows in
+// the kernel. The frontends it is given are the kernel engine's.
+type kernelPath interface {
+	// unsupported says why this path cannot serve a frontend the kernel
+	// engine otherwise could, or "".
+	unsupported(f *Frontend) string
+	// sync makes the kernel forward the frontends' new flows as their
+	// backend sets say; flows already forwarded keep their backend.
+	// Without prepare it may leave work for the owners' next changes
+	// undone, and says with stale whether a sync with prepare should
+	// follow.
+	sync(frontends []*frontend, m *metrics, prepare bool) (stale bool, err error)
+	// flipOwner applies one owner's admin-state change on a fast path if
+	// it can, and reports whether it did; sync does it otherwise.
+	flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error)
+	// activeFlows counts the open flows of the frontends, by frontend and
+	// backend.
+	activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error)
+	// dropFlows ends the flows frontend fe forwards to backend (its
+	// drain timeout ran out).
+	dropFlows(fe frontendKey, backend netip.AddrPort) error
+	// remove stops the kernel forwarding anything of the engine's.
+	remove() error
+	// close lets go of what the process holds; the kernel keeps
+	// forwarding, so that a restart of ebb lb drops no flow.
+	close()
+}
+
+// newKernelPath returns the kernel path opts name.
+func newKernelPath(opts Options) (kernelPath, error) {
+	switch opts.KernelPath {
+	case "", KernelPathNftables:
+		return newKernelEngine(opts.KernelTable, opts.NetNS), nil
+	case KernelPathEBPF:
+		return newEBPFPath(opts), nil
+	default:
+		return nil, fmt.Errorf("kernel path %q is not supported: use nftables or ebpf", opts.KernelPath)
+	}
+}
+
+// unsupported: the nftables path serves whatever the kernel engine can.
+func (k *kernelEngine) unsupported(*Frontend) string { return "" }
+
+// kernelUnsupported says why the kernel engine, on this data plane's
+// kernel path, cannot serve a frontend, or "".
+func (d *DataPlane) kernelUnsupported(f *Frontend) string {
+	if why := kernelUnsupported(f); why != "" {
+		return why
+	}
+	return d.kernel.unsupported(f)
+}
