@@ -38,17 +38,19 @@ const (
 	changeSpacing = 150 * time.Millisecond
 )
 
-// applyToEffect measures adminStateTimes in-process.
-func applyToEffect(engine dataplane.Engine) (adminStateTimes, error) {
+// applyToEffect measures adminStateTimes in-process, with a data plane of
+// opts (the engine, the kernel path, the namespace).
+func applyToEffect(opts dataplane.Options) (adminStateTimes, error) {
 	var out adminStateTimes
 	reg := prometheus.NewRegistry()
-	dp, err := dataplane.New(dataplane.Options{Engine: engine, KernelTable: benchKernelTable, Registerer: reg})
+	opts.KernelTable, opts.Registerer = benchKernelTable, reg
+	dp, err := dataplane.New(opts)
 	if err != nil {
 		return out, err
 	}
 	defer dp.Close()
-	if engine == dataplane.EngineKernel {
-		defer removeKernelTable(0)
+	if opts.Engine == dataplane.EngineKernel {
+		defer func() { _ = dp.RemoveKernelTable() }()
 	}
 	cfg, err := adminStateConfig()
 	if err != nil {
@@ -96,7 +98,7 @@ func applyToEffect(engine dataplane.Engine) (adminStateTimes, error) {
 	out.ownerP99 = us(stats.Percentile(owner, 0.99))
 	out.ownerDownP99 = us(stats.Percentile(down, 0.99))
 	out.spacedDownP99 = us(stats.Percentile(spaced, 0.99))
-	if engine == dataplane.EngineKernel {
+	if opts.Engine == dataplane.EngineKernel && opts.KernelPath != dataplane.KernelPathEBPF {
 		if out.prepareMean, err = meanSync(reg, "entries"); err != nil {
 			return out, err
 		}

@@ -131,6 +131,18 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 		// The floor of a kernel data path without conntrack: an eBPF
 		// program on the LB host's client-side interface and its own
 		// flow table (bench/dataplane/bpf/minimal_nat.c).
+		// ebb's kernel engine on its eBPF path: a tc program and a flow
+		// table of its own, no conntrack (internal/dataplane/bpf).
+		// Clients on the LB host itself are not its to serve, so it
+		// runs in the routed topology only.
+		all = append(all, contender{name: "ebb-ebpf", prefix: "ebpf_", start: func(fe string, _ bool) (*lbProcess, error) {
+			p, err := startEbb(t, ebbBin, dir, fe, addrs, false, "--engine", "Kernel", "--kernel-path", "ebpf", "--kernel-table", benchKernelTable)
+			if p != nil {
+				p.name = "ebb-ebpf"
+				p.cleanup = func() { removeEBPFPath(t.lbNetNS()) } // its pins outlive it, by design
+			}
+			return p, err
+		}})
 		all = append(all, contender{name: "minimal-ebpf", prefix: "minimal_ebpf_", start: func(fe string, _ bool) (*lbProcess, error) {
 			return startMinimalEBPF(t, dir, fe, addrs)
 		}})
@@ -140,8 +152,8 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 		if only != "" && !slices.Contains(strings.Split(only, ","), c.name) {
 			continue
 		}
-		if c.name == "minimal-ebpf" && os.Geteuid() != 0 {
-			fmt.Fprintln(os.Stderr, "bench-dataplane: not root, leaving out minimal-ebpf (loading BPF programs needs CAP_BPF and CAP_NET_ADMIN)")
+		if (c.name == "minimal-ebpf" || c.name == "ebb-ebpf") && os.Geteuid() != 0 {
+			fmt.Fprintf(os.Stderr, "bench-dataplane: not root, leaving out %s (loading BPF programs needs CAP_BPF and CAP_NET_ADMIN)\n", c.name)
 			continue
 		}
 		if c.name == "ebb-kernel" && os.Geteuid() != 0 {
@@ -159,6 +171,15 @@ const benchKernelTable = "ebb-bench"
 
 func removeKernelTable(netns int) {
 	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable, NetNS: netns})
+	if err == nil {
+		_ = dp.RemoveKernelTable()
+		_ = dp.Close()
+	}
+}
+
+// removeEBPFPath removes the pins of the eBPF kernel path under test.
+func removeEBPFPath(netns int) {
+	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable, KernelPath: dataplane.KernelPathEBPF, NetNS: netns})
 	if err == nil {
 		_ = dp.RemoveKernelTable()
 		_ = dp.Close()
@@ -217,29 +238,40 @@ func run(topo, ebbBin string, d time.Duration, rounds, pairs int, out string, pr
 			results[c.name] = append(results[c.name], res)
 		}
 	}
-	proxy, err := applyToEffect(dataplane.EngineProxy)
+	proxy, err := applyToEffect(dataplane.Options{Engine: dataplane.EngineProxy})
 	if err != nil {
 		return err
 	}
-	var kernel adminStateTimes
+	var kernel, ebpf adminStateTimes
 	if os.Geteuid() == 0 {
-		if kernel, err = applyToEffect(dataplane.EngineKernel); err != nil {
+		if kernel, err = applyToEffect(dataplane.Options{Engine: dataplane.EngineKernel}); err != nil {
 			return fmt.Errorf("kernel engine: %w", err)
 		}
 	}
+	if slices.ContainsFunc(cs, func(c contender) bool { return c.name == "ebb-ebpf" }) {
+		// In the LB host's namespace: the path attaches to every
+		// interface of its namespace, and this machine's are not the
+		// benchmark's to touch.
+		if ebpf, err = applyToEffect(dataplane.Options{Engine: dataplane.EngineKernel, KernelPath: dataplane.KernelPathEBPF, NetNS: t.lbNetNS()}); err != nil {
+			return fmt.Errorf("kernel engine, eBPF path: %w", err)
+		}
+	}
 	summary := map[string]any{
-		"date":                               time.Now().UTC().Format(time.RFC3339),
-		"topology":                           topo,
-		"rounds":                             rounds,
-		"system_pairs":                       pairs,
-		"apply_to_effect_us_p99":             proxy.applyP99,
-		"owner_admin_state_us_p99":           proxy.ownerP99,
-		"owner_admin_down_us_p99":            proxy.ownerDownP99,
-		"nft_apply_to_effect_us_p99":         kernel.applyP99,
-		"nft_owner_admin_state_us_p99":       kernel.ownerP99,
-		"nft_owner_admin_down_us_p99":        kernel.ownerDownP99,
-		"nft_owner_admin_down_spaced_us_p99": kernel.spacedDownP99,
-		"nft_prepare_us_mean":                kernel.prepareMean,
+		"date":                                time.Now().UTC().Format(time.RFC3339),
+		"topology":                            topo,
+		"rounds":                              rounds,
+		"system_pairs":                        pairs,
+		"apply_to_effect_us_p99":              proxy.applyP99,
+		"owner_admin_state_us_p99":            proxy.ownerP99,
+		"owner_admin_down_us_p99":             proxy.ownerDownP99,
+		"nft_apply_to_effect_us_p99":          kernel.applyP99,
+		"nft_owner_admin_state_us_p99":        kernel.ownerP99,
+		"nft_owner_admin_down_us_p99":         kernel.ownerDownP99,
+		"nft_owner_admin_down_spaced_us_p99":  kernel.spacedDownP99,
+		"nft_prepare_us_mean":                 kernel.prepareMean,
+		"ebpf_apply_to_effect_us_p99":         ebpf.applyP99,
+		"ebpf_owner_admin_down_us_p99":        ebpf.ownerDownP99,
+		"ebpf_owner_admin_down_spaced_us_p99": ebpf.spacedDownP99,
 	}
 	for _, c := range cs {
 		addKeys(summary, c.prefix, medians(results[c.name]))

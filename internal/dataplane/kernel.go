@@ -63,16 +63,9 @@ type kernelEngine struct {
 
 	mu   sync.Mutex // one transaction at a time
 	conn *nftables.Conn
-	// installed is what the kernel's tables hold: each kernel frontend
-	// and the backend set its rules were built from, and each table's
-	// owners; nil when unknown.
-	installed map[*frontend]installedFrontend
-	owners    map[nftables.TableFamily]ownerTable
-	// preparedAll: the installed entries are prepared for every owner's
-	// next change (see flipOwner); preparedOwner: for that owner's only
-	// (the one that changed last, by flipOwner).
-	preparedAll   bool
-	preparedOwner string
+	// slotState is what the kernel's tables hold (nil installed when
+	// unknown).
+	slotState
 }
 
 // installedFrontend is what the tables hold for a frontend: the backend
@@ -199,7 +192,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 
 // eligibilityChanged reports whether a backend's eligibility differs from
 // the one the installed entries were planned by.
-func (k *kernelEngine) eligibilityChanged(want map[*frontend]installedFrontend) bool {
+func (k *slotState) eligibilityChanged(want map[*frontend]installedFrontend) bool {
 	for f, w := range want {
 		have := k.installed[f].elig
 		if !slices.Equal(have.now, w.elig.now) || !slices.Equal(have.back, w.elig.back) {
@@ -246,7 +239,7 @@ func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (want map[*fron
 
 // sameStructure reports whether the frontends, their backend sets and
 // their places in the tables are the ones installed.
-func (k *kernelEngine) sameStructure(want map[*frontend]installedFrontend) bool {
+func (k *slotState) sameStructure(want map[*frontend]installedFrontend) bool {
 	if k.installed == nil || len(k.installed) != len(want) {
 		return false
 	}

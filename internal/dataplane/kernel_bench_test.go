@@ -24,15 +24,19 @@ func fiftyByTen(frontend func(f int) Frontend) Config {
 	return cfg
 }
 
-// kernelBenchPlane is a kernel-engine data plane in a network namespace of
-// its own, serving fiftyByTen.
-func kernelBenchPlane(b *testing.B) (*DataPlane, Config) {
+// kernelBenchPlane is a kernel-engine data plane on path in a network
+// namespace of its own, serving fiftyByTen.
+func kernelBenchPlane(b *testing.B, path KernelPath) (*DataPlane, Config) {
 	host, err := network.NewHost("bench")
 	if err != nil {
 		b.Fatalf("making a network namespace: %v", err)
 	}
 	b.Cleanup(host.Close)
-	d, err := New(Options{Engine: EngineKernel, NetNS: host.NetNS()})
+	opts := Options{Engine: EngineKernel, KernelPath: path, NetNS: host.NetNS()}
+	if path == KernelPathEBPF {
+		b.Cleanup(func() { _ = newEBPFPath(opts).remove() })
+	}
+	d, err := New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,7 +63,18 @@ func alternate(i int) AdminState {
 // each): the cost of a leaving node in the kernel engine, through the node
 // fast path and through a whole configuration.
 func BenchmarkKernelAdminState(b *testing.B) {
-	d, cfg := kernelBenchPlane(b)
+	forEachKernelPath(b, benchKernelAdminState)
+}
+
+// forEachKernelPath runs bench against each path of the kernel engine.
+func forEachKernelPath(b *testing.B, bench func(b *testing.B, path KernelPath)) {
+	for _, path := range []KernelPath{KernelPathNftables, KernelPathEBPF} {
+		b.Run(string(path), func(b *testing.B) { bench(b, path) })
+	}
+}
+
+func benchKernelAdminState(b *testing.B, path KernelPath) {
+	d, cfg := kernelBenchPlane(b, path)
 	b.Run("SetOwnerAdminState", func(b *testing.B) {
 		b.ReportAllocs()
 		var took []time.Duration
@@ -95,7 +110,11 @@ func benchApplyAdminState(b *testing.B, d *DataPlane, cfg Config) {
 // BenchmarkKernelPrepare is the sync that prepares the entries after a
 // node's change (run off the change's path).
 func BenchmarkKernelPrepare(b *testing.B) {
-	d, _ := kernelBenchPlane(b)
+	forEachKernelPath(b, benchKernelPrepare)
+}
+
+func benchKernelPrepare(b *testing.B, path KernelPath) {
+	d, _ := kernelBenchPlane(b, path)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/go-logr/logr"
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebbdev/ebb/internal/netnsexec"
@@ -50,9 +51,12 @@ type ebpfPath struct {
 	dir   string // the pin directory of this namespace and table
 	coll  *ebpf.Collection
 	links []link.Link
-	// installed is what the maps hold, as this process last wrote or
+	// contents is what the maps hold, as this process last wrote or
 	// first read them.
-	installed *bpfContents
+	contents *bpfContents
+	// slotState is the slot plan the maps hold (nil installed after a
+	// load: the first sync plans afresh).
+	slotState
 	// idle is each frontend's idle timeout, for the sweeper.
 	idle      map[bpfFrontendKey]time.Duration
 	stopSweep chan struct{}
@@ -159,15 +163,16 @@ func (e *ebpfPath) load() error {
 		coll.Close()
 		return err
 	}
-	installed, err := readContents(coll)
+	contents, err := readContents(coll)
 	if err != nil {
 		closeLinks(links)
 		coll.Close()
 		return err
 	}
-	e.dir, e.coll, e.links, e.installed = dir, coll, links, installed
+	e.dir, e.coll, e.links, e.contents = dir, coll, links, contents
+	e.slotState = slotState{}
 	e.stopSweep = make(chan struct{})
-	go e.sweepEvery(time.Second, e.stopSweep)
+	go e.sweepEvery(bpfSweepInterval, e.stopSweep)
 	return nil
 }
 
@@ -277,11 +282,12 @@ func closeLinks(links []link.Link) {
 	}
 }
 
-// sync writes the maps for frontends. The eBPF maps are updated element
-// by element, in an order that keeps every lookup of a new flow
-// consistent (kernel_ebpf_maps.go); an owner's state is one element, as
-// in the nftables path, and written last.
-func (e *ebpfPath) sync(frontends []*frontend, m *metrics, _ bool) (bool, error) {
+// sync writes the maps for frontends: the nftables path's slot plan
+// (kernelEngine.sync), element by element, in an order that keeps every
+// lookup of a new flow consistent (write). Without prepare, the entries
+// prepared for owners' next changes are left as they are, and stale says
+// whether a later sync with prepare should bring them up to date.
+func (e *ebpfPath) sync(frontends []*frontend, m *metrics, prepare bool) (stale bool, err error) {
 	start := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -293,31 +299,88 @@ func (e *ebpfPath) sync(frontends []*frontend, m *metrics, _ bool) (bool, error)
 		m.kernelFailures.Inc()
 		return false, err
 	}
-	want := e.plan(frontends)
-	if e.installed.sameButOwners(want) && kind != "rebuild" {
+	owners, err := e.ownerTable(frontends)
+	if err != nil {
+		m.kernelFailures.Inc()
+		return false, err
+	}
+	ids, err := e.frontendIDs(frontends)
+	if err != nil {
+		m.kernelFailures.Inc()
+		return false, err
+	}
+	want := make(map[*frontend]installedFrontend, len(frontends))
+	for _, f := range frontends {
+		set := f.set.Load()
+		want[f] = installedFrontend{set: set, family: nftables.TableFamilyIPv4, index: int(ids[f]), elig: eligibilityOf(set)}
+	}
+	same := e.sameStructure(want)
+	prepared := true
+	if same {
+		stale = !prepare && e.eligibilityChanged(want)
+		prepared = prepare || (e.preparedAll && !stale)
+	}
+	for f, w := range want {
+		var prev *slotPlan
+		if same {
+			have := e.installed[f].plan
+			prev = &have
+		}
+		w.plan = planSlots(w.set, owners, w.elig, prev, prepare)
+		want[f] = w
+	}
+	contents := e.render(want, owners)
+	changed, err := e.write(contents)
+	if changed == 0 && kind != "rebuild" {
 		kind = "owners"
 	}
-	if err := e.write(want); err != nil {
+	if err != nil {
 		m.kernelFailures.Inc()
-		// What the maps hold is unknown now: read it back.
+		// What the maps hold is unknown now: read it back, and plan
+		// afresh.
 		if got, rerr := readContents(e.coll); rerr == nil {
-			e.installed = got
+			e.contents = got
 		}
+		e.slotState = slotState{}
 		return false, fmt.Errorf("writing the eBPF kernel path's maps: %w", err)
 	}
-	e.installed = want
+	e.contents = contents
+	e.slotState = slotState{installed: want, owners: map[nftables.TableFamily]ownerTable{nftables.TableFamilyIPv4: owners}, preparedAll: prepared}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
-	for _, f := range frontends {
-		for _, b := range f.set.Load().backends {
-			b.inKernel.Store(b.eligible())
+	for _, w := range want {
+		for j, b := range w.set.backends {
+			b.inKernel.Store(w.elig.now[j])
 		}
 	}
-	return false, nil
+	return stale, nil
 }
 
-// flipOwner: every sync of the eBPF path is as cheap as a flip (it writes
-// only the elements that changed), so there is no separate fast path.
-func (e *ebpfPath) flipOwner([]*frontend, string, *metrics) (bool, error) { return false, nil }
+// flipOwner is the eBPF path's fast path for one owner's admin-state
+// change (see planFlip): one element of the owners map.
+func (e *ebpfPath) flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error) {
+	start := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.coll == nil {
+		return false, nil
+	}
+	changed, ok := e.planFlip(frontends, owner)
+	if !ok {
+		return false, nil
+	}
+	if state, flips := changed[nftables.TableFamilyIPv4]; flips {
+		id := e.owners[nftables.TableFamilyIPv4].ids[owner]
+		if err := e.coll.Maps["owners"].Put(id, uint32(state)); err != nil {
+			m.kernelFailures.Inc()
+			e.slotState = slotState{}
+			return false, fmt.Errorf("changing %s in the owners map: %w", owner, err)
+		}
+		e.contents.owners[id] = uint32(state)
+	}
+	e.recordFlip(frontends, owner, changed)
+	m.kernelSyncs.WithLabelValues("owners").Observe(time.Since(start).Seconds())
+	return true, nil
+}
 
 // remove detaches the program and unpins everything: new and established
 // flows alike are no longer forwarded.
@@ -354,7 +417,7 @@ func (e *ebpfPath) release() {
 	if e.coll != nil {
 		e.coll.Close()
 	}
-	e.coll, e.links, e.installed = nil, nil, nil
+	e.coll, e.links, e.contents, e.slotState = nil, nil, nil, slotState{}
 }
 
 // ebpfAddr is an IPv4 address as the program keeps it, or false for

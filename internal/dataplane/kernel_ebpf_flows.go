@@ -11,8 +11,8 @@ import (
 )
 
 // The flow table of the eBPF kernel path (bpf/ebb_lb.c): flows, keyed by
-// the client's packets' addresses and ports, and replies, keyed by the
-// backend's.
+// the client's packets' addresses and ports. (Its twin, replies, keyed by
+// the backend's, only the program reads; deleteFlows deletes by key.)
 type (
 	bpfTuple struct {
 		Saddr, Daddr [4]byte
@@ -24,11 +24,6 @@ type (
 		Flags           uint32
 		OutIfindex      uint32
 	}
-	bpfReply struct {
-		Client    bpfTuple
-		InIfindex uint32
-		Pad       uint32
-	}
 )
 
 // A flow's flags, as the program sets them.
@@ -39,16 +34,15 @@ const (
 	bpfFlowAnswered   = 8
 )
 
-// How long the sweeper leaves a flow in the table after it ended: long
-// enough for the segments still in flight (the last ACK after both FINs,
-// a retransmitted FIN), as conntrack's TIME_WAIT does for far longer.
-const (
-	bpfResetLinger  = time.Second
-	bpfClosedLinger = 10 * time.Second
-	// bpfUnansweredTimeout ends a flow the backend never answered (a
-	// client's SYN retries are over by then).
-	bpfUnansweredTimeout = 30 * time.Second
-)
+// bpfUnansweredTimeout ends a flow the backend never answered (a
+// client's SYN retries are over by then).
+const bpfUnansweredTimeout = 30 * time.Second
+
+// bpfSweepInterval is how often the sweeper reads the flow table. It
+// ends idle flows (minutes) and unanswered ones; ended flows it leaves
+// to the table's LRU and to the program, which takes their source ports
+// over, so that a connection costs no system call of ebb's.
+const bpfSweepInterval = 10 * time.Second
 
 // over reports whether the flow has ended: reset, or closed both ways.
 func (f *bpfFlow) over() bool {
@@ -61,14 +55,12 @@ func (f *bpfFlow) replyKey() bpfTuple {
 	return bpfTuple{Saddr: f.Backend.Addr, Sport: f.Backend.Port, Daddr: f.Source.Addr, Dport: f.Source.Port}
 }
 
-// expired reports whether the sweeper should delete a flow age after its
-// last packet.
+// expired reports whether the sweeper should delete a flow that has
+// not ended, age after its last packet.
 func (f *bpfFlow) expired(age, idle time.Duration) bool {
 	switch {
-	case f.Flags&bpfFlowRST != 0:
-		return age > bpfResetLinger
 	case f.over():
-		return age > bpfClosedLinger
+		return false
 	case f.Flags&bpfFlowAnswered == 0:
 		return age > bpfUnansweredTimeout
 	}
@@ -83,18 +75,29 @@ func (b bpfEndpoint) addrPort() netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4(b.Addr), portOf(b.Port))
 }
 
-// eachFlow calls fn with every flow in the table. e.mu is held.
+// eachFlow calls fn with every flow in the table, read in batches (a
+// system call per few thousand flows). e.mu is held.
 func (e *ebpfPath) eachFlow(fn func(k bpfTuple, f bpfFlow)) error {
-	var k bpfTuple
-	var f bpfFlow
-	it := e.coll.Maps["flows"].Iterate()
-	for it.Next(&k, &f) {
-		fn(k, f)
+	return eachElement(e.coll.Maps["flows"], fn)
+}
+
+// eachElement calls fn with every element of the hash map m.
+func eachElement[K, V any](m *ebpf.Map, fn func(k K, v V)) error {
+	const batch = 4096
+	keys, values := make([]K, batch), make([]V, batch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		for i := range n {
+			fn(keys[i], values[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", m.String(), err)
+		}
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading the eBPF flow table: %w", err)
-	}
-	return nil
 }
 
 // activeFlows counts the flows that have not ended, by frontend and
@@ -171,9 +174,8 @@ func (e *ebpfPath) sweepEvery(interval time.Duration, stop <-chan struct{}) {
 	}
 }
 
-// sweep deletes the flows that ended or idled past their frontend's idle
-// timeout, the reply entries no flow owns (a client port used again
-// replaces its flow), and the removed frontends none of whose flows is
+// sweep deletes the flows idle past their frontend's idle timeout and
+// those never answered, and the removed frontends none of whose flows is
 // left.
 func (e *ebpfPath) sweep() error {
 	e.mu.Lock()
@@ -194,42 +196,14 @@ func (e *ebpfPath) sweep() error {
 	}); err != nil {
 		return err
 	}
-	if err := e.deleteOrphanReplies(); err != nil {
-		return err
-	}
 	return e.deleteDrainedFrontends()
 }
 
-// deleteOrphanReplies deletes the reply entries whose flow is gone or
-// has another source now. e.mu is held.
-func (e *ebpfPath) deleteOrphanReplies() error {
-	flows, replies := e.coll.Maps["flows"], e.coll.Maps["replies"]
-	var orphans []bpfTuple
-	var k bpfTuple
-	var r bpfReply
-	it := replies.Iterate()
-	for it.Next(&k, &r) {
-		var f bpfFlow
-		if err := flows.Lookup(r.Client, &f); err != nil || f.replyKey() != k {
-			orphans = append(orphans, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading the eBPF reply table: %w", err)
-	}
-	for _, o := range orphans {
-		if err := replies.Delete(o); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting a reply entry: %w", err)
-		}
-	}
-	return nil
-}
-
 // deleteDrainedFrontends deletes the removed frontends' entries once
-// none of their flows is left. e.mu is held.
+// every flow of theirs has ended. e.mu is held.
 func (e *ebpfPath) deleteDrainedFrontends() error {
 	draining := map[bpfFrontendKey]bool{}
-	for k, fe := range e.installed.frontends {
+	for k, fe := range e.contents.frontends {
 		if fe.ID == 0 {
 			draining[k] = true
 		}
@@ -237,8 +211,10 @@ func (e *ebpfPath) deleteDrainedFrontends() error {
 	if len(draining) == 0 {
 		return nil
 	}
-	if err := e.eachFlow(func(k bpfTuple, _ bpfFlow) {
-		delete(draining, bpfFrontendKeyOf(k.frontendKey()))
+	if err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
+		if !f.over() {
+			delete(draining, bpfFrontendKeyOf(k.frontendKey()))
+		}
 	}); err != nil {
 		return err
 	}
@@ -246,7 +222,7 @@ func (e *ebpfPath) deleteDrainedFrontends() error {
 		if err := e.coll.Maps["frontends"].Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("deleting a removed frontend: %w", err)
 		}
-		delete(e.installed.frontends, k)
+		delete(e.contents.frontends, k)
 	}
 	return nil
 }

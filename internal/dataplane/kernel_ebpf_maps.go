@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -50,8 +50,11 @@ const (
 	bpfFrontendRanges   = 2
 )
 
-// bpfMaxOwners is the size of the owners map.
-const bpfMaxOwners = 65536
+// The sizes of the frontends and owners maps.
+const (
+	bpfMaxFrontends = 4096
+	bpfMaxOwners    = 65536
+)
 
 // bpfContents is what the selection maps hold. A frontend of ID 0 is one
 // that was removed and still has flows: it takes no new flow, and the
@@ -66,19 +69,17 @@ type bpfContents struct {
 	ownerNames map[uint32]string
 }
 
-func newBPFContents() *bpfContents {
-	return &bpfContents{
-		frontends: map[bpfFrontendKey]bpfFrontend{}, homes: map[bpfSlotKey]uint32{},
-		backends: map[bpfBackendKey]bpfEndpoint{}, ranges: map[bpfRangeKey]uint32{},
-		owners: map[uint32]uint32{}, ownerNames: map[uint32]string{},
+// newBPFContents is empty contents with room for as many elements as
+// like holds (nil: none).
+func newBPFContents(like *bpfContents) *bpfContents {
+	if like == nil {
+		like = &bpfContents{}
 	}
-}
-
-// sameButOwners reports whether want differs from c in owners' states
-// only (or not at all).
-func (c *bpfContents) sameButOwners(want *bpfContents) bool {
-	return c != nil && maps.Equal(c.frontends, want.frontends) && maps.Equal(c.homes, want.homes) &&
-		maps.Equal(c.backends, want.backends) && maps.Equal(c.ranges, want.ranges) && maps.Equal(c.ownerNames, want.ownerNames)
+	return &bpfContents{
+		frontends: make(map[bpfFrontendKey]bpfFrontend, len(like.frontends)), homes: make(map[bpfSlotKey]uint32, len(like.homes)),
+		backends: make(map[bpfBackendKey]bpfEndpoint, len(like.backends)), ranges: make(map[bpfRangeKey]uint32, len(like.ranges)),
+		owners: make(map[uint32]uint32, len(like.owners)), ownerNames: make(map[uint32]string, len(like.ownerNames)),
+	}
 }
 
 func bpfFrontendKeyOf(k frontendKey) bpfFrontendKey {
@@ -91,20 +92,15 @@ func bpfEndpointOf(ap netip.AddrPort) bpfEndpoint {
 	return bpfEndpoint{Addr: a, Port: bigEndianPort(ap.Port())}
 }
 
-// plan computes what the maps should hold for frontends. Frontends and
-// owners keep the ids the maps gave them (so that a change rewrites only
-// what changed, and a restart nothing); new ones take the lowest free
-// ids. The slots are the nftables path's (kernel_slots.go), with the
-// entries of both states of each slot's home owner exact.
-func (e *ebpfPath) plan(frontends []*frontend) *bpfContents {
-	have := e.installed
-	want := newBPFContents()
-	slices.SortFunc(frontends, func(a, b *frontend) int { return compareNames(a, b) })
-
+// ownerTable is the owners of the frontends' backends, with the ids the
+// maps gave them (so that a change rewrites only what changed, and a
+// restart nothing); new ones take the lowest free ids. An owner is down
+// when any of its backends is admin Down, as in the nftables path.
+func (e *ebpfPath) ownerTable(frontends []*frontend) (ownerTable, error) {
 	owners := ownerTable{ids: map[string]uint32{}}
-	ownerIDs := freeIDs{used: map[uint32]bool{}}
+	ids := freeIDs{used: map[uint32]bool{}}
 	known := map[string]uint32{}
-	for id, name := range have.ownerNames {
+	for id, name := range e.contents.ownerNames {
 		known[name] = id
 	}
 	down := map[string]bool{}
@@ -121,86 +117,100 @@ func (e *ebpfPath) plan(frontends []*frontend) *bpfContents {
 	for _, name := range names {
 		if id, ok := known[name]; ok {
 			owners.ids[name] = id
-			ownerIDs.used[id] = true
+			ids.used[id] = true
 		}
 	}
 	for _, name := range names {
 		if _, ok := owners.ids[name]; !ok {
-			owners.ids[name] = ownerIDs.next()
+			owners.ids[name] = ids.next()
 		}
 	}
-	owners.state = make([]ownerState, ownerIDs.max()+1)
+	if ids.max() >= bpfMaxOwners {
+		return owners, fmt.Errorf("%d nodes own backends: the eBPF kernel path holds %d at most", len(names), bpfMaxOwners-1)
+	}
+	owners.state = make([]ownerState, ids.max()+1)
 	for name, id := range owners.ids {
 		if down[name] {
 			owners.state[id] = ownerDown
 		}
-		want.owners[id] = uint32(owners.state[id])
-		want.ownerNames[id] = name
 	}
+	return owners, nil
+}
 
-	frontendIDs := freeIDs{used: map[uint32]bool{}}
-	keys := make([]bpfFrontendKey, len(frontends))
-	for i, f := range frontends {
-		keys[i] = bpfFrontendKeyOf(f.key)
-	}
-	// The ids of frontends removed now are not given to new ones before
-	// the next sync: until the removed ones' entries change, new flows to
-	// them may still look up their old id's slots.
-	for _, fe := range have.frontends {
+// frontendIDs gives each frontend the id the maps gave it, or the lowest
+// free one. The ids of frontends removed now are not given to new ones
+// before the next sync: until the removed ones' entries change, new flows
+// to them may still look up their old id's slots.
+func (e *ebpfPath) frontendIDs(frontends []*frontend) (map[*frontend]uint32, error) {
+	ids := freeIDs{used: map[uint32]bool{}}
+	for _, fe := range e.contents.frontends {
 		if fe.ID != 0 {
-			frontendIDs.used[fe.ID] = true
+			ids.used[fe.ID] = true
 		}
+	}
+	slices.SortFunc(frontends, compareNames)
+	out := make(map[*frontend]uint32, len(frontends))
+	for _, f := range frontends {
+		id := e.contents.frontends[bpfFrontendKeyOf(f.key)].ID
+		if id == 0 {
+			id = ids.next()
+		}
+		out[f] = id
+	}
+	if ids.max() >= bpfMaxFrontends {
+		return nil, fmt.Errorf("%d frontends: the eBPF kernel path holds %d at most", len(frontends), bpfMaxFrontends-1)
+	}
+	return out, nil
+}
+
+// render is what the maps hold for the planned frontends (their index is
+// their id) and owners: the entries of both states of each slot's home
+// owner, as planned. Removed frontends stay, taking no new flow, until
+// their flows end.
+func (e *ebpfPath) render(want map[*frontend]installedFrontend, owners ownerTable) *bpfContents {
+	c := newBPFContents(e.contents)
+	for name, id := range owners.ids {
+		c.owners[id] = uint32(owners.state[id])
+		c.ownerNames[id] = name
 	}
 	idle := map[bpfFrontendKey]time.Duration{}
-	for i, f := range frontends {
-		set := f.set.Load()
-		id := have.frontends[keys[i]].ID
-		if id == 0 {
-			id = frontendIDs.next()
-		}
-		plan := planSlots(set, owners, eligibilityOf(set), nil, true)
-		fe := bpfFrontend{ID: id, Slots: uint32(len(plan.homes))}
-		if set.cfg.Balancing == ClientIP {
+	for f, w := range want {
+		id := uint32(w.index)
+		fe := bpfFrontend{ID: id, Slots: uint32(len(w.plan.homes))}
+		if w.set.cfg.Balancing == ClientIP {
 			fe.Flags |= bpfFrontendClientIP
 		}
-		for s, owner := range plan.homes {
-			want.homes[bpfSlotKey{Frontend: id, Slot: uint32(s)}] = owner
+		for s, owner := range w.plan.homes {
+			c.homes[bpfSlotKey{Frontend: id, Slot: uint32(s)}] = owner
 			for _, state := range []ownerState{ownerUp, ownerDown} {
-				if j := plan.entries[state][s]; j >= 0 {
-					want.backends[bpfBackendKey{Frontend: id, Slot: uint32(s), State: uint32(state)}] = bpfEndpointOf(set.backends[j].key)
+				if j := w.plan.entries[state][s]; j >= 0 {
+					c.backends[bpfBackendKey{Frontend: id, Slot: uint32(s), State: uint32(state)}] = bpfEndpointOf(w.set.backends[j].key)
 				}
 			}
 		}
-		for _, r := range set.cfg.SourceRanges {
+		for _, r := range w.set.cfg.SourceRanges {
 			p, err := netip.ParsePrefix(r)
 			if err != nil || !p.Addr().Is4() {
 				continue // validated; a range of the other family lets nobody in
 			}
 			fe.Flags |= bpfFrontendRanges
-			want.ranges[bpfRangeKey{Prefixlen: 32 + uint32(p.Bits()), Frontend: id, Addr: p.Masked().Addr().As4()}] = 1
+			c.ranges[bpfRangeKey{Prefixlen: 32 + uint32(p.Bits()), Frontend: id, Addr: p.Masked().Addr().As4()}] = 1
 		}
-		want.frontends[keys[i]] = fe
-		idle[keys[i]] = set.cfg.IdleTimeout.Duration
+		key := bpfFrontendKeyOf(f.key)
+		c.frontends[key] = fe
+		idle[key] = w.set.cfg.IdleTimeout.Duration
 	}
-	// Removed frontends stay, taking no new flow, until their flows end.
-	for k := range have.frontends {
-		if _, ok := want.frontends[k]; !ok {
-			want.frontends[k] = bpfFrontend{}
+	for k := range e.contents.frontends {
+		if _, ok := c.frontends[k]; !ok {
+			c.frontends[k] = bpfFrontend{}
 		}
 	}
 	e.idle = idle
-	return want
+	return c
 }
 
 func compareNames(a, b *frontend) int {
-	an, bn := a.set.Load().cfg.Name, b.set.Load().cfg.Name
-	switch {
-	case an < bn:
-		return -1
-	case an > bn:
-		return 1
-	}
-	return 0
+	return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
 }
 
 // freeIDs hands out the lowest ids from 1 that are not used.
@@ -224,15 +234,17 @@ func (f *freeIDs) max() uint32 {
 	return m
 }
 
-// write brings the maps from e.installed to want in an order that keeps
+// write brings the maps from e.contents to want in an order that keeps
 // every new flow's lookups consistent: first what nothing points to yet
 // (new owners, slots' backends and homes, source ranges), then the
 // frontends that point to them, then owners' states (an admin-state
 // change: the entries of the new state are in place by then), and last
-// the deletion of what nothing points to any more.
-func (e *ebpfPath) write(want *bpfContents) error {
-	have := e.installed
+// the deletion of what nothing points to any more. It counts the
+// elements it changed but owners' states.
+func (e *ebpfPath) write(want *bpfContents) (int, error) {
+	have := e.contents
 	m := e.coll.Maps
+	changed := 0
 	for id, name := range want.ownerNames {
 		if _, ok := have.ownerNames[id]; ok {
 			continue
@@ -240,71 +252,73 @@ func (e *ebpfPath) write(want *bpfContents) error {
 		var n bpfOwnerName
 		copy(n.Name[:], name)
 		if err := m["owner_names"].Put(id, n); err != nil {
-			return fmt.Errorf("naming owner %s: %w", name, err)
+			return changed, fmt.Errorf("naming owner %s: %w", name, err)
 		}
 		if err := m["owners"].Put(id, want.owners[id]); err != nil {
-			return fmt.Errorf("setting owner %s's state: %w", name, err)
+			return changed, fmt.Errorf("setting owner %s's state: %w", name, err)
+		}
+		changed++
+	}
+	steps := []func() (int, error){
+		func() (int, error) { return putChanged(m["backends"], have.backends, want.backends) },
+		func() (int, error) { return putChanged(m["homes"], have.homes, want.homes) },
+		func() (int, error) { return putChanged(m["ranges"], have.ranges, want.ranges) },
+		func() (int, error) { return putChanged(m["frontends"], have.frontends, want.frontends) },
+		func() (int, error) {
+			_, err := putChanged(m["owners"], have.owners, want.owners)
+			return 0, err
+		},
+		func() (int, error) { return deleteGone(m["ranges"], have.ranges, want.ranges) },
+		func() (int, error) { return deleteGone(m["homes"], have.homes, want.homes) },
+		func() (int, error) { return deleteGone(m["backends"], have.backends, want.backends) },
+		func() (int, error) { return deleteGone(m["owner_names"], have.ownerNames, want.ownerNames) },
+	}
+	for _, step := range steps {
+		n, err := step()
+		changed += n
+		if err != nil {
+			return changed, err
 		}
 	}
-	if err := putChanged(m["backends"], have.backends, want.backends); err != nil {
-		return err
-	}
-	if err := putChanged(m["homes"], have.homes, want.homes); err != nil {
-		return err
-	}
-	if err := putChanged(m["ranges"], have.ranges, want.ranges); err != nil {
-		return err
-	}
-	if err := putChanged(m["frontends"], have.frontends, want.frontends); err != nil {
-		return err
-	}
-	if err := putChanged(m["owners"], have.owners, want.owners); err != nil {
-		return err
-	}
-	for _, del := range []error{
-		deleteGone(m["ranges"], have.ranges, want.ranges),
-		deleteGone(m["homes"], have.homes, want.homes),
-		deleteGone(m["backends"], have.backends, want.backends),
-		deleteGone(m["owner_names"], have.ownerNames, want.ownerNames),
-	} {
-		if del != nil {
-			return del
-		}
-	}
-	return nil
+	return changed, nil
 }
 
 // putChanged writes the elements of want that have lacks or holds
-// otherwise.
-func putChanged[K, V comparable](m *ebpf.Map, have, want map[K]V) error {
+// otherwise, and counts them.
+func putChanged[K, V comparable](m *ebpf.Map, have, want map[K]V) (int, error) {
+	n := 0
 	for k, v := range want {
 		if old, ok := have[k]; ok && old == v {
 			continue
 		}
 		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("writing an element of %s: %w", m.String(), err)
+			return n, fmt.Errorf("writing an element of %s: %w", m.String(), err)
 		}
+		n++
 	}
-	return nil
+	return n, nil
 }
 
-// deleteGone deletes the elements of have that want lacks.
-func deleteGone[K, V comparable](m *ebpf.Map, have, want map[K]V) error {
+// deleteGone deletes the elements of have that want lacks, and counts
+// them.
+func deleteGone[K, V comparable](m *ebpf.Map, have, want map[K]V) (int, error) {
+	n := 0
 	for k := range have {
 		if _, ok := want[k]; ok {
 			continue
 		}
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting an element of %s: %w", m.String(), err)
+			return n, fmt.Errorf("deleting an element of %s: %w", m.String(), err)
 		}
+		n++
 	}
-	return nil
+	return n, nil
 }
 
 // readContents reads the selection maps as they are: empty after a
 // fresh load, a predecessor's after a restart.
 func readContents(coll *ebpf.Collection) (*bpfContents, error) {
-	c := newBPFContents()
+	c := newBPFContents(nil)
 	m := coll.Maps
 	if err := readAll(m["frontends"], c.frontends); err != nil {
 		return nil, err
@@ -334,14 +348,17 @@ func readContents(coll *ebpf.Collection) (*bpfContents, error) {
 }
 
 func readAll[K, V comparable](m *ebpf.Map, into map[K]V) error {
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		into[k] = v
+	if m.Type() == ebpf.Array || m.Type() == ebpf.LPMTrie {
+		var k K
+		var v V
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			into[k] = v
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("reading %s: %w", m.String(), err)
+		}
+		return nil
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading %s: %w", m.String(), err)
-	}
-	return nil
+	return eachElement(m, func(k K, v V) { into[k] = v })
 }

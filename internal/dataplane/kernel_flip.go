@@ -7,30 +7,46 @@ import (
 	"github.com/google/nftables"
 )
 
-// flipOwner is the kernel engine's path for one node's admin-state change
-// when the installed entries were prepared for it (by a sync that
-// prepared them all, or by this node's previous change on this path): the
-// node's state in the owners map is then the whole change, and nothing is
-// planned or allocated. It reports false, changing nothing, when that does not hold
-// (the structure changed, another backend's eligibility changed, the
+// slotState is what a kernel path's selection maps hold, as the slot
+// plan sees it, and whether its entries are prepared for owners' next
+// changes. Both paths keep one, and share the fast path of an owner's
+// admin-state change (planFlip, recordFlip).
+type slotState struct {
+	// installed is, for each kernel frontend, the backend set its
+	// entries were built from, its table and index there, the
+	// eligibility they were planned by, and its slots; nil when unknown.
+	installed map[*frontend]installedFrontend
+	// owners is each table's owners.
+	owners map[nftables.TableFamily]ownerTable
+	// preparedAll: the installed entries are prepared for every owner's
+	// next change; preparedOwner: for that owner's only (the one that
+	// changed last, on the fast path).
+	preparedAll   bool
+	preparedOwner string
+}
+
+// planFlip says whether one owner's admin-state change can go on the
+// fast path, when the installed entries were prepared for it (by a sync
+// that prepared them all, or by this owner's previous change on this
+// path): the owner's state in the owners map is then the whole change,
+// and nothing is planned or allocated. changed is the owner's new state
+// in each table where it changes. It reports false when that does not
+// hold (the structure changed, another backend's eligibility changed, the
 // entries were not prepared, or another node's slots would move: their
-// heir is on this node, or another node is out while this one comes back);
-// sync then does the change. frontends are the kernel frontends.
-func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error) {
-	start := time.Now()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	prepared := k.preparedAll || (owner != "" && k.preparedOwner == owner)
-	if k.installed == nil || !prepared || len(frontends) != len(k.installed) {
-		return false, nil
+// heir is on this node, or another node is out while this one comes
+// back); a sync then does the change. frontends are the kernel frontends.
+func (s *slotState) planFlip(frontends []*frontend, owner string) (changed map[nftables.TableFamily]ownerState, ok bool) {
+	prepared := s.preparedAll || (owner != "" && s.preparedOwner == owner)
+	if s.installed == nil || !prepared || len(frontends) != len(s.installed) {
+		return nil, false
 	}
 	// The owner's new state in each table: down when any of its
 	// backends is admin Down.
 	down := map[nftables.TableFamily]bool{}
 	for _, f := range frontends {
-		w, ok := k.installed[f]
+		w, ok := s.installed[f]
 		if !ok || f.set.Load() != w.set {
-			return false, nil
+			return nil, false
 		}
 		for _, b := range w.set.backends {
 			if b.owner == owner {
@@ -38,18 +54,18 @@ func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics
 			}
 		}
 	}
-	changed := map[nftables.TableFamily]ownerState{}
+	changed = map[nftables.TableFamily]ownerState{}
 	for fam, isDown := range down {
 		state := ownerUp
 		if isDown {
 			state = ownerDown
 		}
-		if k.owners[fam].state[k.owners[fam].ids[owner]] != state {
+		if s.owners[fam].state[s.owners[fam].ids[owner]] != state {
 			changed[fam] = state
 		}
 	}
 	for _, f := range frontends {
-		w := k.installed[f]
+		w := s.installed[f]
 		state, flips := changed[w.family]
 		for j, b := range w.set.backends {
 			now := b.eligible()
@@ -57,21 +73,59 @@ func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics
 			// The other backends as when the entries were made.
 			case b.owner != owner:
 				if now != w.elig.now[j] {
-					return false, nil
+					return nil, false
 				}
 			// The owner's: all out (going Down), back as prepared (coming
 			// back), or, with no change of state, as installed.
 			case flips && state == ownerDown && now,
 				flips && state == ownerUp && now != w.elig.back[j],
 				!flips && now != w.elig.now[j]:
-				return false, nil
+				return nil, false
 			}
 		}
-		if flips && !flipsAlone(w, k.owners[w.family], owner, state) {
-			return false, nil
+		if flips && !flipsAlone(w, s.owners[w.family], owner, state) {
+			return nil, false
 		}
 	}
-	// Exact: install the states, then record them and the eligibility.
+	return changed, true
+}
+
+// recordFlip records the change planFlip planned, once the path has
+// installed it: the owner's states, and its backends' eligibility.
+func (s *slotState) recordFlip(frontends []*frontend, owner string, changed map[nftables.TableFamily]ownerState) {
+	if len(changed) > 0 {
+		for fam, state := range changed {
+			s.owners[fam].state[s.owners[fam].ids[owner]] = state
+		}
+		// The other nodes' prepared entries may have their heirs on
+		// this one: they are prepared again later. This one's stay
+		// valid (the others are as they were), so it can change back.
+		s.preparedAll, s.preparedOwner = false, owner
+	}
+	// The owner's backends are now what planFlip found.
+	for _, f := range frontends {
+		w := s.installed[f]
+		state, flips := changed[w.family]
+		for j, b := range w.set.backends {
+			if b.owner == owner && flips {
+				w.elig.now[j] = state == ownerUp && w.elig.back[j]
+				b.inKernel.Store(w.elig.now[j])
+			}
+		}
+	}
+}
+
+// flipOwner is the nftables path's fast path for one owner's admin-state
+// change (see planFlip): one element of the owners map, per table where
+// the owner's state changes, in one transaction.
+func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error) {
+	start := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	changed, ok := k.planFlip(frontends, owner)
+	if !ok {
+		return false, nil
+	}
 	if len(changed) > 0 {
 		c, err := k.connect()
 		if err != nil {
@@ -96,25 +150,8 @@ func (k *kernelEngine) flipOwner(frontends []*frontend, owner string, m *metrics
 			k.forget()
 			return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 		}
-		for fam, state := range changed {
-			k.owners[fam].state[k.owners[fam].ids[owner]] = state
-		}
-		// The other nodes' prepared entries may have their heirs on
-		// this one: they are prepared again later. This one's stay
-		// valid (the others are as they were), so it can change back.
-		k.preparedAll, k.preparedOwner = false, owner
 	}
-	// The owner's backends are now what the checks above found.
-	for _, f := range frontends {
-		w := k.installed[f]
-		state, flips := changed[w.family]
-		for j, b := range w.set.backends {
-			if b.owner == owner && flips {
-				w.elig.now[j] = state == ownerUp && w.elig.back[j]
-				b.inKernel.Store(w.elig.now[j])
-			}
-		}
-	}
+	k.recordFlip(frontends, owner, changed)
 	m.kernelSyncs.WithLabelValues("owners").Observe(time.Since(start).Seconds())
 	return true, nil
 }

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,14 +16,25 @@ import (
 // map alone, or a sync), every slot's entry in use is where its flows must
 // go, and the owners-map path is taken whenever the entries were prepared
 // and nothing else was out.
+// On the eBPF path, the maps also hold exactly what the path wrote.
 func TestOwnerChangesKeepEveryEntryExact(t *testing.T) {
+	for _, path := range []KernelPath{KernelPathNftables, KernelPathEBPF} {
+		t.Run(string(path), func(t *testing.T) { ownerChangesKeepEveryEntryExact(t, path) })
+	}
+}
+
+func ownerChangesKeepEveryEntryExact(t *testing.T, path KernelPath) {
 	host, err := network.NewHost("flip")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(host.Close)
 	reg := prometheus.NewRegistry()
-	d, err := New(Options{Engine: EngineKernel, NetNS: host.NetNS(), Registerer: reg})
+	opts := Options{Engine: EngineKernel, KernelPath: path, NetNS: host.NetNS(), Registerer: reg}
+	if path == KernelPathEBPF {
+		t.Cleanup(func() { _ = newEBPFPath(opts).remove() })
+	}
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,12 +85,28 @@ func TestOwnerChangesKeepEveryEntryExact(t *testing.T) {
 		} else if prepared && othersOut == 0 {
 			t.Errorf("step %d: %s %s with the entries prepared and no other node out took a sync, not the owners map", step, node, state)
 		}
-		k := d.kernel.(*kernelEngine)
-		k.mu.Lock()
-		for f, w := range k.installed {
-			inUse(t, fmt.Sprintf("step %d (%s %s), %s", step, node, state, f.set.Load().cfg.Name), w.set, &w.plan, k.owners[w.family])
+		what := fmt.Sprintf("step %d (%s %s)", step, node, state)
+		switch k := d.kernel.(type) {
+		case *kernelEngine:
+			k.mu.Lock()
+			for f, w := range k.installed {
+				inUse(t, what+", "+f.set.Load().cfg.Name, w.set, &w.plan, k.owners[w.family])
+			}
+			k.mu.Unlock()
+		case *ebpfPath:
+			k.mu.Lock()
+			for f, w := range k.installed {
+				inUse(t, what+", "+f.set.Load().cfg.Name, w.set, &w.plan, k.owners[w.family])
+			}
+			got, err := readContents(k.coll)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, k.contents) {
+				t.Errorf("%s: the eBPF maps hold other entries than the path wrote", what)
+			}
+			k.mu.Unlock()
 		}
-		k.mu.Unlock()
 		if t.Failed() {
 			return
 		}

@@ -23,8 +23,9 @@
 // that the stack, which has no socket at the frontend's address, answers
 // with a reset, as the other engines do.
 //
-// ebb lb reads the flows map to count a backend's connections and sweeps
-// it (closed, idle and unanswered flows). Built by `make generate` with
+// Ended flows stay in the table until the LRU evicts them or a new flow
+// takes their source port over; ebb lb reads the table to count a
+// backend's connections, and sweeps the idle and unanswered flows. Built by `make generate` with
 // clang; the object is committed (ebb_lb.o). No libbpf headers.
 
 #include <linux/bpf.h>
@@ -122,7 +123,7 @@ struct tuple {
 #define FLOW_FIN_BACKEND 2 // the backend sent a FIN
 #define FLOW_RST 4        // either side reset the flow
 #define FLOW_ANSWERED 8   // the backend answered
-#define FLOW_CLOSED (FLOW_RST)
+#define FLOW_FIN_BOTH (FLOW_FIN_CLIENT | FLOW_FIN_BACKEND)
 
 struct flow {
 	struct endpoint backend;
@@ -301,6 +302,30 @@ static __always_inline struct endpoint *pick(struct frontend *fe, __u32 client) 
 	return bpf_map_lookup_elem(&backends, &bk);
 }
 
+// owns reports whether f is the flow whose replies rk keys.
+static __always_inline int owns(struct flow *f, struct tuple *rk) {
+	return f->source.addr == rk->daddr && f->source.port == rk->dport && f->backend.addr == rk->saddr && f->backend.port == rk->sport;
+}
+
+// live reports whether the reply entry r at rk belongs to a flow that has
+// not ended.
+static __always_inline int live(struct reply *r, struct tuple *rk) {
+	struct tuple client = r->client;
+	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	return f && owns(f, rk) && !(f->flags & FLOW_RST) && (f->flags & FLOW_FIN_BOTH) != FLOW_FIN_BOTH;
+}
+
+// start stores the flow f of the client's packet t, its replies entry at
+// rk made; it returns the flow as stored, or NULL.
+static __always_inline struct flow *start(struct tuple *t, struct flow *f, struct tuple *rk) {
+	f->source.port = rk->dport;
+	if (bpf_map_update_elem(&flows, t, f, BPF_ANY) < 0) {
+		bpf_map_delete_elem(&replies, rk);
+		return 0;
+	}
+	return bpf_map_lookup_elem(&flows, t);
+}
+
 // open starts a flow from the client's packet t to the backend be: the
 // route to the backend, this host's address on it, a free source port.
 // It returns the flow as stored, or NULL when none could be made.
@@ -317,19 +342,22 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 	struct flow f = {.backend = *be, .source = {.addr = fib.ipv4_src}, .seen = bpf_ktime_get_ns(), .out_ifindex = fib.ifindex};
 	struct reply r = {.client = *t, .in_ifindex = skb->ingress_ifindex};
 	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
+	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
 	int i;
+	// A port no flow holds; failing that, one whose flow has ended (the
+	// table keeps ended flows until they are evicted or taken over).
 #pragma unroll
 	for (i = 0; i < SNAT_TRIES; i++) {
-		__u16 port = SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT;
-		struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port, .dport = __builtin_bswap16(port)};
-		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) == 0) {
-			f.source.port = rk.dport;
-			if (bpf_map_update_elem(&flows, t, &f, BPF_ANY) < 0) {
-				bpf_map_delete_elem(&replies, &rk);
-				return 0;
-			}
-			return bpf_map_lookup_elem(&flows, t);
-		}
+		rk.dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
+		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) == 0)
+			return start(t, &f, &rk);
+	}
+#pragma unroll
+	for (i = 0; i < SNAT_TRIES; i++) {
+		rk.dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
+		struct reply *old = bpf_map_lookup_elem(&replies, &rk);
+		if (old && !live(old, &rk) && bpf_map_update_elem(&replies, &rk, &r, BPF_ANY) == 0)
+			return start(t, &f, &rk);
 	}
 	return 0;
 }
@@ -376,11 +404,11 @@ static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, st
 	struct tuple client = r->client;
 	__u32 ifindex = r->in_ifindex;
 	struct flow *f = bpf_map_lookup_elem(&flows, &client);
-	if (f && f->source.port == t->dport && f->source.addr == t->daddr) {
-		f->seen = bpf_ktime_get_ns();
-		if ((f->flags & seg) != seg)
-			__sync_fetch_and_or(&f->flags, seg);
-	}
+	if (!f || !owns(f, t))
+		return TC_ACT_OK; // a stale entry: the flow is gone or has another port now
+	f->seen = bpf_ktime_get_ns();
+	if ((f->flags & seg) != seg)
+		__sync_fetch_and_or(&f->flags, seg);
 	struct tuple to = {.saddr = client.daddr, .daddr = client.saddr, .sport = client.dport, .dport = client.sport};
 	return translate(skb, t, &to, ttl, ifindex);
 }
