@@ -94,7 +94,7 @@ bench-dataplane-routed: build
 	command -v clang >/dev/null || { apt-get update && apt-get install -y clang; }
 	$(GO) build -o bin/bench-dataplane ./bench/dataplane
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb -topology routed
-	taskset -c 1 bin/bench-dataplane -ebb bin/ebb -topology routed -only ebb-kernel,minimal-ebpf,haproxy -pairs 20 -syscalls=false -out bench/results/dataplane-routed-kernel.json
+	taskset -c 1 bin/bench-dataplane -ebb bin/ebb -topology routed -only ebb-kernel,ebb-ebpf,minimal-ebpf,haproxy -pairs 20 -syscalls=false -out bench/results/dataplane-routed-kernel.json
 
 ## bench-service: Service create to first request, EndpointSlice change to data plane, on the local cluster
 bench-service: tools build release

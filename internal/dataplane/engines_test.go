@@ -596,6 +596,19 @@ func TestEnginesCountActiveConnections(t *testing.T) {
 			_ = c.Close()
 		}
 		waitFor(t, "no active connection once they closed", func() bool { return active() == 0 })
+		if n.path == KernelPathEBPF {
+			// Ended flows leave the table with their last segment, so
+			// that its LRU never evicts a live one for them.
+			e := n.d.kernel.(*ebpfPath)
+			waitFor(t, "the closed connections' flows to leave the table", func() bool {
+				e.mu.Lock()
+				defer e.mu.Unlock()
+				flows, replies := 0, 0
+				_ = e.eachFlow(func(bpfTuple, bpfFlow) { flows++ })
+				_ = eachElement(e.coll.Maps["replies"], func(bpfTuple, [20]byte) { replies++ })
+				return flows == 0 && replies == 0
+			})
+		}
 	})
 }
 

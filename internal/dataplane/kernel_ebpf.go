@@ -395,6 +395,8 @@ func (e *ebpfPath) remove() error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("removing the eBPF kernel path's pins: %w", err)
 	}
+	// The namespace's directory goes with its last table.
+	_ = os.Remove(filepath.Dir(dir))
 	return nil
 }
 

@@ -23,8 +23,8 @@
 // that the stack, which has no socket at the frontend's address, answers
 // with a reset, as the other engines do.
 //
-// Ended flows stay in the table until the LRU evicts them or a new flow
-// takes their source port over; ebb lb reads the table to count a
+// A flow leaves the table with its last segment (a reset, the
+// acknowledgement of the second FIN); ebb lb reads the table to count a
 // backend's connections, and sweeps the idle and unanswered flows. Built by `make generate` with
 // clang; the object is committed (ebb_lb.o). No libbpf headers.
 
@@ -362,6 +362,24 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 	return 0;
 }
 
+// ends reports whether the segment tcp is a flow's last, given the
+// flow's flags before it: a reset, or the acknowledgement of the second
+// FIN.
+static __always_inline int ends(struct tcphdr *tcp, __u32 before) {
+	return tcp->rst || (tcp->ack && !tcp->fin && !tcp->syn && (before & FLOW_FIN_BOTH) == FLOW_FIN_BOTH);
+}
+
+// finish deletes the flow f of the client's packets t and its replies
+// entry, as its last segment passes: the table keeps live flows only, so
+// that its LRU never evicts an idle connection for ended ones. A segment
+// that comes later (a retransmission) meets the host's stack, which
+// resets it.
+static __always_inline void finish(struct tuple *t, struct flow *f) {
+	struct tuple rk = {.saddr = f->backend.addr, .daddr = f->source.addr, .sport = f->backend.port, .dport = f->source.port};
+	bpf_map_delete_elem(&replies, &rk);
+	bpf_map_delete_elem(&flows, t);
+}
+
 // to_backend forwards a client's packet to a frontend.
 static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct frontend *fe) {
 	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
@@ -389,10 +407,14 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	if (ttl <= 1)
 		return TC_ACT_OK; // the stack answers with time exceeded
 	f->seen = bpf_ktime_get_ns();
-	if (seg && (f->flags & seg) != seg)
+	__u32 before = f->flags;
+	if (seg && (before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
 	struct tuple to = {.saddr = f->source.addr, .daddr = f->backend.addr, .sport = f->source.port, .dport = f->backend.port};
-	return translate(skb, &t, &to, ttl, f->out_ifindex);
+	__u32 ifindex = f->out_ifindex;
+	if (ends(tcp, before))
+		finish(&t, f);
+	return translate(skb, &t, &to, ttl, ifindex);
 }
 
 // to_client forwards a backend's reply r.
@@ -407,8 +429,11 @@ static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, st
 	if (!f || !owns(f, t))
 		return TC_ACT_OK; // a stale entry: the flow is gone or has another port now
 	f->seen = bpf_ktime_get_ns();
-	if ((f->flags & seg) != seg)
+	__u32 before = f->flags;
+	if ((before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
+	if (ends(tcp, before))
+		finish(&client, f);
 	struct tuple to = {.saddr = client.daddr, .daddr = client.saddr, .sport = client.dport, .dport = client.sport};
 	return translate(skb, t, &to, ttl, ifindex);
 }

@@ -80,8 +80,8 @@ func (n *testNet) echo(t *testing.T, addr string) *atomic.Int64 {
 }
 
 // ebbLB starts `ebb lb` on the load balancer's host with the config and
-// engine.
-func (n *testNet) ebbLB(t *testing.T, config, engine string) (*exec.Cmd, *bytes.Buffer) {
+// engine, and any more flags.
+func (n *testNet) ebbLB(t *testing.T, config, engine string, flags ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	bin := os.Getenv("EBB_BIN")
 	if bin == "" {
@@ -91,7 +91,7 @@ func (n *testNet) ebbLB(t *testing.T, config, engine string) (*exec.Cmd, *bytes.
 	if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "lb", "--config", file, "--engine", engine, "--metrics-bind-address", "")
+	cmd := exec.Command(bin, append([]string{"lb", "--config", file, "--engine", engine, "--metrics-bind-address", ""}, flags...)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := n.lb.Start(cmd); err != nil {
@@ -173,15 +173,31 @@ func config(adminA string) string {
 `, adminA)
 }
 
-// With the kernel engine, `ebb lb` forwards through the kernel: a
-// connection established through it survives the process stopping
-// (SIGTERM) and a new process taking over, new connections keep being
-// served while no process runs, and the new process's admin Down takes the
-// backend out for new connections while the established one continues.
+// With the kernel engine, on either of its paths, `ebb lb` forwards
+// through the kernel: a connection established through it survives the
+// process stopping (SIGTERM) and a new process taking over, new
+// connections keep being served while no process runs, and the new
+// process's admin Down takes the backend out for new connections while
+// the established one continues.
 func TestKernelEngineSurvivesARestart(t *testing.T) {
+	t.Run("nftables", func(t *testing.T) { kernelEngineSurvivesARestart(t) })
+	t.Run("ebpf", func(t *testing.T) {
+		// The eBPF path's pins outlive ebb lb, by design: this test's
+		// own directory, removed (which detaches the program) at the end.
+		pins := fmt.Sprintf("/sys/fs/bpf/ebb-e2e-%d", os.Getpid())
+		t.Cleanup(func() {
+			if err := os.RemoveAll(pins); err != nil {
+				t.Error(err)
+			}
+		})
+		kernelEngineSurvivesARestart(t, "--kernel-path", "ebpf", "--bpf-pin-dir", pins)
+	})
+}
+
+func kernelEngineSurvivesARestart(t *testing.T, flags ...string) {
 	n := newTestNet(t)
 	a, b := n.echo(t, "10.1.0.2:8080"), n.echo(t, "10.1.0.2:8081")
-	first, out := n.ebbLB(t, config("None"), "Kernel")
+	first, out := n.ebbLB(t, config("None"), "Kernel", flags...)
 	long := n.servedConnection(t)
 	if err := first.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -198,7 +214,7 @@ func TestKernelEngineSurvivesARestart(t *testing.T) {
 		}
 	}
 
-	_, out = n.ebbLB(t, config("Down"), "Kernel")
+	_, out = n.ebbLB(t, config("Down"), "Kernel", flags...)
 	eventually(t, "the new ebb lb to set backend a Down", func() bool {
 		before := a.Load()
 		for range 4 {

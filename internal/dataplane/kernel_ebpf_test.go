@@ -1,0 +1,124 @@
+package dataplane
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+// Which flows the sweeper deletes: not those that ended (the LRU and the
+// program take them over), unanswered ones after 30 s, answered ones
+// after their frontend's idle timeout.
+func TestBPFFlowExpiry(t *testing.T) {
+	const idle = 4 * time.Minute
+	for _, tc := range []struct {
+		name  string
+		flags uint32
+		age   time.Duration
+		want  bool
+	}{
+		{"answered, recent", bpfFlowAnswered, time.Minute, false},
+		{"answered, idle past the timeout", bpfFlowAnswered, idle + time.Second, true},
+		{"half closed, idle past the timeout", bpfFlowAnswered | bpfFlowFinClient, idle + time.Second, true},
+		{"unanswered, within the SYN retries", 0, 10 * time.Second, false},
+		{"unanswered, past them", 0, 31 * time.Second, true},
+		{"reset, long ago", bpfFlowAnswered | bpfFlowRST, time.Hour, false},
+		{"closed both ways, long ago", bpfFlowAnswered | bpfFlowFinClient | bpfFlowFinBackend, time.Hour, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := bpfFlow{Flags: tc.flags}
+			if got := f.expired(tc.age, idle); got != tc.want {
+				t.Errorf("expired after %s = %v, want %v", tc.age, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFreeIDsTakeTheLowestUnused(t *testing.T) {
+	ids := freeIDs{used: map[uint32]bool{1: true, 3: true}}
+	var got []uint32
+	for range 3 {
+		got = append(got, ids.next())
+	}
+	if want := []uint32{2, 4, 5}; len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Errorf("next ids %v, want %v", got, want)
+	}
+	if ids.max() != 5 {
+		t.Errorf("max %d, want 5", ids.max())
+	}
+}
+
+// A restarted eBPF path takes the pinned maps over as they are: the
+// first sync of the same configuration keeps every id and writes no
+// element, and a node's change right after it is one element of the
+// owners map.
+func TestEBPFPathRestartKeepsTheMaps(t *testing.T) {
+	host, err := network.NewHost("ebpf-restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(host.Close)
+	opts := Options{Engine: EngineKernel, KernelPath: KernelPathEBPF, NetNS: host.NetNS()}
+	t.Cleanup(func() { _ = newEBPFPath(opts).remove() })
+	cfg := fiftyByTen(func(f int) Frontend {
+		return Frontend{Name: string(rune('a'+f%26)) + string(rune('a'+f/26)), Address: "10.9.0.1", Port: uint16(1000 + f)}
+	})
+	first, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := applyAll(first, cfg); err != nil {
+		t.Fatal(err)
+	}
+	before := first.kernel.(*ebpfPath).contents
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	opts.Registerer = reg
+	second := newDataPlane(t, opts)
+	e := second.kernel.(*ebpfPath)
+	e.mu.Lock()
+	if err := e.load(); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Unlock()
+	if err := applyAll(second, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	after := e.contents
+	got, err := readContents(e.coll)
+	e.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, fe := range before.frontends {
+		if after.frontends[k] != fe {
+			t.Errorf("frontend %v: %+v after the restart, %+v before", k, after.frontends[k], fe)
+		}
+	}
+	for id, name := range before.ownerNames {
+		if after.ownerNames[id] != name {
+			t.Errorf("owner %d: %q after the restart, %q before", id, after.ownerNames[id], name)
+		}
+	}
+	if len(got.backends) != len(before.backends) || len(got.homes) != len(before.homes) {
+		t.Errorf("the maps hold %d backends and %d homes after the restart, %d and %d before", len(got.backends), len(got.homes), len(before.backends), len(before.homes))
+	}
+	syncs := kernelSyncCounts(t, reg)
+	if syncs["entries"] != 0 || syncs["rebuild"] != 0 {
+		t.Errorf("the first sync after the restart rewrote entries: syncs %v", syncs)
+	}
+	flips := syncs["owners"]
+	if _, err := second.SetOwnerAdminState("node-4", AdminDown); err != nil {
+		t.Fatal(err)
+	}
+	if kernelSyncCounts(t, reg)["owners"] != flips+1 {
+		t.Error("a node's change after the restart did not take the owners map alone")
+	}
+}
