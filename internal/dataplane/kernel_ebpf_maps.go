@@ -61,9 +61,10 @@ const (
 // sweeper deletes it when its last flow is gone.
 type bpfContents struct {
 	frontends map[bpfFrontendKey]bpfFrontend
-	homes     map[bpfSlotKey]uint32
-	backends  map[bpfBackendKey]bpfEndpoint
-	ranges    map[bpfRangeKey]uint32
+	// slots is each frontend's slots, by frontend id: the homes and
+	// backends maps.
+	slots  map[uint32][]bpfSlot
+	ranges map[bpfRangeKey]uint32
 	// owners is each owner id's state; ownerNames its name.
 	owners     map[uint32]uint32
 	ownerNames map[uint32]string
@@ -76,8 +77,8 @@ func newBPFContents(like *bpfContents) *bpfContents {
 		like = &bpfContents{}
 	}
 	return &bpfContents{
-		frontends: make(map[bpfFrontendKey]bpfFrontend, len(like.frontends)), homes: make(map[bpfSlotKey]uint32, len(like.homes)),
-		backends: make(map[bpfBackendKey]bpfEndpoint, len(like.backends)), ranges: make(map[bpfRangeKey]uint32, len(like.ranges)),
+		frontends: make(map[bpfFrontendKey]bpfFrontend, len(like.frontends)), slots: make(map[uint32][]bpfSlot, len(like.slots)),
+		ranges: make(map[bpfRangeKey]uint32, len(like.ranges)),
 		owners: make(map[uint32]uint32, len(like.owners)), ownerNames: make(map[uint32]string, len(like.ownerNames)),
 	}
 }
@@ -180,13 +181,8 @@ func (e *ebpfPath) render(want map[*frontend]installedFrontend, owners ownerTabl
 		if w.set.cfg.Balancing == ClientIP {
 			fe.Flags |= bpfFrontendClientIP
 		}
-		for s, owner := range w.plan.homes {
-			c.homes[bpfSlotKey{Frontend: id, Slot: uint32(s)}] = owner
-			for _, state := range []ownerState{ownerUp, ownerDown} {
-				if j := w.plan.entries[state][s]; j >= 0 {
-					c.backends[bpfBackendKey{Frontend: id, Slot: uint32(s), State: uint32(state)}] = bpfEndpointOf(w.set.backends[j].key)
-				}
-			}
+		if len(w.plan.homes) > 0 {
+			c.slots[id] = slotsOf(w)
 		}
 		for _, r := range w.set.cfg.SourceRanges {
 			p, err := netip.ParsePrefix(r)
@@ -260,8 +256,7 @@ func (e *ebpfPath) write(want *bpfContents) (int, error) {
 		changed++
 	}
 	steps := []func() (int, error){
-		func() (int, error) { return putChanged(m["backends"], have.backends, want.backends) },
-		func() (int, error) { return putChanged(m["homes"], have.homes, want.homes) },
+		func() (int, error) { return putSlots(m["homes"], m["backends"], have.slots, want.slots) },
 		func() (int, error) { return putChanged(m["ranges"], have.ranges, want.ranges) },
 		func() (int, error) { return putChanged(m["frontends"], have.frontends, want.frontends) },
 		func() (int, error) {
@@ -269,8 +264,7 @@ func (e *ebpfPath) write(want *bpfContents) (int, error) {
 			return 0, err
 		},
 		func() (int, error) { return deleteGone(m["ranges"], have.ranges, want.ranges) },
-		func() (int, error) { return deleteGone(m["homes"], have.homes, want.homes) },
-		func() (int, error) { return deleteGone(m["backends"], have.backends, want.backends) },
+		func() (int, error) { return deleteSlots(m["homes"], m["backends"], have.slots, want.slots) },
 		func() (int, error) { return deleteGone(m["owner_names"], have.ownerNames, want.ownerNames) },
 	}
 	for _, step := range steps {
@@ -323,12 +317,11 @@ func readContents(coll *ebpf.Collection) (*bpfContents, error) {
 	if err := readAll(m["frontends"], c.frontends); err != nil {
 		return nil, err
 	}
-	if err := readAll(m["homes"], c.homes); err != nil {
+	slots, err := readSlots(m["homes"], m["backends"])
+	if err != nil {
 		return nil, err
 	}
-	if err := readAll(m["backends"], c.backends); err != nil {
-		return nil, err
-	}
+	c.slots = slots
 	if err := readAll(m["ranges"], c.ranges); err != nil {
 		return nil, err
 	}

@@ -182,6 +182,22 @@ func (r *BGPRouter) Routes(ctx context.Context) (map[netip.Prefix][]netip.Addr, 
 	return got, nil
 }
 
+// RouteDetail is FRR's own account of prefix (`show ip route PREFIX`,
+// every entry with its flags: selected, queued, installed, and each next
+// hop's state), for a test to say why a route it watches lost a next
+// hop.
+func (r *BGPRouter) RouteDetail(ctx context.Context, prefix netip.Prefix) string {
+	family := "ip"
+	if prefix.Addr().Is6() {
+		family = "ipv6"
+	}
+	out, err := r.vtysh(ctx, fmt.Sprintf("show %s route %s", family, prefix))
+	if err != nil {
+		return err.Error()
+	}
+	return string(out)
+}
+
 // installedRoutes adds the installed routes and next hops of FRR's JSON
 // route table out to got.
 func installedRoutes(out []byte, got map[netip.Prefix][]netip.Addr) error {

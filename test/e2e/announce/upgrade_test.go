@@ -241,7 +241,11 @@ func watchRoute(t *testing.T, ctx context.Context, route netip.Prefix, want []ne
 			case err != nil:
 				l.fail(err)
 			case !slices.Equal(routes[route], want):
-				l.fail(fmt.Errorf("%s via %v at %s", route, routes[route], time.Now().Format(time.TimeOnly)))
+				// FRR's detail says whether the route was withdrawn or
+				// only between selection and installation (the flake of
+				// 2026-11-26 03:03, when no request failed).
+				at := time.Now().Format(time.TimeOnly)
+				l.fail(fmt.Errorf("%s via %v at %s; FRR's detail right after:\n%s", route, routes[route], at, router.RouteDetail(ctx, route)))
 			default:
 				l.ok.Add(1)
 			}
