@@ -88,7 +88,7 @@ bench-dataplane: build
 	$(GO) build -o bin/bench-dataplane ./bench/dataplane
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb
 
-## bench-dataplane-routed: the same with the client, the load balancer and the backends on hosts of their own (network namespaces, the LB host routing), plus a minimal eBPF NAT as the floor of a kernel path; then the kernel paths and HAProxy again with 20 pairs of slices per figure, which resolve a kernel path's few µs (needs root; installs HAProxy and clang with apt-get if missing)
+## bench-dataplane-routed: the same with the client, the load balancer and the backends on hosts of their own (network namespaces, the LB host routing), plus the kernel engine's eBPF path and a minimal eBPF NAT as the floor of a kernel path; then the kernel paths and HAProxy again with 20 pairs of slices per figure, which resolve a kernel path's few µs (needs root; installs HAProxy and clang with apt-get if missing)
 bench-dataplane-routed: build
 	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
 	command -v clang >/dev/null || { apt-get update && apt-get install -y clang; }

@@ -4,8 +4,9 @@
 // core 0 with one thread, the client and three echo backends on core 1.
 // With -topology loopback (the default) every part shares this process's
 // network namespace; with -topology routed each is a host of its own and
-// the load balancer's host routes between them (topology.go), and a
-// minimal eBPF NAT joins as the floor of a kernel data path. Each round
+// the load balancer's host routes between them (topology.go), and the
+// kernel engine's eBPF path (which serves clients of other hosts only)
+// and a minimal eBPF NAT, the floor of a kernel data path, join. Each round
 // runs every contender, a different one first, and medians are reported.
 // The last line printed is a JSON summary, also written to
 // bench/results/dataplane.json (dataplane-routed.json when routed).
