@@ -198,18 +198,20 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 		}
 		f.apply(fc, probers)
 	}
+	// Removed frontends go before the kernel engine syncs, so that its
+	// tables take them out too (their established flows continue).
+	for k, f := range d.frontends {
+		if !want[k] {
+			f.remove()
+			delete(d.frontends, k)
+		}
+	}
 	skipped = append(skipped, d.syncKernelLocked(false)...)
 	d.m.applySeconds.Observe(time.Since(start).Seconds())
 	// The new configuration is in effect; what follows starts serving new
 	// listeners and cleans up behind the old configuration.
 	for _, f := range started {
 		f.serve()
-	}
-	for k, f := range d.frontends {
-		if !want[k] {
-			f.remove()
-			delete(d.frontends, k)
-		}
 	}
 	for k, p := range d.probers {
 		if _, ok := probers[k]; !ok {

@@ -558,6 +558,30 @@ func TestEngineChoice(t *testing.T) {
 	}
 }
 
+// A removed frontend takes no new connection at once; its established
+// ones continue.
+func TestEnginesRemovedFrontend(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) { removedFrontendDrains(t, n) })
+}
+
+// removedFrontendDrains removes a frontend with a connection established
+// through it, checks that the connection continues and a new one is not
+// served, and returns the connection.
+func removedFrontendDrains(t *testing.T, n *engineNet) net.Conn {
+	t.Helper()
+	a, _ := n.echo(t, 8080)
+	n.apply(t, n.frontendOn(80, a))
+	c := n.established(t, 80, 1)[0]
+	n.apply(t)
+	if err := roundTrip(c, []byte("after the removal")); err != nil {
+		t.Fatalf("the established connection broke when its frontend was removed: %v", err)
+	}
+	if err := n.roundTripNew(t, 80); err == nil {
+		t.Error("a new connection to the removed frontend was served")
+	}
+	return c
+}
+
 // A removed backend's established connections end at the drain timeout.
 func TestEnginesDrainTimeout(t *testing.T) {
 	forEachEngineAndFamily(t, func(t *testing.T, n *engineNet) {
@@ -601,8 +625,8 @@ func TestEnginesCountActiveConnections(t *testing.T) {
 			// that its LRU never evicts a live one for them.
 			e := n.d.kernel.(*ebpfPath)
 			waitFor(t, "the closed connections' flows to leave the table", func() bool {
-				e.mu.Lock()
-				defer e.mu.Unlock()
+				e.use.RLock()
+				defer e.use.RUnlock()
 				flows, replies := 0, 0
 				_ = e.eachFlow(func(bpfTuple, bpfFlow) { flows++ })
 				_ = eachElement(e.coll.Maps["replies"], func(bpfTuple, [20]byte) { replies++ })

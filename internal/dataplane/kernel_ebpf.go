@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -47,7 +48,12 @@ type ebpfPath struct {
 	clock      Clock
 	log        logr.Logger
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// use guards coll's lifetime for the readers of the flow table
+	// (activeFlows, dropFlows, the sweeper), which do not take mu: a pass
+	// over a full table takes milliseconds, and must not hold up an
+	// admin-state change. coll and links change with both held.
+	use   sync.RWMutex
 	dir   string // the pin directory of this namespace and table
 	coll  *ebpf.Collection
 	links []link.Link
@@ -57,8 +63,9 @@ type ebpfPath struct {
 	// slotState is the slot plan the maps hold (nil installed after a
 	// load: the first sync plans afresh).
 	slotState
-	// idle is each frontend's idle timeout, for the sweeper.
-	idle      map[bpfFrontendKey]time.Duration
+	// idle is each frontend's idle timeout, for the sweeper: replaced
+	// by each sync, never changed in place.
+	idle      atomic.Pointer[map[bpfFrontendKey]time.Duration]
 	stopSweep chan struct{}
 }
 
@@ -169,7 +176,9 @@ func (e *ebpfPath) load() error {
 		coll.Close()
 		return err
 	}
+	e.use.Lock()
 	e.dir, e.coll, e.links, e.contents = dir, coll, links, contents
+	e.use.Unlock()
 	e.slotState = slotState{}
 	e.stopSweep = make(chan struct{})
 	go e.sweepEvery(bpfSweepInterval, e.stopSweep)
@@ -415,6 +424,8 @@ func (e *ebpfPath) release() {
 		close(e.stopSweep)
 		e.stopSweep = nil
 	}
+	e.use.Lock()
+	defer e.use.Unlock()
 	closeLinks(e.links)
 	if e.coll != nil {
 		e.coll.Close()

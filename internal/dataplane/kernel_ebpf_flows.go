@@ -76,7 +76,7 @@ func (b bpfEndpoint) addrPort() netip.AddrPort {
 }
 
 // eachFlow calls fn with every flow in the table, read in batches (a
-// system call per few thousand flows). e.mu is held.
+// system call per few thousand flows). e.use is held, and e.coll is set.
 func (e *ebpfPath) eachFlow(fn func(k bpfTuple, f bpfFlow)) error {
 	return eachElement(e.coll.Maps["flows"], fn)
 }
@@ -103,8 +103,8 @@ func eachElement[K, V any](m *ebpf.Map, fn func(k K, v V)) error {
 // activeFlows counts the flows that have not ended, by frontend and
 // backend.
 func (e *ebpfPath) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.use.RLock()
+	defer e.use.RUnlock()
 	out := map[flowKey]int64{}
 	if e.coll == nil {
 		return out, nil
@@ -121,8 +121,8 @@ func (e *ebpfPath) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int6
 // dropFlows deletes the flows fe forwards to backend: the next segment of
 // one finds no flow and is answered with a reset by the host's stack.
 func (e *ebpfPath) dropFlows(fe frontendKey, backend netip.AddrPort) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.use.RLock()
+	defer e.use.RUnlock()
 	if e.coll == nil {
 		return nil
 	}
@@ -132,7 +132,7 @@ func (e *ebpfPath) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 }
 
 // deleteFlows deletes the flows gone says to, with their replies'
-// entries. e.mu is held.
+// entries. e.use is held, and e.coll is set.
 func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
 	type doomed struct {
 		key   bpfTuple
@@ -176,49 +176,62 @@ func (e *ebpfPath) sweepEvery(interval time.Duration, stop <-chan struct{}) {
 
 // sweep deletes the flows idle past their frontend's idle timeout and
 // those never answered, and the removed frontends none of whose flows is
-// left.
+// left. The pass over the table holds only e.use.
 func (e *ebpfPath) sweep() error {
+	now, err := monotonicNow()
+	if err != nil {
+		return err
+	}
+	live, err := e.sweepFlows(now)
+	if err != nil || live == nil {
+		return err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.coll == nil {
 		return nil
 	}
-	now, err := monotonicNow()
-	if err != nil {
-		return err
-	}
-	if err := e.deleteFlows(func(k bpfTuple, f bpfFlow) bool {
-		idle, ok := e.idle[bpfFrontendKeyOf(k.frontendKey())]
-		if !ok {
-			idle = DefaultTCPIdleTimeout
-		}
-		return f.expired(time.Duration(int64(now)-int64(f.Seen)), idle)
-	}); err != nil {
-		return err
-	}
-	return e.deleteDrainedFrontends()
+	return e.deleteDrainedFrontends(live)
 }
 
-// deleteDrainedFrontends deletes the removed frontends' entries once
-// every flow of theirs has ended. e.mu is held.
-func (e *ebpfPath) deleteDrainedFrontends() error {
-	draining := map[bpfFrontendKey]bool{}
-	for k, fe := range e.contents.frontends {
-		if fe.ID == 0 {
-			draining[k] = true
+// sweepFlows deletes the expired flows, and returns the frontends that
+// have flows that have not ended (nil when nothing is loaded).
+func (e *ebpfPath) sweepFlows(now uint64) (map[bpfFrontendKey]bool, error) {
+	e.use.RLock()
+	defer e.use.RUnlock()
+	if e.coll == nil {
+		return nil, nil
+	}
+	var idle map[bpfFrontendKey]time.Duration
+	if p := e.idle.Load(); p != nil {
+		idle = *p
+	}
+	live := map[bpfFrontendKey]bool{}
+	err := e.deleteFlows(func(k bpfTuple, f bpfFlow) bool {
+		fe := bpfFrontendKeyOf(k.frontendKey())
+		timeout, ok := idle[fe]
+		if !ok {
+			timeout = DefaultTCPIdleTimeout
 		}
-	}
-	if len(draining) == 0 {
-		return nil
-	}
-	if err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
+		if f.expired(time.Duration(int64(now)-int64(f.Seen)), timeout) {
+			return true
+		}
 		if !f.over() {
-			delete(draining, bpfFrontendKeyOf(k.frontendKey()))
+			live[fe] = true
 		}
-	}); err != nil {
-		return err
-	}
-	for k := range draining {
+		return false
+	})
+	return live, err
+}
+
+// deleteDrainedFrontends deletes the removed frontends' entries that
+// have no live flow (none can start: they take no new flow). e.mu is
+// held, and e.coll is set.
+func (e *ebpfPath) deleteDrainedFrontends(live map[bpfFrontendKey]bool) error {
+	for k, fe := range e.contents.frontends {
+		if fe.ID != 0 || live[k] {
+			continue
+		}
 		if err := e.coll.Maps["frontends"].Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("deleting a removed frontend: %w", err)
 		}

@@ -201,7 +201,7 @@ func (e *ebpfPath) render(want map[*frontend]installedFrontend, owners ownerTabl
 			c.frontends[k] = bpfFrontend{}
 		}
 	}
-	e.idle = idle
+	e.idle.Store(&idle)
 	return c
 }
 

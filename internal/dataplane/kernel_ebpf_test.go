@@ -123,3 +123,30 @@ func TestEBPFPathRestartKeepsTheMaps(t *testing.T) {
 		t.Error("a node's change after the restart did not take the owners map alone")
 	}
 }
+
+// A removed frontend's established connections continue on the eBPF path
+// (its entry stays, taking no new flow); once they end, the sweeper
+// deletes the entry.
+func TestEBPFPathRemovedFrontendDrains(t *testing.T) {
+	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+	c := removedFrontendDrains(t, n)
+	e := n.d.kernel.(*ebpfPath)
+	entries := func() int {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return len(e.contents.frontends)
+	}
+	if err := e.sweep(); err != nil {
+		t.Fatal(err)
+	}
+	if entries() != 1 {
+		t.Fatalf("the removed frontend's entry went while its connection lasts (%d entries)", entries())
+	}
+	_ = c.Close()
+	waitFor(t, "the sweeper to delete the drained frontend", func() bool {
+		if err := e.sweep(); err != nil {
+			t.Fatal(err)
+		}
+		return entries() == 0
+	})
+}
