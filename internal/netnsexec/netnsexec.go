@@ -17,6 +17,22 @@ func Run(fd int, fn func() error) error {
 	if fd == 0 {
 		return fn()
 	}
+	return InThread(func() error {
+		if err := netns.Set(netns.NsHandle(fd)); err != nil {
+			return fmt.Errorf("entering network namespace %d: %w", fd, err)
+		}
+		return fn()
+	})
+}
+
+// InThread runs fn on a goroutine locked to its thread, then puts the
+// thread back in the network namespace it was in and unlocks it, so fn
+// may switch the thread's namespace. Threads must not end: a child
+// process's parent-death signal (Pdeathsig) follows the thread that
+// forked it, and any goroutine may have forked on any thread. Only if the
+// namespace cannot be restored does the goroutine end locked, so that the
+// runtime retires a thread in the wrong namespace.
+func InThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -26,16 +42,9 @@ func Run(fd int, fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(netns.NsHandle(fd)); err != nil {
-			errc <- fmt.Errorf("entering network namespace %d: %w", fd, err)
-			return
-		}
 		err = fn()
 		if rerr := netns.Set(orig); rerr != nil {
-			// The thread stays locked and ends with the goroutine: the
-			// runtime retires it rather than reuse it in the wrong
-			// namespace.
-			errc <- errors.Join(err, rerr)
+			errc <- errors.Join(err, fmt.Errorf("returning to the thread's network namespace: %w", rerr))
 			return
 		}
 		runtime.UnlockOSThread()

@@ -13,17 +13,17 @@ package network
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/ebbdev/ebb/internal/netnsexec"
 )
 
 // Host is one simulated machine: a network namespace with its interfaces,
@@ -43,8 +43,8 @@ type Host struct {
 func newHost(name string) (*Host, error) {
 	var ns netns.NsHandle
 	// netns.New switches the calling thread into the new namespace;
-	// inThread switches it back.
-	err := inThread(func() error {
+	// InThread switches it back.
+	err := netnsexec.InThread(func() error {
 		var err error
 		ns, err = netns.New()
 		return err
@@ -124,40 +124,13 @@ func (h *Host) close() {
 	_ = h.ns.Close()
 }
 
-// inThread runs fn on a goroutine locked to its thread, then puts the
-// thread back in this process's network namespace and unlocks it. Threads
-// must not end: a child process's parent-death signal (Pdeathsig) follows
-// the thread that forked it, and any goroutine may have forked on any
-// thread. Only if the namespace cannot be restored does the goroutine end
-// locked, so that the runtime retires a thread in the wrong namespace.
-func inThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		err = fn()
-		if rerr := netns.Set(orig); rerr != nil {
-			errc <- errors.Join(err, fmt.Errorf("returning to this process's network namespace: %w", rerr))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
-}
-
 // Do runs fn inside the host's network namespace. Sockets fn opens and
 // processes it starts belong to the host; goroutines fn starts do not.
 func (h *Host) Do(fn func() error) error {
 	if h.root {
 		return fn()
 	}
-	return inThread(func() error {
+	return netnsexec.InThread(func() error {
 		if err := netns.Set(h.ns); err != nil {
 			return fmt.Errorf("entering the network namespace of %s: %w", h.Name, err)
 		}
