@@ -224,7 +224,11 @@ struct {
 #define IP_CSUM_OFF (IP_OFF + __builtin_offsetof(struct iphdr, check))
 #define TCP_CSUM_OFF (TCP_OFF + __builtin_offsetof(struct tcphdr, check))
 
-// parse finds an IPv4 TCP packet without IP options; NULL otherwise.
+// IP_MF and IP_OFFSET of the fragment field, in network order.
+#define IP_FRAGMENTED __builtin_bswap16(0x3fff)
+
+// parse finds an IPv4 TCP packet without IP options, not a fragment;
+// NULL otherwise (the host's stack gets it as it is).
 static __always_inline struct iphdr *parse(struct __sk_buff *skb, struct tcphdr **tcp) {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -232,7 +236,7 @@ static __always_inline struct iphdr *parse(struct __sk_buff *skb, struct tcphdr 
 	if ((void *)(eth + 1) > end || eth->h_proto != __builtin_bswap16(ETH_P_IP))
 		return 0;
 	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_TCP)
+	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_TCP || (ip->frag_off & IP_FRAGMENTED))
 		return 0;
 	struct tcphdr *t = (void *)(ip + 1);
 	if ((void *)(t + 1) > end)
