@@ -157,17 +157,15 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 	if err != nil {
 		return false, err
 	}
-	want, owners, same := k.plan(frontends, prepare)
+	want, owners := k.places(frontends)
+	same, stale, prepared := k.planAll(want, owners, prepare)
 	rulesets := map[nftables.TableFamily]*kernelRuleset{}
 	for _, a := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
 		fam := familyOf(a)
 		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, pending: map[*nftables.Set][]nftables.SetElement{}}
 	}
 	kind := "rebuild"
-	prepared := true
 	if same {
-		stale = !prepare && k.eligibilityChanged(want)
-		prepared = prepare || (k.preparedAll && !stale)
 		kind, err = k.updateMaps(rulesets, want, owners)
 	} else {
 		err = rebuild(rulesets, frontends, want, owners)
@@ -181,12 +179,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 		return false, fmt.Errorf("installing the nftables tables %s: %w", k.table, err)
 	}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
-	k.installed, k.owners, k.preparedAll, k.preparedOwner = want, owners, prepared, ""
-	for _, w := range want {
-		for j, b := range w.set.backends {
-			b.inKernel.Store(w.elig.now[j])
-		}
-	}
+	k.record(want, owners, prepared)
 	return stale, nil
 }
 
@@ -202,14 +195,11 @@ func (k *slotState) eligibilityChanged(want map[*frontend]installedFrontend) boo
 	return false
 }
 
-// plan computes what the tables should hold for frontends: their places
-// and slots, and each table's owners; same says whether the structure is
-// the installed one (then the installed slots are each frontend's
-// previous plan).
-func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable, same bool) {
-	slices.SortFunc(frontends, func(a, b *frontend) int {
-		return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
-	})
+// places computes where the tables hold frontends (their table and
+// index there, their backend sets and eligibility) and each table's
+// owners; planAll then plans their slots.
+func (k *kernelEngine) places(frontends []*frontend) (want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable) {
+	slices.SortFunc(frontends, compareNames)
 	want = make(map[*frontend]installedFrontend, len(frontends))
 	sets := map[nftables.TableFamily][]*backendSet{}
 	index := map[nftables.TableFamily]int{}
@@ -224,17 +214,50 @@ func (k *kernelEngine) plan(frontends []*frontend, prepare bool) (want map[*fron
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		owners[fam] = newOwnerTable(sets[fam])
 	}
-	same = k.sameStructure(want)
+	return want, owners
+}
+
+// planAll plans the slots of want (placed, with their owners) and says
+// how they relate to the installed ones: same, the structure is the
+// installed one (then each frontend's installed plan is its previous
+// one); stale, without prepare, an eligibility changed since the
+// prepared entries were made, so a sync with prepare should follow;
+// prepared, the planned entries are prepared for every owner's next
+// change.
+func (s *slotState) planAll(want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable, prepare bool) (same, stale, prepared bool) {
+	same = s.sameStructure(want)
+	prepared = true
+	if same {
+		stale = !prepare && s.eligibilityChanged(want)
+		prepared = prepare || (s.preparedAll && !stale)
+	}
 	for f, w := range want {
 		var prev *slotPlan
 		if same {
-			have := k.installed[f].plan
+			have := s.installed[f].plan
 			prev = &have
 		}
 		w.plan = planSlots(w.set, owners[w.family], w.elig, prev, prepare)
 		want[f] = w
 	}
-	return want, owners, same
+	return same, stale, prepared
+}
+
+// record records want and owners as installed, and each backend's
+// eligibility in them as what the kernel does with new flows.
+func (s *slotState) record(want map[*frontend]installedFrontend, owners map[nftables.TableFamily]ownerTable, prepared bool) {
+	s.installed, s.owners, s.preparedAll, s.preparedOwner = want, owners, prepared, ""
+	for _, w := range want {
+		for j, b := range w.set.backends {
+			b.inKernel.Store(w.elig.now[j])
+		}
+	}
+}
+
+// compareNames orders frontends by name: both kernel paths place them in
+// that order.
+func compareNames(a, b *frontend) int {
+	return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
 }
 
 // sameStructure reports whether the frontends, their backend sets and

@@ -323,21 +323,8 @@ func (e *ebpfPath) sync(frontends []*frontend, m *metrics, prepare bool) (stale 
 		set := f.set.Load()
 		want[f] = installedFrontend{set: set, family: nftables.TableFamilyIPv4, index: int(ids[f]), elig: eligibilityOf(set)}
 	}
-	same := e.sameStructure(want)
-	prepared := true
-	if same {
-		stale = !prepare && e.eligibilityChanged(want)
-		prepared = prepare || (e.preparedAll && !stale)
-	}
-	for f, w := range want {
-		var prev *slotPlan
-		if same {
-			have := e.installed[f].plan
-			prev = &have
-		}
-		w.plan = planSlots(w.set, owners, w.elig, prev, prepare)
-		want[f] = w
-	}
+	families := map[nftables.TableFamily]ownerTable{nftables.TableFamilyIPv4: owners}
+	_, stale, prepared := e.planAll(want, families, prepare)
 	contents := e.render(want, owners)
 	changed, err := e.write(contents)
 	if changed == 0 && kind != "rebuild" {
@@ -354,13 +341,8 @@ func (e *ebpfPath) sync(frontends []*frontend, m *metrics, prepare bool) (stale 
 		return false, fmt.Errorf("writing the eBPF kernel path's maps: %w", err)
 	}
 	e.contents = contents
-	e.slotState = slotState{installed: want, owners: map[nftables.TableFamily]ownerTable{nftables.TableFamilyIPv4: owners}, preparedAll: prepared}
+	e.record(want, families, prepared)
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
-	for _, w := range want {
-		for j, b := range w.set.backends {
-			b.inKernel.Store(w.elig.now[j])
-		}
-	}
 	return stale, nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -203,10 +202,6 @@ func (e *ebpfPath) render(want map[*frontend]installedFrontend, owners ownerTabl
 	}
 	e.idle.Store(&idle)
 	return c
-}
-
-func compareNames(a, b *frontend) int {
-	return strings.Compare(a.set.Load().cfg.Name, b.set.Load().cfg.Name)
 }
 
 // freeIDs hands out the lowest ids from 1 that are not used.
