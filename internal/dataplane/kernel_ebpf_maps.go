@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -92,47 +93,38 @@ func bpfEndpointOf(ap netip.AddrPort) bpfEndpoint {
 	return bpfEndpoint{Addr: a, Port: bigEndianPort(ap.Port())}
 }
 
-// ownerTable is the owners of the frontends' backends, with the ids the
-// maps gave them (so that a change rewrites only what changed, and a
-// restart nothing); new ones take the lowest free ids. An owner is down
-// when any of its backends is admin Down, as in the nftables path.
+// ownerTable is the owners of the frontends' backends and their states
+// (newOwnerTable's), with the ids the maps gave them (so that a change
+// rewrites only what changed, and a restart nothing); new ones take the
+// lowest free ids. The ids of owners gone now are not given to new ones
+// before the next sync: until their slots' homes are rewritten, new flows
+// may still look them up.
 func (e *ebpfPath) ownerTable(frontends []*frontend) (ownerTable, error) {
-	owners := ownerTable{ids: map[string]uint32{}}
+	sets := make([]*backendSet, len(frontends))
+	for i, f := range frontends {
+		sets[i] = f.set.Load()
+	}
+	byName := newOwnerTable(sets)
 	ids := freeIDs{used: map[uint32]bool{}}
-	known := map[string]uint32{}
+	known := make(map[string]uint32, len(e.contents.ownerNames))
 	for id, name := range e.contents.ownerNames {
 		known[name] = id
+		ids.used[id] = true
 	}
-	down := map[string]bool{}
-	var names []string
-	for _, f := range frontends {
-		for _, b := range f.set.Load().backends {
-			if _, seen := down[b.owner]; !seen {
-				names = append(names, b.owner)
-			}
-			down[b.owner] = down[b.owner] || adminState(b.admin.Load()) == adminDown
+	owners := ownerTable{ids: make(map[string]uint32, len(byName.ids))}
+	for _, name := range slices.Sorted(maps.Keys(byName.ids)) {
+		id, ok := known[name]
+		if !ok {
+			id = ids.next()
 		}
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		if id, ok := known[name]; ok {
-			owners.ids[name] = id
-			ids.used[id] = true
-		}
-	}
-	for _, name := range names {
-		if _, ok := owners.ids[name]; !ok {
-			owners.ids[name] = ids.next()
-		}
+		owners.ids[name] = id
 	}
 	if ids.max() >= bpfMaxOwners {
-		return owners, fmt.Errorf("%d nodes own backends: the eBPF kernel path holds %d at most", len(names), bpfMaxOwners-1)
+		return owners, fmt.Errorf("%d nodes own backends: the eBPF kernel path holds %d at most", len(owners.ids), bpfMaxOwners-1)
 	}
 	owners.state = make([]ownerState, ids.max()+1)
 	for name, id := range owners.ids {
-		if down[name] {
-			owners.state[id] = ownerDown
-		}
+		owners.state[id] = byName.state[byName.ids[name]]
 	}
 	return owners, nil
 }

@@ -150,3 +150,32 @@ func TestEBPFPathRemovedFrontendDrains(t *testing.T) {
 		return entries() == 0
 	})
 }
+
+// Owners keep the ids the maps gave them, new ones take the lowest free
+// id, and the id of an owner gone in this sync is not handed to a new one
+// (its slots' homes still point at it until they are rewritten); the
+// states are newOwnerTable's.
+func TestEBPFOwnerIDsAreStableAndNotReusedAtOnce(t *testing.T) {
+	backendOf := func(owner string, down bool) *backend {
+		b := slotBackend(len(owner), 1)
+		b.owner = owner
+		if down {
+			b.admin.Store(int32(adminDown))
+		}
+		return b
+	}
+	f := &frontend{}
+	f.set.Store(&backendSet{backends: []*backend{backendOf("node-b", false), backendOf("node-new", true)}})
+	e := &ebpfPath{contents: newBPFContents(nil)}
+	e.contents.ownerNames = map[uint32]string{1: "node-gone", 2: "node-b"}
+	owners, err := e.ownerTable([]*frontend{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]uint32{"node-b": 2, "node-new": 3}; !reflect.DeepEqual(owners.ids, want) {
+		t.Errorf("ids %v, want %v (node-b keeps 2, node-new does not take node-gone's 1)", owners.ids, want)
+	}
+	if owners.state[2] != ownerUp || owners.state[3] != ownerDown {
+		t.Errorf("states %v, want node-b up and node-new down", owners.state)
+	}
+}
