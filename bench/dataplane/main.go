@@ -122,7 +122,7 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 			p, err := startEbb(t, ebbBin, dir, fe, addrs, false, "--engine", "Kernel", "--kernel-table", benchKernelTable)
 			if p != nil {
 				p.name = "ebb-kernel"
-				p.cleanup = func() { removeKernelTable(t.lbNetNS()) } // its rules outlive it, by design
+				p.cleanup = func() { removeKernelPath(t.lbNetNS(), dataplane.KernelPathNftables) } // its rules outlive it, by design
 				p.tracksHost = true
 			}
 			return p, err
@@ -140,7 +140,7 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 			p, err := startEbb(t, ebbBin, dir, fe, addrs, false, "--engine", "Kernel", "--kernel-path", "ebpf", "--kernel-table", benchKernelTable)
 			if p != nil {
 				p.name = "ebb-ebpf"
-				p.cleanup = func() { removeEBPFPath(t.lbNetNS()) } // its pins outlive it, by design
+				p.cleanup = func() { removeKernelPath(t.lbNetNS(), dataplane.KernelPathEBPF) } // its pins outlive it, by design
 			}
 			return p, err
 		}})
@@ -170,17 +170,10 @@ func contenders(t *topology, ebbBin, dir string, addrs []string, only string) []
 // removed when the benchmark ends (ebb lb leaves it in place at exit).
 const benchKernelTable = "ebb-bench"
 
-func removeKernelTable(netns int) {
-	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable, NetNS: netns})
-	if err == nil {
-		_ = dp.RemoveKernelTable()
-		_ = dp.Close()
-	}
-}
-
-// removeEBPFPath removes the pins of the eBPF kernel path under test.
-func removeEBPFPath(netns int) {
-	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable, KernelPath: dataplane.KernelPathEBPF, NetNS: netns})
+// removeKernelPath removes what the kernel engine under test left on
+// path (nftables tables, or eBPF pins) in the namespace netns.
+func removeKernelPath(netns int, path dataplane.KernelPath) {
+	dp, err := dataplane.New(dataplane.Options{KernelTable: benchKernelTable, KernelPath: path, NetNS: netns})
 	if err == nil {
 		_ = dp.RemoveKernelTable()
 		_ = dp.Close()
@@ -198,7 +191,7 @@ func run(topo, ebbBin string, d time.Duration, rounds, pairs int, out string, pr
 		return err
 	}
 	defer os.RemoveAll(dir)
-	defer removeKernelTable(t.lbNetNS())
+	defer removeKernelPath(t.lbNetNS(), dataplane.KernelPathNftables)
 	var backends []*echoBackend
 	var addrs []string
 	for range 3 {

@@ -137,9 +137,10 @@ func (d *DataPlane) resyncKernelOnProbes() {
 	}
 }
 
-// RemoveKernelTable removes the kernel engine's nftables table: new flows
-// to its frontends are no longer forwarded. Close leaves the table in
-// place on purpose; this is for uninstalling and tests.
+// RemoveKernelTable removes the kernel engine's nftables table, or on the
+// eBPF path its program and pinned maps: its frontends' flows are no
+// longer forwarded. Close leaves them in place on purpose; this is for
+// uninstalling and tests.
 func (d *DataPlane) RemoveKernelTable() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -54,7 +54,6 @@ type ebpfPath struct {
 	// over a full table takes milliseconds, and must not hold up an
 	// admin-state change. coll and links change with both held.
 	use   sync.RWMutex
-	dir   string // the pin directory of this namespace and table
 	coll  *ebpf.Collection
 	links []link.Link
 	// contents is what the maps hold, as this process last wrote or
@@ -177,7 +176,7 @@ func (e *ebpfPath) load() error {
 		return err
 	}
 	e.use.Lock()
-	e.dir, e.coll, e.links, e.contents = dir, coll, links, contents
+	e.coll, e.links, e.contents = coll, links, contents
 	e.use.Unlock()
 	e.slotState = slotState{}
 	e.stopSweep = make(chan struct{})
@@ -415,15 +414,9 @@ func (e *ebpfPath) release() {
 	e.coll, e.links, e.contents, e.slotState = nil, nil, nil, slotState{}
 }
 
-// ebpfAddr is an IPv4 address as the program keeps it, or false for
-// another family.
-func ebpfAddr(a netip.Addr) ([4]byte, bool) {
-	a = a.Unmap()
-	if !a.Is4() {
-		return [4]byte{}, false
-	}
-	return a.As4(), true
-}
+// addr4 is an IPv4 address as the program keeps it (the path serves
+// IPv4 frontends and backends only: unsupported).
+func addr4(a netip.Addr) [4]byte { return a.Unmap().As4() }
 
 // bigEndianPort is a port as the packet carries it.
 func bigEndianPort(p uint16) [2]byte { return [2]byte{byte(p >> 8), byte(p)} }

@@ -148,11 +148,11 @@ func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
 	}
 	flows, replies := e.coll.Maps["flows"], e.coll.Maps["replies"]
 	for _, d := range del {
-		if err := flows.Delete(d.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting a flow: %w", err)
+		if err := deleteIfThere(flows, d.key); err != nil {
+			return err
 		}
-		if err := replies.Delete(d.reply); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting a flow's reply entry: %w", err)
+		if err := deleteIfThere(replies, d.reply); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -232,8 +232,8 @@ func (e *ebpfPath) deleteDrainedFrontends(live map[bpfFrontendKey]bool) error {
 		if fe.ID != 0 || live[k] {
 			continue
 		}
-		if err := e.coll.Maps["frontends"].Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting a removed frontend: %w", err)
+		if err := deleteIfThere(e.coll.Maps["frontends"], k); err != nil {
+			return err
 		}
 		delete(e.contents.frontends, k)
 	}

@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -84,13 +83,11 @@ func newBPFContents(like *bpfContents) *bpfContents {
 }
 
 func bpfFrontendKeyOf(k frontendKey) bpfFrontendKey {
-	a, _ := ebpfAddr(k.addr.Addr())
-	return bpfFrontendKey{Addr: a, Port: bigEndianPort(k.addr.Port()), Proto: 6} // IPPROTO_TCP
+	return bpfFrontendKey{Addr: addr4(k.addr.Addr()), Port: bigEndianPort(k.addr.Port()), Proto: 6} // IPPROTO_TCP
 }
 
 func bpfEndpointOf(ap netip.AddrPort) bpfEndpoint {
-	a, _ := ebpfAddr(ap.Addr())
-	return bpfEndpoint{Addr: a, Port: bigEndianPort(ap.Port())}
+	return bpfEndpoint{Addr: addr4(ap.Addr()), Port: bigEndianPort(ap.Port())}
 }
 
 // ownerTable is the owners of the frontends' backends and their states
@@ -288,8 +285,8 @@ func deleteGone[K, V comparable](m *ebpf.Map, have, want map[K]V) (int, error) {
 		if _, ok := want[k]; ok {
 			continue
 		}
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, fmt.Errorf("deleting an element of %s: %w", m.String(), err)
+		if err := deleteIfThere(m, k); err != nil {
+			return n, err
 		}
 		n++
 	}
