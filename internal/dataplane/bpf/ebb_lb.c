@@ -245,9 +245,10 @@ static __always_inline struct iphdr *parse(struct __sk_buff *skb, struct tcphdr 
 	return ip;
 }
 
-// translate gives the packet the source and destination src and dst,
-// lowers its TTL and fixes the checksums, then sends it out of ifindex
-// to the next hop the routes give. ttl is the packet's TTL, above 1.
+// translate gives the packet, whose addresses and ports are from, those
+// of to, lowers its TTL and fixes the checksums, then sends it out of
+// ifindex to the next hop the routes give. ttl is the packet's TTL, above
+// 1.
 static __always_inline int translate(struct __sk_buff *skb, struct tuple *from, struct tuple *to, __u8 ttl, __u32 ifindex) {
 	__be32 old_addrs[2] = {from->saddr, from->daddr};
 	__be32 new_addrs[2] = {to->saddr, to->daddr};
