@@ -179,3 +179,24 @@ func TestEBPFOwnerIDsAreStableAndNotReusedAtOnce(t *testing.T) {
 		t.Errorf("states %v, want node-b up and node-new down", owners.state)
 	}
 }
+
+// Auto on the eBPF path gives the kernel an IPv4 TCP frontend and the
+// proxy a UDP one, which the path cannot forward, instead of refusing it.
+func TestEBPFPathAutoLeavesWhatItCannotForwardToTheProxy(t *testing.T) {
+	n := newEngineNetOn(t, engineVariant{engine: EngineAuto, path: KernelPathEBPF}, "IPv4")
+	a, _ := n.echo(t, 8080)
+	tcp := n.frontendOn(80, a)
+	udp := n.frontendOn(53, Backend{Address: n.ip.backend.String(), Port: 5353})
+	udp.Protocol = UDP
+	n.apply(t, tcp, udp)
+	n.d.mu.Lock()
+	for _, f := range n.d.frontends {
+		if want := f.set.Load().cfg.Name == tcp.Name; f.kernel != want {
+			t.Errorf("frontend %s: kernel engine %v, want %v", f.set.Load().cfg.Name, f.kernel, want)
+		}
+	}
+	n.d.mu.Unlock()
+	if err := n.roundTripNew(t, 80); err != nil {
+		t.Errorf("through the eBPF path: %v", err)
+	}
+}
