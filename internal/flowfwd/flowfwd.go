@@ -137,13 +137,24 @@ func (f *Forwarder) Sync(s State) error {
 	return nil
 }
 
-// ruleExprs is: ip daddr @addresses, TCP, not a SYN, no tracked
-// connection (new or invalid), counted; then dup to each peer and drop,
-// or drop, or nothing (pass).
+// ruleExprs is: ip daddr @addresses, TTL above 1, TCP, not a SYN, no
+// tracked connection (new or invalid), counted; then dup to each peer and
+// drop, or drop, or nothing (pass).
+//
+// The TTL bounds a loop. Two hosts may forward to each other for a while
+// (one joining while the other still counts it draining), and a segment
+// neither knows then goes back and forth. nf_dup lowers the TTL of each
+// copy it sends from prerouting, but does not stop at 0: without the
+// check a TTL of 0 went round to 255, and the segment bounced at line rate
+// until the two agreed. With it, a segment stops after about 64 hops, in
+// the host's stack, as a routed packet would.
 func ruleExprs(set *nftables.Set, s State) []expr.Any {
 	exprs := []expr.Any{
 		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4, DestRegister: 1},
 		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+		// ip ttl > 1
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 1, DestRegister: 1},
+		&expr.Cmp{Op: expr.CmpOpGt, Register: 1, Data: []byte{1}},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 		// tcp flags & syn == 0

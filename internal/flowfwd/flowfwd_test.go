@@ -200,3 +200,42 @@ func TestMovedConnections(t *testing.T) {
 		})
 	}
 }
+
+// Two LB hosts that forward to each other at once (one joining while the
+// other still counts it draining) bounce a segment neither knows between
+// them; each forward lowers its TTL, and a segment at TTL 1 is no longer
+// forwarded, so the bouncing stops there (about 64 times a segment)
+// instead of going on while the two disagree, which it did when nf_dup's
+// decrement took a TTL of 0 round to 255.
+func TestForwardingBetweenTwoHostsEnds(t *testing.T) {
+	n := newTestNet(t)
+	echo(t, n.serving)
+	// Established before conntrack runs on either host (no rule has
+	// turned it on yet), the connection is foreign to both.
+	n.moveTo(t, "10.1.0.2")
+	c := n.connect(t)
+	fwds := map[string]*Forwarder{"serving": New("", n.serving.NetNS()), "draining": New("", n.draining.NetNS())}
+	for name, peer := range map[string]string{"serving": "10.3.0.2", "draining": "10.3.0.1"} {
+		if err := fwds[name].Sync(State{Addresses: []netip.Addr{vip}, Peers: []netip.Addr{addr(peer)}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = fwds[name].Remove() })
+	}
+	// The segment (and its retransmissions) bounce until their TTL runs
+	// out; the round trip itself cannot succeed.
+	_ = roundTrip(c, "bounced")
+	time.Sleep(500 * time.Millisecond)
+	var total uint64
+	for name, f := range fwds {
+		segs, _, err := f.Segments()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s forwarded %d segments", name, segs)
+		total += segs
+	}
+	// A handful of transmissions, each forwarded at most 63 times.
+	if total == 0 || total > 1000 {
+		t.Errorf("the two hosts forwarded %d segments between them; want some, and no more than a few hundred", total)
+	}
+}
