@@ -91,6 +91,8 @@ type DataPlane struct {
 
 	engine Engine
 	kernel kernelPath
+	// kernelPathName is the kernel engine's path (metrics).
+	kernelPathName KernelPath
 	// kernelDirty asks for the kernel table to be rebuilt (a probe
 	// changed a backend's health).
 	kernelDirty chan struct{}
@@ -129,6 +131,9 @@ func New(opts Options) (*DataPlane, error) {
 	default:
 		return nil, fmt.Errorf("engine %q is not supported: use Proxy, Kernel or Auto", opts.Engine)
 	}
+	if opts.KernelPath == "" {
+		opts.KernelPath = KernelPathNftables
+	}
 	kernel, err := newKernelPath(opts)
 	if err != nil {
 		return nil, err
@@ -140,7 +145,7 @@ func New(opts Options) (*DataPlane, error) {
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
-		engine: opts.Engine, kernel: kernel, kernelDirty: make(chan struct{}, 1),
+		engine: opts.Engine, kernel: kernel, kernelPathName: opts.KernelPath, kernelDirty: make(chan struct{}, 1),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{}, inherited: map[frontendKey]*os.File{},
 	}
 	if !opts.GoroutineProxy {
@@ -220,6 +225,7 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	}
 	d.probers = probers
 	d.m.setSkipped(skipped)
+	d.m.setEngines(frontends, skipped, d.kernelPathName)
 	return ApplyResult{Skipped: skipped}, nil
 }
 

@@ -167,7 +167,14 @@ func (n *engineNet) echo(t *testing.T, port uint16) (Backend, *testBackend) {
 
 func (n *engineNet) dial(t *testing.T, port uint16) (net.Conn, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	return n.dialWithin(t, port, 2000)
+}
+
+// dialWithin dials the frontend's port from the client, giving up after
+// ms milliseconds.
+func (n *engineNet) dialWithin(t *testing.T, port uint16, ms int) (net.Conn, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond)
 	defer cancel()
 	return n.client.DialContext(ctx, "tcp", netip.AddrPortFrom(n.ip.frontend, port).String())
 }

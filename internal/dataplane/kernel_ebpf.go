@@ -164,7 +164,7 @@ func (e *ebpfPath) load() error {
 	if err != nil {
 		return err
 	}
-	links, err := e.attach(dir, coll.Programs["ebb_ingress"])
+	links, err := e.attach(dir, coll.Programs["ebb_ingress"], coll.Programs["ebb_egress"])
 	if err != nil {
 		coll.Close()
 		return err
@@ -213,10 +213,11 @@ func removePins(dir string) error {
 	return nil
 }
 
-// attach attaches prog at tc ingress (tcx) of the interfaces, replacing
-// the program of an attachment pinned by a predecessor (the kernel swaps
-// it atomically: no packet goes untranslated), and pins new ones.
-func (e *ebpfPath) attach(dir string, prog *ebpf.Program) ([]link.Link, error) {
+// attach attaches ingress at tc ingress (tcx) of the interfaces and egress
+// at their tc egress, replacing the programs of attachments pinned by a
+// predecessor (the kernel swaps them atomically: no packet goes
+// untranslated), and pins new ones.
+func (e *ebpfPath) attach(dir string, ingress, egress *ebpf.Program) ([]link.Link, error) {
 	var links []link.Link
 	err := netnsexec.Run(e.netns, func() error {
 		names, err := e.interfaceNames()
@@ -224,11 +225,13 @@ func (e *ebpfPath) attach(dir string, prog *ebpf.Program) ([]link.Link, error) {
 			return err
 		}
 		for _, name := range names {
-			l, err := attachOne(dir, name, prog)
-			if err != nil {
-				return err
+			for _, a := range []tcxAttachment{{"link-", ingress, ebpf.AttachTCXIngress}, {"egress-", egress, ebpf.AttachTCXEgress}} {
+				l, err := attachOne(dir, name, a)
+				if err != nil {
+					return err
+				}
+				links = append(links, l)
 			}
-			links = append(links, l)
 		}
 		return nil
 	})
@@ -239,10 +242,18 @@ func (e *ebpfPath) attach(dir string, prog *ebpf.Program) ([]link.Link, error) {
 	return links, nil
 }
 
-func attachOne(dir, name string, prog *ebpf.Program) (link.Link, error) {
-	pin := filepath.Join(dir, "link-"+name)
+// tcxAttachment is a program and where it goes: its pins are named
+// pinPrefix and the interface's name.
+type tcxAttachment struct {
+	pinPrefix string
+	prog      *ebpf.Program
+	at        ebpf.AttachType
+}
+
+func attachOne(dir, name string, a tcxAttachment) (link.Link, error) {
+	pin := filepath.Join(dir, a.pinPrefix+name)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-		if err := l.Update(prog); err == nil {
+		if err := l.Update(a.prog); err == nil {
 			return l, nil
 		}
 		// A link whose interface went away: attach afresh.
@@ -253,7 +264,7 @@ func attachOne(dir, name string, prog *ebpf.Program) (link.Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding interface %s: %w", name, err)
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifi.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifi.Index, Program: a.prog, Attach: a.at})
 	if err != nil {
 		return nil, fmt.Errorf("attaching the eBPF kernel path to %s: %w", name, err)
 	}

@@ -2,10 +2,12 @@ package dataplane
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
@@ -196,6 +198,16 @@ func TestEBPFPathAutoLeavesWhatItCannotForwardToTheProxy(t *testing.T) {
 		}
 	}
 	n.d.mu.Unlock()
+	// What a user sees of it: the metric names each frontend's engine.
+	want := `
+# HELP ebb_dataplane_frontend_engine 1 for each frontend served, by the engine that serves it (Proxy or Kernel) and, for Kernel, its path (nftables or ebpf).
+# TYPE ebb_dataplane_frontend_engine gauge
+ebb_dataplane_frontend_engine{engine="Kernel",frontend="` + tcp.Name + `",path="ebpf"} 1
+ebb_dataplane_frontend_engine{engine="Proxy",frontend="` + udp.Name + `",path=""} 1
+`
+	if err := testutil.GatherAndCompare(n.reg, strings.NewReader(want), "ebb_dataplane_frontend_engine"); err != nil {
+		t.Error(err)
+	}
 	if err := n.roundTripNew(t, 80); err != nil {
 		t.Errorf("through the eBPF path: %v", err)
 	}

@@ -17,6 +17,7 @@ type metrics struct {
 	udpMigrations    *prometheus.CounterVec
 	applySeconds     prometheus.Histogram
 	skipped          *prometheus.GaugeVec
+	engines          *prometheus.GaugeVec
 	kernelSyncs      *prometheus.HistogramVec
 	kernelFailures   prometheus.Counter
 	inheritedSockets prometheus.Counter
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ebb_dataplane_frontend_skipped",
 			Help: "1 for each frontend the last apply could not serve; reason is Invalid, AddressConflict, ListenFailed or KernelFailed.",
 		}, []string{"frontend", "reason"}),
+		engines: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_frontend_engine",
+			Help: "1 for each frontend served, by the engine that serves it (Proxy or Kernel) and, for Kernel, its path (nftables or ebpf).",
+		}, []string{"frontend", "engine", "path"}),
 		kernelSyncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ebb_dataplane_kernel_sync_duration_seconds",
 			Help:    "nftables transactions of the kernel engine; kind is rebuild (whole tables), entries (map entries: probes, and the entries prepared for the next change) or owners (only nodes' states: the admin-state fast path).",
@@ -74,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ebb_dataplane_inherited_sockets_total", Help: "Frontend sockets served that a predecessor process handed over, instead of opened anew.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.kernelSyncs, m.kernelFailures, m.inheritedSockets} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.inheritedSockets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -142,5 +147,25 @@ func (m *metrics) setSkipped(skipped []SkippedFrontend) {
 	m.skipped.Reset()
 	for _, s := range skipped {
 		m.skipped.WithLabelValues(s.Name, string(s.Reason)).Set(1)
+	}
+}
+
+// setEngines replaces the frontend-engine series with the frontends the
+// last apply serves (those not skipped), and how.
+func (m *metrics) setEngines(frontends []Frontend, skipped []SkippedFrontend, path KernelPath) {
+	m.engines.Reset()
+	out := map[string]bool{}
+	for _, s := range skipped {
+		out[s.Name] = true
+	}
+	for _, f := range frontends {
+		if out[f.Name] {
+			continue
+		}
+		p := ""
+		if f.Engine == EngineKernel {
+			p = string(path)
+		}
+		m.engines.WithLabelValues(f.Name, string(f.Engine), p).Set(1)
 	}
 }

@@ -17,6 +17,14 @@
 // interface the route names (bpf_redirect_neigh), so they skip the
 // host's IP stack and netfilter.
 //
+// A backend at an address of this host (its own node, when the LB host is
+// also a node of the cluster: the Service's node port there) is reached
+// through the host's stack instead: the client's packets only have their
+// destination translated and go on into the stack, where the node's own
+// rules (kube-proxy's) take them to a pod, and the replies, which the
+// stack sends from the backend's address to the client, get the
+// frontend's address back at tc egress (ebb_egress).
+//
 // What the program does not translate it passes to the host's stack:
 // a new flow with no eligible backend or from outside the source ranges,
 // a segment of a flow it does not know (one the drain timeout ended), so
@@ -123,16 +131,22 @@ struct tuple {
 #define FLOW_FIN_BACKEND 2 // the backend sent a FIN
 #define FLOW_RST 4        // either side reset the flow
 #define FLOW_ANSWERED 8   // the backend answered
+#define FLOW_LOCAL 16     // the backend is this host's: the flow goes through its stack
 #define FLOW_FIN_BOTH (FLOW_FIN_CLIENT | FLOW_FIN_BACKEND)
 
 struct flow {
 	struct endpoint backend;
-	struct endpoint source; // this host's address and port toward the backend
+	// This host's address and port toward the backend; the client's, for a
+	// FLOW_LOCAL flow (only its destination is translated).
+	struct endpoint source;
 	__u64 seen;             // bpf_ktime_get_ns of the last packet
 	__u32 flags;
 	__u32 out_ifindex; // toward the backend
 };
 
+// A flow's replies entry, keyed by the backend's packets' addresses and
+// ports: to this host's translated source, or to the client for a
+// FLOW_LOCAL flow.
 struct reply {
 	struct tuple client; // the flow's key
 	__u32 in_ifindex;    // toward the client
@@ -245,11 +259,11 @@ static __always_inline struct iphdr *parse(struct __sk_buff *skb, struct tcphdr 
 	return ip;
 }
 
-// translate gives the packet, whose addresses and ports are from, those
-// of to, lowers its TTL and fixes the checksums, then sends it out of
-// ifindex to the next hop the routes give. ttl is the packet's TTL, above
-// 1.
-static __always_inline int translate(struct __sk_buff *skb, struct tuple *from, struct tuple *to, __u8 ttl, __u32 ifindex) {
+// rewrite gives the packet, whose addresses and ports are from, those of
+// to, and fixes the checksums; with ttl (the packet's TTL, above 1) it
+// also lowers the TTL, as a router does. It returns 0, or -1 when the
+// packet could not be written.
+static __always_inline int rewrite(struct __sk_buff *skb, struct tuple *from, struct tuple *to, __u8 ttl) {
 	__be32 old_addrs[2] = {from->saddr, from->daddr};
 	__be32 new_addrs[2] = {to->saddr, to->daddr};
 	__be32 old_ports = (__u32)from->sport | ((__u32)from->dport << 16);
@@ -264,13 +278,30 @@ static __always_inline int translate(struct __sk_buff *skb, struct tuple *from, 
 	if (addrs < 0 || ports < 0 ||
 	    bpf_skb_store_bytes(skb, IP_ADDRS_OFF, new_addrs, sizeof(new_addrs), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, TCP_OFF, &new_ports, sizeof(new_ports), 0) < 0 ||
-	    bpf_skb_store_bytes(skb, IP_TTL_OFF, &lowered, 1, 0) < 0 ||
 	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, 0, addrs, 0) < 0 ||
-	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, __builtin_bswap16(old_ttl << 8), __builtin_bswap16(new_ttl << 8), 2) < 0 ||
 	    bpf_l4_csum_replace(skb, TCP_CSUM_OFF, 0, addrs, BPF_F_PSEUDO_HDR) < 0 ||
 	    bpf_l4_csum_replace(skb, TCP_CSUM_OFF, 0, ports, 0) < 0)
+		return -1;
+	if (ttl && (bpf_skb_store_bytes(skb, IP_TTL_OFF, &lowered, 1, 0) < 0 ||
+		    bpf_l3_csum_replace(skb, IP_CSUM_OFF, __builtin_bswap16(old_ttl << 8), __builtin_bswap16(new_ttl << 8), 2) < 0))
+		return -1;
+	return 0;
+}
+
+// translate rewrites the packet from from to to, lowering its TTL ttl,
+// and sends it out of ifindex to the next hop the routes give.
+static __always_inline int translate(struct __sk_buff *skb, struct tuple *from, struct tuple *to, __u8 ttl, __u32 ifindex) {
+	if (rewrite(skb, from, to, ttl) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect_neigh(ifindex, 0, 0, 0);
+}
+
+// deliver rewrites the packet from from to to and lets it go on its way
+// through the host's stack (a FLOW_LOCAL flow's).
+static __always_inline int deliver(struct __sk_buff *skb, struct tuple *from, struct tuple *to) {
+	if (rewrite(skb, from, to, 0) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
 }
 
 static __always_inline __u32 mix(__u32 h) {
@@ -342,10 +373,21 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		.ipv4_src = t->saddr,
 		.ipv4_dst = be->addr,
 	};
-	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) != BPF_FIB_LKUP_RET_SUCCESS)
+	struct reply r = {.client = *t, .in_ifindex = skb->ingress_ifindex};
+	long route = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (route == BPF_FIB_LKUP_RET_NOT_FWDED) {
+		// Not forwarded: the backend is an address of this host. The flow
+		// keeps the client's source; its replies are the backend's packets
+		// to the client.
+		struct flow f = {.backend = *be, .source = {.addr = t->saddr}, .seen = bpf_ktime_get_ns(), .flags = FLOW_LOCAL};
+		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
+		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0)
+			return 0;
+		return start(t, &f, &rk);
+	}
+	if (route != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
 	struct flow f = {.backend = *be, .source = {.addr = fib.ipv4_src}, .seen = bpf_ktime_get_ns(), .out_ifindex = fib.ifindex};
-	struct reply r = {.client = *t, .in_ifindex = skb->ingress_ifindex};
 	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
 	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
 	int i;
@@ -417,8 +459,11 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 		__sync_fetch_and_or(&f->flags, seg);
 	struct tuple to = {.saddr = f->source.addr, .daddr = f->backend.addr, .sport = f->source.port, .dport = f->backend.port};
 	__u32 ifindex = f->out_ifindex;
+	__u32 local = before & FLOW_LOCAL;
 	if (ends(tcp, before))
 		finish(&t, f);
+	if (local)
+		return deliver(skb, &t, &to);
 	return translate(skb, &t, &to, ttl, ifindex);
 }
 
@@ -431,7 +476,7 @@ static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, st
 	struct tuple client = r->client;
 	__u32 ifindex = r->in_ifindex;
 	struct flow *f = bpf_map_lookup_elem(&flows, &client);
-	if (!f || !owns(f, t))
+	if (!f || !owns(f, t) || (f->flags & FLOW_LOCAL))
 		return TC_ACT_OK; // a stale entry: the flow is gone or has another port now
 	f->seen = bpf_ktime_get_ns();
 	__u32 before = f->flags;
@@ -460,6 +505,34 @@ int ebb_ingress(struct __sk_buff *skb) {
 	if (!fe)
 		return TC_ACT_OK;
 	return to_backend(skb, ip, tcp, fe);
+}
+
+// ebb_egress gives the replies of FLOW_LOCAL flows, which the host's stack
+// sends from the backend's address (this host's) to the client, the
+// frontend's address and port back. Every other packet goes out as it is.
+SEC("tc")
+int ebb_egress(struct __sk_buff *skb) {
+	struct tcphdr *tcp;
+	struct iphdr *ip = parse(skb, &tcp);
+	if (!ip)
+		return TC_ACT_OK;
+	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
+	struct reply *r = bpf_map_lookup_elem(&replies, &t);
+	if (!r)
+		return TC_ACT_OK;
+	struct tuple client = r->client;
+	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	if (!f || !(f->flags & FLOW_LOCAL) || !owns(f, &t))
+		return TC_ACT_OK;
+	__u32 seg = FLOW_ANSWERED | (tcp->fin ? FLOW_FIN_BACKEND : 0) | (tcp->rst ? FLOW_RST : 0);
+	f->seen = bpf_ktime_get_ns();
+	__u32 before = f->flags;
+	if ((before & seg) != seg)
+		__sync_fetch_and_or(&f->flags, seg);
+	if (ends(tcp, before))
+		finish(&client, f);
+	struct tuple to = {.saddr = client.daddr, .daddr = client.saddr, .sport = client.dport, .dport = client.sport};
+	return deliver(skb, &t, &to);
 }
 
 char LICENSE[] SEC("license") = "GPL";
