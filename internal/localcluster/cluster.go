@@ -73,6 +73,13 @@ type Options struct {
 	Dir string
 	// BinDir holds the pinned binaries. Default: FindBinDir.
 	BinDir string
+	// HostUserNamespace runs the cluster in the host's user namespace
+	// (RunTests re-executes with ReexecInHostUserNamespace; the caller must
+	// be root) instead of a new one, so that ebb lb's eBPF kernel path can
+	// load its program: BPF needs capabilities in the initial user
+	// namespace. Network, PID and mount namespaces stay private. Default:
+	// a new user namespace, which needs no root.
+	HostUserNamespace bool
 	// Progress gets one line per start-up phase. Default: discarded.
 	Progress io.Writer
 	// Images are OCI image layouts (`make image` writes dist/oci): pods

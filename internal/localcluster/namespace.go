@@ -17,6 +17,10 @@ import (
 // by Reexec, so that it does not re-execute itself again.
 const envInNamespace = "EBB_LOCALCLUSTER_NAMESPACE"
 
+// envHostUserNamespace marks a child of ReexecInHostUserNamespace: it kept
+// the caller's user namespace.
+const envHostUserNamespace = "EBB_LOCALCLUSTER_HOST_USERNS"
+
 // Address ranges of every local cluster. They live on the loopback device of
 // the cluster's own network namespace, so nothing here is reachable from, or
 // collides with, the host or another cluster.
@@ -66,12 +70,32 @@ func Reexec() (int, error) { return ReexecNotify(nil) }
 
 // ReexecNotify is Reexec that calls started, if not nil, with the child's
 // process ID (as the caller sees it) once it runs.
-func ReexecNotify(started func(pid int)) (int, error) {
+func ReexecNotify(started func(pid int)) (int, error) { return reexec(started, false) }
+
+// ReexecInHostUserNamespace is Reexec for a caller that is root and whose
+// cluster must keep the host's user namespace (new network, PID and mount
+// namespaces only): eBPF (ebb lb --kernel-path=ebpf) needs CAP_BPF in the
+// initial user namespace, which no process of a new one has. The child
+// mounts a bpffs of its own at /sys/fs/bpf (SetupNamespace), so what the
+// cluster pins goes with it.
+func ReexecInHostUserNamespace() (int, error) {
+	if os.Geteuid() != 0 {
+		return 1, errors.New("a local cluster in the host's user namespace (for eBPF) needs root: run as root, or leave Options.HostUserNamespace unset")
+	}
+	return reexec(nil, true)
+}
+
+func reexec(started func(pid int), hostUserNS bool) (int, error) {
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Args[0] = os.Args[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), envInNamespace+"=1")
 	cmd.SysProcAttr = namespaceSysProcAttr()
+	if hostUserNS {
+		cmd.Env = append(cmd.Env, envHostUserNamespace+"=1")
+		cmd.SysProcAttr.Cloneflags &^= syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings, cmd.SysProcAttr.GidMappings = nil, nil
+	}
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -128,6 +152,15 @@ func SetupNamespace() error {
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc for the cluster's PID namespace: %w", err)
+	}
+	if os.Getenv(envHostUserNamespace) != "" {
+		// The host's bpffs is shared by every namespace: the cluster's pins
+		// (ebb lb's maps and attachments) go in one of its own, which
+		// vanishes with the cluster's mount namespace, leaving nothing on
+		// the host.
+		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
+			return fmt.Errorf("mounting a bpffs for the cluster at /sys/fs/bpf: %w", err)
+		}
 	}
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {

@@ -20,7 +20,11 @@ type TestingM interface{ Run() int }
 // instance); the cleanups it returns run after the tests, in reverse order.
 func RunTests(m TestingM, opts Options, cluster **Cluster, setups ...func(*Cluster) (func(), error)) int {
 	if !InNamespace() {
-		code, err := Reexec()
+		reexec := Reexec
+		if opts.HostUserNamespace {
+			reexec = ReexecInHostUserNamespace
+		}
+		code, err := reexec()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
