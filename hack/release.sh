@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Writes dist/install.yaml: config/default rendered by kustomize with ebb's
-# image pinned by the digest `make image` wrote to dist/image.digest.
+# image pinned by the digest `make image` wrote to dist/image.digest; and
+# dist/install-kernel-ebpf.yaml, the same with the component
+# config/components/kernel-ebpf (ebb lb's kernel engine on its eBPF path).
 #
 #   hack/release.sh IMAGE KUBECTL     e.g. hack/release.sh ghcr.io/ebbdev/ebb /path/to/kubectl
 set -euo pipefail
@@ -11,14 +13,21 @@ digest=$(cat "$root/dist/image.digest")
 [[ "$digest" == sha256:* ]] || { echo "dist/image.digest holds no digest: run 'make image'" >&2; exit 1; }
 overlay=$(mktemp -d "$root/dist/release-overlay.XXXXXX")
 trap 'rm -rf "$overlay"' EXIT
-cat > "$overlay/kustomization.yaml" <<YAML
-resources:
-- ../../config/default
-images:
-- name: ebb:dev
-  newName: $image
-  digest: $digest
-YAML
-"$kubectl" kustomize "$overlay" > "$root/dist/install.yaml"
-grep -q "image: $image@$digest" "$root/dist/install.yaml" || { echo "dist/install.yaml does not pin $image@$digest" >&2; exit 1; }
-echo "dist/install.yaml: $image@$digest"
+# render OUT [COMPONENT]: config/default, the image pinned, with COMPONENT.
+render() {
+  local out=$1 component=${2:-}
+  {
+    echo "resources:"
+    echo "- ../../config/default"
+    [[ -z "$component" ]] || printf 'components:\n- ../../config/components/%s\n' "$component"
+    echo "images:"
+    echo "- name: ebb:dev"
+    echo "  newName: $image"
+    echo "  digest: $digest"
+  } > "$overlay/kustomization.yaml"
+  "$kubectl" kustomize "$overlay" > "$root/dist/$out"
+  grep -q "image: $image@$digest" "$root/dist/$out" || { echo "dist/$out does not pin $image@$digest" >&2; exit 1; }
+  echo "dist/$out: $image@$digest"
+}
+render install.yaml
+render install-kernel-ebpf.yaml kernel-ebpf

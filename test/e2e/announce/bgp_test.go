@@ -40,7 +40,7 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	api := e2eutil.APIClient(t, cluster)
 	for _, node := range []localcluster.Node{lbA, lbB} {
 		e2eutil.Eventually(t, ctx, 10*time.Second, node.Name+"'s report showing its route and session", func(ctx context.Context) (bool, string) {
-			r, err := reportOn(ctx, api, node.Name)
+			r, err := e2eutil.ReportOn(ctx, api, node.Name)
 			if err != nil {
 				return false, err.Error()
 			}
@@ -121,22 +121,10 @@ func waitPeerStatus(t *testing.T, ctx context.Context, name, established, hosts 
 	t.Logf("kubectl get bgppeer %s:\n%s", name, out)
 }
 
-// waitNextHops waits until FRR has installed route with exactly want as
-// its next hops.
+// waitNextHops waits until the router has installed route via want.
 func waitNextHops(t *testing.T, ctx context.Context, route netip.Prefix, want []netip.Addr) {
 	t.Helper()
-	var last string
-	e2eutil.Eventually(t, ctx, 30*time.Second, fmt.Sprintf("FRR installing %s via %v", route, want), func(ctx context.Context) (bool, string) {
-		routes, err := router.Routes(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return false, last // the poll's time ran out: keep what was seen
-			}
-			return false, err.Error()
-		}
-		last = fmt.Sprintf("routes %v", routes)
-		return slices.Equal(routes[route], want), last
-	})
+	e2eutil.WaitNextHops(t, ctx, router, route, want)
 }
 
 // lbConnections sums the TCP connections an ebb lb has proxied.

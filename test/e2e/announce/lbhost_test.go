@@ -55,13 +55,13 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	})
 	c := e2eutil.APIClient(t, cluster)
 
-	requests := startRequests(t, ctx, httpClient, url, 2)
-	long := startLongLived(t, ctx, netip.AddrPortFrom(vip, 80), 12)
+	requests := e2eutil.StartRequests(t, ctx, httpClient, url, 2)
+	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(vip, 80), 12)
 	time.Sleep(time.Second)
 
 	nm := &v1alpha1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{Name: "lb-host-" + lbA.Name},
-		Spec: v1alpha1.NodeMaintenanceSpec{NodeSelector: byName(lbA.Name), Stage: v1alpha1.Drain, Reason: "e2e: maintain an LB host",
+		Spec: v1alpha1.NodeMaintenanceSpec{NodeSelector: e2eutil.NodeByName(lbA.Name), Stage: v1alpha1.Drain, Reason: "e2e: maintain an LB host",
 			TrafficDrainTimeoutSeconds: ptr.To[int32](120)},
 	}
 	if err := c.Create(ctx, nm); err != nil {
@@ -77,7 +77,7 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	var report v1alpha1.LoadBalancerReport
 	var err error
 	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb reporting itself draining with connections left", func(ctx context.Context) (bool, string) {
-		r, err := reportOn(ctx, c, lbA.Name)
+		r, err := e2eutil.ReportOn(ctx, c, lbA.Name)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -90,8 +90,8 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
 			return false, last + " (" + err.Error() + ")"
 		}
-		last = nodeStatusOf(got, lbA.Name).DrainMessage
-		msg := nodeStatusOf(got, lbA.Name).DrainMessage
+		last = e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
+		msg := e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
 		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
 		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)
 	})
@@ -99,7 +99,7 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	// No host would be left for the addresses: refused, with why.
 	other := &v1alpha1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{Name: "lb-host-" + lbB.Name},
-		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: byName(lbB.Name), Stage: v1alpha1.Drain, Reason: "e2e: the last LB host"},
+		Spec:       v1alpha1.NodeMaintenanceSpec{NodeSelector: e2eutil.NodeByName(lbB.Name), Stage: v1alpha1.Drain, Reason: "e2e: the last LB host"},
 	}
 	err = c.Create(ctx, other)
 	if err == nil {
@@ -118,30 +118,30 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if forwarded := e2eutil.Sum(grepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
-		t.Errorf("%s forwarded no segment of %s's connections:\n%s", lbB.Name, lbA.Name, grepLines(page, "ebb_lb_moved_flow_segments_total"))
+	if forwarded := e2eutil.Sum(e2eutil.GrepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
+		t.Errorf("%s forwarded no segment of %s's connections:\n%s", lbB.Name, lbA.Name, e2eutil.GrepLines(page, "ebb_lb_moved_flow_segments_total"))
 	} else {
 		t.Logf("%s forwarded %.0f segments of connections moved from %s", lbB.Name, forwarded, lbA.Name)
 	}
-	if n := long.failed.Load(); n > 0 {
-		t.Fatalf("%d of 12 long-lived connections broke while %s drained; first: %v", n, lbA.Name, long.firstErr.Load())
+	if n := long.Failed.Load(); n > 0 {
+		t.Fatalf("%d of 12 long-lived connections broke while %s drained; first: %v", n, lbA.Name, long.FirstErr.Load())
 	}
 
 	// The long-lived connections end: the host is drained.
-	long.halt()
+	long.Halt()
 	e2eutil.Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
 			return false, err.Error()
 		}
-		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), nodeStatusOf(got, lbA.Name).DrainMessage
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
 	})
 	t.Logf("%s drained %s after its maintenance started (its ebb lb had %d connection(s) when it started draining)", lbA.Name, time.Since(started).Round(time.Millisecond), report.Status.Connections)
 
 	// Connections opened while the host is out go through the other one;
 	// when the host comes back the router moves some of them to it, and it
 	// forwards them back (it is joining).
-	late := startLongLived(t, ctx, netip.AddrPortFrom(vip, 80), 12)
+	late := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(vip, 80), 12)
 	time.Sleep(time.Second)
 
 	// Complete: the host is back in the route.
@@ -152,7 +152,7 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	}
 	waitNextHops(t, ctx, route, both)
 	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb serving again", func(ctx context.Context) (bool, string) {
-		r, err := reportOn(ctx, c, lbA.Name)
+		r, err := e2eutil.ReportOn(ctx, c, lbA.Name)
 		return err == nil && !r.Status.Draining, fmt.Sprint(r.Status, err)
 	})
 	time.Sleep(3 * time.Second)
@@ -160,57 +160,21 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if forwarded := e2eutil.Sum(grepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
-		t.Errorf("%s, back in the route, forwarded no segment of %s's connections:\n%s", lbA.Name, lbB.Name, grepLines(page, "ebb_lb_moved_flow"))
+	if forwarded := e2eutil.Sum(e2eutil.GrepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
+		t.Errorf("%s, back in the route, forwarded no segment of %s's connections:\n%s", lbA.Name, lbB.Name, e2eutil.GrepLines(page, "ebb_lb_moved_flow"))
 	} else {
 		t.Logf("%s, back in the route, forwarded %.0f segments of connections moved from %s", lbA.Name, forwarded, lbB.Name)
 	}
-	late.halt()
-	requests.halt()
-	if n := late.failed.Load(); n > 0 {
-		t.Errorf("%d of 12 long-lived connections opened during the maintenance broke when %s came back; first: %v", n, lbA.Name, late.firstErr.Load())
+	late.Halt()
+	requests.Halt()
+	if n := late.Failed.Load(); n > 0 {
+		t.Errorf("%d of 12 long-lived connections opened during the maintenance broke when %s came back; first: %v", n, lbA.Name, late.FirstErr.Load())
 	}
-	t.Logf("%d requests on new connections, %d on 12 long-lived connections", requests.ok.Load(), long.ok.Load())
-	if n := requests.failed.Load(); n > 0 {
-		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+requests.ok.Load(), requests.firstErr.Load())
+	t.Logf("%d requests on new connections, %d on 12 long-lived connections", requests.OK.Load(), long.OK.Load())
+	if n := requests.Failed.Load(); n > 0 {
+		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+requests.OK.Load(), requests.FirstErr.Load())
 	}
-	if n := long.failed.Load(); n > 0 {
-		t.Errorf("%d of 12 long-lived connections broke; first: %v", n, long.firstErr.Load())
+	if n := long.Failed.Load(); n > 0 {
+		t.Errorf("%d of 12 long-lived connections broke; first: %v", n, long.FirstErr.Load())
 	}
-}
-
-// reportOn returns the report of the serving-or-draining ebb lb replica
-// that runs on node (the freshest, if several).
-func reportOn(ctx context.Context, c client.Client, node string) (v1alpha1.LoadBalancerReport, error) {
-	var list v1alpha1.LoadBalancerReportList
-	if err := c.List(ctx, &list); err != nil {
-		return v1alpha1.LoadBalancerReport{}, err
-	}
-	var best v1alpha1.LoadBalancerReport
-	for _, r := range list.Items {
-		if r.Status.HostNode != node || r.Status.RenewTime == nil {
-			continue
-		}
-		if best.Status.RenewTime == nil || r.Status.RenewTime.After(best.Status.RenewTime.Time) {
-			best = r
-		}
-	}
-	if best.Status.RenewTime == nil {
-		return best, fmt.Errorf("no LoadBalancerReport names %s as its host", node)
-	}
-	return best, nil
-}
-
-func nodeStatusOf(nm *v1alpha1.NodeMaintenance, node string) v1alpha1.NodeMaintenanceNodeStatus {
-	for _, s := range nm.Status.NodeStatuses {
-		if s.NodeRef.Name == node {
-			return s
-		}
-	}
-	return v1alpha1.NodeMaintenanceNodeStatus{}
-}
-
-func byName(node string) *corev1.NodeSelector {
-	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
-		{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}
 }

@@ -122,7 +122,7 @@ func TestAnnouncementPolicyStartsL2OnAnInterface(t *testing.T) {
 	owners := func(ctx context.Context) ([]string, error) {
 		var out []string
 		for _, n := range []string{lbA.Name, lbB.Name} {
-			r, err := reportOn(ctx, api, n)
+			r, err := e2eutil.ReportOn(ctx, api, n)
 			if err != nil {
 				return nil, err
 			}

@@ -1,0 +1,158 @@
+package kernel_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// service is a LoadBalancer Service of echo servers behind two LB hosts,
+// reached by BGP from the client behind the router.
+type service struct {
+	vip      netip.Addr
+	route    netip.Prefix
+	lbs      []localcluster.Node
+	nextHops []netip.Addr
+	client   *http.Client
+	url      string
+}
+
+// deployService starts ebb lb on the first two nodes and a two-replica
+// echo Service (its pods land anywhere, the LB hosts included), and waits
+// until the client reaches it.
+func deployService(t *testing.T, ctx context.Context, shape ...func(*appsv1.Deployment)) service {
+	t.Helper()
+	s := service{lbs: cluster.Nodes[:2]}
+	for _, n := range s.lbs {
+		e2eutil.StartLB(t, ctx, cluster, n)
+		s.nextHops = append(s.nextHops, netip.MustParseAddr(n.IP))
+	}
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	s.vip = e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2, shape...)
+	s.route = netip.PrefixFrom(s.vip, 32)
+	e2eutil.WaitNextHops(t, ctx, router, s.route, s.nextHops)
+	s.client = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	s.url = fmt.Sprintf("http://%s/", s.vip)
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+s.url, func(ctx context.Context) (bool, string) {
+		_, err := e2eutil.GetIdentity(ctx, s.client, s.url)
+		return err == nil, fmt.Sprint(err)
+	})
+	return s
+}
+
+// expectEBPF checks, by each LB host's metrics, that the Service's TCP
+// port is served on the kernel engine's eBPF path and its UDP port (which
+// that path does not forward) by the proxy, as Auto chooses.
+func expectEBPF(t *testing.T, ctx context.Context, s service) {
+	t.Helper()
+	for _, n := range s.lbs {
+		page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines := e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{")
+		var tcp, udp int
+		for _, line := range strings.Split(engines, "\n") {
+			switch {
+			case strings.Contains(line, "/TCP@") && strings.Contains(line, `engine="Kernel"`) && strings.Contains(line, `path="ebpf"`):
+				tcp++
+			case strings.Contains(line, "/UDP@") && strings.Contains(line, `engine="Proxy"`):
+				udp++
+			}
+		}
+		if tcp != 1 || udp != 1 {
+			t.Fatalf("ebb lb on %s: want the Service's TCP port on the eBPF path and its UDP port on the proxy, got:\n%s", n.Name, engines)
+		}
+	}
+}
+
+// A rolling upgrade of ebb lb on the eBPF path (`kubectl rollout restart`)
+// under traffic drops nothing: each new pod takes the pinned maps and the
+// program's attachments over from the old one, so connections opened
+// before the upgrade go on through it and past the old pods' exit, and
+// every new connection is served.
+func TestEBPFPathRollingUpgradeDropsNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := deployService(t, ctx)
+	expectEBPF(t, ctx, s)
+	oldPods, err := ebbrun.LBPods(ctx, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	requests := e2eutil.StartRequests(t, ctx, s.client, s.url, 2)
+	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.vip, 80), 4)
+	routes := e2eutil.WatchRoute(t, ctx, router, s.route, s.nextHops)
+	time.Sleep(time.Second)
+
+	started := time.Now()
+	if err := ebbrun.RolloutRestartLB(ctx, cluster); err != nil {
+		t.Fatal(err)
+	}
+	if err := ebbrun.WaitLBReplaced(ctx, cluster, oldPods); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("new ebb lb pods ready on both hosts %s after the restart", time.Since(started).Round(time.Millisecond))
+	e2eutil.Eventually(t, ctx, 2*time.Minute, "the old ebb lb pods gone", func(ctx context.Context) (bool, string) {
+		pods, err := ebbrun.LBPods(ctx, cluster)
+		if err != nil {
+			return false, err.Error()
+		}
+		var left []string
+		for _, p := range pods {
+			if slices.ContainsFunc(oldPods, func(o corev1.Pod) bool { return o.UID == p.UID }) {
+				left = append(left, p.Name)
+			}
+		}
+		return len(left) == 0, fmt.Sprint("left: ", left)
+	})
+	t.Logf("old ebb lb pods gone %s after the restart", time.Since(started).Round(time.Millisecond))
+	// The connections opened before the upgrade outlive the processes
+	// that opened them.
+	time.Sleep(2 * time.Second)
+	long.Halt()
+	requests.Halt()
+	routes.Halt()
+
+	t.Logf("%d requests on new connections, %d on 4 long-lived connections", requests.OK.Load(), long.OK.Load())
+	expectServed(t, requests)
+	if n := long.Failed.Load(); n > 0 {
+		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
+	}
+	if long.OK.Load() == 0 || requests.OK.Load() == 0 {
+		t.Error("no traffic went through during the upgrade")
+	}
+	if n := routes.Failed.Load(); n > 0 {
+		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", s.route, n, routes.FirstErr.Load())
+	}
+	expectEBPF(t, ctx, s)
+}
+
+// expectServed checks that every request on a new connection was
+// answered, and in time: a request that takes a second had its SYN
+// dropped (as the eBPF path did to every flow it gave a backend on its
+// own host, before it sent them through the host's stack).
+func expectServed(t *testing.T, requests *e2eutil.Load) {
+	t.Helper()
+	ok := requests.OK.Load()
+	if n := requests.Failed.Load(); n > 0 {
+		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+ok, requests.FirstErr.Load())
+	}
+	// A few may be slow on a loaded machine; a third of them is the bug.
+	if slow := requests.Slow.Load(); slow*100 > ok {
+		t.Errorf("%d of %d requests on new connections took %s or more", slow, ok, e2eutil.SlowRequest)
+	}
+}

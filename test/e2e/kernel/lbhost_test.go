@@ -1,0 +1,149 @@
+package kernel_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// A NodeMaintenance of an LB host on the eBPF path under traffic drops
+// nothing: the host withdraws its route, its ebb lb counts the flows the
+// tc program still carries (the maintenance waits for them), the router
+// sends those connections to the other LB host, which forwards their
+// segments back to the draining one (moved flows: its program has no flow
+// for them, the stack's rule sends them on), and the draining host's
+// program goes on translating them. Complete brings the host back, and
+// the connections the router then moves to it go back to the other host.
+func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	lbA := cluster.Nodes[0]
+	// The app runs off the maintained host: its pods there would be
+	// evicted, which ends their connections whatever the load balancers
+	// do, and this test is about the LB host.
+	s := deployService(t, ctx, func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{lbA.Name}}}}}}}}
+	})
+	lbB := s.lbs[1]
+	expectEBPF(t, ctx, s)
+	c := e2eutil.APIClient(t, cluster)
+	requests := e2eutil.StartRequests(t, ctx, s.client, s.url, 2)
+	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.vip, 80), 12)
+	time.Sleep(time.Second)
+
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "lb-host-ebpf-" + lbA.Name},
+		Spec: v1alpha1.NodeMaintenanceSpec{NodeSelector: e2eutil.NodeByName(lbA.Name), Stage: v1alpha1.Drain, Reason: "e2e: maintain an LB host on the eBPF path",
+			TrafficDrainTimeoutSeconds: ptr.To[int32](120)},
+	}
+	if err := c.Create(ctx, nm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), nm) })
+	started := time.Now()
+	e2eutil.WaitNextHops(t, ctx, router, s.route, s.nextHops[1:])
+	t.Logf("%s's route withdrawn %s after its maintenance started", lbA.Name, time.Since(started).Round(time.Millisecond))
+
+	// The draining replica counts the flows its program carries, and the
+	// maintenance waits for them.
+	var report v1alpha1.LoadBalancerReport
+	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb reporting itself draining with connections left", func(ctx context.Context) (bool, string) {
+		r, err := e2eutil.ReportOn(ctx, c, lbA.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		report = r
+		return r.Status.Draining && r.Status.Connections > 0, fmt.Sprintf("%+v", r.Status)
+	})
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(ctx context.Context) (bool, string) {
+		got := &v1alpha1.NodeMaintenance{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		msg := e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
+		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
+		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)
+	})
+
+	// The long-lived connections go on through the other host, which
+	// sends their segments back.
+	time.Sleep(3 * time.Second)
+	expectForwarded(t, ctx, lbB, lbA)
+	if n := long.Failed.Load(); n > 0 {
+		t.Fatalf("%d of 12 long-lived connections broke while %s drained; first: %v", n, lbA.Name, long.FirstErr.Load())
+	}
+
+	// They end: the host is drained.
+	long.Halt()
+	e2eutil.Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
+		got := &v1alpha1.NodeMaintenance{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
+	})
+	t.Logf("%s drained %s after its maintenance started (its ebb lb had %d connection(s) when it started draining)", lbA.Name, time.Since(started).Round(time.Millisecond), report.Status.Connections)
+
+	// Connections opened while the host is out go through the other one;
+	// when the host comes back the router moves some of them to it, and it
+	// sends them back.
+	late := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.vip, 80), 12)
+	time.Sleep(time.Second)
+	patch := client.MergeFrom(nm.DeepCopy())
+	nm.Spec.Stage = v1alpha1.Complete
+	if err := c.Patch(ctx, nm, patch); err != nil {
+		t.Fatal(err)
+	}
+	e2eutil.WaitNextHops(t, ctx, router, s.route, s.nextHops)
+	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb serving again", func(ctx context.Context) (bool, string) {
+		r, err := e2eutil.ReportOn(ctx, c, lbA.Name)
+		return err == nil && !r.Status.Draining, fmt.Sprint(r.Status, err)
+	})
+	time.Sleep(3 * time.Second)
+	expectForwarded(t, ctx, lbA, lbB)
+	late.Halt()
+	requests.Halt()
+	if n := late.Failed.Load(); n > 0 {
+		t.Errorf("%d of 12 long-lived connections opened during the maintenance broke when %s came back; first: %v", n, lbA.Name, late.FirstErr.Load())
+	}
+	t.Logf("%d requests on new connections, %d on 12 long-lived connections, %d on 12 more opened during the maintenance", requests.OK.Load(), long.OK.Load(), late.OK.Load())
+	expectServed(t, requests)
+	expectEBPF(t, ctx, s)
+}
+
+// expectForwarded checks that by sent segments of from's connections,
+// which the router moved to it, back (moved flows), and not millions: a
+// few thousand is this test's traffic; two hosts that forwarded a segment
+// neither knew to each other without end (a TTL of 0 went round to 255)
+// made it 2.9 million.
+func expectForwarded(t *testing.T, ctx context.Context, by, from localcluster.Node) {
+	t.Helper()
+	page, err := ebbrun.LBPage(ctx, cluster, by, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forwarded := e2eutil.Sum(e2eutil.GrepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
+		t.Errorf("%s forwarded no segment of %s's connections:\n%s", by.Name, from.Name, e2eutil.GrepLines(page, "ebb_lb_moved_flow"))
+	} else if forwarded > 100_000 {
+		t.Errorf("%s forwarded %.0f segments of %s's connections: a forwarding loop", by.Name, forwarded, from.Name)
+	} else {
+		t.Logf("%s forwarded %.0f segments of connections moved from %s", by.Name, forwarded, from.Name)
+	}
+}
