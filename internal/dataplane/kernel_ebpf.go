@@ -35,7 +35,8 @@ var ebpfObject []byte
 const DefaultBPFPinDir = "/sys/fs/bpf/ebb"
 
 // ebpfPath is the kernel engine's eBPF path: it loads bpf/ebb_lb.o,
-// attaches it at tc ingress of the namespace's interfaces, and keeps its
+// attaches its programs at tc ingress and egress of the namespace's
+// interfaces, and keeps its
 // maps as the frontends say (kernel_ebpf_maps.go). The maps and the
 // attachments are pinned under the pin directory, so that the kernel
 // keeps forwarding while ebb lb restarts, and the next ebb lb takes them
