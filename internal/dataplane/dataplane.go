@@ -93,6 +93,11 @@ type DataPlane struct {
 	kernel kernelPath
 	// kernelPathName is the kernel engine's path (metrics).
 	kernelPathName KernelPath
+	// otherKernel is the kernel path not chosen, and kernelSettled says
+	// whether what predecessors left of either path was dealt with
+	// (settleKernelLocked).
+	otherKernel   kernelPath
+	kernelSettled bool
 	// kernelDirty asks for the kernel table to be rebuilt (a probe
 	// changed a backend's health).
 	kernelDirty chan struct{}
@@ -145,7 +150,7 @@ func New(opts Options) (*DataPlane, error) {
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
-		engine: opts.Engine, kernel: kernel, kernelPathName: opts.KernelPath, kernelDirty: make(chan struct{}, 1),
+		engine: opts.Engine, kernel: kernel, kernelPathName: opts.KernelPath, otherKernel: otherKernelPath(opts), kernelDirty: make(chan struct{}, 1),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{}, inherited: map[frontendKey]*os.File{},
 	}
 	if !opts.GoroutineProxy {

@@ -372,6 +372,26 @@ func (k *kernelEngine) remove() error {
 	return nil
 }
 
+// hasState reports whether either of the engine's tables exists.
+func (k *kernelEngine) hasState() (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	c, err := k.connect()
+	if err != nil {
+		return false, err
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		return false, fmt.Errorf("listing nftables tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name == k.table && (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // close lets go of the nftables socket and leaves the table as it is.
 func (k *kernelEngine) close() {
 	k.mu.Lock()

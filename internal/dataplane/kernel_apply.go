@@ -30,6 +30,7 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	if d.handedOver {
 		return nil // the tables are the successor's now
 	}
+	d.settleKernelLocked()
 	kernel := d.kernelFrontendsLocked()
 	if len(kernel) == 0 && !d.kernelInstalled {
 		return nil
@@ -50,6 +51,36 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 		delete(d.frontends, f.key)
 	}
 	return skipped
+}
+
+// settleKernelLocked deals, once, with what predecessors left in the
+// kernel, which would otherwise go on forwarding past this data plane:
+// the state of the path it uses is taken over by its first sync (with no
+// kernel frontend, that sync leaves nothing for new flows, and the
+// established ones end on their own), and the state of the other path (a
+// --kernel-path switched) is removed, ending the flows it carried. Before
+// this, a data plane with no kernel frontend never touched a table a
+// predecessor left, and that table took every new flow of its addresses
+// from the proxy's sockets. d.mu is held.
+func (d *DataPlane) settleKernelLocked() {
+	if d.kernelSettled {
+		return
+	}
+	d.kernelSettled = true
+	if found, err := d.kernel.hasState(); err != nil {
+		d.log.Info("Cannot tell whether an earlier ebb lb left kernel engine state; leaving it as it is", "err", err.Error())
+	} else if found {
+		d.kernelInstalled = true
+	}
+	switch found, err := d.otherKernel.hasState(); {
+	case err != nil:
+		d.log.Info("Cannot tell whether an earlier ebb lb left state of the other kernel path; leaving it as it is", "err", err.Error())
+	case found:
+		d.log.Info("Removing the state an earlier ebb lb left on the other kernel path (--kernel-path changed); the connections it forwarded end", "path", d.kernelPathName)
+		if err := d.otherKernel.remove(); err != nil {
+			d.log.Error(err, "Removing the other kernel path's state; it may go on forwarding new flows")
+		}
+	}
 }
 
 // kernelFrontendsLocked lists the frontends the kernel engine serves.

@@ -384,6 +384,22 @@ func (e *ebpfPath) flipOwner(frontends []*frontend, owner string, m *metrics) (b
 	return true, nil
 }
 
+// hasState reports whether the namespace's pin directory exists.
+func (e *ebpfPath) hasState() (bool, error) {
+	dir, err := e.pinDirectory()
+	if err != nil {
+		return false, err
+	}
+	switch _, err := os.Stat(dir); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, os.ErrNotExist):
+		return false, nil
+	default:
+		return false, fmt.Errorf("looking for the eBPF kernel path's pins: %w", err)
+	}
+}
+
 // remove detaches the program and unpins everything: new and established
 // flows alike are no longer forwarded.
 func (e *ebpfPath) remove() error {
@@ -393,6 +409,22 @@ func (e *ebpfPath) remove() error {
 	dir, err := e.pinDirectory()
 	if err != nil {
 		return err
+	}
+	// Detached first: a link whose last pin goes is detached later, by
+	// the kernel's deferred release, and meanwhile its program goes on
+	// translating new flows (seen: a proxy started after it lost its
+	// first connections to the old backends).
+	entries, _ := os.ReadDir(dir)
+	for _, ent := range entries {
+		if !strings.HasPrefix(ent.Name(), "link-") && !strings.HasPrefix(ent.Name(), "egress-") {
+			continue
+		}
+		if l, err := link.LoadPinnedLink(filepath.Join(dir, ent.Name()), nil); err == nil {
+			if err := l.Detach(); err != nil && !errors.Is(err, unix.ENOLINK) {
+				e.log.Error(err, "Detaching the eBPF kernel path", "pin", ent.Name())
+			}
+			_ = l.Close()
+		}
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("removing the eBPF kernel path's pins: %w", err)

@@ -42,11 +42,26 @@ type kernelPath interface {
 	// dropFlows ends the flows frontend fe forwards to backend (its
 	// drain timeout ran out).
 	dropFlows(fe frontendKey, backend netip.AddrPort) error
+	// hasState reports whether the kernel holds this path's state for
+	// the namespace: tables or pins, left by this process or another.
+	hasState() (bool, error)
 	// remove stops the kernel forwarding anything of the engine's.
 	remove() error
 	// close lets go of what the process holds; the kernel keeps
 	// forwarding, so that a restart of ebb lb drops no flow.
 	close()
+}
+
+// otherKernelPath is the path opts do not name, whose state a predecessor
+// may have left (settleKernelLocked).
+func otherKernelPath(opts Options) kernelPath {
+	other := opts
+	other.KernelPath = KernelPathEBPF
+	if opts.KernelPath == KernelPathEBPF {
+		other.KernelPath = KernelPathNftables
+	}
+	k, _ := newKernelPath(other)
+	return k
 }
 
 // newKernelPath returns the kernel path opts name.
