@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,8 @@ type Load struct {
 	Slow atomic.Int64
 	// FirstErr holds the first failure's error.
 	FirstErr atomic.Value
+	errsMu   sync.Mutex
+	errs     []error
 	stop     chan struct{}
 	once     sync.Once
 	wg       sync.WaitGroup
@@ -42,6 +45,21 @@ func NewLoad(t *testing.T) *Load {
 func (l *Load) Fail(err error) {
 	l.Failed.Add(1)
 	l.FirstErr.CompareAndSwap(nil, err)
+	l.errsMu.Lock()
+	defer l.errsMu.Unlock()
+	if len(l.errs) < maxErrors {
+		l.errs = append(l.errs, err)
+	}
+}
+
+// maxErrors is how many failures' errors a load keeps.
+const maxErrors = 20
+
+// Errors returns the first failures' errors (up to 20).
+func (l *Load) Errors() []error {
+	l.errsMu.Lock()
+	defer l.errsMu.Unlock()
+	return slices.Clone(l.errs)
 }
 
 // Stopped says whether the load was halted.

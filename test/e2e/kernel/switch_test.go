@@ -22,8 +22,8 @@ import (
 // traffic: each new ebb lb finds the program and maps its predecessor
 // pinned, removes them, and from then on the proxy takes every new
 // connection (before, the program went on forwarding them with the maps
-// as the old pod left them). Putting the path back serves it on eBPF
-// again.
+// as the old pod left them). The connections the program carried end
+// with it: a request in flight at that moment fails, and no other. Putting the path back serves it on eBPF again.
 func TestTakingTheEBPFPathAwayHandsTheServiceToTheProxy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -67,7 +67,19 @@ func TestTakingTheEBPFPathAwayHandsTheServiceToTheProxy(t *testing.T) {
 	}
 	requests.Halt()
 	t.Logf("%d requests on new connections through the switch", requests.OK.Load())
-	expectServed(t, requests)
+	// The flows the program carried end with it, when the new ebb lb
+	// removes it: a request in flight on one fails (reset, or left
+	// unanswered). Each of the two workers has one open at a time, so at
+	// most two fail on each host's switch, and no other request may.
+	for _, err := range requests.Errors() {
+		t.Logf("failed during the switch: %v", err)
+	}
+	if n := requests.Failed.Load(); n > int64(2*len(s.lbs)) {
+		t.Errorf("%d of %d requests on new connections failed; want none but those in flight when the program went (at most %d)", n, n+requests.OK.Load(), 2*len(s.lbs))
+	}
+	if slow := requests.Slow.Load(); slow*100 > requests.OK.Load() {
+		t.Errorf("%d of %d requests took %s or more", slow, requests.OK.Load(), e2eutil.SlowRequest)
+	}
 
 	setLBArgs(t, ctx, func([]string) []string { return ebpfArgs })
 	for _, n := range s.lbs {
