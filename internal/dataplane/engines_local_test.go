@@ -40,15 +40,7 @@ func TestEnginesBackendOnTheLBHost(t *testing.T) {
 			t.Errorf("the backend on the LB host took %d connections and the other %d; want %d in all, some each", l, r, conns)
 		}
 		if n.path == KernelPathEBPF {
-			e := n.d.kernel.(*ebpfPath)
-			waitFor(t, "the closed connections' flows to leave the table", func() bool {
-				e.use.RLock()
-				defer e.use.RUnlock()
-				flows, replies := 0, 0
-				_ = e.eachFlow(func(bpfTuple, bpfFlow) { flows++ })
-				_ = eachElement(e.coll.Maps["replies"], func(bpfTuple, [20]byte) { replies++ })
-				return flows == 0 && replies == 0
-			})
+			n.waitFlowTableEmpty(t)
 		}
 	})
 }

@@ -630,15 +630,7 @@ func TestEnginesCountActiveConnections(t *testing.T) {
 		if n.path == KernelPathEBPF {
 			// Ended flows leave the table with their last segment, so
 			// that its LRU never evicts a live one for them.
-			e := n.d.kernel.(*ebpfPath)
-			waitFor(t, "the closed connections' flows to leave the table", func() bool {
-				e.use.RLock()
-				defer e.use.RUnlock()
-				flows, replies := 0, 0
-				_ = e.eachFlow(func(bpfTuple, bpfFlow) { flows++ })
-				_ = eachElement(e.coll.Maps["replies"], func(bpfTuple, [20]byte) { replies++ })
-				return flows == 0 && replies == 0
-			})
+			n.waitFlowTableEmpty(t)
 		}
 	})
 }
@@ -729,6 +721,21 @@ func TestKernelEngineSyncMetrics(t *testing.T) {
 	if got["rebuild"] != 1 || got["owners"] != 1 || got["entries"] != 0 {
 		t.Errorf("kernel syncs by kind %v, want one rebuild (the apply) and one owners (the admin state)", got)
 	}
+}
+
+// waitFlowTableEmpty waits until the eBPF path's flows and replies maps
+// are empty: every flow of the test's closed connections left them.
+func (n *engineNet) waitFlowTableEmpty(t *testing.T) {
+	t.Helper()
+	e := n.d.kernel.(*ebpfPath)
+	waitFor(t, "the closed connections' flows to leave the table", func() bool {
+		e.use.RLock()
+		defer e.use.RUnlock()
+		flows, replies := 0, 0
+		_ = e.eachFlow(func(bpfTuple, bpfFlow) { flows++ })
+		_ = eachElement(e.coll.Maps["replies"], func(bpfTuple, [20]byte) { replies++ })
+		return flows == 0 && replies == 0
+	})
 }
 
 // kernelSyncCounts is the kernel engine's transactions so far, by kind.

@@ -467,24 +467,32 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	return translate(skb, &t, &to, ttl, ifindex);
 }
 
-// to_client forwards a backend's reply r.
-static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct tuple *t, struct reply *r) {
-	__u8 ttl = ip->ttl;
-	if (ttl <= 1)
-		return TC_ACT_OK;
+// backend_segment records a backend's segment tcp in its flow f (keyed by
+// client): answered, its FIN or reset, the flow's end; and returns the
+// addresses and ports it goes back to the client with.
+static __always_inline struct tuple backend_segment(struct tcphdr *tcp, struct tuple *client, struct flow *f) {
 	__u32 seg = FLOW_ANSWERED | (tcp->fin ? FLOW_FIN_BACKEND : 0) | (tcp->rst ? FLOW_RST : 0);
-	struct tuple client = r->client;
-	__u32 ifindex = r->in_ifindex;
-	struct flow *f = bpf_map_lookup_elem(&flows, &client);
-	if (!f || !owns(f, t) || (f->flags & FLOW_LOCAL))
-		return TC_ACT_OK; // a stale entry: the flow is gone or has another port now
 	f->seen = bpf_ktime_get_ns();
 	__u32 before = f->flags;
 	if ((before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
 	if (ends(tcp, before))
-		finish(&client, f);
-	struct tuple to = {.saddr = client.daddr, .daddr = client.saddr, .sport = client.dport, .dport = client.sport};
+		finish(client, f);
+	struct tuple to = {.saddr = client->daddr, .daddr = client->saddr, .sport = client->dport, .dport = client->sport};
+	return to;
+}
+
+// to_client forwards a backend's reply r.
+static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct tuple *t, struct reply *r) {
+	__u8 ttl = ip->ttl;
+	if (ttl <= 1)
+		return TC_ACT_OK;
+	struct tuple client = r->client;
+	__u32 ifindex = r->in_ifindex;
+	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	if (!f || !owns(f, t) || (f->flags & FLOW_LOCAL))
+		return TC_ACT_OK; // a stale entry: the flow is gone or has another port now
+	struct tuple to = backend_segment(tcp, &client, f);
 	return translate(skb, t, &to, ttl, ifindex);
 }
 
@@ -524,14 +532,7 @@ int ebb_egress(struct __sk_buff *skb) {
 	struct flow *f = bpf_map_lookup_elem(&flows, &client);
 	if (!f || !(f->flags & FLOW_LOCAL) || !owns(f, &t))
 		return TC_ACT_OK;
-	__u32 seg = FLOW_ANSWERED | (tcp->fin ? FLOW_FIN_BACKEND : 0) | (tcp->rst ? FLOW_RST : 0);
-	f->seen = bpf_ktime_get_ns();
-	__u32 before = f->flags;
-	if ((before & seg) != seg)
-		__sync_fetch_and_or(&f->flags, seg);
-	if (ends(tcp, before))
-		finish(&client, f);
-	struct tuple to = {.saddr = client.daddr, .daddr = client.saddr, .sport = client.dport, .dport = client.sport};
+	struct tuple to = backend_segment(tcp, &client, f);
 	return deliver(skb, &t, &to);
 }
 

@@ -3,6 +3,7 @@ package ebbrun
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -86,4 +87,28 @@ func LBPods(ctx context.Context, c *localcluster.Cluster) ([]corev1.Pod, error) 
 		return nil, fmt.Errorf("listing the ebb lb pods: %w", err)
 	}
 	return pods.Items, nil
+}
+
+// WaitLBPodsGone waits until none of the old ebb lb pods is left (they
+// may serve their established connections for a while after their
+// successors are ready).
+func WaitLBPodsGone(ctx context.Context, c *localcluster.Cluster, old []corev1.Pod) error {
+	var left []string
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := LBPods(ctx, c)
+		if err != nil {
+			return false, nil
+		}
+		left = left[:0]
+		for _, p := range pods {
+			if slices.ContainsFunc(old, func(o corev1.Pod) bool { return o.UID == p.UID }) {
+				left = append(left, p.Name)
+			}
+		}
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the old ebb lb pods to go (left: %v): %w", left, err)
+	}
+	return nil
 }

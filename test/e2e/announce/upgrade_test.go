@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/lbsync"
@@ -63,19 +61,10 @@ func TestRollingUpgradeDropsNothing(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	// The old pods serve the long-lived connections until they end.
 	long.Halt()
-	e2eutil.Eventually(t, ctx, time.Minute, "the old ebb lb pods gone", func(ctx context.Context) (bool, string) {
-		pods, err := ebbrun.LBPods(ctx, cluster)
-		if err != nil {
-			return false, err.Error()
-		}
-		var left []string
-		for _, p := range pods {
-			if slices.ContainsFunc(oldPods, func(o corev1.Pod) bool { return o.UID == p.UID }) {
-				left = append(left, p.Name)
-			}
-		}
-		return len(left) == 0, fmt.Sprint("left: ", left)
-	})
+	if err := ebbrun.WaitLBPodsGone(ctx, cluster, oldPods); err != nil {
+		t.Fatal(err)
+	}
+
 	time.Sleep(time.Second)
 	requests.Halt()
 	routes.Halt()

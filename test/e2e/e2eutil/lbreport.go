@@ -3,11 +3,16 @@ package e2eutil
 import (
 	"context"
 	"fmt"
+	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 // ReportOn returns the report of the serving-or-draining ebb lb replica
@@ -46,4 +51,38 @@ func NodeStatusOf(nm *v1alpha1.NodeMaintenance, node string) v1alpha1.NodeMainte
 func NodeByName(node string) *corev1.NodeSelector {
 	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
 		{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}
+}
+
+// WaitMaintenanceDrained waits up to a minute for nm's Drained condition,
+// quoting node's drain message while it waits.
+func WaitMaintenanceDrained(t *testing.T, ctx context.Context, c client.Client, nm *v1alpha1.NodeMaintenance, node string) {
+	t.Helper()
+	Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
+		got := &v1alpha1.NodeMaintenance{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), NodeStatusOf(got, node).DrainMessage
+	})
+}
+
+// ExpectForwarded checks that the ebb lb on by sent segments of from's
+// connections, which the router moved to it, back (moved flows), and not
+// millions: a few thousand is a test's traffic; two hosts that forwarded
+// a segment neither knew to each other without end (a TTL of 0 went round
+// to 255) made it 2.9 million.
+func ExpectForwarded(t *testing.T, ctx context.Context, c *localcluster.Cluster, by, from localcluster.Node) {
+	t.Helper()
+	page, err := ebbrun.LBPage(ctx, c, by, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch forwarded := Sum(GrepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); {
+	case forwarded == 0:
+		t.Errorf("%s forwarded no segment of %s's connections:\n%s", by.Name, from.Name, GrepLines(page, "ebb_lb_moved_flow"))
+	case forwarded > 100_000:
+		t.Errorf("%s forwarded %.0f segments of %s's connections: a forwarding loop", by.Name, forwarded, from.Name)
+	default:
+		t.Logf("%s forwarded %.0f segments of connections moved from %s", by.Name, forwarded, from.Name)
+	}
 }

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
@@ -106,19 +104,10 @@ func TestEBPFPathRollingUpgradeDropsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("new ebb lb pods ready on both hosts %s after the restart", time.Since(started).Round(time.Millisecond))
-	e2eutil.Eventually(t, ctx, 2*time.Minute, "the old ebb lb pods gone", func(ctx context.Context) (bool, string) {
-		pods, err := ebbrun.LBPods(ctx, cluster)
-		if err != nil {
-			return false, err.Error()
-		}
-		var left []string
-		for _, p := range pods {
-			if slices.ContainsFunc(oldPods, func(o corev1.Pod) bool { return o.UID == p.UID }) {
-				left = append(left, p.Name)
-			}
-		}
-		return len(left) == 0, fmt.Sprint("left: ", left)
-	})
+	if err := ebbrun.WaitLBPodsGone(ctx, cluster, oldPods); err != nil {
+		t.Fatal(err)
+	}
+
 	t.Logf("old ebb lb pods gone %s after the restart", time.Since(started).Round(time.Millisecond))
 	// The connections opened before the upgrade outlive the processes
 	// that opened them.

@@ -16,8 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -85,20 +83,14 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 	// The long-lived connections go on through the other host, which
 	// sends their segments back.
 	time.Sleep(3 * time.Second)
-	expectForwarded(t, ctx, lbB, lbA)
+	e2eutil.ExpectForwarded(t, ctx, cluster, lbB, lbA)
 	if n := long.Failed.Load(); n > 0 {
 		t.Fatalf("%d of 12 long-lived connections broke while %s drained; first: %v", n, lbA.Name, long.FirstErr.Load())
 	}
 
 	// They end: the host is drained.
 	long.Halt()
-	e2eutil.Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
-		got := &v1alpha1.NodeMaintenance{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			return false, err.Error()
-		}
-		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
-	})
+	e2eutil.WaitMaintenanceDrained(t, ctx, c, nm, lbA.Name)
 	t.Logf("%s drained %s after its maintenance started (its ebb lb had %d connection(s) when it started draining)", lbA.Name, time.Since(started).Round(time.Millisecond), report.Status.Connections)
 
 	// Connections opened while the host is out go through the other one;
@@ -117,7 +109,7 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 		return err == nil && !r.Status.Draining, fmt.Sprint(r.Status, err)
 	})
 	time.Sleep(3 * time.Second)
-	expectForwarded(t, ctx, lbA, lbB)
+	e2eutil.ExpectForwarded(t, ctx, cluster, lbA, lbB)
 	late.Halt()
 	requests.Halt()
 	if n := late.Failed.Load(); n > 0 {
@@ -126,24 +118,4 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 	t.Logf("%d requests on new connections, %d on 12 long-lived connections, %d on 12 more opened during the maintenance", requests.OK.Load(), long.OK.Load(), late.OK.Load())
 	expectServed(t, requests)
 	expectEBPF(t, ctx, s)
-}
-
-// expectForwarded checks that by sent segments of from's connections,
-// which the router moved to it, back (moved flows), and not millions: a
-// few thousand is this test's traffic; two hosts that forwarded a segment
-// neither knew to each other without end (a TTL of 0 went round to 255)
-// made it 2.9 million.
-func expectForwarded(t *testing.T, ctx context.Context, by, from localcluster.Node) {
-	t.Helper()
-	page, err := ebbrun.LBPage(ctx, cluster, by, "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if forwarded := e2eutil.Sum(e2eutil.GrepLines(page, `mode="forward"`), "ebb_lb_moved_flow_segments_total"); forwarded == 0 {
-		t.Errorf("%s forwarded no segment of %s's connections:\n%s", by.Name, from.Name, e2eutil.GrepLines(page, "ebb_lb_moved_flow"))
-	} else if forwarded > 100_000 {
-		t.Errorf("%s forwarded %.0f segments of %s's connections: a forwarding loop", by.Name, forwarded, from.Name)
-	} else {
-		t.Logf("%s forwarded %.0f segments of connections moved from %s", by.Name, forwarded, from.Name)
-	}
 }

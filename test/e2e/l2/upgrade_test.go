@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,19 +88,10 @@ func TestL2RollingUpgradeKeepsTheAddressWhereItIs(t *testing.T) {
 		}
 		l.Close()
 	}
-	e2eutil.Eventually(t, ctx, time.Minute, "the old ebb lb pods gone", func(ctx context.Context) (bool, string) {
-		pods, err := ebbrun.LBPods(ctx, cluster)
-		if err != nil {
-			return false, err.Error()
-		}
-		var left []string
-		for _, p := range pods {
-			if slices.ContainsFunc(oldPods, func(o corev1.Pod) bool { return o.UID == p.UID }) {
-				left = append(left, p.Name)
-			}
-		}
-		return len(left) == 0, fmt.Sprint("left: ", left)
-	})
+	if err := ebbrun.WaitLBPodsGone(ctx, cluster, oldPods); err != nil {
+		t.Fatal(err)
+	}
+
 	time.Sleep(time.Second)
 	load.Stop()
 	stopWatch()
