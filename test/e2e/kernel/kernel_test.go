@@ -52,27 +52,29 @@ func deployService(t *testing.T, ctx context.Context, shape ...func(*appsv1.Depl
 
 // expectEBPF checks, by each LB host's metrics, that the Service's TCP
 // port is served on the kernel engine's eBPF path and its UDP port (which
-// that path does not forward) by the proxy, as Auto chooses.
+// that path does not forward) by the proxy, as Auto chooses. It waits for
+// it: a replica may still announce the address for a Service an earlier
+// test deleted, before it applied the new one.
 func expectEBPF(t *testing.T, ctx context.Context, s service) {
 	t.Helper()
 	for _, n := range s.lbs {
-		page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines := e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{")
-		var tcp, udp int
-		for _, line := range strings.Split(engines, "\n") {
-			switch {
-			case strings.Contains(line, "/TCP@") && strings.Contains(line, `engine="Kernel"`) && strings.Contains(line, `path="ebpf"`):
-				tcp++
-			case strings.Contains(line, "/UDP@") && strings.Contains(line, `engine="Proxy"`):
-				udp++
+		e2eutil.Eventually(t, ctx, 30*time.Second, "ebb lb on "+n.Name+" serving the Service's TCP port on the eBPF path and its UDP port on the proxy", func(ctx context.Context) (bool, string) {
+			page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
+			if err != nil {
+				return false, err.Error()
 			}
-		}
-		if tcp != 1 || udp != 1 {
-			t.Fatalf("ebb lb on %s: want the Service's TCP port on the eBPF path and its UDP port on the proxy, got:\n%s", n.Name, engines)
-		}
+			engines := e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{")
+			var tcp, udp int
+			for _, line := range strings.Split(engines, "\n") {
+				switch {
+				case strings.Contains(line, "/TCP@") && strings.Contains(line, `engine="Kernel"`) && strings.Contains(line, `path="ebpf"`):
+					tcp++
+				case strings.Contains(line, "/UDP@") && strings.Contains(line, `engine="Proxy"`):
+					udp++
+				}
+			}
+			return tcp == 1 && udp == 1, engines
+		})
 	}
 }
 
