@@ -11,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -102,18 +103,29 @@ func setLBArgs(t *testing.T, ctx context.Context, edit func([]string) []string) 
 		t.Fatal(err)
 	}
 	dss := cluster.Client.AppsV1().DaemonSets(ebbrun.Namespace)
-	ds, err := dss.Get(ctx, ebbrun.LBDaemonSet, metav1.GetOptions{})
+	var was []string
+	changed := false
+	// The DaemonSet controller writes the object too: read, edit and
+	// update again on a conflict.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ds, err := dss.Get(ctx, ebbrun.LBDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		c := &ds.Spec.Template.Spec.Containers[0]
+		was = slices.Clone(c.Args)
+		c.Args = edit(slices.Clone(c.Args))
+		if changed = !slices.Equal(was, c.Args); !changed {
+			return nil
+		}
+		_, err = dss.Update(ctx, ds, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &ds.Spec.Template.Spec.Containers[0]
-	was := slices.Clone(c.Args)
-	c.Args = edit(slices.Clone(c.Args))
-	if slices.Equal(was, c.Args) {
+	if !changed {
 		return was
-	}
-	if _, err := dss.Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
 	}
 	if err := ebbrun.WaitLBReplaced(ctx, cluster, oldPods); err != nil {
 		t.Fatal(err)
