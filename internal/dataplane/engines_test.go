@@ -546,13 +546,7 @@ func TestEngineChoice(t *testing.T) {
 	proxied := n.frontendOn(81, a)
 	proxied.ProxyProtocol = true
 	n.apply(t, plain, proxied)
-	n.d.mu.Lock()
-	for _, f := range n.d.frontends {
-		if want := f.set.Load().cfg.Name == plain.Name; f.kernel != want {
-			t.Errorf("frontend %s: kernel engine %v, want %v", f.set.Load().cfg.Name, f.kernel, want)
-		}
-	}
-	n.d.mu.Unlock()
+	n.expectKernelServesOnly(t, plain.Name)
 	if err := n.roundTripNew(t, 80); err != nil {
 		t.Errorf("through the kernel engine: %v", err)
 	}
@@ -720,6 +714,19 @@ func TestKernelEngineSyncMetrics(t *testing.T) {
 	got := kernelSyncCounts(t, n.reg)
 	if got["rebuild"] != 1 || got["owners"] != 1 || got["entries"] != 0 {
 		t.Errorf("kernel syncs by kind %v, want one rebuild (the apply) and one owners (the admin state)", got)
+	}
+}
+
+// expectKernelServesOnly checks that the kernel engine serves the frontend
+// named name and the proxy every other.
+func (n *engineNet) expectKernelServesOnly(t *testing.T, name string) {
+	t.Helper()
+	n.d.mu.Lock()
+	defer n.d.mu.Unlock()
+	for _, f := range n.d.frontends {
+		if want := f.set.Load().cfg.Name == name; f.kernel != want {
+			t.Errorf("frontend %s: kernel engine %v, want %v", f.set.Load().cfg.Name, f.kernel, want)
+		}
 	}
 }
 

@@ -226,7 +226,7 @@ func (e *ebpfPath) attach(dir string, ingress, egress *ebpf.Program) ([]link.Lin
 			return err
 		}
 		for _, name := range names {
-			for _, a := range []tcxAttachment{{"link-", ingress, ebpf.AttachTCXIngress}, {"egress-", egress, ebpf.AttachTCXEgress}} {
+			for _, a := range []tcxAttachment{{ingressPinPrefix, ingress, ebpf.AttachTCXIngress}, {egressPinPrefix, egress, ebpf.AttachTCXEgress}} {
 				l, err := attachOne(dir, name, a)
 				if err != nil {
 					return err
@@ -242,6 +242,14 @@ func (e *ebpfPath) attach(dir string, ingress, egress *ebpf.Program) ([]link.Lin
 	}
 	return links, nil
 }
+
+// The pins of the attachments, by the interface's name after the prefix.
+// (Ingress keeps the name it had when it was the only one, so that an
+// upgrade takes its predecessor's attachments over.)
+const (
+	ingressPinPrefix = "link-"
+	egressPinPrefix  = "egress-"
+)
 
 // tcxAttachment is a program and where it goes: its pins are named
 // pinPrefix and the interface's name.
@@ -416,7 +424,7 @@ func (e *ebpfPath) remove() error {
 	// first connections to the old backends).
 	entries, _ := os.ReadDir(dir)
 	for _, ent := range entries {
-		if !strings.HasPrefix(ent.Name(), "link-") && !strings.HasPrefix(ent.Name(), "egress-") {
+		if !strings.HasPrefix(ent.Name(), ingressPinPrefix) && !strings.HasPrefix(ent.Name(), egressPinPrefix) {
 			continue
 		}
 		if l, err := link.LoadPinnedLink(filepath.Join(dir, ent.Name()), nil); err == nil {

@@ -191,13 +191,7 @@ func TestEBPFPathAutoLeavesWhatItCannotForwardToTheProxy(t *testing.T) {
 	udp := n.frontendOn(53, Backend{Address: n.ip.backend.String(), Port: 5353})
 	udp.Protocol = UDP
 	n.apply(t, tcp, udp)
-	n.d.mu.Lock()
-	for _, f := range n.d.frontends {
-		if want := f.set.Load().cfg.Name == tcp.Name; f.kernel != want {
-			t.Errorf("frontend %s: kernel engine %v, want %v", f.set.Load().cfg.Name, f.kernel, want)
-		}
-	}
-	n.d.mu.Unlock()
+	n.expectKernelServesOnly(t, tcp.Name)
 	// What a user sees of it: the metric names each frontend's engine.
 	want := `
 # HELP ebb_dataplane_frontend_engine 1 for each frontend served, by the engine that serves it (Proxy or Kernel) and, for Kernel, its path (nftables or ebpf).
