@@ -3,14 +3,11 @@ package announce_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,29 +29,16 @@ import (
 func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	lbA, lbB := cluster.Nodes[0], cluster.Nodes[1]
-	startLB(t, ctx, lbA)
-	startLB(t, ctx, lbB)
-	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	lbA := cluster.Nodes[0]
 	// The app runs off the maintained host: its pods there would be
 	// evicted with a 5 s grace period, which ends their connections
 	// whatever the load balancers do, and this test is about the LB host.
-	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2, func(d *appsv1.Deployment) {
-		d.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
-				{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{lbA.Name}}}}}}}}
-	})
-	route := netip.PrefixFrom(vip, 32)
-	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
-	waitNextHops(t, ctx, route, both)
-	httpClient := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
-	url := fmt.Sprintf("http://%s/", vip)
-	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, httpClient, url)
-		return err == nil, fmt.Sprint(err)
-	})
+	s := e2eutil.DeployBGPService(t, ctx, cluster, router, e2eutil.AvoidNode(lbA.Name))
+	lbB := s.LBs[1]
+	vip, route, both, httpClient, url := s.VIP, s.Route, s.NextHops, s.Client, s.URL
 	c := e2eutil.APIClient(t, cluster)
 
+	e2eutil.WaitNoPodTerminatingOn(t, ctx, cluster, lbA.Name)
 	requests := e2eutil.StartRequests(t, ctx, httpClient, url, 2)
 	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(vip, 80), 12)
 	time.Sleep(time.Second)

@@ -3,7 +3,6 @@ package announce_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -26,20 +25,9 @@ import (
 func TestRollingUpgradeDropsNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	lbA, lbB := cluster.Nodes[0], cluster.Nodes[1]
-	startLB(t, ctx, lbA)
-	startLB(t, ctx, lbB)
-	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2)
-	route := netip.PrefixFrom(vip, 32)
-	both := []netip.Addr{netip.MustParseAddr(lbA.IP), netip.MustParseAddr(lbB.IP)}
-	waitNextHops(t, ctx, route, both)
-	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
-	url := fmt.Sprintf("http://%s/", vip)
-	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, client, url)
-		return err == nil, fmt.Sprint(err)
-	})
+	s := e2eutil.DeployBGPService(t, ctx, cluster, router)
+	lbA, lbB := s.LBs[0], s.LBs[1]
+	vip, route, both, client, url := s.VIP, s.Route, s.NextHops, s.Client, s.URL
 	oldPods, err := ebbrun.LBPods(ctx, cluster)
 	if err != nil {
 		t.Fatal(err)

@@ -3,10 +3,15 @@ package e2eutil
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
@@ -40,19 +45,21 @@ func WaitNextHops(t *testing.T, ctx context.Context, router *localcluster.BGPRou
 // withdrawal lasts as long as the hold time or the withdraw delay.
 func WatchRoute(t *testing.T, ctx context.Context, router *localcluster.BGPRouter, route netip.Prefix, want []netip.Addr) *Load {
 	l := NewLoad(t)
-	hasAll := func() ([]netip.Addr, error) {
+	// check reads the route's next hops and whether they are want.
+	check := func() (got []netip.Addr, ok bool, err error) {
 		routes, err := router.Routes(ctx)
-		if err != nil || slices.Equal(routes[route], want) {
-			return nil, err
+		if err != nil {
+			return nil, false, err
 		}
-		return append([]netip.Addr{}, routes[route]...), nil
+		return routes[route], slices.Equal(routes[route], want), nil
 	}
 	l.Go(func() {
 		for !l.Stopped() {
-			got, err := hasAll()
-			if err == nil && got != nil {
+			_, ok, err := check()
+			if err == nil && !ok {
 				time.Sleep(100 * time.Millisecond)
-				if got, err = hasAll(); err == nil && got != nil {
+				var got []netip.Addr
+				if got, ok, err = check(); err == nil && !ok {
 					at := time.Now().Format(time.TimeOnly)
 					l.Fail(fmt.Errorf("%s via %v at %s, twice 100 ms apart; FRR's detail right after:\n%s", route, got, at, router.RouteDetail(ctx, route)))
 				}
@@ -60,7 +67,7 @@ func WatchRoute(t *testing.T, ctx context.Context, router *localcluster.BGPRoute
 			switch {
 			case err != nil:
 				l.Fail(err)
-			case got == nil:
+			case ok:
 				l.OK.Add(1)
 			}
 			time.Sleep(200 * time.Millisecond)
@@ -116,4 +123,62 @@ func SetUpBGP(ctx context.Context, c *localcluster.Cluster, manifest string) (*l
 		return nil, err
 	}
 	return c.StartBGPRouter(ctx, localcluster.BGPRouterOptions{HoldTime: BGPHoldTime, Password: bgpPassword})
+}
+
+// BGPService is a LoadBalancer Service of echo servers behind two LB
+// hosts, reached by BGP from the client behind the router.
+type BGPService struct {
+	// Namespace holds the Service (named web).
+	Namespace string
+	VIP       netip.Addr
+	Route     netip.Prefix
+	LBs       []localcluster.Node
+	NextHops  []netip.Addr
+	// Client is the external client's, one connection per request.
+	Client *http.Client
+	URL    string
+}
+
+// DeployBGPService starts ebb lb on the cluster's first two nodes and a
+// two-replica echo Service (shaped by shape), waits until both LB hosts
+// serve it, the router has both as the address's next hops, and the
+// client behind it reaches the Service.
+func DeployBGPService(t *testing.T, ctx context.Context, c *localcluster.Cluster, router *localcluster.BGPRouter, shape ...func(*appsv1.Deployment)) BGPService {
+	t.Helper()
+	s := BGPService{LBs: c.Nodes[:2]}
+	for _, n := range s.LBs {
+		StartLB(t, ctx, c, n)
+		s.NextHops = append(s.NextHops, netip.MustParseAddr(n.IP))
+	}
+	s.Namespace = NewNamespace(t, ctx, c)
+	s.VIP = DeployLoadBalancedEcho(t, ctx, c, s.Namespace, "web", 2, shape...)
+	s.Route = netip.PrefixFrom(s.VIP, 32)
+	// Each LB host serves this Service, not only announces its address:
+	// an address an earlier test's Service had may still be announced for
+	// that one, whose frontend takes no connection.
+	frontend := fmt.Sprintf("frontend=%q", fmt.Sprintf("%s/web:http/TCP@%s", s.Namespace, s.VIP))
+	for _, n := range s.LBs {
+		Eventually(t, ctx, 30*time.Second, "ebb lb on "+n.Name+" serving "+s.Namespace+"/web", func(ctx context.Context) (bool, string) {
+			page, err := ebbrun.LBPage(ctx, c, n, "/metrics")
+			engines := GrepLines(page, "ebb_dataplane_frontend_engine{")
+			return err == nil && strings.Contains(engines, frontend), fmt.Sprint(engines, err)
+		})
+	}
+	WaitNextHops(t, ctx, router, s.Route, s.NextHops)
+	s.Client = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: c.ExternalClient.DialContext}}
+	s.URL = fmt.Sprintf("http://%s/", s.VIP)
+	Eventually(t, ctx, 30*time.Second, "the client reaching "+s.URL, func(ctx context.Context) (bool, string) {
+		_, err := GetIdentity(ctx, s.Client, s.URL)
+		return err == nil, fmt.Sprint(err)
+	})
+	return s
+}
+
+// AvoidNode keeps a Deployment's pods off node (a required node affinity).
+func AvoidNode(node string) func(*appsv1.Deployment) {
+	return func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{node}}}}}}}}
+	}
 }

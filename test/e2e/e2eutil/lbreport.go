@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
@@ -85,4 +86,25 @@ func ExpectForwarded(t *testing.T, ctx context.Context, c *localcluster.Cluster,
 	default:
 		t.Logf("%s forwarded %.0f segments of connections moved from %s", by.Name, forwarded, from.Name)
 	}
+}
+
+// WaitNoPodTerminatingOn waits until no pod on node is terminating (an
+// earlier test's pods, their namespace being deleted, may still be going
+// away there): a maintenance of the node then has nothing of another
+// test's to wait for while it evacuates.
+func WaitNoPodTerminatingOn(t *testing.T, ctx context.Context, c *localcluster.Cluster, node string) {
+	t.Helper()
+	Eventually(t, ctx, time.Minute, "no pod terminating on "+node, func(ctx context.Context) (bool, string) {
+		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return false, err.Error()
+		}
+		var going []string
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil {
+				going = append(going, p.Namespace+"/"+p.Name)
+			}
+		}
+		return len(going) == 0, fmt.Sprint("terminating: ", going)
+	})
 }

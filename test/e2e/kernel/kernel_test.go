@@ -2,8 +2,6 @@ package kernel_test
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -11,43 +9,16 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 
-	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
-// service is a LoadBalancer Service of echo servers behind two LB hosts,
-// reached by BGP from the client behind the router.
-type service struct {
-	vip      netip.Addr
-	route    netip.Prefix
-	lbs      []localcluster.Node
-	nextHops []netip.Addr
-	client   *http.Client
-	url      string
-}
-
 // deployService starts ebb lb on the first two nodes and a two-replica
 // echo Service (its pods land anywhere, the LB hosts included), and waits
 // until the client reaches it.
-func deployService(t *testing.T, ctx context.Context, shape ...func(*appsv1.Deployment)) service {
+func deployService(t *testing.T, ctx context.Context, shape ...func(*appsv1.Deployment)) e2eutil.BGPService {
 	t.Helper()
-	s := service{lbs: cluster.Nodes[:2]}
-	for _, n := range s.lbs {
-		e2eutil.StartLB(t, ctx, cluster, n)
-		s.nextHops = append(s.nextHops, netip.MustParseAddr(n.IP))
-	}
-	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	s.vip = e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2, shape...)
-	s.route = netip.PrefixFrom(s.vip, 32)
-	e2eutil.WaitNextHops(t, ctx, router, s.route, s.nextHops)
-	s.client = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
-	s.url = fmt.Sprintf("http://%s/", s.vip)
-	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+s.url, func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, s.client, s.url)
-		return err == nil, fmt.Sprint(err)
-	})
-	return s
+	return e2eutil.DeployBGPService(t, ctx, cluster, router, shape...)
 }
 
 // expectEBPF checks, by each LB host's metrics, that the Service's TCP
@@ -55,15 +26,15 @@ func deployService(t *testing.T, ctx context.Context, shape ...func(*appsv1.Depl
 // that path does not forward) by the proxy, as Auto chooses. It waits for
 // it: a replica may still announce the address for a Service an earlier
 // test deleted, before it applied the new one.
-func expectEBPF(t *testing.T, ctx context.Context, s service) {
+func expectEBPF(t *testing.T, ctx context.Context, s e2eutil.BGPService) {
 	t.Helper()
-	for _, n := range s.lbs {
+	for _, n := range s.LBs {
 		e2eutil.Eventually(t, ctx, 30*time.Second, "ebb lb on "+n.Name+" serving the Service's TCP port on the eBPF path and its UDP port on the proxy", func(ctx context.Context) (bool, string) {
 			page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
 			if err != nil {
 				return false, err.Error()
 			}
-			engines := e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{")
+			engines := e2eutil.GrepLines(e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{"), `frontend="`+s.Namespace+"/")
 			var tcp, udp int
 			for _, line := range strings.Split(engines, "\n") {
 				switch {
@@ -93,9 +64,9 @@ func TestEBPFPathRollingUpgradeDropsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	requests := e2eutil.StartRequests(t, ctx, s.client, s.url, 2)
-	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.vip, 80), 4)
-	routes := e2eutil.WatchRoute(t, ctx, router, s.route, s.nextHops)
+	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
+	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 4)
+	routes := e2eutil.WatchRoute(t, ctx, router, s.Route, s.NextHops)
 	time.Sleep(time.Second)
 
 	started := time.Now()
@@ -127,7 +98,7 @@ func TestEBPFPathRollingUpgradeDropsNothing(t *testing.T) {
 		t.Error("no traffic went through during the upgrade")
 	}
 	if n := routes.Failed.Load(); n > 0 {
-		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", s.route, n, routes.FirstErr.Load())
+		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", s.Route, n, routes.FirstErr.Load())
 	}
 	expectEBPF(t, ctx, s)
 }

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -34,16 +32,13 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 	// The app runs off the maintained host: its pods there would be
 	// evicted, which ends their connections whatever the load balancers
 	// do, and this test is about the LB host.
-	s := deployService(t, ctx, func(d *appsv1.Deployment) {
-		d.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
-				{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{lbA.Name}}}}}}}}
-	})
-	lbB := s.lbs[1]
+	s := deployService(t, ctx, e2eutil.AvoidNode(lbA.Name))
+	lbB := s.LBs[1]
 	expectEBPF(t, ctx, s)
 	c := e2eutil.APIClient(t, cluster)
-	requests := e2eutil.StartRequests(t, ctx, s.client, s.url, 2)
-	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.vip, 80), 12)
+	e2eutil.WaitNoPodTerminatingOn(t, ctx, cluster, lbA.Name)
+	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
+	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 12)
 	time.Sleep(time.Second)
 
 	nm := &v1alpha1.NodeMaintenance{
@@ -56,7 +51,7 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), nm) })
 	started := time.Now()
-	e2eutil.WaitNextHops(t, ctx, router, s.route, s.nextHops[1:])
+	e2eutil.WaitNextHops(t, ctx, router, s.Route, s.NextHops[1:])
 	t.Logf("%s's route withdrawn %s after its maintenance started", lbA.Name, time.Since(started).Round(time.Millisecond))
 
 	// The draining replica counts the flows its program carries, and the
@@ -96,14 +91,14 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 	// Connections opened while the host is out go through the other one;
 	// when the host comes back the router moves some of them to it, and it
 	// sends them back.
-	late := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.vip, 80), 12)
+	late := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 12)
 	time.Sleep(time.Second)
 	patch := client.MergeFrom(nm.DeepCopy())
 	nm.Spec.Stage = v1alpha1.Complete
 	if err := c.Patch(ctx, nm, patch); err != nil {
 		t.Fatal(err)
 	}
-	e2eutil.WaitNextHops(t, ctx, router, s.route, s.nextHops)
+	e2eutil.WaitNextHops(t, ctx, router, s.Route, s.NextHops)
 	e2eutil.Eventually(t, ctx, 30*time.Second, lbA.Name+"'s ebb lb serving again", func(ctx context.Context) (bool, string) {
 		r, err := e2eutil.ReportOn(ctx, c, lbA.Name)
 		return err == nil && !r.Status.Draining, fmt.Sprint(r.Status, err)

@@ -30,16 +30,16 @@ func TestTakingTheEBPFPathAwayHandsTheServiceToTheProxy(t *testing.T) {
 	defer cancel()
 	s := deployService(t, ctx)
 	expectEBPF(t, ctx, s)
-	if pins := lbPins(t); len(pins) != len(s.lbs) {
+	if pins := lbPins(t); len(pins) != len(s.LBs) {
 		t.Fatalf("the eBPF path's pins: %v; want one directory per LB host", pins)
 	}
-	requests := e2eutil.StartRequests(t, ctx, s.client, s.url, 2)
+	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
 
 	ebpfArgs := setLBArgs(t, ctx, func(args []string) []string {
 		return slices.DeleteFunc(args, func(a string) bool { return a == "--engine=Auto" || a == "--kernel-path=ebpf" })
 	})
 	t.Cleanup(func() { setLBArgs(t, context.Background(), func([]string) []string { return ebpfArgs }) })
-	for _, n := range s.lbs {
+	for _, n := range s.LBs {
 		e2eutil.Eventually(t, ctx, time.Minute, n.Name+"'s ebb lb serving the Service's TCP port by the proxy", func(ctx context.Context) (bool, string) {
 			page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
 			engines := e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{")
@@ -52,7 +52,7 @@ func TestTakingTheEBPFPathAwayHandsTheServiceToTheProxy(t *testing.T) {
 	// The proxy, not a program left behind, answers new connections now.
 	proxied := func() float64 {
 		var sum float64
-		for _, n := range s.lbs {
+		for _, n := range s.LBs {
 			page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
 			if err != nil {
 				t.Fatal(err)
@@ -75,15 +75,15 @@ func TestTakingTheEBPFPathAwayHandsTheServiceToTheProxy(t *testing.T) {
 	for _, err := range requests.Errors() {
 		t.Logf("failed during the switch: %v", err)
 	}
-	if n := requests.Failed.Load(); n > int64(2*len(s.lbs)) {
-		t.Errorf("%d of %d requests on new connections failed; want none but those in flight when the program went (at most %d)", n, n+requests.OK.Load(), 2*len(s.lbs))
+	if n := requests.Failed.Load(); n > int64(2*len(s.LBs)) {
+		t.Errorf("%d of %d requests on new connections failed; want none but those in flight when the program went (at most %d)", n, n+requests.OK.Load(), 2*len(s.LBs))
 	}
 	if slow := requests.Slow.Load(); slow*100 > requests.OK.Load() {
 		t.Errorf("%d of %d requests took %s or more", slow, requests.OK.Load(), e2eutil.SlowRequest)
 	}
 
 	setLBArgs(t, ctx, func([]string) []string { return ebpfArgs })
-	for _, n := range s.lbs {
+	for _, n := range s.LBs {
 		e2eutil.Eventually(t, ctx, time.Minute, n.Name+"'s ebb lb on the eBPF path again", func(ctx context.Context) (bool, string) {
 			page, err := ebbrun.LBPage(ctx, cluster, n, "/metrics")
 			engines := e2eutil.GrepLines(page, "ebb_dataplane_frontend_engine{")
