@@ -167,9 +167,17 @@ func DeployBGPService(t *testing.T, ctx context.Context, c *localcluster.Cluster
 	WaitNextHops(t, ctx, router, s.Route, s.NextHops)
 	s.Client = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: c.ExternalClient.DialContext}}
 	s.URL = fmt.Sprintf("http://%s/", s.VIP)
-	Eventually(t, ctx, 30*time.Second, "the client reaching "+s.URL, func(ctx context.Context) (bool, string) {
-		_, err := GetIdentity(ctx, s.Client, s.URL)
-		return err == nil, fmt.Sprint(err)
+	// Through both hosts: 20 requests in a row, each on a connection of
+	// its own, which the router spreads by port. One alone proves one
+	// host; the other may not have found its backends eligible yet (seen:
+	// 9 of 12 connections opened right after were refused).
+	Eventually(t, ctx, 30*time.Second, "the client reaching "+s.URL+" 20 times in a row", func(ctx context.Context) (bool, string) {
+		for i := range 20 {
+			if _, err := GetIdentity(ctx, s.Client, s.URL); err != nil {
+				return false, fmt.Sprintf("request %d: %v", i, err)
+			}
+		}
+		return true, ""
 	})
 	return s
 }
