@@ -49,6 +49,9 @@ type backend struct {
 	// slotSeed is a hash of the address, which ranks the backend for the
 	// kernel engine's slots (rendezvousScore).
 	slotSeed uint64
+	// flowLabel labels the kernel engine's flows to the backend, on the
+	// nftables path (see flowLabelOf).
+	flowLabel flowLabel
 
 	m              backendMetrics
 	adminPublished bool // only Apply (under the data plane's lock) reads or writes it
@@ -58,6 +61,7 @@ func newBackend(b Backend, m backendMetrics) *backend {
 	ap := b.AddrPort()
 	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m}
 	be.slotSeed = addrSeed(be.addr)
+	be.flowLabel = flowLabelOf(ap)
 	be.update(b)
 	return be
 }

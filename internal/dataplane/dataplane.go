@@ -314,7 +314,7 @@ type BackendStatus struct {
 func (d *DataPlane) Status() []BackendStatus {
 	d.mu.Lock()
 	var out []BackendStatus
-	kernel := map[frontendKey]bool{}
+	kernel := map[flowKey]bool{}
 	// The kernel-engine backends: their index in out and their flows.
 	type kernelBackend struct {
 		at    int
@@ -323,15 +323,14 @@ func (d *DataPlane) Status() []BackendStatus {
 	var kernelAt []kernelBackend
 	for _, f := range d.frontends {
 		set := f.set.Load()
-		if f.kernel {
-			kernel[f.key] = true
-		}
 		for _, b := range set.backends {
 			p := b.probe.Load()
 			eligible := b.eligible()
 			if f.kernel {
 				eligible = b.inKernel.Load()
-				kernelAt = append(kernelAt, kernelBackend{at: len(out), flows: flowKey{frontend: f.key, backend: b.key}})
+				key := flowKey{frontend: f.key, backend: b.key}
+				kernel[key] = true
+				kernelAt = append(kernelAt, kernelBackend{at: len(out), flows: key})
 			}
 			out = append(out, BackendStatus{
 				Frontend: set.cfg.Name, Address: b.key, Owner: b.owner,

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -421,7 +422,7 @@ func (k *kernelEngine) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 		return err
 	}
 	defer h.Close()
-	_, err = h.ConntrackDeleteFilters(vnetlink.ConntrackTable, inetFamily(fe.addr.Addr()), flowKey{frontend: fe, backend: backend})
+	_, err = h.ConntrackDeleteFilters(vnetlink.ConntrackTable, inetFamily(fe.addr.Addr()), flowFilter{frontend: fe, label: flowLabelOf(backend), backend: backend})
 	if err != nil {
 		return fmt.Errorf("deleting the conntrack entries of %s's flows to %s: %w", fe, backend, err)
 	}
@@ -441,10 +442,10 @@ type flowKey struct {
 	backend  netip.AddrPort
 }
 
-// activeFlows counts the flows the kernel carries for the kernel
-// frontends, by frontend and backend: TCP connections until they close
-// (TIME_WAIT and CLOSE are over), UDP flows until conntrack forgets them.
-func (k *kernelEngine) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error) {
+// activeFlows counts the flows the kernel carries for the wanted frontends
+// and backends: TCP connections until they close (TIME_WAIT and CLOSE are
+// over), UDP flows until conntrack forgets them.
+func (k *kernelEngine) activeFlows(want map[flowKey]bool) (map[flowKey]int64, error) {
 	h, err := k.netlinkHandle()
 	if err != nil {
 		return nil, err
@@ -458,45 +459,103 @@ func (k *kernelEngine) activeFlows(frontends map[frontendKey]bool) (map[flowKey]
 		}
 		flows = append(flows, fs...)
 	}
+	backends := make(map[flowLabel]netip.AddrPort, len(want))
+	for key := range want {
+		backends[flowLabelOf(key.backend)] = key.backend
+	}
 	out := map[flowKey]int64{}
 	for _, f := range flows {
 		// TIME_WAIT, CLOSE and the states after them are over.
 		if tcp, ok := f.ProtoInfo.(*vnetlink.ProtoInfoTCP); ok && tcp.State >= nl.TCP_CONNTRACK_TIME_WAIT {
 			continue
 		}
-		if key, ok := flowKeyOf(f); ok && frontends[key.frontend] {
+		fe, ok := frontendOf(f)
+		if !ok {
+			continue
+		}
+		key := flowKey{frontend: fe, backend: replySource(f)}
+		if label, ok := labelOf(f); ok {
+			key.backend = backends[label]
+		}
+		if want[key] {
 			out[key]++
 		}
 	}
 	return out, nil
 }
 
-// flowKeyOf says which frontend and backend a conntrack entry belongs to
-// if a frontend's rules translated it: the frontend's address and port are
-// where it was sent, the backend's answer it. ok is false for protocols no
-// frontend serves.
-func flowKeyOf(f *vnetlink.ConntrackFlow) (key flowKey, ok bool) {
+// flowLabel is the conntrack label the kernel engine's pick rule gives a
+// flow: ebb's marker, then 15 bytes of the SHA-256 of the backend's
+// address (16 bytes) and port. It
+// says which backend a flow went to when the entry's reply tuple cannot:
+// kube-proxy translated a flow to this host's node port on to a pod, and
+// the reply comes from the pod.
+type flowLabel [16]byte
+
+// flowLabelMarker is a flow label's first byte: the bind chains translate
+// only flows so labelled.
+const flowLabelMarker = 0xeb
+
+// flowLabelOf is the label of the flows to backend b.
+func flowLabelOf(b netip.AddrPort) flowLabel {
+	a := b.Addr().Unmap().As16()
+	sum := sha256.Sum256(append(a[:], byte(b.Port()>>8), byte(b.Port())))
+	var l flowLabel
+	l[0] = flowLabelMarker
+	copy(l[1:], sum[:])
+	return l
+}
+
+// labelOf is the flow label of a conntrack entry, if the kernel engine
+// gave it one (flows it translated before labels existed have none).
+func labelOf(f *vnetlink.ConntrackFlow) (flowLabel, bool) {
+	var l flowLabel
+	if len(f.Labels) != len(l) || f.Labels[0] != flowLabelMarker {
+		return l, false
+	}
+	copy(l[:], f.Labels)
+	return l, true
+}
+
+// frontendOf is the frontend a conntrack entry was sent to (ok is false
+// for protocols no frontend serves).
+func frontendOf(f *vnetlink.ConntrackFlow) (frontendKey, bool) {
 	proto := TCP
 	switch f.Forward.Protocol {
 	case unix.IPPROTO_TCP:
 	case unix.IPPROTO_UDP:
 		proto = UDP
 	default:
-		return flowKey{}, false
+		return frontendKey{}, false
 	}
 	dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
-	src, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
-	return flowKey{
-		frontend: frontendKey{addr: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort), protocol: proto},
-		backend:  netip.AddrPortFrom(src.Unmap(), f.Reverse.SrcPort),
-	}, true
+	return frontendKey{addr: netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort), protocol: proto}, true
 }
 
-// MatchConntrackFlow makes a flowKey a conntrack filter: it matches the
-// entries of the flows the key names.
-func (k flowKey) MatchConntrackFlow(f *vnetlink.ConntrackFlow) bool {
-	got, ok := flowKeyOf(f)
-	return ok && got == k
+// replySource is where a conntrack entry's replies come from: the
+// backend, for a flow the kernel engine translated itself.
+func replySource(f *vnetlink.ConntrackFlow) netip.AddrPort {
+	src, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
+	return netip.AddrPortFrom(src.Unmap(), f.Reverse.SrcPort)
+}
+
+// flowFilter is a conntrack filter that matches the entries of one
+// frontend's flows to one backend: by their label, or for a flow with
+// none, by the source of its replies.
+type flowFilter struct {
+	frontend frontendKey
+	label    flowLabel
+	backend  netip.AddrPort
+}
+
+func (ff flowFilter) MatchConntrackFlow(f *vnetlink.ConntrackFlow) bool {
+	if fe, ok := frontendOf(f); !ok || fe != ff.frontend {
+		return false
+	}
+	if label, ok := labelOf(f); ok {
+		return label == ff.label
+	}
+	return replySource(f) == ff.backend
 }
 
 // netlinkHandle opens netlink in the engine's network namespace.

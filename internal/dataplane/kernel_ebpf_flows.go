@@ -100,9 +100,9 @@ func eachElement[K, V any](m *ebpf.Map, fn func(k K, v V)) error {
 	}
 }
 
-// activeFlows counts the flows that have not ended, by frontend and
-// backend.
-func (e *ebpfPath) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error) {
+// activeFlows counts the flows that have not ended, of the wanted
+// frontends and backends.
+func (e *ebpfPath) activeFlows(want map[flowKey]bool) (map[flowKey]int64, error) {
 	e.use.RLock()
 	defer e.use.RUnlock()
 	out := map[flowKey]int64{}
@@ -110,9 +110,9 @@ func (e *ebpfPath) activeFlows(frontends map[frontendKey]bool) (map[flowKey]int6
 		return out, nil
 	}
 	err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
-		fe := k.frontendKey()
-		if !f.over() && frontends[fe] {
-			out[flowKey{frontend: fe, backend: f.Backend.addrPort()}]++
+		key := flowKey{frontend: k.frontendKey(), backend: f.Backend.addrPort()}
+		if !f.over() && want[key] {
+			out[key]++
 		}
 	})
 	return out, err

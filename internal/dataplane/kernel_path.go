@@ -36,9 +36,9 @@ type kernelPath interface {
 	// flipOwner applies one owner's admin-state change on a fast path if
 	// it can, and reports whether it did; sync does it otherwise.
 	flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error)
-	// activeFlows counts the open flows of the frontends, by frontend and
-	// backend.
-	activeFlows(frontends map[frontendKey]bool) (map[flowKey]int64, error)
+	// activeFlows counts the open flows of the wanted frontends and
+	// backends.
+	activeFlows(want map[flowKey]bool) (map[flowKey]int64, error)
 	// dropFlows ends the flows frontend fe forwards to backend (its
 	// drain timeout ran out).
 	dropFlows(fe frontendKey, backend netip.AddrPort) error

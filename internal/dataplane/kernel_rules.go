@@ -12,9 +12,9 @@ import (
 )
 
 // masqueradeMark is the packet mark bit the kernel engine sets on a new
-// flow it forwards, so that postrouting masquerades it: replies must come
-// back through this host to be translated back. It is not kube-proxy's
-// bit (0x4000), so that the two can share a host.
+// flow it translates itself, so that postrouting masquerades it: replies
+// must come back through this host to be translated back. It is not
+// kube-proxy's bit (0x4000), so that the two can share a host.
 const masqueradeMark = 0x20000
 
 // kernelFamily is what differs between the kernel engine's two tables,
@@ -28,13 +28,20 @@ type kernelFamily struct {
 	// portReg is the 32-bit register after an address loaded into
 	// register 1: 9 after 4 bytes, 12 after 16.
 	portReg uint32
+	// labelReg is the 32-bit register after the port: where a backends
+	// map value's flow label lands.
+	labelReg uint32
+	// csumOff is the offset of the network header's checksum (IPv4's; 0
+	// for IPv6, which has none).
+	csumType expr.PayloadCsumType
+	csumOff  uint32
 }
 
 func familyOf(a netip.Addr) kernelFamily {
 	if a.Is4() {
-		return kernelFamily{table: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4, addrLen: 4, saddrOff: 12, daddrOff: 16, addrType: nftables.TypeIPAddr, portReg: 9}
+		return kernelFamily{table: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4, addrLen: 4, saddrOff: 12, daddrOff: 16, addrType: nftables.TypeIPAddr, portReg: 9, labelReg: 10, csumType: expr.CsumTypeInet, csumOff: 10}
 	}
-	return kernelFamily{table: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr, portReg: 12}
+	return kernelFamily{table: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr, portReg: 12, labelReg: 13, csumType: expr.CsumTypeNone}
 }
 
 // familyOfTable is the kernelFamily of a table family.
@@ -75,7 +82,9 @@ func kernelMaps(t *nftables.Table, fam kernelFamily) (homes, owners, backends *n
 	hostInt := nftables.TypeMark
 	slot, _ := nftables.ConcatSetType(hostInt, hostInt)
 	slotState, _ := nftables.ConcatSetType(hostInt, hostInt, hostInt)
-	dest, _ := nftables.ConcatSetType(fam.addrType, nftables.TypeInetService)
+	// The flow label is typed as an IPv6 address, 16 bytes too: the nft
+	// tool cannot print a concatenation with its own ct_label type.
+	dest, _ := nftables.ConcatSetType(fam.addrType, nftables.TypeInetService, nftables.TypeIP6Addr)
 	id := 3 * uint32(fam.table)
 	homes = &nftables.Set{Table: t, Name: "homes", ID: id, IsMap: true, Concatenation: true, KeyType: slot, DataType: hostInt, KeyByteOrder: binaryutil.NativeEndian}
 	owners = &nftables.Set{Table: t, Name: "owners", ID: id + 1, IsMap: true, KeyType: hostInt, DataType: hostInt, KeyByteOrder: binaryutil.NativeEndian}
@@ -83,9 +92,29 @@ func kernelMaps(t *nftables.Table, fam kernelFamily) (homes, owners, backends *n
 	return homes, owners, backends
 }
 
-// addBase adds the table's hooks: new flows to a frontend's address and
-// port are looked up in the services chain, from outside (prerouting) and
-// from this host itself (output); flows it translated are masqueraded.
+// addBase adds the table's hooks, all of them NAT chains, which the
+// kernel runs for the first packet of a flow only:
+//
+//   - prerouting and output (flows from outside, and from this host
+//     itself), just before the NAT chains of kube-proxy and the like
+//     (dstnat - 1): a new flow to a frontend's address and port is
+//     looked up in the services chain, which picks its backend, rewrites
+//     the packet's destination to it and labels the flow's conntrack
+//     entry with it (flowLabelOf), translating nothing itself;
+//   - prerouting-bind and output-bind, just after them (dstnat + 1):
+//     a labelled flow that no NAT chain translated since is translated
+//     to the destination the packet now has, and marked for masquerade;
+//   - postrouting masquerades the marked flows.
+//
+// The two steps are what lets a backend be this host's own node port.
+// A flow gets one destination translation: had ebb's chain translated it
+// to the node port, kube-proxy's translation of the node port to a pod
+// would never apply, and the flow would reach a port nothing listens on.
+// Rewritten but not translated, the flow is kube-proxy's to translate;
+// conntrack still holds the frontend as the flow's original destination,
+// so the replies leave with the frontend's address and port. A flow to
+// another host, or to a socket of this host, is translated by the bind
+// chain.
 func (r *kernelRuleset) addBase() error {
 	c := r.conn
 	r.homes, r.owners, r.backends = kernelMaps(r.table, r.fam)
@@ -99,8 +128,10 @@ func (r *kernelRuleset) addBase() error {
 		name string
 		hook *nftables.ChainHook
 	}{{"prerouting", nftables.ChainHookPrerouting}, {"output", nftables.ChainHookOutput}} {
-		ch := c.AddChain(&nftables.Chain{Name: hook.name, Table: r.table, Type: nftables.ChainTypeNAT, Hooknum: hook.hook, Priority: nftables.ChainPriorityNATDest})
-		c.AddRule(&nftables.Rule{Table: r.table, Chain: ch, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: r.services.Name}}})
+		pick := c.AddChain(&nftables.Chain{Name: hook.name, Table: r.table, Type: nftables.ChainTypeNAT, Hooknum: hook.hook, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest - 1)})
+		c.AddRule(&nftables.Rule{Table: r.table, Chain: pick, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: r.services.Name}}})
+		bind := c.AddChain(&nftables.Chain{Name: hook.name + "-bind", Table: r.table, Type: nftables.ChainTypeNAT, Hooknum: hook.hook, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest + 1)})
+		c.AddRule(&nftables.Rule{Table: r.table, Chain: bind, Exprs: r.bindExprs()})
 	}
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: r.table, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	c.AddRule(&nftables.Rule{Table: r.table, Chain: post, Exprs: []expr.Any{
@@ -114,6 +145,23 @@ func (r *kernelRuleset) addBase() error {
 		&expr.Masq{},
 	}})
 	return nil
+}
+
+// bindExprs are the bind chains' rule: a flow whose conntrack entry has
+// ebb's label (and that no NAT chain translated, or this chain would not
+// run) is marked for masquerade and translated to the packet's
+// destination, which the pick rule rewrote to the backend's.
+func (r *kernelRuleset) bindExprs() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeyLABELS, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{flowLabelMarker}},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.daddrOff, Len: r.fam.addrLen},
+		&expr.Payload{DestRegister: r.fam.portReg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.fam.nfproto, RegAddrMin: 1, RegProtoMin: r.fam.portReg, Specified: true},
+	}
 }
 
 // addFrontend adds one frontend: a services rule that matches its address,
@@ -319,12 +367,13 @@ func backendsMapKey(i, slot int, state ownerState) []byte {
 }
 
 // backendElement is a backends map entry: frontend i's slot, when its home
-// owner is in state, -> backend j's address and port (the port padded to
-// the 4-byte register).
+// owner is in state, -> backend j's address, port (padded to the 4-byte
+// register) and flow label.
 func backendElement(i int, set *backendSet, slot int, state ownerState, j int) nftables.SetElement {
-	ap := set.backends[j].key
-	val := append(ap.Addr().AsSlice(), binaryutil.BigEndian.PutUint16(ap.Port())...)
-	return nftables.SetElement{Key: backendsMapKey(i, slot, state), Val: append(val, 0, 0)}
+	b := set.backends[j]
+	val := append(b.key.Addr().AsSlice(), binaryutil.BigEndian.PutUint16(b.key.Port())...)
+	val = append(append(val, 0, 0), b.flowLabel[:]...)
+	return nftables.SetElement{Key: backendsMapKey(i, slot, state), Val: val}
 }
 
 func ownerElement(id uint32, state ownerState) nftables.SetElement {
@@ -339,11 +388,12 @@ func (r *kernelRuleset) addOwners(owners ownerTable) {
 }
 
 // addPick adds the frontend's slots to the maps and the pick chain's one
-// rule: mark the flow for masquerade and translate it to the address and
-// port the maps give its slot (a counter modulo the slots). A slot with no
-// backend has no entry: the lookup misses and the flow is not translated,
-// so this host's own stack, which has no socket there, answers it with a
-// reset (UDP: port unreachable), as the proxy engine does.
+// rule: rewrite the flow's destination to the address and port the maps
+// give its slot (a counter modulo the slots), and label it for the bind
+// chain (see addBase). A slot with no backend has no entry: the lookup
+// misses and the flow is not translated, so this host's own stack, which
+// has no socket there, answers it with a reset (UDP: port unreachable),
+// as the proxy engine does.
 func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, plan *slotPlan) error {
 	n := len(plan.homes)
 	if n == 0 {
@@ -362,12 +412,12 @@ func (r *kernelRuleset) addPick(i int, set *backendSet, pick *nftables.Chain, pl
 }
 
 // The 32-bit registers of the pick rule (8 to 11 are the 128-bit register
-// 1, where the backend's address and port land).
+// 1, where the backend's address, port and flow label land).
 const (
 	regFrontend = 8  // the frontend index, then the backend's address
 	regSlot     = 9  // the slot, then an IPv4 backend's port
 	regOwner    = 10 // the slot's home owner, then its state
-	regMark     = 20 // the flow's packet mark as it leaves the rule
+	regMark     = 20 // the flow's packet mark, restored before the rewrite
 )
 
 // clientHashSeed seeds the client-address hash of ClientIP frontends: the
@@ -376,22 +426,21 @@ const clientHashSeed = 0xebb
 
 // pickExprs are the pick rule's expressions: they put the frontend index
 // and the slot in registers, look up the slot's home owner, that owner's
-// state, then the backend for the three (its address and port land from
-// register 1 on), mark the flow for masquerade and DNAT it to the backend. The slot is a
-// counter modulo the slots (round robin), or for ClientIP a hash of the
-// client's address modulo the slots: a client keeps its slot, and its slot
-// keeps its backend while that is eligible.
+// state, then the backend for the three (its address, port and flow label
+// land from register 1 on), rewrite the packet's destination to the
+// backend (checksums updated) and label the flow. The slot is a counter
+// modulo the slots (round robin), or for ClientIP a hash of the client's
+// address modulo the slots: a client keeps its slot, and its slot keeps
+// its backend while that is eligible.
 //
 // The owner and its state pass through the packet mark on their way to
-// the next lookup (the mark itself is restored before the last lookup,
-// with the masquerade bit): the kernel does not need it, but the nft tool
-// aborts printing a lookup whose key is another lookup's result (nft 1.0),
-// and so `nft list ruleset` would, for every table. Only a flow's first
-// packet runs the rule.
+// the next lookup (the mark itself is restored before the rewrite): the
+// kernel does not need it, but the nft tool aborts printing a lookup whose
+// key is another lookup's result (nft 1.0), and so `nft list ruleset`
+// would, for every table. Only a flow's first packet runs the rule.
 func (r *kernelRuleset) pickExprs(i int, set *backendSet, n int) []expr.Any {
 	exprs := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: regMark},
-		&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4, Mask: u32(^uint32(masqueradeMark)), Xor: u32(masqueradeMark)},
 		&expr.Immediate{Register: regFrontend, Data: u32(uint32(i))},
 	}
 	if set.cfg.Balancing == ClientIP {
@@ -414,8 +463,23 @@ func (r *kernelRuleset) pickExprs(i int, set *backendSet, n int) []expr.Any {
 	return append(exprs,
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: regMark},
 		&expr.Lookup{SourceRegister: regFrontend, DestRegister: 1, IsDestRegSet: true, SetName: r.backends.Name, SetID: r.backends.ID},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.fam.nfproto, RegAddrMin: 1, RegProtoMin: r.fam.portReg, Specified: true},
+		// The address, with the network header's checksum and the
+		// transport's (its pseudo-header has the address), then the
+		// port, with the transport's checksum.
+		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: r.fam.daddrOff, Len: r.fam.addrLen,
+			CsumType: r.fam.csumType, CsumOffset: r.fam.csumOff, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR},
+		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: r.fam.portReg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2,
+			CsumType: expr.CsumTypeInet, CsumOffset: l4ChecksumOffset(set.cfg.Protocol)},
+		&expr.Ct{Key: expr.CtKeyLABELS, SourceRegister: true, Register: r.fam.labelReg},
 	)
+}
+
+// l4ChecksumOffset is where a transport header keeps its checksum.
+func l4ChecksumOffset(p Protocol) uint32 {
+	if p == UDP {
+		return 6
+	}
+	return 16
 }
 
 // flushPending adds the map entries the rules were built with: homes and

@@ -53,10 +53,19 @@ func Eventually(t *testing.T, ctx context.Context, timeout time.Duration, what s
 	}
 }
 
-// ExpectUDPEcho waits until a datagram sent to addr comes back unchanged.
+// ExpectUDPEcho waits until a datagram sent to addr from this process
+// comes back unchanged.
 func ExpectUDPEcho(t *testing.T, ctx context.Context, addr string) {
 	t.Helper()
-	conn, err := net.Dial("udp", addr)
+	var d net.Dialer
+	ExpectUDPEchoVia(t, ctx, d.DialContext, addr)
+}
+
+// ExpectUDPEchoVia waits until a datagram sent to addr through dial (a
+// host's DialContext: from that host) comes back unchanged.
+func ExpectUDPEchoVia(t *testing.T, ctx context.Context, dial func(ctx context.Context, network, address string) (net.Conn, error), addr string) {
+	t.Helper()
+	conn, err := dial(ctx, "udp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
