@@ -58,12 +58,19 @@ func NodeByName(node string) *corev1.NodeSelector {
 // quoting node's drain message while it waits.
 func WaitMaintenanceDrained(t *testing.T, ctx context.Context, c client.Client, nm *v1alpha1.NodeMaintenance, node string) {
 	t.Helper()
+	// Each message the drain goes through is logged as it comes: when a
+	// drain takes long, they say what it waited for.
+	start, last := time.Now(), ""
 	Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
 			return false, err.Error()
 		}
-		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), NodeStatusOf(got, node).DrainMessage
+		if msg := NodeStatusOf(got, node).DrainMessage; msg != last {
+			t.Logf("%s's drain, %s on: %s", node, time.Since(start).Round(100*time.Millisecond), msg)
+			last = msg
+		}
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), last
 	})
 }
 
