@@ -41,8 +41,10 @@ func NewLoad(t *testing.T) *Load {
 	return l
 }
 
-// Fail counts one failure.
+// Fail counts one failure. Its error keeps the time it came (UTC), to be
+// read beside the cluster's logs.
 func (l *Load) Fail(err error) {
+	err = fmt.Errorf("at %s: %w", time.Now().UTC().Format("15:04:05.000"), err)
 	l.Failed.Add(1)
 	l.FirstErr.CompareAndSwap(nil, err)
 	l.errsMu.Lock()

@@ -65,6 +65,7 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 		report = r
 		return r.Status.Draining && r.Status.Connections > 0, fmt.Sprintf("%+v", r.Status)
 	})
+	t.Logf("%s's ebb lb reported itself draining with %d connection(s) %s after the maintenance started", lbA.Name, report.Status.Connections, time.Since(started).Round(time.Millisecond))
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(ctx context.Context) (bool, string) {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
@@ -74,6 +75,7 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
 		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)
 	})
+	t.Logf("the maintenance said it waits for them %s after it started", time.Since(started).Round(time.Millisecond))
 
 	// The long-lived connections go on through the other host, which
 	// sends their segments back.
@@ -83,10 +85,12 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 		t.Fatalf("%d of 12 long-lived connections broke while %s drained; first: %v", n, lbA.Name, long.FirstErr.Load())
 	}
 
-	// They end: the host is drained.
+	// They end: the host is drained. (The time since the maintenance
+	// started is mostly this test's own steps above.)
 	long.Halt()
+	ended := time.Now()
 	e2eutil.WaitMaintenanceDrained(t, ctx, c, nm, lbA.Name)
-	t.Logf("%s drained %s after its maintenance started (its ebb lb had %d connection(s) when it started draining)", lbA.Name, time.Since(started).Round(time.Millisecond), report.Status.Connections)
+	t.Logf("%s drained %s after its last connections ended, %s after its maintenance started", lbA.Name, time.Since(ended).Round(time.Millisecond), time.Since(started).Round(time.Millisecond))
 
 	// Connections opened while the host is out go through the other one;
 	// when the host comes back the router moves some of them to it, and it
