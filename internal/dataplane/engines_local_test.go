@@ -1,14 +1,19 @@
 package dataplane
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
 
 // A backend at an address of the load balancer's own host (its node, when
@@ -137,4 +142,63 @@ func (n *engineNet) serveNodePort(t *testing.T, nodePort, pod netip.AddrPort) {
 	if err := c.Flush(); err != nil {
 		t.Fatalf("adding kube-proxy's node port rules: %v", err)
 	}
+}
+
+// A client behind an interface that appeared after the data plane
+// started (a pod's veth on an LB host that is a node, a VLAN made later)
+// is served at its first SYN; on the eBPF path the interface's
+// attachments are pinned when it appears and unpinned when it goes.
+// (The eBPF path once attached to the interfaces there at its start only:
+// such a client's connection found no listener and was refused.)
+func TestEnginesServeAnInterfaceAddedLater(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, _ := n.echo(t, 8080)
+		n.apply(t, n.frontendOn(80, a))
+		if err := n.roundTripNew(t, 80); err != nil {
+			t.Fatal(err)
+		}
+		late, err := network.NewHost("late-client")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(late.Close)
+		pfx := netip.MustParsePrefix
+		if err := network.LinkHosts(n.lb, "to-late", []netip.Prefix{pfx("10.3.0.1/24")}, late, "eth0", []netip.Prefix{pfx("10.3.0.2/24")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := late.AddRoute(pfx("10.9.0.0/24"), netip.MustParseAddr("10.3.0.1")); err != nil {
+			t.Fatal(err)
+		}
+		pins := func() []string {
+			dir, err := newEBPFPath(n.options()).pinDirectory()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := filepath.Glob(filepath.Join(dir, "*-to-late"))
+			return got
+		}
+		if n.path == KernelPathEBPF {
+			waitFor(t, "the new interface's attachments pinned", func() bool { return len(pins()) == 2 })
+		}
+		for i := range 4 {
+			ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+			c, err := late.DialContext(ctx, "tcp", netip.AddrPortFrom(n.ip.frontend, 80).String())
+			cancel()
+			if err != nil {
+				t.Fatalf("connection %d from the new interface: %v", i, err)
+			}
+			err = roundTrip(c, []byte(fmt.Sprint("late ", i)))
+			_ = c.Close()
+			if err != nil {
+				t.Fatalf("connection %d from the new interface: %v", i, err)
+			}
+		}
+		late.Close() // its end of the link goes, and so does the other
+		if n.path == KernelPathEBPF {
+			waitFor(t, "the gone interface's attachments unpinned", func() bool { return len(pins()) == 0 })
+		}
+		if err := n.roundTripNew(t, 80); err != nil {
+			t.Errorf("after the new interface went: %v", err)
+		}
+	})
 }

@@ -5,11 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,8 +18,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
-
-	"github.com/ebbdev/ebb/internal/netnsexec"
 )
 
 // ebpfObject is the eBPF kernel path's program and maps, built from
@@ -54,9 +50,10 @@ type ebpfPath struct {
 	// (activeFlows, dropFlows, the sweeper), which do not take mu: a pass
 	// over a full table takes milliseconds, and must not hold up an
 	// admin-state change. coll and links change with both held.
-	use   sync.RWMutex
-	coll  *ebpf.Collection
-	links []link.Link
+	use  sync.RWMutex
+	coll *ebpf.Collection
+	// links are the programs' attachments, by interface index.
+	links map[int]attachedInterface
 	// contents is what the maps hold, as this process last wrote or
 	// first read them.
 	contents *bpfContents
@@ -65,8 +62,9 @@ type ebpfPath struct {
 	slotState
 	// idle is each frontend's idle timeout, for the sweeper: replaced
 	// by each sync, never changed in place.
-	idle      atomic.Pointer[map[bpfFrontendKey]time.Duration]
-	stopSweep chan struct{}
+	idle atomic.Pointer[map[bpfFrontendKey]time.Duration]
+	// stopWorkers stops the sweeper and the interface watcher.
+	stopWorkers chan struct{}
 }
 
 func newEBPFPath(opts Options) *ebpfPath {
@@ -165,14 +163,14 @@ func (e *ebpfPath) load() error {
 	if err != nil {
 		return err
 	}
-	links, err := e.attach(dir, coll.Programs["ebb_ingress"], coll.Programs["ebb_egress"])
+	links, err := e.attach(dir, e.attachments(coll))
 	if err != nil {
 		coll.Close()
 		return err
 	}
 	contents, err := readContents(coll)
 	if err != nil {
-		closeLinks(links)
+		closeAttached(links)
 		coll.Close()
 		return err
 	}
@@ -180,8 +178,11 @@ func (e *ebpfPath) load() error {
 	e.coll, e.links, e.contents = coll, links, contents
 	e.use.Unlock()
 	e.slotState = slotState{}
-	e.stopSweep = make(chan struct{})
-	go e.sweepEvery(bpfSweepInterval, e.stopSweep)
+	e.stopWorkers = make(chan struct{})
+	go e.sweepEvery(bpfSweepInterval, e.stopWorkers)
+	if len(e.interfaces) == 0 {
+		go e.watchInterfaces(dir, e.stopWorkers)
+	}
 	return nil
 }
 
@@ -212,102 +213,6 @@ func removePins(dir string) error {
 		}
 	}
 	return nil
-}
-
-// attach attaches ingress at tc ingress (tcx) of the interfaces and egress
-// at their tc egress, replacing the programs of attachments pinned by a
-// predecessor (the kernel swaps them atomically: no packet goes
-// untranslated), and pins new ones.
-func (e *ebpfPath) attach(dir string, ingress, egress *ebpf.Program) ([]link.Link, error) {
-	var links []link.Link
-	err := netnsexec.Run(e.netns, func() error {
-		names, err := e.interfaceNames()
-		if err != nil {
-			return err
-		}
-		for _, name := range names {
-			for _, a := range []tcxAttachment{{ingressPinPrefix, ingress, ebpf.AttachTCXIngress}, {egressPinPrefix, egress, ebpf.AttachTCXEgress}} {
-				l, err := attachOne(dir, name, a)
-				if err != nil {
-					return err
-				}
-				links = append(links, l)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		closeLinks(links)
-		return nil, err
-	}
-	return links, nil
-}
-
-// The pins of the attachments, by the interface's name after the prefix.
-// (Ingress keeps the name it had when it was the only one, so that an
-// upgrade takes its predecessor's attachments over.)
-const (
-	ingressPinPrefix = "link-"
-	egressPinPrefix  = "egress-"
-)
-
-// tcxAttachment is a program and where it goes: its pins are named
-// pinPrefix and the interface's name.
-type tcxAttachment struct {
-	pinPrefix string
-	prog      *ebpf.Program
-	at        ebpf.AttachType
-}
-
-func attachOne(dir, name string, a tcxAttachment) (link.Link, error) {
-	pin := filepath.Join(dir, a.pinPrefix+name)
-	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-		if err := l.Update(a.prog); err == nil {
-			return l, nil
-		}
-		// A link whose interface went away: attach afresh.
-		_ = l.Unpin()
-		_ = l.Close()
-	}
-	ifi, err := net.InterfaceByName(name)
-	if err != nil {
-		return nil, fmt.Errorf("finding interface %s: %w", name, err)
-	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifi.Index, Program: a.prog, Attach: a.at})
-	if err != nil {
-		return nil, fmt.Errorf("attaching the eBPF kernel path to %s: %w", name, err)
-	}
-	if err := l.Pin(pin); err != nil {
-		_ = l.Close()
-		return nil, fmt.Errorf("pinning the attachment to %s: %w", name, err)
-	}
-	return l, nil
-}
-
-// interfaceNames are the interfaces to attach to: those configured, or
-// every interface of the namespace but the loopback.
-func (e *ebpfPath) interfaceNames() ([]string, error) {
-	if len(e.interfaces) > 0 {
-		return e.interfaces, nil
-	}
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, fmt.Errorf("listing interfaces: %w", err)
-	}
-	var names []string
-	for _, ifi := range ifs {
-		if ifi.Flags&net.FlagLoopback == 0 {
-			names = append(names, ifi.Name)
-		}
-	}
-	slices.Sort(names)
-	return names, nil
-}
-
-func closeLinks(links []link.Link) {
-	for _, l := range links {
-		_ = l.Close()
-	}
 }
 
 // sync writes the maps for frontends: the nftables path's slot plan
@@ -453,13 +358,13 @@ func (e *ebpfPath) close() {
 // release stops the sweeper and closes what the process holds. e.mu is
 // held.
 func (e *ebpfPath) release() {
-	if e.stopSweep != nil {
-		close(e.stopSweep)
-		e.stopSweep = nil
+	if e.stopWorkers != nil {
+		close(e.stopWorkers)
+		e.stopWorkers = nil
 	}
 	e.use.Lock()
 	defer e.use.Unlock()
-	closeLinks(e.links)
+	closeAttached(e.links)
 	if e.coll != nil {
 		e.coll.Close()
 	}

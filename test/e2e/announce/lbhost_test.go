@@ -68,16 +68,8 @@ func TestMaintainingAnLBHostDropsNothing(t *testing.T) {
 		report = r
 		return r.Status.Draining && r.Status.Connections > 0, fmt.Sprintf("%+v", r.Status)
 	})
-	last := ""
-	e2eutil.Eventually(t, ctx, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(ctx context.Context) (bool, string) {
-		got := &v1alpha1.NodeMaintenance{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			return false, last + " (" + err.Error() + ")"
-		}
-		last = e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
-		msg := e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
-		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
-		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)
+	e2eutil.WaitDrainMessage(t, ctx, c, nm, lbA.Name, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(got *v1alpha1.NodeMaintenance, msg string) bool {
+		return !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition) && strings.Contains(msg, "through the node's own ebb lb")
 	})
 
 	// No host would be left for the addresses: refused, with why.

@@ -58,10 +58,19 @@ func NodeByName(node string) *corev1.NodeSelector {
 // quoting node's drain message while it waits.
 func WaitMaintenanceDrained(t *testing.T, ctx context.Context, c client.Client, nm *v1alpha1.NodeMaintenance, node string) {
 	t.Helper()
-	// Each message the drain goes through is logged as it comes: when a
-	// drain takes long, they say what it waited for.
+	WaitDrainMessage(t, ctx, c, nm, node, time.Minute, "the maintenance Drained", func(got *v1alpha1.NodeMaintenance, _ string) bool {
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
+	})
+}
+
+// WaitDrainMessage waits up to timeout until done accepts nm and node's
+// drain message. Each message the drain goes through is logged as it
+// comes, with the time since the wait began: when a drain takes long,
+// they say what it waited for.
+func WaitDrainMessage(t *testing.T, ctx context.Context, c client.Client, nm *v1alpha1.NodeMaintenance, node string, timeout time.Duration, what string, done func(got *v1alpha1.NodeMaintenance, msg string) bool) {
+	t.Helper()
 	start, last := time.Now(), ""
-	Eventually(t, ctx, time.Minute, "the maintenance Drained", func(ctx context.Context) (bool, string) {
+	Eventually(t, ctx, timeout, what, func(ctx context.Context) (bool, string) {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
 			return false, err.Error()
@@ -70,7 +79,7 @@ func WaitMaintenanceDrained(t *testing.T, ctx context.Context, c client.Client, 
 			t.Logf("%s's drain, %s on: %s", node, time.Since(start).Round(100*time.Millisecond), msg)
 			last = msg
 		}
-		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition), last
+		return done(got, last), last
 	})
 }
 

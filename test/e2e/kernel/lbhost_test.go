@@ -66,14 +66,8 @@ func TestMaintainingAnLBHostOnTheEBPFPathDropsNothing(t *testing.T) {
 		return r.Status.Draining && r.Status.Connections > 0, fmt.Sprintf("%+v", r.Status)
 	})
 	t.Logf("%s's ebb lb reported itself draining with %d connection(s) %s after the maintenance started", lbA.Name, report.Status.Connections, time.Since(started).Round(time.Millisecond))
-	e2eutil.Eventually(t, ctx, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(ctx context.Context) (bool, string) {
-		got := &v1alpha1.NodeMaintenance{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			return false, err.Error()
-		}
-		msg := e2eutil.NodeStatusOf(got, lbA.Name).DrainMessage
-		drained := meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition)
-		return !drained && strings.Contains(msg, "through the node's own ebb lb"), fmt.Sprintf("drained %v, message %q", drained, msg)
+	e2eutil.WaitDrainMessage(t, ctx, c, nm, lbA.Name, 30*time.Second, "the maintenance waiting for the LB host's own connections", func(got *v1alpha1.NodeMaintenance, msg string) bool {
+		return !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition) && strings.Contains(msg, "through the node's own ebb lb")
 	})
 	t.Logf("the maintenance said it waits for them %s after it started", time.Since(started).Round(time.Millisecond))
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -53,37 +52,6 @@ func TestNftablesPathServesTheLBHostsOwnNodePortAndUpgradesDroppingNothing(t *te
 	t.Logf("%d requests on new connections before the upgrade", first.OK.Load())
 	expectServed(t, first)
 
-	oldPods, err := ebbrun.LBPods(ctx, cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
-	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 4)
-	routes := e2eutil.WatchRoute(t, ctx, router, s.Route, s.NextHops)
-	time.Sleep(time.Second)
-	if err := ebbrun.RolloutRestartLB(ctx, cluster); err != nil {
-		t.Fatal(err)
-	}
-	if err := ebbrun.WaitLBReplaced(ctx, cluster, oldPods); err != nil {
-		t.Fatal(err)
-	}
-	if err := ebbrun.WaitLBPodsGone(ctx, cluster, oldPods); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(2 * time.Second)
-	long.Halt()
-	requests.Halt()
-	routes.Halt()
-	t.Logf("%d requests on new connections, %d on 4 long-lived connections through the upgrade", requests.OK.Load(), long.OK.Load())
-	expectServed(t, requests)
-	if n := long.Failed.Load(); n > 0 {
-		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
-	}
-	if long.OK.Load() == 0 || requests.OK.Load() == 0 {
-		t.Error("no traffic went through during the upgrade")
-	}
-	if n := routes.Failed.Load(); n > 0 {
-		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", s.Route, n, routes.FirstErr.Load())
-	}
+	rollingUpgradeDropsNothing(t, ctx, s)
 	e2eutil.ExpectUDPEchoVia(t, ctx, cluster.ExternalClient.DialContext, net.JoinHostPort(s.VIP.String(), "81"))
 }

@@ -1,0 +1,55 @@
+package kernel_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// A pod that starts on an LB host after ebb lb did, and reaches the
+// Service by its load-balancer address (as a client that resolves the
+// Service's external name does), is served on the eBPF path: its veth,
+// new to the host, gets the program when it appears. (Before, the program
+// was attached to the interfaces there when ebb lb started only, and such
+// a pod's connections were refused.)
+func TestAPodStartedOnAnLBHostReachesTheServiceOnTheEBPFPath(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s := deployService(t, ctx)
+	expectEBPF(t, ctx, s)
+	lbHost := s.LBs[0]
+	host, ok := cluster.Network.Host(lbHost.Name)
+	if !ok {
+		t.Fatalf("no network host for %s", lbHost.Name)
+	}
+	// An address of the node's pod range that the pod runner, which
+	// counts up from the bottom, does not reach in a test.
+	podCIDR := netip.MustParsePrefix(lbHost.PodCIDR)
+	ip := podCIDR.Addr()
+	for range 250 {
+		ip = ip.Next()
+	}
+	pod, err := cluster.Network.AddPod(host, "e2e/late-client", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pod.Close)
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: pod.DialContext}}
+	// Each request on a connection of its own, each answered at once: a
+	// second or more is a dropped first SYN.
+	for i := range 30 {
+		start := time.Now()
+		if _, err := e2eutil.GetIdentity(ctx, client, s.URL); err != nil {
+			t.Fatalf("request %d from a pod on %s to %s: %v", i, lbHost.Name, s.URL, err)
+		}
+		if took := time.Since(start); took >= e2eutil.SlowRequest {
+			t.Errorf("request %d from a pod on %s took %s", i, lbHost.Name, took.Round(time.Millisecond))
+		}
+	}
+	t.Logf("30 requests from a pod on %s (%s) answered through %s", lbHost.Name, ip, fmt.Sprint(s.VIP))
+}
