@@ -146,7 +146,7 @@ func (n *engineNet) serveNodePort(t *testing.T, nodePort, pod netip.AddrPort) {
 
 // A client behind an interface that appeared after the data plane
 // started (a pod's veth on an LB host that is a node, a VLAN made later)
-// is served at its first SYN; on the eBPF path the interface's
+// is served; on the eBPF path the interface's
 // attachments are pinned when it appears and unpinned when it goes.
 // (The eBPF path once attached to the interfaces there at its start only:
 // such a client's connection found no listener and was refused.)
@@ -180,8 +180,11 @@ func TestEnginesServeAnInterfaceAddedLater(t *testing.T) {
 		if n.path == KernelPathEBPF {
 			waitFor(t, "the new interface's attachments pinned", func() bool { return len(pins()) == 2 })
 		}
+		// 2 s for each connection: the first SYN on a link just made may
+		// go before its carrier is up. The bug this guards against
+		// refused the connection at once.
 		for i := range 4 {
-			ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			c, err := late.DialContext(ctx, "tcp", netip.AddrPortFrom(n.ip.frontend, 80).String())
 			cancel()
 			if err != nil {

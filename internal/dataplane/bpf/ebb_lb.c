@@ -144,6 +144,19 @@ struct flow {
 	__u32 out_ifindex; // toward the backend
 };
 
+// A flow's client's initial sequence number (its SYN's), kept in the two
+// endpoints' spare halves, so that the flow keeps its layout and an
+// upgrade keeps the flows the maps hold. 0: unknown (a flow an older
+// program opened).
+static __always_inline void set_isn(struct flow *f, __u32 isn) {
+	f->backend.pad = isn >> 16;
+	f->source.pad = isn & 0xffff;
+}
+
+static __always_inline __u32 isn_of(struct flow *f) {
+	return ((__u32)f->backend.pad << 16) | f->source.pad;
+}
+
 // A flow's replies entry, keyed by the backend's packets' addresses and
 // ports: to this host's translated source, or to the client for a
 // FLOW_LOCAL flow.
@@ -365,7 +378,7 @@ static __always_inline struct flow *start(struct tuple *t, struct flow *f, struc
 // open starts a flow from the client's packet t to the backend be: the
 // route to the backend, this host's address on it, a free source port.
 // It returns the flow as stored, or NULL when none could be made.
-static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t, struct endpoint *be) {
+static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t, struct endpoint *be, __u32 isn) {
 	struct bpf_fib_lookup fib = {
 		.family = AF_INET,
 		.l4_protocol = IPPROTO_TCP,
@@ -380,6 +393,7 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		// keeps the client's source; its replies are the backend's packets
 		// to the client.
 		struct flow f = {.backend = *be, .source = {.addr = t->saddr}, .seen = bpf_ktime_get_ns(), .flags = FLOW_LOCAL};
+		set_isn(&f, isn);
 		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
 		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0)
 			return 0;
@@ -388,6 +402,7 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 	if (route != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
 	struct flow f = {.backend = *be, .source = {.addr = fib.ipv4_src}, .seen = bpf_ktime_get_ns(), .out_ifindex = fib.ifindex};
+	set_isn(&f, isn);
 	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
 	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
 	int i;
@@ -427,6 +442,21 @@ static __always_inline void finish(struct tuple *t, struct flow *f) {
 	bpf_map_delete_elem(&flows, t);
 }
 
+// reused reports whether the client's SYN tcp, which found the flow f
+// under its addresses and ports, opens a new connection rather than
+// retrying f's: f ended (the client reset or closed it), or the SYN's
+// sequence number is not f's. The second matters when this host never
+// saw f end (its last segments went through another LB host, or were
+// lost) and the client reuses its port: f would take the new connection
+// to f's backend, which may be gone (the node port of a deleted Service
+// whose address a new one took: a refused connection).
+static __always_inline int reused(struct flow *f, struct tcphdr *tcp) {
+	if (f->flags & (FLOW_RST | FLOW_FIN_CLIENT))
+		return 1;
+	__u32 isn = isn_of(f);
+	return isn != 0 && isn != __builtin_bswap32(tcp->seq);
+}
+
 // to_backend forwards a client's packet to a frontend.
 static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct frontend *fe) {
 	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
@@ -434,8 +464,17 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	int syn = tcp->syn && !tcp->ack;
 	__u32 seg = (tcp->fin ? FLOW_FIN_CLIENT : 0) | (tcp->rst ? FLOW_RST : 0);
 	struct flow *f = bpf_map_lookup_elem(&flows, &t);
-	if (f && syn && (f->flags & (FLOW_RST | FLOW_FIN_CLIENT)))
-		f = 0; // the client's port is used again: a new flow
+	if (f && syn && reused(f, tcp)) {
+		// The client's port is used again: a new flow. A FLOW_LOCAL
+		// flow's replies entry is keyed by the client's port, so it goes
+		// now; another keeps its replies entry until its port is taken
+		// over, so that the new flow gets another source port toward the
+		// backends (the old one may still be open at a backend that never
+		// saw its end).
+		if (f->flags & FLOW_LOCAL)
+			finish(&t, f);
+		f = 0;
+	}
 	if (!f) {
 		if (!syn)
 			return TC_ACT_OK;
@@ -447,7 +486,7 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 		struct endpoint *be = pick(fe, t.saddr);
 		if (!be)
 			return TC_ACT_OK;
-		f = open(skb, &t, be);
+		f = open(skb, &t, be, __builtin_bswap32(tcp->seq));
 		if (!f)
 			return TC_ACT_SHOT;
 	}

@@ -12,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
@@ -146,10 +147,12 @@ type BGPService struct {
 func DeployBGPService(t *testing.T, ctx context.Context, c *localcluster.Cluster, router *localcluster.BGPRouter, shape ...func(*appsv1.Deployment)) BGPService {
 	t.Helper()
 	s := BGPService{LBs: c.Nodes[:2]}
+	WaitEarlierTestsGone(t, ctx, c)
 	for _, n := range s.LBs {
 		StartLB(t, ctx, c, n)
 		s.NextHops = append(s.NextHops, netip.MustParseAddr(n.IP))
 	}
+	WaitNoLBPodTerminating(t, ctx, c)
 	s.Namespace = NewNamespace(t, ctx, c)
 	s.VIP = DeployLoadBalancedEcho(t, ctx, c, s.Namespace, "web", 2, shape...)
 	s.Route = netip.PrefixFrom(s.VIP, 32)
@@ -180,6 +183,48 @@ func DeployBGPService(t *testing.T, ctx context.Context, c *localcluster.Cluster
 		return true, ""
 	})
 	return s
+}
+
+// WaitEarlierTestsGone waits until the namespaces earlier tests deleted
+// are gone, with their Services and pods: an earlier test's Service may
+// hold the address the next one's gets, and its pods may still be
+// evicted from a node the next test maintains.
+func WaitEarlierTestsGone(t *testing.T, ctx context.Context, c *localcluster.Cluster) {
+	t.Helper()
+	Eventually(t, ctx, 2*time.Minute, "the namespaces of earlier tests gone", func(ctx context.Context) (bool, string) {
+		list, err := c.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		var terminating []string
+		for _, ns := range list.Items {
+			if strings.HasPrefix(ns.Name, "e2e-") && ns.DeletionTimestamp != nil {
+				terminating = append(terminating, ns.Name)
+			}
+		}
+		return len(terminating) == 0, fmt.Sprintf("terminating: %v", terminating)
+	})
+}
+
+// WaitNoLBPodTerminating waits until no ebb lb pod is terminating: an
+// earlier test's LB node unlabelled at its end stops its pod, which may
+// still be draining beside the new one when the next test labels the
+// node again.
+func WaitNoLBPodTerminating(t *testing.T, ctx context.Context, c *localcluster.Cluster) {
+	t.Helper()
+	Eventually(t, ctx, 2*time.Minute, "no ebb lb pod terminating", func(ctx context.Context) (bool, string) {
+		pods, err := ebbrun.LBPods(ctx, c)
+		if err != nil {
+			return false, err.Error()
+		}
+		var terminating []string
+		for _, p := range pods {
+			if p.DeletionTimestamp != nil {
+				terminating = append(terminating, p.Name+" on "+p.Spec.NodeName)
+			}
+		}
+		return len(terminating) == 0, fmt.Sprintf("terminating: %v", terminating)
+	})
 }
 
 // AvoidNode keeps a Deployment's pods off node (a required node affinity).

@@ -1,0 +1,111 @@
+package dataplane
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+)
+
+// A client that opens a new connection from the port of one whose end
+// the eBPF path never saw (its last segments went through another LB
+// host, or were lost) is served: the SYN's sequence number is not the old
+// flow's, so it opens a new flow to an eligible backend. (Before, the old
+// flow took the SYN to the old connection's backend: here one that no
+// longer takes new connections and has forgotten the old one, as the node
+// port of a deleted Service whose address a new one took; it refused the
+// connection.)
+func TestEBPFPathServesAReusedPortWhoseFlowItNeverSawEnd(t *testing.T) {
+	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+	a, aServer := n.echo(t, 8080)
+	b, bServer := n.echo(t, 8081)
+	n.apply(t, n.frontendOn(80, a))
+	const port = 40123
+	old, err := n.dialFromPort(port, 700*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(old, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	// The old connection ends where the load balancer cannot see it: the
+	// client's reset is dropped on the client's host, and a forgets it
+	// (its reset dropped too) and stops listening.
+	undropClient := n.dropSegmentsFrom(t, n.client, port)
+	undropBackend := n.dropSegmentsFrom(t, n.backendNS, 8080)
+	_ = old.(*net.TCPConn).SetLinger(0)
+	_ = old.Close()
+	aServer.mu.Lock()
+	for _, c := range aServer.conns {
+		_ = c.(*net.TCPConn).SetLinger(0)
+	}
+	aServer.mu.Unlock()
+	aServer.close()
+	undropClient()
+	undropBackend()
+
+	n.apply(t, n.frontendOn(80, a, b))
+	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.dialFromPort(port, 700*time.Millisecond)
+	if err != nil {
+		t.Fatalf("a new connection from the reused port: %v", err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("new")); err != nil {
+		t.Fatalf("a new connection from the reused port: %v", err)
+	}
+	if got := bServer.accepted.Load(); got != 1 {
+		t.Errorf("the eligible backend accepted %d connections, want the new one", got)
+	}
+}
+
+// dialFromPort dials the frontend's port 80 from the client's port.
+func (n *engineNet) dialFromPort(port int, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := n.client.Do(func() (err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: n.ip.client.AsSlice(), Port: port}}
+		c, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(n.ip.frontend, 80).String())
+		return err
+	})
+	return c, err
+}
+
+// dropSegmentsFrom drops the TCP segments host sends from port until the
+// returned function is called.
+func (n *engineNet) dropSegmentsFrom(t *testing.T, host *network.Host, port uint16) func() {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(host.NetNS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := c.AddTable(&nftables.Table{Name: "drop", Family: nftables.TableFamilyIPv4})
+	ch := c.AddChain(&nftables.Chain{Name: "output", Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+	c.AddRule(&nftables.Rule{Table: table, Chain: ch, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+		&expr.Verdict{Kind: expr.VerdictDrop},
+	}})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("dropping the client's segments: %v", err)
+	}
+	return func() {
+		c.DelTable(table)
+		if err := c.Flush(); err != nil {
+			t.Fatalf("no longer dropping the client's segments: %v", err)
+		}
+	}
+}
