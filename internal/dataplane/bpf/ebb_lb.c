@@ -144,15 +144,13 @@ struct flow {
 	__u32 out_ifindex; // toward the backend
 };
 
-// A flow's client's initial sequence number (its SYN's), kept in the two
-// endpoints' spare halves, so that the flow keeps its layout and an
-// upgrade keeps the flows the maps hold. 0: unknown (a flow an older
-// program opened).
-static __always_inline void set_isn(struct flow *f, __u32 isn) {
-	f->backend.pad = isn >> 16;
-	f->source.pad = isn & 0xffff;
-}
-
+// A flow's client's initial sequence number (its SYN's) is kept in the
+// two endpoints' spare halves (backend.pad the high half, source.pad the
+// low), so that the flow keeps its layout and an upgrade keeps the flows
+// the maps hold. 0: unknown (a flow an older program opened). The halves
+// are set in the flow's initializer: a store of 2 bytes into a stack slot
+// the compiler reused from a spilled pointer is refused by the verifier
+// of a process without CAP_PERFMON (ebb lb's pod has CAP_BPF).
 static __always_inline __u32 isn_of(struct flow *f) {
 	return ((__u32)f->backend.pad << 16) | f->source.pad;
 }
@@ -392,8 +390,12 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		// Not forwarded: the backend is an address of this host. The flow
 		// keeps the client's source; its replies are the backend's packets
 		// to the client.
-		struct flow f = {.backend = *be, .source = {.addr = t->saddr}, .seen = bpf_ktime_get_ns(), .flags = FLOW_LOCAL};
-		set_isn(&f, isn);
+		struct flow f = {
+			.backend = {.addr = be->addr, .port = be->port, .pad = isn >> 16},
+			.source = {.addr = t->saddr, .pad = isn & 0xffff},
+			.seen = bpf_ktime_get_ns(),
+			.flags = FLOW_LOCAL,
+		};
 		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
 		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0)
 			return 0;
@@ -401,8 +403,12 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 	}
 	if (route != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
-	struct flow f = {.backend = *be, .source = {.addr = fib.ipv4_src}, .seen = bpf_ktime_get_ns(), .out_ifindex = fib.ifindex};
-	set_isn(&f, isn);
+	struct flow f = {
+		.backend = {.addr = be->addr, .port = be->port, .pad = isn >> 16},
+		.source = {.addr = fib.ipv4_src, .pad = isn & 0xffff},
+		.seen = bpf_ktime_get_ns(),
+		.out_ifindex = fib.ifindex,
+	};
 	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
 	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
 	int i;
@@ -450,9 +456,16 @@ static __always_inline void finish(struct tuple *t, struct flow *f) {
 // lost) and the client reuses its port: f would take the new connection
 // to f's backend, which may be gone (the node port of a deleted Service
 // whose address a new one took: a refused connection).
+//
+// Not for a FLOW_LOCAL flow yet: its replies entry is keyed by the
+// client's port, which the new flow would need, and deleting it here
+// (finish) makes the program too large for the verifier of a process
+// without CAP_PERFMON ("attempt to corrupt spilled pointer on stack").
 static __always_inline int reused(struct flow *f, struct tcphdr *tcp) {
 	if (f->flags & (FLOW_RST | FLOW_FIN_CLIENT))
 		return 1;
+	if (f->flags & FLOW_LOCAL)
+		return 0;
 	__u32 isn = isn_of(f);
 	return isn != 0 && isn != __builtin_bswap32(tcp->seq);
 }
@@ -464,17 +477,12 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	int syn = tcp->syn && !tcp->ack;
 	__u32 seg = (tcp->fin ? FLOW_FIN_CLIENT : 0) | (tcp->rst ? FLOW_RST : 0);
 	struct flow *f = bpf_map_lookup_elem(&flows, &t);
-	if (f && syn && reused(f, tcp)) {
-		// The client's port is used again: a new flow. A FLOW_LOCAL
-		// flow's replies entry is keyed by the client's port, so it goes
-		// now; another keeps its replies entry until its port is taken
-		// over, so that the new flow gets another source port toward the
-		// backends (the old one may still be open at a backend that never
-		// saw its end).
-		if (f->flags & FLOW_LOCAL)
-			finish(&t, f);
+	if (f && syn && reused(f, tcp))
+		// The client's port is used again: a new flow. The old one keeps
+		// its replies entry until its port is taken over, so that the new
+		// flow gets another source port toward the backends (the old one
+		// may still be open at a backend that never saw its end).
 		f = 0;
-	}
 	if (!f) {
 		if (!syn)
 			return TC_ACT_OK;
