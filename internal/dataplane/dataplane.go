@@ -314,7 +314,7 @@ type BackendStatus struct {
 func (d *DataPlane) Status() []BackendStatus {
 	d.mu.Lock()
 	var out []BackendStatus
-	kernel := map[flowKey]bool{}
+	kernel := map[flowKey]flowLabel{}
 	// The kernel-engine backends: their index in out and their flows.
 	type kernelBackend struct {
 		at    int
@@ -329,7 +329,7 @@ func (d *DataPlane) Status() []BackendStatus {
 			if f.kernel {
 				eligible = b.inKernel.Load()
 				key := flowKey{frontend: f.key, backend: b.key}
-				kernel[key] = true
+				kernel[key] = b.flowLabel
 				kernelAt = append(kernelAt, kernelBackend{at: len(out), flows: key})
 			}
 			out = append(out, BackendStatus{

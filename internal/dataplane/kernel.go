@@ -445,7 +445,7 @@ type flowKey struct {
 // activeFlows counts the flows the kernel carries for the wanted frontends
 // and backends: TCP connections until they close (TIME_WAIT and CLOSE are
 // over), UDP flows until conntrack forgets them.
-func (k *kernelEngine) activeFlows(want map[flowKey]bool) (map[flowKey]int64, error) {
+func (k *kernelEngine) activeFlows(want map[flowKey]flowLabel) (map[flowKey]int64, error) {
 	h, err := k.netlinkHandle()
 	if err != nil {
 		return nil, err
@@ -460,8 +460,8 @@ func (k *kernelEngine) activeFlows(want map[flowKey]bool) (map[flowKey]int64, er
 		flows = append(flows, fs...)
 	}
 	backends := make(map[flowLabel]netip.AddrPort, len(want))
-	for key := range want {
-		backends[flowLabelOf(key.backend)] = key.backend
+	for key, label := range want {
+		backends[label] = key.backend
 	}
 	out := map[flowKey]int64{}
 	for _, f := range flows {
@@ -477,7 +477,7 @@ func (k *kernelEngine) activeFlows(want map[flowKey]bool) (map[flowKey]int64, er
 		if label, ok := labelOf(f); ok {
 			key.backend = backends[label]
 		}
-		if want[key] {
+		if _, wanted := want[key]; wanted {
 			out[key]++
 		}
 	}

@@ -329,7 +329,7 @@ func (e *ebpfPath) remove() error {
 	// first connections to the old backends).
 	entries, _ := os.ReadDir(dir)
 	for _, ent := range entries {
-		if !strings.HasPrefix(ent.Name(), ingressPinPrefix) && !strings.HasPrefix(ent.Name(), egressPinPrefix) {
+		if _, ok := pinnedInterface(ent.Name()); !ok {
 			continue
 		}
 		if l, err := link.LoadPinnedLink(filepath.Join(dir, ent.Name()), nil); err == nil {

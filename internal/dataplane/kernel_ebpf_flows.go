@@ -102,7 +102,7 @@ func eachElement[K, V any](m *ebpf.Map, fn func(k K, v V)) error {
 
 // activeFlows counts the flows that have not ended, of the wanted
 // frontends and backends.
-func (e *ebpfPath) activeFlows(want map[flowKey]bool) (map[flowKey]int64, error) {
+func (e *ebpfPath) activeFlows(want map[flowKey]flowLabel) (map[flowKey]int64, error) {
 	e.use.RLock()
 	defer e.use.RUnlock()
 	out := map[flowKey]int64{}
@@ -111,7 +111,7 @@ func (e *ebpfPath) activeFlows(want map[flowKey]bool) (map[flowKey]int64, error)
 	}
 	err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
 		key := flowKey{frontend: k.frontendKey(), backend: f.Backend.addrPort()}
-		if !f.over() && want[key] {
+		if _, wanted := want[key]; wanted && !f.over() {
 			out[key]++
 		}
 	})

@@ -35,6 +35,17 @@ const (
 	egressPinPrefix  = "egress-"
 )
 
+// pinnedInterface is the interface an attachment's pin is named after,
+// or false for a pin that is not an attachment's.
+func pinnedInterface(pin string) (string, bool) {
+	for _, prefix := range []string{ingressPinPrefix, egressPinPrefix} {
+		if name, ok := strings.CutPrefix(pin, prefix); ok {
+			return name, true
+		}
+	}
+	return "", false
+}
+
 // tcxAttachment is a program and where it goes: its pins are named
 // pinPrefix and the interface's name.
 type tcxAttachment struct {
@@ -131,10 +142,8 @@ func attachOne(dir string, index int, name string, a tcxAttachment) (link.Link, 
 func removeStalePins(dir string, names []string) {
 	entries, _ := os.ReadDir(dir)
 	for _, ent := range entries {
-		for _, prefix := range []string{ingressPinPrefix, egressPinPrefix} {
-			if name, ok := strings.CutPrefix(ent.Name(), prefix); ok && !slices.Contains(names, name) {
-				_ = os.Remove(filepath.Join(dir, ent.Name()))
-			}
+		if name, ok := pinnedInterface(ent.Name()); ok && !slices.Contains(names, name) {
+			_ = os.Remove(filepath.Join(dir, ent.Name()))
 		}
 	}
 }
@@ -220,10 +229,10 @@ func (e *ebpfPath) interfaceChanged(dir string, u vnetlink.LinkUpdate, stop <-ch
 		}
 	case attrs.Flags&net.FlagLoopback != 0 || (attached && had.name == name):
 	case attached:
-		// Renamed: the same attachments, pinned under the new name.
-		for i, l := range had.links {
-			prefix := []string{ingressPinPrefix, egressPinPrefix}[i]
-			if err := l.Pin(filepath.Join(dir, prefix+name)); err != nil {
+		// Renamed: the same attachments (made in the order of
+		// attachments), pinned under the new name.
+		for i, a := range e.attachments(e.coll) {
+			if err := had.links[i].Pin(filepath.Join(dir, a.pinPrefix+name)); err != nil {
 				e.log.Error(err, "Pinning an attachment of the eBPF kernel path under a renamed interface's name", "interface", name)
 			}
 		}

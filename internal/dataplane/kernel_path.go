@@ -37,8 +37,9 @@ type kernelPath interface {
 	// it can, and reports whether it did; sync does it otherwise.
 	flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error)
 	// activeFlows counts the open flows of the wanted frontends and
-	// backends.
-	activeFlows(want map[flowKey]bool) (map[flowKey]int64, error)
+	// backends (each with its backend's flow label, which the nftables
+	// path's conntrack entries carry).
+	activeFlows(want map[flowKey]flowLabel) (map[flowKey]int64, error)
 	// dropFlows ends the flows frontend fe forwards to backend (its
 	// drain timeout ran out).
 	dropFlows(fe frontendKey, backend netip.AddrPort) error

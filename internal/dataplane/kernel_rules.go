@@ -31,8 +31,9 @@ type kernelFamily struct {
 	// labelReg is the 32-bit register after the port: where a backends
 	// map value's flow label lands.
 	labelReg uint32
-	// csumOff is the offset of the network header's checksum (IPv4's; 0
-	// for IPv6, which has none).
+	// csumType and csumOff say how the network header's checksum is kept
+	// when its address is rewritten: IPv4's, at offset 10; none for
+	// IPv6, which has no header checksum.
 	csumType expr.PayloadCsumType
 	csumOff  uint32
 }

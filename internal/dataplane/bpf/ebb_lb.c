@@ -459,8 +459,9 @@ static __always_inline void finish(struct tuple *t, struct flow *f) {
 //
 // Not for a FLOW_LOCAL flow yet: its replies entry is keyed by the
 // client's port, which the new flow would need, and deleting it here
-// (finish) makes the program too large for the verifier of a process
-// without CAP_PERFMON ("attempt to corrupt spilled pointer on stack").
+// (finish) made the compiler spill registers in a way the verifier of a
+// process without CAP_PERFMON refuses ("attempt to corrupt spilled
+// pointer on stack").
 static __always_inline int reused(struct flow *f, struct tcphdr *tcp) {
 	if (f->flags & (FLOW_RST | FLOW_FIN_CLIENT))
 		return 1;

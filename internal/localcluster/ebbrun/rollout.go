@@ -80,9 +80,12 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
+// LBPodSelector selects the ebb lb DaemonSet's pods.
+const LBPodSelector = "app.kubernetes.io/name=" + LBDaemonSet
+
 // LBPods lists the ebb lb pods, terminating ones included.
 func LBPods(ctx context.Context, c *localcluster.Cluster) ([]corev1.Pod, error) {
-	pods, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + LBDaemonSet})
+	pods, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: LBPodSelector})
 	if err != nil {
 		return nil, fmt.Errorf("listing the ebb lb pods: %w", err)
 	}

@@ -212,19 +212,7 @@ func WaitEarlierTestsGone(t *testing.T, ctx context.Context, c *localcluster.Clu
 // node again.
 func WaitNoLBPodTerminating(t *testing.T, ctx context.Context, c *localcluster.Cluster) {
 	t.Helper()
-	Eventually(t, ctx, 2*time.Minute, "no ebb lb pod terminating", func(ctx context.Context) (bool, string) {
-		pods, err := ebbrun.LBPods(ctx, c)
-		if err != nil {
-			return false, err.Error()
-		}
-		var terminating []string
-		for _, p := range pods {
-			if p.DeletionTimestamp != nil {
-				terminating = append(terminating, p.Name+" on "+p.Spec.NodeName)
-			}
-		}
-		return len(terminating) == 0, fmt.Sprintf("terminating: %v", terminating)
-	})
+	waitNoPodTerminating(t, ctx, c, 2*time.Minute, "no ebb lb pod terminating", ebbrun.Namespace, metav1.ListOptions{LabelSelector: ebbrun.LBPodSelector})
 }
 
 // AvoidNode keeps a Deployment's pods off node (a required node affinity).

@@ -110,15 +110,22 @@ func ExpectForwarded(t *testing.T, ctx context.Context, c *localcluster.Cluster,
 // test's to wait for while it evacuates.
 func WaitNoPodTerminatingOn(t *testing.T, ctx context.Context, c *localcluster.Cluster, node string) {
 	t.Helper()
-	Eventually(t, ctx, time.Minute, "no pod terminating on "+node, func(ctx context.Context) (bool, string) {
-		pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	waitNoPodTerminating(t, ctx, c, time.Minute, "no pod terminating on "+node, "", metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+}
+
+// waitNoPodTerminating waits up to timeout until none of the pods that
+// namespace ("": all) and opts list is terminating.
+func waitNoPodTerminating(t *testing.T, ctx context.Context, c *localcluster.Cluster, timeout time.Duration, what, namespace string, opts metav1.ListOptions) {
+	t.Helper()
+	Eventually(t, ctx, timeout, what, func(ctx context.Context) (bool, string) {
+		pods, err := c.Client.CoreV1().Pods(namespace).List(ctx, opts)
 		if err != nil {
 			return false, err.Error()
 		}
 		var going []string
 		for _, p := range pods.Items {
 			if p.DeletionTimestamp != nil {
-				going = append(going, p.Namespace+"/"+p.Name)
+				going = append(going, p.Namespace+"/"+p.Name+" on "+p.Spec.NodeName)
 			}
 		}
 		return len(going) == 0, fmt.Sprint("terminating: ", going)
