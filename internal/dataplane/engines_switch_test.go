@@ -48,7 +48,7 @@ func TestEnginesFollowingAnotherTakeOverFromIt(t *testing.T) {
 				t.Errorf("after the switch the old backend took %d connections and the new one %d; want 0 and 4", got, freshServer.accepted.Load())
 			}
 			if tc.from.path != tc.to.path && tc.from.engine == EngineKernel {
-				left := newKernelEngine(opts.KernelTable, opts.NetNS).hasState
+				left := newKernelEngine(opts.KernelTable, opts.NetNS, opts.Logger).hasState
 				if tc.from.path == KernelPathEBPF {
 					left = newEBPFPath(opts).hasState
 				}

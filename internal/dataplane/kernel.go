@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	vnetlink "github.com/vishvananda/netlink"
@@ -64,6 +65,9 @@ type kernelEngine struct {
 
 	mu   sync.Mutex // one transaction at a time
 	conn *nftables.Conn
+	// reused deletes the stale flows of reused client ports once the
+	// tables are installed (kernel_reused.go).
+	reused reusedPorts
 	// slotState is what the kernel's tables hold (nil installed when
 	// unknown).
 	slotState
@@ -80,12 +84,17 @@ type installedFrontend struct {
 	plan   slotPlan
 }
 
-func newKernelEngine(table string, netns int) *kernelEngine {
+func newKernelEngine(table string, netns int, log logr.Logger) *kernelEngine {
 	if table == "" {
 		table = DefaultKernelTable
 	}
-	return &kernelEngine{table: table, netns: netns}
+	return &kernelEngine{table: table, netns: netns, reused: reusedPorts{netns: netns, log: log, retry: reusedPortRetry}}
 }
+
+// reusedPortRetry is how often a reader of reused ports' SYNs tries to
+// bind the nflog group another process holds (the ebb lb it takes over
+// from): well inside a client's first SYN retransmission (1 s).
+const reusedPortRetry = 200 * time.Millisecond
 
 func (k *kernelEngine) connect() (*nftables.Conn, error) {
 	if k.conn != nil {
@@ -181,6 +190,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 	}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 	k.record(want, owners, prepared)
+	k.reused.start(m.kernelReused.Inc)
 	return stale, nil
 }
 
@@ -367,6 +377,7 @@ func (k *kernelEngine) remove() error {
 	}
 	err = c.Flush()
 	k.forget()
+	k.reused.close()
 	if err != nil {
 		return fmt.Errorf("removing the nftables tables %s: %w", k.table, err)
 	}
@@ -398,6 +409,7 @@ func (k *kernelEngine) close() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.dropConn()
+	k.reused.close()
 }
 
 // forget drops the connection, with anything batched on it, and what the

@@ -69,7 +69,7 @@ func otherKernelPath(opts Options) kernelPath {
 func newKernelPath(opts Options) (kernelPath, error) {
 	switch opts.KernelPath {
 	case "", KernelPathNftables:
-		return newKernelEngine(opts.KernelTable, opts.NetNS), nil
+		return newKernelEngine(opts.KernelTable, opts.NetNS, opts.Logger), nil
 	case KernelPathEBPF:
 		return newEBPFPath(opts), nil
 	default:

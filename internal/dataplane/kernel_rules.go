@@ -145,6 +145,7 @@ func (r *kernelRuleset) addBase() error {
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
 		&expr.Masq{},
 	}})
+	r.addReusedPortChains()
 	return nil
 }
 

@@ -20,6 +20,7 @@ type metrics struct {
 	engines          *prometheus.GaugeVec
 	kernelSyncs      *prometheus.HistogramVec
 	kernelFailures   prometheus.Counter
+	kernelReused     prometheus.Counter
 	inheritedSockets prometheus.Counter
 }
 
@@ -75,11 +76,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		kernelFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ebb_dataplane_kernel_sync_failures_total", Help: "nftables transactions of the kernel engine that failed (the previous tables stay).",
 		}),
+		kernelReused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ebb_dataplane_kernel_reused_ports_total", Help: "Conntrack entries the nftables path deleted because a client opened a connection from the port of a flow whose end this host never saw (the client's retransmitted SYN then opens a new flow).",
+		}),
 		inheritedSockets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ebb_dataplane_inherited_sockets_total", Help: "Frontend sockets served that a predecessor process handed over, instead of opened anew.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.inheritedSockets} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

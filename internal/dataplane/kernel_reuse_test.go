@@ -10,21 +10,38 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
 
 // A client that opens a new connection from the port of one whose end
-// the eBPF path never saw (its last segments went through another LB
-// host, or were lost) is served: the SYN's sequence number is not the old
-// flow's, so it opens a new flow to an eligible backend. (Before, the old
-// flow took the SYN to the old connection's backend: here one that no
+// the kernel path never saw (its last segments went through another LB
+// host, or were lost) is served by an eligible backend. On the eBPF path
+// the SYN's sequence number is not the old flow's, so it opens a new flow
+// at once; on the nftables path conntrack holds the old flow as
+// established, so the SYN is dropped and the stale entry deleted, and the
+// client's retransmitted SYN (1 s later) opens a new flow. (Before, the
+// old flow took the SYN to the old connection's backend: here one that no
 // longer takes new connections and has forgotten the old one, as the node
 // port of a deleted Service whose address a new one took; it refused the
 // connection.)
-func TestEBPFPathServesAReusedPortWhoseFlowItNeverSawEnd(t *testing.T) {
-	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+func TestKernelPathsServeAReusedPortWhoseFlowTheyNeverSawEnd(t *testing.T) {
+	for _, c := range []struct {
+		v      engineVariant
+		family string
+	}{
+		{engineVariant{engine: EngineKernel}, "IPv4"},
+		{engineVariant{engine: EngineKernel}, "IPv6"},
+		{engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4"},
+	} {
+		t.Run(c.v.String()+"/"+c.family, func(t *testing.T) { testServesAReusedPort(t, c.v, c.family) })
+	}
+}
+
+func testServesAReusedPort(t *testing.T, v engineVariant, family string) {
+	n := newEngineNetOn(t, v, family)
 	a, aServer := n.echo(t, 8080)
 	b, bServer := n.echo(t, 8081)
 	n.apply(t, n.frontendOn(80, a))
@@ -56,11 +73,23 @@ func TestEBPFPathServesAReusedPortWhoseFlowItNeverSawEnd(t *testing.T) {
 	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
 		t.Fatal(err)
 	}
-	c, err := n.dialFromPort(port, 700*time.Millisecond)
+	// The nftables path serves the client's first SYN retransmission.
+	timeout := 700 * time.Millisecond
+	if v.path != KernelPathEBPF {
+		timeout = 2500 * time.Millisecond
+	}
+	start := time.Now()
+	c, err := n.dialFromPort(port, timeout)
 	if err != nil {
 		t.Fatalf("a new connection from the reused port: %v", err)
 	}
 	defer c.Close()
+	t.Logf("connected from the reused port in %v", time.Since(start).Round(time.Millisecond))
+	if v.path != KernelPathEBPF {
+		if got := testutil.ToFloat64(n.d.m.kernelReused); got != 1 {
+			t.Errorf("ebb_dataplane_kernel_reused_ports_total is %v, want 1", got)
+		}
+	}
 	if err := roundTrip(c, []byte("new")); err != nil {
 		t.Fatalf("a new connection from the reused port: %v", err)
 	}
@@ -90,7 +119,7 @@ func (n *engineNet) dropSegmentsFrom(t *testing.T, host *network.Host, port uint
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := c.AddTable(&nftables.Table{Name: "drop", Family: nftables.TableFamilyIPv4})
+	table := c.AddTable(&nftables.Table{Name: "drop", Family: nftables.TableFamilyINet})
 	ch := c.AddChain(&nftables.Chain{Name: "output", Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
 	c.AddRule(&nftables.Rule{Table: table, Chain: ch, Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
