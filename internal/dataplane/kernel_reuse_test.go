@@ -31,18 +31,37 @@ func TestKernelPathsServeAReusedPortWhoseFlowTheyNeverSawEnd(t *testing.T) {
 	for _, c := range []struct {
 		v      engineVariant
 		family string
+		// local puts the old connection's backend on the LB host (a
+		// FLOW_LOCAL flow on the eBPF path).
+		local bool
 	}{
-		{engineVariant{engine: EngineKernel}, "IPv4"},
-		{engineVariant{engine: EngineKernel}, "IPv6"},
-		{engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4"},
+		{engineVariant{engine: EngineKernel}, "IPv4", false},
+		{engineVariant{engine: EngineKernel}, "IPv6", false},
+		{engineVariant{engine: EngineKernel}, "IPv4", true},
+		{engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4", false},
+		{engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4", true},
 	} {
-		t.Run(c.v.String()+"/"+c.family, func(t *testing.T) { testServesAReusedPort(t, c.v, c.family) })
+		name := c.v.String() + "/" + c.family
+		if c.local {
+			name += "/backend-on-the-LB-host"
+		}
+		t.Run(name, func(t *testing.T) { testServesAReusedPort(t, c.v, c.family, c.local) })
 	}
 }
 
-func testServesAReusedPort(t *testing.T, v engineVariant, family string) {
+func testServesAReusedPort(t *testing.T, v engineVariant, family string, local bool) {
 	n := newEngineNetOn(t, v, family)
 	a, aServer := n.echo(t, 8080)
+	aHost := n.backendNS
+	if local {
+		ln, err := n.lb.Listen("tcp", netip.AddrPortFrom(n.ip.lbToBackend, 8080).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		aServer.close()
+		aServer = serveEcho(t, ln)
+		a, aHost = Backend{Address: n.ip.lbToBackend.String(), Port: 8080, Owner: "lb-host"}, n.lb
+	}
 	b, bServer := n.echo(t, 8081)
 	n.apply(t, n.frontendOn(80, a))
 	const port = 40123
@@ -57,7 +76,7 @@ func testServesAReusedPort(t *testing.T, v engineVariant, family string) {
 	// client's reset is dropped on the client's host, and a forgets it
 	// (its reset dropped too) and stops listening.
 	undropClient := n.dropSegmentsFrom(t, n.client, port)
-	undropBackend := n.dropSegmentsFrom(t, n.backendNS, 8080)
+	undropBackend := n.dropSegmentsFrom(t, aHost, 8080)
 	_ = old.(*net.TCPConn).SetLinger(0)
 	_ = old.Close()
 	aServer.mu.Lock()

@@ -122,7 +122,7 @@ func (p *reusedPorts) run(stop, done chan struct{}) {
 	defer close(done)
 	var lastErr string
 	for {
-		err := p.serve(stop)
+		err := p.serve(stop, lastErr != "")
 		select {
 		case <-stop:
 			return
@@ -153,11 +153,14 @@ func (p *reusedPorts) run(stop, done chan struct{}) {
 }
 
 // serve binds the group and deletes the entries of the SYNs it reads,
-// until its socket fails or is closed.
-func (p *reusedPorts) serve(stop chan struct{}) error {
+// until its socket fails or is closed; waited says an earlier try failed.
+func (p *reusedPorts) serve(stop chan struct{}, waited bool) error {
 	c, err := bindNflog(p.netns, reusedPortGroup)
 	if err != nil {
 		return err
+	}
+	if waited {
+		p.log.Info("Reading the SYNs of reused client ports now", "group", reusedPortGroup)
 	}
 	p.mu.Lock()
 	select {

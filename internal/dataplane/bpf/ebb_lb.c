@@ -373,6 +373,16 @@ static __always_inline struct flow *start(struct tuple *t, struct flow *f, struc
 	return bpf_map_lookup_elem(&flows, t);
 }
 
+// take_over replaces the replies entry at rk with r if it is that of the
+// same client's packets (an earlier flow of the same client port).
+static __always_inline int take_over(struct tuple *rk, struct reply *r) {
+	struct reply *old = bpf_map_lookup_elem(&replies, rk);
+	if (!old || old->client.saddr != r->client.saddr || old->client.daddr != r->client.daddr ||
+	    old->client.sport != r->client.sport || old->client.dport != r->client.dport)
+		return 0;
+	return bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0;
+}
+
 // open starts a flow from the client's packet t to the backend be: the
 // route to the backend, this host's address on it, a free source port.
 // It returns the flow as stored, or NULL when none could be made.
@@ -397,7 +407,11 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 			.flags = FLOW_LOCAL,
 		};
 		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
-		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0)
+		// The entry may be this client port's old flow's, to the same
+		// backend (a reused port, see reused): the new flow takes it
+		// over. Another client flow's (the same client port to another
+		// frontend with this backend) it must not.
+		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0 && !take_over(&rk, &r))
 			return 0;
 		return start(t, &f, &rk);
 	}
@@ -457,16 +471,14 @@ static __always_inline void finish(struct tuple *t, struct flow *f) {
 // to f's backend, which may be gone (the node port of a deleted Service
 // whose address a new one took: a refused connection).
 //
-// Not for a FLOW_LOCAL flow yet: its replies entry is keyed by the
-// client's port, which the new flow would need, and deleting it here
-// (finish) made the compiler spill registers in a way the verifier of a
-// process without CAP_PERFMON refuses ("attempt to corrupt spilled
-// pointer on stack").
+// A FLOW_LOCAL flow's replies entry is keyed by the client's port, so a
+// new flow to the same backend takes it over (open, take_over). (Deleting
+// it here, with the flow, made the compiler spill registers in a way the
+// verifier of a process without CAP_PERFMON refuses: "attempt to corrupt
+// spilled pointer on stack".)
 static __always_inline int reused(struct flow *f, struct tcphdr *tcp) {
 	if (f->flags & (FLOW_RST | FLOW_FIN_CLIENT))
 		return 1;
-	if (f->flags & FLOW_LOCAL)
-		return 0;
 	__u32 isn = isn_of(f);
 	return isn != 0 && isn != __builtin_bswap32(tcp->seq);
 }
