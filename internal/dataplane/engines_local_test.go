@@ -144,6 +144,19 @@ func (n *engineNet) serveNodePort(t *testing.T, nodePort, pod netip.AddrPort) {
 	}
 }
 
+// stopNodePort removes the node port rules serveNodePort added.
+func (n *engineNet) stopNodePort(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(n.lb.NetNS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelTable(&nftables.Table{Name: "kube-proxy", Family: familyOf(addr).table})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("removing kube-proxy's node port rules: %v", err)
+	}
+}
+
 // A client behind an interface that appeared after the data plane
 // started (a pod's veth on an LB host that is a node, a VLAN made later)
 // is served; on the eBPF path the interface's

@@ -157,3 +157,61 @@ func (n *engineNet) dropSegmentsFrom(t *testing.T, host *network.Host, port uint
 		}
 	}
 }
+
+// A client port used again, whose old connection went to the LB host's own
+// node port, is served by the pod kube-proxy sends the node port to now,
+// though the host's conntrack still holds the old connection translated to
+// a pod that is gone. (The eBPF path once delivered the new connection with
+// the client's port, so the host's stack took it to the old pod: refused.)
+func TestKernelPathsServeAReusedPortWhoseOldPodIsGone(t *testing.T) {
+	for _, v := range []engineVariant{{engine: EngineKernel}, {engine: EngineKernel, path: KernelPathEBPF}} {
+		t.Run(v.String(), func(t *testing.T) {
+			n := newEngineNetOn(t, v, "IPv4")
+			_, oldPod := n.echo(t, 8081)
+			nodePort := netip.AddrPortFrom(n.ip.lbToBackend, 30080)
+			n.serveNodePort(t, nodePort, netip.AddrPortFrom(n.ip.backend, 8081))
+			n.apply(t, n.frontendOn(80, Backend{Address: nodePort.Addr().String(), Port: nodePort.Port(), Owner: "lb-host"}))
+			const port = 40124
+			old, err := n.dialFromPort(port, 700*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := roundTrip(old, []byte("old")); err != nil {
+				t.Fatal(err)
+			}
+			// The old connection ends unseen, and its pod goes; kube-proxy
+			// sends the node port to another pod.
+			undropClient := n.dropSegmentsFrom(t, n.client, port)
+			undropPod := n.dropSegmentsFrom(t, n.backendNS, 8081)
+			_ = old.(*net.TCPConn).SetLinger(0)
+			_ = old.Close()
+			oldPod.mu.Lock()
+			for _, c := range oldPod.conns {
+				_ = c.(*net.TCPConn).SetLinger(0)
+			}
+			oldPod.mu.Unlock()
+			oldPod.close()
+			undropClient()
+			undropPod()
+			_, newPod := n.echo(t, 8082)
+			n.stopNodePort(t, nodePort.Addr())
+			n.serveNodePort(t, nodePort, netip.AddrPortFrom(n.ip.backend, 8082))
+
+			timeout := 700 * time.Millisecond
+			if v.path != KernelPathEBPF {
+				timeout = 2500 * time.Millisecond // the first SYN retransmission
+			}
+			c, err := n.dialFromPort(port, timeout)
+			if err != nil {
+				t.Fatalf("a new connection from the reused port: %v", err)
+			}
+			defer c.Close()
+			if err := roundTrip(c, []byte("new")); err != nil {
+				t.Fatalf("a new connection from the reused port: %v", err)
+			}
+			if got := newPod.accepted.Load(); got != 1 {
+				t.Errorf("the node port's pod accepted %d connections, want the new one", got)
+			}
+		})
+	}
+}

@@ -105,15 +105,19 @@ func (p *reusedPorts) start(deleted func()) {
 
 // close stops the reader and lets go of the group.
 func (p *reusedPorts) close() {
+	// stop closes under mu, so that serve, which checks it under mu
+	// before it keeps a socket, never keeps one after this.
 	p.mu.Lock()
 	stop, done := p.stop, p.done
 	p.stop, p.done = nil, nil
+	if stop != nil {
+		close(stop)
+	}
 	if p.conn != nil {
 		_ = p.conn.Close()
 	}
 	p.mu.Unlock()
-	if stop != nil {
-		close(stop)
+	if done != nil {
 		<-done
 	}
 }

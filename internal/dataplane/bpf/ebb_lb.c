@@ -136,8 +136,9 @@ struct tuple {
 
 struct flow {
 	struct endpoint backend;
-	// This host's address and port toward the backend; the client's, for a
-	// FLOW_LOCAL flow (only its destination is translated).
+	// This host's address and port toward the backend; for a FLOW_LOCAL
+	// flow, the client's address, and the client's port or, for a port
+	// the client used again, another (open).
 	struct endpoint source;
 	__u64 seen;             // bpf_ktime_get_ns of the last packet
 	__u32 flags;
@@ -383,10 +384,42 @@ static __always_inline int take_over(struct tuple *rk, struct reply *r) {
 	return bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0;
 }
 
+// on_free_port stores the flow f of the client's packet t with a source
+// port toward its backend that no flow holds (failing that, one whose flow
+// has ended: the table keeps ended flows until they are evicted or taken
+// over), chosen by a hash of the client's address and ports; rk is the
+// replies entry's key but for the port, r its value. It returns 0 when no
+// port could be had. (A function of its own, not inlined: inlined in both
+// of open's cases, it made the compiler reuse a spilled pointer's stack
+// slot for a narrower store, which the verifier of a process without
+// CAP_PERFMON refuses.)
+static __attribute__((noinline)) int on_free_port(struct tuple *t, struct flow *f, struct tuple *rk, struct reply *r) {
+	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
+	int i;
+#pragma unroll
+	for (i = 0; i < SNAT_TRIES; i++) {
+		rk->dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
+		if (bpf_map_update_elem(&replies, rk, r, BPF_NOEXIST) == 0)
+			return start(t, f, rk) != 0;
+	}
+#pragma unroll
+	for (i = 0; i < SNAT_TRIES; i++) {
+		rk->dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
+		struct reply *old = bpf_map_lookup_elem(&replies, rk);
+		if (old && !live(old, rk) && bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0)
+			return start(t, f, rk) != 0;
+	}
+	return 0;
+}
+
 // open starts a flow from the client's packet t to the backend be: the
 // route to the backend, this host's address on it, a free source port.
-// It returns the flow as stored, or NULL when none could be made.
-static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t, struct endpoint *be, __u32 isn) {
+// It returns the flow as stored, or NULL when none could be made. again
+// says the client's port had a flow before (reused): a flow to a backend
+// on this host then gets another source port too, since the host's stack
+// may still hold the old connection (kube-proxy's translation of its node
+// port to a pod that is gone, in conntrack).
+static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t, struct endpoint *be, __u32 isn, int again) {
 	struct bpf_fib_lookup fib = {
 		.family = AF_INET,
 		.l4_protocol = IPPROTO_TCP,
@@ -398,8 +431,9 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 	long route = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
 	if (route == BPF_FIB_LKUP_RET_NOT_FWDED) {
 		// Not forwarded: the backend is an address of this host. The flow
-		// keeps the client's source; its replies are the backend's packets
-		// to the client.
+		// keeps the client's address, and its port unless the port had a
+		// flow before; its replies are the backend's packets to the
+		// client.
 		struct flow f = {
 			.backend = {.addr = be->addr, .port = be->port, .pad = isn >> 16},
 			.source = {.addr = t->saddr, .pad = isn & 0xffff},
@@ -407,10 +441,11 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 			.flags = FLOW_LOCAL,
 		};
 		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
-		// The entry may be this client port's old flow's, to the same
-		// backend (a reused port, see reused): the new flow takes it
-		// over. Another client flow's (the same client port to another
-		// frontend with this backend) it must not.
+		if (again)
+			return on_free_port(t, &f, &rk, &r) ? bpf_map_lookup_elem(&flows, t) : 0;
+		// A leftover entry of this client port's is taken over; another
+		// client flow's (the same client port to another frontend with
+		// this backend) is not.
 		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0 && !take_over(&rk, &r))
 			return 0;
 		return start(t, &f, &rk);
@@ -423,25 +458,8 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		.seen = bpf_ktime_get_ns(),
 		.out_ifindex = fib.ifindex,
 	};
-	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
 	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
-	int i;
-	// A port no flow holds; failing that, one whose flow has ended (the
-	// table keeps ended flows until they are evicted or taken over).
-#pragma unroll
-	for (i = 0; i < SNAT_TRIES; i++) {
-		rk.dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
-		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) == 0)
-			return start(t, &f, &rk);
-	}
-#pragma unroll
-	for (i = 0; i < SNAT_TRIES; i++) {
-		rk.dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
-		struct reply *old = bpf_map_lookup_elem(&replies, &rk);
-		if (old && !live(old, &rk) && bpf_map_update_elem(&replies, &rk, &r, BPF_ANY) == 0)
-			return start(t, &f, &rk);
-	}
-	return 0;
+	return on_free_port(t, &f, &rk, &r) ? bpf_map_lookup_elem(&flows, t) : 0;
 }
 
 // ends reports whether the segment tcp is a flow's last, given the
@@ -471,11 +489,11 @@ static __always_inline void finish(struct tuple *t, struct flow *f) {
 // to f's backend, which may be gone (the node port of a deleted Service
 // whose address a new one took: a refused connection).
 //
-// A FLOW_LOCAL flow's replies entry is keyed by the client's port, so a
-// new flow to the same backend takes it over (open, take_over). (Deleting
-// it here, with the flow, made the compiler spill registers in a way the
-// verifier of a process without CAP_PERFMON refuses: "attempt to corrupt
-// spilled pointer on stack".)
+// A FLOW_LOCAL flow's replies entry is keyed by the client's port; the
+// new flow gets another port (open), so the old entry stays until the
+// sweeper or the LRU takes it. (Deleting it here, with the flow, made the
+// compiler spill registers in a way the verifier of a process without
+// CAP_PERFMON refuses: "attempt to corrupt spilled pointer on stack".)
 static __always_inline int reused(struct flow *f, struct tcphdr *tcp) {
 	if (f->flags & (FLOW_RST | FLOW_FIN_CLIENT))
 		return 1;
@@ -483,31 +501,54 @@ static __always_inline int reused(struct flow *f, struct tcphdr *tcp) {
 	return isn != 0 && isn != __builtin_bswap32(tcp->seq);
 }
 
+// NEW_FLOW is new_flow's result when it opened a flow.
+#define NEW_FLOW -1
+
+// new_flow opens a flow for the client's SYN t to a frontend (its initial
+// sequence number isn; again: its port had a flow before), and returns
+// NEW_FLOW, or the verdict for the SYN when it opened none: on to the
+// host's stack (outside the source ranges, no backend), or dropped. (A
+// function of its own, not inlined, which looks the frontend up again:
+// otherwise the frontend's pointer is spilled across to_backend's calls,
+// and the compiler reuses its stack slot for a narrower value on the path
+// of a known flow, which the verifier of a process without CAP_PERFMON
+// refuses: "attempt to corrupt spilled pointer on stack".)
+static __attribute__((noinline)) int new_flow(struct __sk_buff *skb, struct tuple *t, __u32 isn, int again) {
+	struct frontend_key fk = {.addr = t->daddr, .port = t->dport, .proto = IPPROTO_TCP};
+	struct frontend *fe = bpf_map_lookup_elem(&frontends, &fk);
+	if (!fe)
+		return TC_ACT_OK;
+	if (fe->flags & FRONTEND_RANGES) {
+		struct range_key rk = {.prefixlen = 64, .frontend = fe->id, .addr = t->saddr};
+		if (!bpf_map_lookup_elem(&ranges, &rk))
+			return TC_ACT_OK;
+	}
+	struct endpoint *be = pick(fe, t->saddr);
+	if (!be)
+		return TC_ACT_OK;
+	return open(skb, t, be, isn, again) ? NEW_FLOW : TC_ACT_SHOT;
+}
+
 // to_backend forwards a client's packet to a frontend.
-static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct frontend *fe) {
+static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp) {
 	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
 	__u8 ttl = ip->ttl;
 	int syn = tcp->syn && !tcp->ack;
 	__u32 seg = (tcp->fin ? FLOW_FIN_CLIENT : 0) | (tcp->rst ? FLOW_RST : 0);
 	struct flow *f = bpf_map_lookup_elem(&flows, &t);
-	if (f && syn && reused(f, tcp))
-		// The client's port is used again: a new flow. The old one keeps
-		// its replies entry until its port is taken over, so that the new
-		// flow gets another source port toward the backends (the old one
-		// may still be open at a backend that never saw its end).
-		f = 0;
-	if (!f) {
+	int again = f && syn && reused(f, tcp);
+	if (!f || again) {
+		// The client's port is used again (again): a new flow. The old
+		// one keeps its replies entry until its port is taken over, so
+		// that the new flow gets another source port toward the backends
+		// (the old one may still be open at a backend that never saw its
+		// end).
 		if (!syn)
 			return TC_ACT_OK;
-		if (fe->flags & FRONTEND_RANGES) {
-			struct range_key rk = {.prefixlen = 64, .frontend = fe->id, .addr = t.saddr};
-			if (!bpf_map_lookup_elem(&ranges, &rk))
-				return TC_ACT_OK;
-		}
-		struct endpoint *be = pick(fe, t.saddr);
-		if (!be)
-			return TC_ACT_OK;
-		f = open(skb, &t, be, __builtin_bswap32(tcp->seq));
+		int verdict = new_flow(skb, &t, __builtin_bswap32(tcp->seq), again);
+		if (verdict != NEW_FLOW)
+			return verdict;
+		f = bpf_map_lookup_elem(&flows, &t);
 		if (!f)
 			return TC_ACT_SHOT;
 	}
@@ -569,10 +610,9 @@ int ebb_ingress(struct __sk_buff *skb) {
 			return to_client(skb, ip, tcp, &t, r);
 	}
 	struct frontend_key fk = {.addr = t.daddr, .port = t.dport, .proto = IPPROTO_TCP};
-	struct frontend *fe = bpf_map_lookup_elem(&frontends, &fk);
-	if (!fe)
+	if (!bpf_map_lookup_elem(&frontends, &fk))
 		return TC_ACT_OK;
-	return to_backend(skb, ip, tcp, fe);
+	return to_backend(skb, ip, tcp);
 }
 
 // ebb_egress gives the replies of FLOW_LOCAL flows, which the host's stack
