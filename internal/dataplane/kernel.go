@@ -172,7 +172,7 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 	rulesets := map[nftables.TableFamily]*kernelRuleset{}
 	for _, a := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
 		fam := familyOf(a)
-		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, pending: map[*nftables.Set][]nftables.SetElement{}}
+		rulesets[fam.table] = &kernelRuleset{fam: fam, table: &nftables.Table{Name: k.table, Family: fam.table}, conn: c, pending: map[*nftables.Set][]nftables.SetElement{}, reused: k.reused.supported()}
 	}
 	kind := "rebuild"
 	if same {
@@ -190,7 +190,9 @@ func (k *kernelEngine) sync(frontends []*frontend, m *metrics, prepare bool) (st
 	}
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 	k.record(want, owners, prepared)
-	k.reused.start(m.kernelReused.Inc)
+	if k.reused.supported() {
+		k.reused.start(m.kernelReused.Inc)
+	}
 	return stale, nil
 }
 

@@ -85,11 +85,55 @@ type reusedPorts struct {
 	log   logr.Logger
 	retry time.Duration
 
+	// probed and nflog say whether the kernel was asked, and takes rules
+	// that log to nflog (probeNflog); only sync, under the engine's lock,
+	// reads and writes them.
+	probed, nflog bool
+
 	mu      sync.Mutex
 	stop    chan struct{}
 	done    chan struct{}
 	conn    *netlink.Conn // the nflog socket, while bound
 	deleted func()        // counts a deleted entry
+}
+
+// supported reports whether the kernel takes the reused-port chains, asking
+// it the first time. A kernel without nflog (nfnetlink_log) refuses a rule
+// that logs to a group, and with it the whole table: the engine then
+// works without the chains, and says so once.
+func (p *reusedPorts) supported() bool {
+	if !p.probed {
+		p.probed = true
+		err := probeNflog(p.netns)
+		p.nflog = err == nil
+		if err != nil {
+			p.log.Error(err, "The kernel takes no nftables rule that logs to nflog; a client port used again after a connection whose end this host never saw is sent where the old connection went (load nfnetlink_log, and restart ebb lb)")
+		}
+	}
+	return p.nflog
+}
+
+// probeNflog adds a table with the reused-port rule and deletes it in the
+// same transaction: the kernel checks the rule and keeps nothing. (On a
+// connection of its own: the engine's outlives a failed transaction.)
+func probeNflog(netns int) error {
+	var opts []nftables.ConnOption
+	if netns != 0 {
+		opts = append(opts, nftables.WithNetNSFd(netns))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	t := &nftables.Table{Name: "ebb-probe-nflog", Family: nftables.TableFamilyIPv4}
+	c.AddTable(t)
+	ch := c.AddChain(&nftables.Chain{Name: "probe", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: reusedPortExprs()})
+	c.DelTable(t)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("probing for nflog: %w", err)
+	}
+	return nil
 }
 
 // start runs the reader until close, if it is not running.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/google/nftables"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
@@ -88,5 +89,30 @@ func waitBound(t *testing.T, p *reusedPorts) {
 			t.Fatal("the reader did not bind the nflog group")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The engine asks the kernel once whether it takes the reused-port rule
+// (a kernel without nflog refuses it, and with it the whole table), and
+// the question leaves no table behind.
+func TestProbeNflogLeavesNothing(t *testing.T) {
+	host, err := network.NewHost("probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(host.Close)
+	if err := probeNflog(host.NetNS()); err != nil {
+		t.Fatalf("this kernel has nflog, yet: %v", err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(host.NetNS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 0 {
+		t.Errorf("the probe left %d tables, want none", len(tables))
 	}
 }

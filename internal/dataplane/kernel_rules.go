@@ -67,6 +67,8 @@ type kernelRuleset struct {
 	homes, owners, backends *nftables.Set
 	// pending are the maps' entries, added once the rules are.
 	pending map[*nftables.Set][]nftables.SetElement
+	// reused says to add the reused-port chains (kernel_reused.go).
+	reused bool
 }
 
 // kernelMaps are a table's three maps. The IDs name them within a
@@ -145,7 +147,9 @@ func (r *kernelRuleset) addBase() error {
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
 		&expr.Masq{},
 	}})
-	r.addReusedPortChains()
+	if r.reused {
+		r.addReusedPortChains()
+	}
 	return nil
 }
 
