@@ -65,6 +65,30 @@ func testServesAReusedPort(t *testing.T, v engineVariant, family string, local b
 	b, bServer := n.echo(t, 8081)
 	n.apply(t, n.frontendOn(80, a))
 	const port = 40123
+	n.openThenEndUnseen(t, port, aHost, aServer)
+
+	n.apply(t, n.frontendOn(80, a, b))
+	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
+		t.Fatal(err)
+	}
+	n.dialReusedPort(t, v, port)
+	if v.path != KernelPathEBPF {
+		if got := testutil.ToFloat64(n.d.m.kernelReused); got != 1 {
+			t.Errorf("ebb_dataplane_kernel_reused_ports_total is %v, want 1", got)
+		}
+	}
+	if got := bServer.accepted.Load(); got != 1 {
+		t.Errorf("the eligible backend accepted %d connections, want the new one", got)
+	}
+}
+
+// openThenEndUnseen opens a connection from the client's port to the
+// frontend's port 80 (served by backend, on host), and ends it where the
+// load balancer cannot see it: the client's reset is dropped on the
+// client's host, and the backend forgets it (its reset dropped too) and
+// stops listening.
+func (n *engineNet) openThenEndUnseen(t *testing.T, port int, host *network.Host, backend *testBackend) {
+	t.Helper()
 	old, err := n.dialFromPort(port, 700*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
@@ -72,27 +96,25 @@ func testServesAReusedPort(t *testing.T, v engineVariant, family string, local b
 	if err := roundTrip(old, []byte("old")); err != nil {
 		t.Fatal(err)
 	}
-	// The old connection ends where the load balancer cannot see it: the
-	// client's reset is dropped on the client's host, and a forgets it
-	// (its reset dropped too) and stops listening.
-	undropClient := n.dropSegmentsFrom(t, n.client, port)
-	undropBackend := n.dropSegmentsFrom(t, aHost, 8080)
+	undropClient := n.dropSegmentsFrom(t, n.client, uint16(port))
+	undropBackend := n.dropSegmentsFrom(t, host, uint16(backend.ln.Addr().(*net.TCPAddr).Port))
 	_ = old.(*net.TCPConn).SetLinger(0)
 	_ = old.Close()
-	aServer.mu.Lock()
-	for _, c := range aServer.conns {
+	backend.mu.Lock()
+	for _, c := range backend.conns {
 		_ = c.(*net.TCPConn).SetLinger(0)
 	}
-	aServer.mu.Unlock()
-	aServer.close()
+	backend.mu.Unlock()
+	backend.close()
 	undropClient()
 	undropBackend()
+}
 
-	n.apply(t, n.frontendOn(80, a, b))
-	if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
-		t.Fatal(err)
-	}
-	// The nftables path serves the client's first SYN retransmission.
+// dialReusedPort dials the frontend's port 80 from the client's port
+// again, and sends a round trip on the connection. The eBPF path serves
+// the first SYN; the nftables path the client's first retransmission.
+func (n *engineNet) dialReusedPort(t *testing.T, v engineVariant, port int) {
+	t.Helper()
 	timeout := 700 * time.Millisecond
 	if v.path != KernelPathEBPF {
 		timeout = 2500 * time.Millisecond
@@ -102,18 +124,10 @@ func testServesAReusedPort(t *testing.T, v engineVariant, family string, local b
 	if err != nil {
 		t.Fatalf("a new connection from the reused port: %v", err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
 	t.Logf("connected from the reused port in %v", time.Since(start).Round(time.Millisecond))
-	if v.path != KernelPathEBPF {
-		if got := testutil.ToFloat64(n.d.m.kernelReused); got != 1 {
-			t.Errorf("ebb_dataplane_kernel_reused_ports_total is %v, want 1", got)
-		}
-	}
 	if err := roundTrip(c, []byte("new")); err != nil {
 		t.Fatalf("a new connection from the reused port: %v", err)
-	}
-	if got := bServer.accepted.Load(); got != 1 {
-		t.Errorf("the eligible backend accepted %d connections, want the new one", got)
 	}
 }
 
@@ -172,43 +186,14 @@ func TestKernelPathsServeAReusedPortWhoseOldPodIsGone(t *testing.T) {
 			n.serveNodePort(t, nodePort, netip.AddrPortFrom(n.ip.backend, 8081))
 			n.apply(t, n.frontendOn(80, Backend{Address: nodePort.Addr().String(), Port: nodePort.Port(), Owner: "lb-host"}))
 			const port = 40124
-			old, err := n.dialFromPort(port, 700*time.Millisecond)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := roundTrip(old, []byte("old")); err != nil {
-				t.Fatal(err)
-			}
 			// The old connection ends unseen, and its pod goes; kube-proxy
 			// sends the node port to another pod.
-			undropClient := n.dropSegmentsFrom(t, n.client, port)
-			undropPod := n.dropSegmentsFrom(t, n.backendNS, 8081)
-			_ = old.(*net.TCPConn).SetLinger(0)
-			_ = old.Close()
-			oldPod.mu.Lock()
-			for _, c := range oldPod.conns {
-				_ = c.(*net.TCPConn).SetLinger(0)
-			}
-			oldPod.mu.Unlock()
-			oldPod.close()
-			undropClient()
-			undropPod()
+			n.openThenEndUnseen(t, port, n.backendNS, oldPod)
 			_, newPod := n.echo(t, 8082)
 			n.stopNodePort(t, nodePort.Addr())
 			n.serveNodePort(t, nodePort, netip.AddrPortFrom(n.ip.backend, 8082))
 
-			timeout := 700 * time.Millisecond
-			if v.path != KernelPathEBPF {
-				timeout = 2500 * time.Millisecond // the first SYN retransmission
-			}
-			c, err := n.dialFromPort(port, timeout)
-			if err != nil {
-				t.Fatalf("a new connection from the reused port: %v", err)
-			}
-			defer c.Close()
-			if err := roundTrip(c, []byte("new")); err != nil {
-				t.Fatalf("a new connection from the reused port: %v", err)
-			}
+			n.dialReusedPort(t, v, port)
 			if got := newPod.accepted.Load(); got != 1 {
 				t.Errorf("the node port's pod accepted %d connections, want the new one", got)
 			}
