@@ -102,6 +102,17 @@ func newEngineNetOn(t *testing.T, v engineVariant, family string) *engineNet {
 	}
 	must(n.lb.SetSysctl("net/ipv4/ip_forward", "1"))
 	must(n.lb.SetSysctl("net/ipv6/conf/all/forwarding", "1"))
+	// Each host resolves its IPv6 neighbours before the test's first
+	// connection, whose deadline is under the second a lost neighbour
+	// solicitation costs (network.Host.WaitNeighbor).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, nb := range []struct {
+		host *network.Host
+		addr string
+	}{{n.client, "fd00:2::1"}, {n.lb, "fd00:2::2"}, {n.lb, "fd00:1::2"}, {n.backendNS, "fd00:1::1"}} {
+		must(nb.host.WaitNeighbor(ctx, netip.MustParseAddr(nb.addr)))
+	}
 	n.reg = prometheus.NewRegistry()
 	if n.path == KernelPathEBPF {
 		// The pins outlive the data plane (they are how its flows
