@@ -117,6 +117,11 @@ func (p *Pod) route(eth0 netlink.Link, ip netip.Addr) error {
 	return nil
 }
 
+// NodeLinkIndex is the index of the node's end of the pod's veth pair, in
+// the node's namespace: where a CNI plugin's tc programs (and ebb lb's, on
+// an LB host) attach.
+func (p *Pod) NodeLinkIndex() int { return p.nodeLink.Attrs().Index }
+
 // Close deletes the pod's link (its routes go with it) and closes the
 // namespace handle; the namespace itself goes with its last process.
 func (p *Pod) Close() {

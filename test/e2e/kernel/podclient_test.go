@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -39,6 +43,12 @@ func TestAPodStartedOnAnLBHostReachesTheServiceOnTheEBPFPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pod.Close)
+	// A real pod's veth is made by its CNI plugin before the pod's
+	// containers start; this one's client starts at once, so wait as a
+	// container's start would, until ebb lb has attached to the new
+	// interface (without the wait, the first SYN raced the attachment:
+	// a second, once in a CI run under load).
+	waitAttached(t, ctx, host, pod.NodeLinkIndex())
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: pod.DialContext}}
 	// Each request on a connection of its own, each answered at once: a
 	// second or more is a dropped first SYN.
@@ -52,4 +62,44 @@ func TestAPodStartedOnAnLBHostReachesTheServiceOnTheEBPFPath(t *testing.T) {
 		}
 	}
 	t.Logf("30 requests from a pod on %s (%s) answered through %s", lbHost.Name, ip, fmt.Sprint(s.VIP))
+}
+
+// waitAttached waits until both of the eBPF path's programs are attached
+// (tcx) to the interface with index ifindex on host.
+func waitAttached(t *testing.T, ctx context.Context, host *network.Host, ifindex int) {
+	t.Helper()
+	attached := func() (bool, error) {
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			var n int
+			// The query names the interface by index, in the namespace
+			// of the calling thread.
+			err := host.Do(func() error {
+				r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+				if err == nil {
+					n = len(r.Programs)
+				}
+				return err
+			})
+			if err != nil || n == 0 {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	start := time.Now()
+	for {
+		ok, err := attached()
+		if err != nil {
+			t.Fatalf("querying the programs attached to the pod's interface on %s: %v", host.Name, err)
+		}
+		if ok {
+			t.Logf("ebb lb attached to the pod's interface %s after the pod was set up", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("ebb lb did not attach to the pod's interface on %s: %v", host.Name, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
