@@ -56,8 +56,25 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 kube() { (cd "$root/hack/tools/kube" && go build -trimpath -ldflags "$kube_ldflags" -o "$bin/$1" "./$1"); }
-for c in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet; do
 	build "$c" kube "$c"
+done
+# agnhost, Kubernetes' own test server: the local cluster's app image. Built
+# from its upstream main package (hack/tools/kube/tools.go keeps its modules).
+agnhost() (
+	cd "$root/hack/tools/kube" || return 1
+	local version
+	version=$(cat "$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/VERSION") || return 1
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.Version=$version" -o "$bin/agnhost" k8s.io/kubernetes/test/images/agnhost
+)
+build agnhost agnhost
+# pause: the pod sandbox of the app images (hack/tools/pause).
+build pause bash -c "cd '$root/hack/tools/pause' && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o '$bin/pause' ."
+# containerd v2, its runc shim and ctr: the real nodes' container runtime
+# (Debian's containerd is 1.6, which kubelet 1.36 warns about and 1.37 drops).
+containerd() { (cd "$root/hack/tools/containerd" && CGO_ENABLED=0 go build -trimpath -tags 'no_btrfs no_zfs no_devmapper' -ldflags '-s -w' -o "$bin/$1" "./$1"); }
+for c in containerd containerd-shim-runc-v2 ctr; do
+	build "$c" containerd "$c"
 done
 
 # kubectl: the one on PATH when it is within one minor of the cluster, else ours.
@@ -86,10 +103,16 @@ if [[ ! -d "$bin/kwok-stages" ]]; then
 fi
 # Debian packages the local cluster runs: kube-proxy's nftables mode drives
 # the kernel through the nft binary (sigs.k8s.io/knftables); the router
-# learns load-balancer addresses by BGP with FRR (bgpd and zebra).
+# learns load-balancer addresses by BGP with FRR (bgpd and zebra); the real
+# nodes' containerd runs containers with runc and wires pods with the CNI
+# reference plugins (bridge, host-local, loopback); the app image's shell
+# and tools are busybox's (static).
 apt_packages=()
 command -v nft >/dev/null || apt_packages+=(nftables)
 [[ -x /usr/lib/frr/bgpd && -x /usr/lib/frr/zebra ]] || apt_packages+=(frr)
+command -v runc >/dev/null || apt_packages+=(runc)
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || apt_packages+=(containernetworking-plugins)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || apt_packages+=(busybox-static)
 if ((${#apt_packages[@]})); then
 	log "installing Debian packages: ${apt_packages[*]}"
 	if [[ $(id -u) -ne 0 ]]; then

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/localcluster/nodeimage"
 )
 
 // EchoDeployment is a Deployment whose pods the cluster serves with its
@@ -168,4 +170,22 @@ func (c *Cluster) WaitNodePorts(ctx context.Context, namespace, name string, tim
 		return fmt.Errorf("waiting for every node to serve the node ports of %s/%s (%s): %w", namespace, name, missing, err)
 	}
 	return nil
+}
+
+// AgnhostDeployment is EchoDeployment's app on real nodes
+// (Options.RealKubelets): agnhost netexec, Kubernetes' own test server, with
+// HTTP on port 8080 (/hostname, /echo, /clientip, ...) and UDP on 8081, ready
+// once /readyz answers. Its image is built from source and imported into
+// every real node (nodeimage.AgnhostRef).
+func AgnhostDeployment(namespace, name string, replicas int32) *appsv1.Deployment {
+	d := EchoDeployment(namespace, name, replicas)
+	c := &d.Spec.Template.Spec.Containers[0]
+	c.Image = nodeimage.AgnhostRef
+	c.ImagePullPolicy = corev1.PullNever
+	c.Args = []string{"netexec", "--http-port=8080", "--udp-port=8081"}
+	c.ReadinessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("http")}},
+		PeriodSeconds: 1,
+	}
+	return d
 }

@@ -16,7 +16,9 @@ import (
 const EnvToolsBin = "EBB_TOOLS_BIN"
 
 // requiredBinaries are the programs a cluster starts.
-var requiredBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kwok", "kubectl"}
+var requiredBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kwok", "kubectl",
+	// The real nodes' (Options.RealKubelets).
+	"kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "pause", "agnhost"}
 
 // FindBinDir returns the directory of the pinned binaries, looking in
 // turn at:

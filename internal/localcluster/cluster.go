@@ -34,6 +34,7 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 	"github.com/ebbdev/ebb/internal/localcluster/podrunner"
+	"github.com/ebbdev/ebb/internal/localcluster/realnode"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
 
@@ -84,8 +85,16 @@ type Options struct {
 	Progress io.Writer
 	// Images are OCI image layouts (`make image` writes dist/oci): pods
 	// whose images are there run as real processes (podrunner); every
-	// other pod is simulated by an echo server.
+	// other pod is simulated by an echo server. On real nodes
+	// (RealKubelets) they are imported into every node's containerd.
 	Images []string
+	// RealKubelets makes every node a real one: containerd and the
+	// upstream kubelet in the node's network namespace, with a mount
+	// namespace and cgroup of its own (internal/localcluster/realnode),
+	// the pause and agnhost images built and imported, and no kwok,
+	// podrunner or pod servers for them. It needs root and the cluster in
+	// the host's user namespace (HostUserNamespace is implied).
+	RealKubelets bool
 }
 
 // Node is a simulated node.
@@ -127,6 +136,9 @@ type Cluster struct {
 	cancel   context.CancelFunc
 	simsDone chan struct{}
 	taps     map[string]*network.SYNTap
+	// realNodes run kubelet and containerd (Options.RealKubelets).
+	realNodes    []*realNode
+	kubeletCerts kubeletClientCerts
 }
 
 // Start starts a cluster and returns once its nodes are Ready and its
@@ -159,6 +171,14 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, err
 	}
 	c.BinDir = c.opts.BinDir
+	if opts.RealKubelets {
+		if os.Getenv(envHostUserNamespace) == "" {
+			return nil, errors.New("real nodes (Options.RealKubelets) run in the host's user namespace: start the process with localcluster.ReexecInHostUserNamespace (RunTests does), as root")
+		}
+		if err := realnode.CheckHost(realnode.DefaultCNIBinDir); err != nil {
+			return nil, err
+		}
+	}
 	for _, d := range []string{"logs", "pki", "etcd"} {
 		if err := os.MkdirAll(filepath.Join(c.opts.Dir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("creating the cluster directory: %w", err)
@@ -174,14 +194,20 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startComponents(); err != nil {
 		return nil, err
 	}
-	if err := c.registerNodes(ctx); err != nil {
+	if opts.RealKubelets {
+		if err := c.startRealNodes(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := c.registerNodes(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.startKubeProxies(); err != nil {
 		return nil, err
 	}
-	if err := c.startSimulators(); err != nil {
-		return nil, err
+	if !opts.RealKubelets {
+		if err := c.startSimulators(); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
@@ -250,6 +276,23 @@ func (c *Cluster) startControlPlane() error {
 		Set("enable-aggregator-routing", "true")
 	if err := writeServingCert(api); err != nil {
 		return err
+	}
+	if c.opts.RealKubelets {
+		// exec, logs, port-forward and the proxy subresources go to
+		// kubelets, at their InternalIPs (the node network; node names
+		// do not resolve here), with a client certificate they trust.
+		certs, err := writeKubeletClientCerts(api.CertDir)
+		if err != nil {
+			return err
+		}
+		c.kubeletCerts = certs
+		api.Configure().
+			Set("kubelet-client-certificate", certs.CertFile).
+			Set("kubelet-client-key", certs.KeyFile).
+			Set("kubelet-preferred-address-types", "InternalIP").
+			// As kubeadm's: a kubelet may change only its own Node and
+			// its pods.
+			Set("enable-admission-plugins", "NodeRestriction")
 	}
 	c.env = &envtest.Environment{
 		BinaryAssetsDirectory: c.opts.BinDir,
@@ -610,6 +653,18 @@ func (c *Cluster) Stop() error {
 		c.cancel()
 		<-c.simsDone
 	}
+	for _, rn := range c.realNodes {
+		errs = append(errs, rn.stop())
+	}
+	if len(c.realNodes) > 0 {
+		cgroups, err := realnode.FindCgroups()
+		if err == nil {
+			err = cgroups.Remove(c.clusterCgroup(), 30*time.Second)
+			cgroups.RemoveParentIfEmpty()
+		}
+		errs = append(errs, err)
+	}
+	c.realNodes = nil
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		errs = append(errs, c.procs[i].stop(10*time.Second))
 	}

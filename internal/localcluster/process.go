@@ -31,12 +31,18 @@ func startProcess(name, path string, args []string, logDir string) (*process, er
 // startProcessOn is startProcess on a host of the cluster's network (nil:
 // this process's own).
 func startProcessOn(host *network.Host, name, path string, args []string, logDir string) (*process, error) {
+	return startCommandOn(host, name, exec.Command(path, args...), logDir)
+}
+
+// startCommandOn is startProcessOn for a command the caller prepared
+// (its environment, say).
+func startCommandOn(host *network.Host, name string, cmd *exec.Cmd, logDir string) (*process, error) {
+	path := cmd.Path
 	logPath := filepath.Join(logDir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // a restarted component keeps its earlier log
 	if err != nil {
 		return nil, fmt.Errorf("opening log for %s: %w", name, err)
 	}
-	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	start := cmd.Start

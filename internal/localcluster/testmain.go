@@ -21,7 +21,7 @@ type TestingM interface{ Run() int }
 func RunTests(m TestingM, opts Options, cluster **Cluster, setups ...func(*Cluster) (func(), error)) int {
 	if !InNamespace() {
 		reexec := Reexec
-		if opts.HostUserNamespace {
+		if opts.HostUserNamespace || opts.RealKubelets {
 			reexec = ReexecInHostUserNamespace
 		}
 		code, err := reexec()

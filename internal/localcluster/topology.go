@@ -123,8 +123,13 @@ func (c *Cluster) buildNetwork() error {
 		if err != nil {
 			return err
 		}
-		if err := makePodRangesLocal(h, n); err != nil {
-			return err
+		// A real node's pods have interfaces of their own (its CNI
+		// plugin's); a simulated node's pod servers bind their IPs on the
+		// node.
+		if !c.opts.RealKubelets {
+			if err := makePodRangesLocal(h, n); err != nil {
+				return err
+			}
 		}
 		// The router is the node's gateway (to the client subnet and
 		// beyond). A default route is also what lets the node's own

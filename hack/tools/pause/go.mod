@@ -1,0 +1,3 @@
+module github.com/ebbdev/ebb/hack/tools/pause
+
+go 1.26.0

@@ -1,0 +1,275 @@
+package localcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/ebbdev/ebb/internal/localcluster/network"
+	"github.com/ebbdev/ebb/internal/localcluster/nodeimage"
+	"github.com/ebbdev/ebb/internal/localcluster/realnode"
+)
+
+// realNode is a running real node: the processes that make it, in start
+// order (the mount namespace's holder, containerd, kubelet).
+type realNode struct {
+	spec    realnode.Node
+	files   realnode.Files
+	holder  *process
+	procs   []*process
+	cgroups realnode.Cgroups
+}
+
+// clusterCgroup is the cgroup under which every real node of the cluster
+// has its own.
+func (c *Cluster) clusterCgroup() string { return path.Join(realnode.CgroupParent, c.opts.Name) }
+
+// startRealNodes starts containerd and kubelet on every node, each in the
+// node's network namespace and a mount namespace and cgroup of its own,
+// with the cluster's images imported; kubelet registers the node.
+func (c *Cluster) startRealNodes(ctx context.Context) error {
+	c.progressf("starting containerd and kubelet on %d nodes", len(c.Nodes))
+	cgroups, err := realnode.FindCgroups()
+	if err != nil {
+		return err
+	}
+	// A run that crashed leaves its nodes' cgroups (and maybe processes).
+	if err := cgroups.Remove(c.clusterCgroup(), 30*time.Second); err != nil {
+		return fmt.Errorf("removing what an earlier cluster named %q left: %w", c.opts.Name, err)
+	}
+	archives, err := c.nodeImages()
+	if err != nil {
+		return err
+	}
+	clientCA, err := c.kubeletClientCABundle()
+	if err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		rn, err := c.startRealNode(ctx, n, cgroups, clientCA, archives)
+		if rn != nil {
+			c.realNodes = append(c.realNodes, rn)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nodeImages builds the pod sandbox and app images and packs every image
+// the nodes get (those and Options.Images) for import.
+func (c *Cluster) nodeImages() ([]nodeimage.Archive, error) {
+	start := time.Now()
+	dir := filepath.Join(c.opts.Dir, "node-images")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	pause, err := nodeimage.Pause(c.opts.BinDir, dir)
+	if err != nil {
+		return nil, fmt.Errorf("building the pause image: %w", err)
+	}
+	agnhost, err := nodeimage.Agnhost(c.opts.BinDir, nodeimage.Busybox, dir)
+	if err != nil {
+		return nil, fmt.Errorf("building the agnhost image: %w", err)
+	}
+	archives := []nodeimage.Archive{pause, agnhost}
+	for _, l := range c.opts.Images {
+		a, err := nodeimage.FromLayout(l, dir)
+		if err != nil {
+			return nil, err
+		}
+		archives = append(archives, a)
+	}
+	c.progressf("built the nodes' images in %s", time.Since(start).Round(10*time.Millisecond))
+	return archives, nil
+}
+
+// kubeletClientCABundle writes the CAs kubelets trust for clients:
+// envtest's client CA (an administrator's certificate, for kubectl through
+// kubelet's port in a test) and the apiserver's kubelet client CA.
+func (c *Cluster) kubeletClientCABundle() (string, error) {
+	pki := c.env.ControlPlane.APIServer.CertDir
+	var bundle []byte
+	for _, f := range []string{filepath.Join(pki, "client-cert-auth-ca.crt"), c.kubeletCerts.CAFile} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("reading a CA for the kubelets: %w", err)
+		}
+		bundle = append(bundle, data...)
+	}
+	out := filepath.Join(pki, "kubelet-client-ca-bundle.crt")
+	if err := os.WriteFile(out, bundle, 0o644); err != nil {
+		return "", fmt.Errorf("writing %s: %w", out, err)
+	}
+	return out, nil
+}
+
+// startRealNode starts one node: its mounts, containerd, the images,
+// kubelet. The returned node, if not nil, must be stopped even on error.
+func (c *Cluster) startRealNode(ctx context.Context, n Node, cgroups realnode.Cgroups, clientCA string, archives []nodeimage.Archive) (*realNode, error) {
+	start := time.Now()
+	kubeconfig, _, err := c.writeKubeconfig("kubelet-"+n.Name, envtest.User{Name: "system:node:" + n.Name, Groups: []string{"system:nodes"}})
+	if err != nil {
+		return nil, err
+	}
+	spec := realnode.Node{
+		Name:         n.Name,
+		IPs:          []string{n.IP, n.IPv6},
+		PodCIDRs:     []string{n.PodCIDR, n.PodCIDRv6},
+		Dir:          filepath.Join(c.opts.Dir, "nodes", n.Name),
+		CgroupRoot:   path.Join(c.clusterCgroup(), n.Name),
+		Kubeconfig:   kubeconfig,
+		ClientCAFile: clientCA,
+		SandboxImage: nodeimage.PauseRef,
+		CNIBinDir:    realnode.DefaultCNIBinDir,
+	}
+	files, err := realnode.WriteConfig(spec)
+	if err != nil {
+		return nil, err
+	}
+	// Pods route through the node: it forwards, as a node with a CNI
+	// plugin does.
+	for _, s := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := n.Host.SetSysctl(s, "1"); err != nil {
+			return nil, err
+		}
+	}
+	system := path.Join(spec.CgroupRoot, "system")
+	if err := cgroups.Make(system); err != nil {
+		return nil, err
+	}
+	rn := &realNode{spec: spec, files: files, cgroups: cgroups}
+	logDir := filepath.Join(c.opts.Dir, "logs")
+	holder, err := startProcessOn(n.Host, n.Name+"-mounts", "unshare", []string{"--mount", "--propagation", "private", "/bin/sh", files.MountScript}, logDir)
+	if err != nil {
+		return rn, err
+	}
+	rn.holder = holder
+	if err := cgroups.Join(system, holder.pid()); err != nil {
+		return rn, err
+	}
+	if err := waitFor(ctx, 10*time.Second, holder, func() bool { _, err := os.Stat(files.Mounted); return err == nil }); err != nil {
+		return rn, fmt.Errorf("node %s: waiting for its mounts (%s): %w", n.Name, files.MountScript, err)
+	}
+	containerd, err := rn.enter(n, "containerd-"+n.Name, logDir, filepath.Join(c.opts.BinDir, "containerd"), "--config", files.ContainerdConfig)
+	if err != nil {
+		return rn, err
+	}
+	sock := filepath.Join("/proc", strconv.Itoa(holder.pid()), "root", realnode.Socket)
+	if err := waitFor(ctx, 30*time.Second, containerd, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
+		return rn, fmt.Errorf("node %s: waiting for containerd's socket (%s): %w", n.Name, tail(containerd.logPath, 10), err)
+	}
+	for _, a := range archives {
+		if err := rn.importImage(ctx, c.opts.BinDir, a); err != nil {
+			return rn, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	kubelet, err := rn.enter(n, "kubelet-"+n.Name, logDir, filepath.Join(c.opts.BinDir, "kubelet"), realnode.KubeletArgs(spec, files)...)
+	if err != nil {
+		return rn, err
+	}
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", realnode.KubeletHealthzPort)
+	if err := waitFor(ctx, 60*time.Second, kubelet, func() bool { return httpOK(n.Host, healthz) }); err != nil {
+		return rn, fmt.Errorf("node %s: waiting for kubelet's %s (last lines of its log:\n%s): %w", n.Name, healthz, tail(kubelet.logPath, 20), err)
+	}
+	c.progressf("node %s: containerd and kubelet up in %s", n.Name, time.Since(start).Round(10*time.Millisecond))
+	return rn, nil
+}
+
+// enter starts a program of the node: in its network namespace, its mount
+// namespace (nsenter into the holder's) and its cgroup, with the tools
+// directory first on PATH (containerd finds its shim there, runc after).
+func (rn *realNode) enter(n Node, name, logDir, prog string, args ...string) (*process, error) {
+	cmd := exec.Command("nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--", prog}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(prog)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	p, err := startCommandOn(n.Host, name, cmd, logDir)
+	if err != nil {
+		return nil, err
+	}
+	rn.procs = append(rn.procs, p)
+	// nsenter execs the program: the PID is the program's, and it has
+	// forked nothing yet.
+	if err := rn.cgroups.Join(path.Join(rn.spec.CgroupRoot, "system"), p.pid()); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// importImage imports an archive into the node's containerd, in the
+// namespace the CRI plugin serves (k8s.io), naming each image and its
+// digest reference (repository@sha256:...) as a pull would.
+func (rn *realNode) importImage(ctx context.Context, binDir string, a nodeimage.Archive) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/"+strconv.Itoa(rn.holder.pid())+"/ns/mnt", "--",
+		filepath.Join(binDir, "ctr"), "--address", realnode.Socket, "--namespace", "k8s.io",
+		"images", "import", "--base-name", a.Repository, "--digests", a.Path)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("importing %s (%s) into containerd: %w: %s", strings.Join(a.Refs, ", "), a.Path, err, out)
+	}
+	return nil
+}
+
+// stop powers the node off: every process in its cgroup (kubelet,
+// containerd, the shims, the pods' containers) is killed at once, then the
+// cgroups go.
+func (rn *realNode) stop() error {
+	var errs []error
+	if err := rn.cgroups.Remove(rn.spec.CgroupRoot, 30*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	// Processes that never reached the cgroup.
+	for _, p := range append([]*process{rn.holder}, rn.procs...) {
+		if p != nil {
+			errs = append(errs, p.stop(5*time.Second))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitFor polls ok every 50 ms until it holds, p exits (an error with its
+// log) or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, p *process, ok func() bool) error {
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		if done, err := p.exited(); done {
+			return false, fmt.Errorf("%w; last lines of its log:\n%s", err, tail(p.logPath, 20))
+		}
+		return ok(), nil
+	})
+}
+
+// httpOK says whether a GET of url from the host answers 200.
+func httpOK(h *network.Host, url string) bool {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: h.DialContext}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// tail is the last n lines of a log file.
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(reading %s: %v)", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
