@@ -72,7 +72,11 @@ build agnhost agnhost
 build pause bash -c "cd '$root/hack/tools/pause' && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o '$bin/pause' ."
 # containerd v2, its runc shim and ctr: the real nodes' container runtime
 # (Debian's containerd is 1.6, which kubelet 1.36 warns about and 1.37 drops).
-containerd() { (cd "$root/hack/tools/containerd" && CGO_ENABLED=0 go build -trimpath -tags 'no_btrfs no_zfs no_devmapper' -ldflags '-s -w' -o "$bin/$1" "./$1"); }
+containerd() {
+	local v
+	v=$(cd "$root/hack/tools/containerd" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2) || return 1
+	(cd "$root/hack/tools/containerd" && CGO_ENABLED=0 go build -trimpath -tags 'no_btrfs no_zfs no_devmapper' -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$v" -o "$bin/$1" "./$1")
+}
 for c in containerd containerd-shim-runc-v2 ctr; do
 	build "$c" containerd "$c"
 done

@@ -180,3 +180,17 @@ func NamespaceCommand(cmd *exec.Cmd) {
 	cmd.SysProcAttr = namespaceSysProcAttr()
 	cmd.SysProcAttr.Setsid = true
 }
+
+// NamespaceCommandInHostUserNamespace is NamespaceCommand keeping the
+// caller's user namespace (the caller must be root), as real nodes
+// (Options.RealKubelets) and the eBPF kernel path need.
+func NamespaceCommandInHostUserNamespace(cmd *exec.Cmd) error {
+	if os.Geteuid() != 0 {
+		return errors.New("a local cluster in the host's user namespace (real kubelets, eBPF) needs root")
+	}
+	NamespaceCommand(cmd)
+	cmd.Env = append(cmd.Env, envHostUserNamespace+"=1")
+	cmd.SysProcAttr.Cloneflags &^= syscall.CLONE_NEWUSER
+	cmd.SysProcAttr.UidMappings, cmd.SysProcAttr.GidMappings = nil, nil
+	return nil
+}

@@ -208,16 +208,27 @@ func (rn *realNode) enter(n Node, name, logDir, prog string, args ...string) (*p
 }
 
 // importImage imports an archive into the node's containerd, in the
-// namespace the CRI plugin serves (k8s.io), naming each image and its
-// digest reference (repository@sha256:...) as a pull would.
+// namespace the CRI plugin serves (k8s.io), and names each image by its
+// manifest's digest too (repository@sha256:...), as a pull by digest would:
+// ctr's --digests names the archive's index instead, which no pod asks for.
 func (rn *realNode) importImage(ctx context.Context, binDir string, a nodeimage.Archive) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "nsenter", "--mount=/proc/"+strconv.Itoa(rn.holder.pid())+"/ns/mnt", "--",
-		filepath.Join(binDir, "ctr"), "--address", realnode.Socket, "--namespace", "k8s.io",
-		"images", "import", "--base-name", a.Repository, "--digests", a.Path)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("importing %s (%s) into containerd: %w: %s", strings.Join(a.Refs, ", "), a.Path, err, out)
+	ctr := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--",
+			filepath.Join(binDir, "ctr"), "--address", realnode.Socket, "--namespace", "k8s.io"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if err := ctr("images", "import", "--base-name", a.Repository, a.Path); err != nil {
+		return fmt.Errorf("importing %s into containerd: %w", strings.Join(a.Refs, ", "), err)
+	}
+	for i, ref := range a.Refs {
+		if err := ctr("images", "tag", "--force", ref, a.Repository+"@"+a.Digests[i]); err != nil {
+			return fmt.Errorf("naming %s by its digest: %w", ref, err)
+		}
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 
 func newUpCommand(o *Options) *cobra.Command {
 	var nodes int
+	var realKubelets bool
 	var timeout time.Duration
 	var withEbb bool
 	var install string
@@ -45,9 +46,10 @@ func newUpCommand(o *Options) *cobra.Command {
 				}
 				install = manifest
 			}
-			return o.up(cmd.Context(), nodes, timeout, install)
+			return o.up(cmd.Context(), nodes, timeout, install, realKubelets)
 		},
 	}
+	cmd.Flags().BoolVar(&realKubelets, "real-kubelets", false, "make every node a real one: the upstream kubelet and containerd, pods of real images (needs root; see docs/local-cluster.md)")
 	cmd.Flags().BoolVar(&withEbb, "with-ebb", false, "install ebb from the manifest `make release` writes ($EBB_DIST/install.yaml, else dist/install.yaml of this binary's checkout): --install with its default")
 	cmd.Flags().StringVar(&install, "install", "", "install ebb from this manifest (dist/install.yaml; its image layout is the oci directory next to it) as pods of ebb's image, with ebb lb on the first node")
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
@@ -55,7 +57,7 @@ func newUpCommand(o *Options) *cobra.Command {
 	return cmd
 }
 
-func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, install string) error {
+func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, install string, realKubelets bool) error {
 	if pid, err := o.runningPID(); err != nil {
 		return err
 	} else if pid != 0 {
@@ -87,9 +89,15 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, inst
 		return fmt.Errorf("finding the ebb binary: %w", err)
 	}
 	serve := exec.Command(self, "cluster", "serve", "--name", o.Name, "--state-dir", o.StateRoot,
-		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--install="+install)
+		"--nodes", strconv.Itoa(nodes), "--bin-dir", binDir, "--install="+install, "--real-kubelets="+strconv.FormatBool(realKubelets))
 	serve.Stdout, serve.Stderr = logFile, logFile
-	localcluster.NamespaceCommand(serve)
+	if realKubelets {
+		if err := localcluster.NamespaceCommandInHostUserNamespace(serve); err != nil {
+			return err
+		}
+	} else {
+		localcluster.NamespaceCommand(serve)
+	}
 	start := time.Now()
 	if err := serve.Start(); err != nil {
 		return fmt.Errorf("starting the cluster supervisor: %w", err)
@@ -145,6 +153,7 @@ func tail(path string, n int) string {
 
 func newServeCommand(o *Options) *cobra.Command {
 	var nodes int
+	var realKubelets bool
 	var binDir string
 	var install string
 	cmd := &cobra.Command{
@@ -156,9 +165,10 @@ func newServeCommand(o *Options) *cobra.Command {
 			if err := o.validate(); err != nil {
 				return err
 			}
-			return o.serve(cmd.Context(), nodes, binDir, install)
+			return o.serve(cmd.Context(), nodes, binDir, install, realKubelets)
 		},
 	}
+	cmd.Flags().BoolVar(&realKubelets, "real-kubelets", false, "real nodes: kubelet and containerd")
 	cmd.Flags().StringVar(&install, "install", "", "install ebb from this manifest as pods of ebb's image")
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of simulated nodes")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "directory of the pinned binaries")
@@ -179,7 +189,7 @@ func installOnFirstNode(ctx context.Context, c *localcluster.Cluster, manifest s
 
 // serve runs the cluster until SIGTERM or SIGINT. It is the init process of
 // the cluster's PID namespace, so when it ends every component ends.
-func (o *Options) serve(ctx context.Context, nodes int, binDir string, install string) error {
+func (o *Options) serve(ctx context.Context, nodes int, binDir string, install string, realKubelets bool) error {
 	if !localcluster.InNamespace() {
 		return errors.New("`ebb cluster serve` runs only inside the namespace `ebb cluster up` makes")
 	}
@@ -187,7 +197,7 @@ func (o *Options) serve(ctx context.Context, nodes int, binDir string, install s
 		return err
 	}
 	dir := o.dir()
-	copts := localcluster.Options{Name: o.Name, Nodes: nodes, Dir: dir, BinDir: binDir, Progress: os.Stdout}
+	copts := localcluster.Options{Name: o.Name, Nodes: nodes, Dir: dir, BinDir: binDir, Progress: os.Stdout, RealKubelets: realKubelets}
 	if install != "" {
 		copts.Images = []string{filepath.Join(filepath.Dir(install), "oci")}
 	}
@@ -285,7 +295,13 @@ func (o *Options) exec(args []string) error {
 	if err != nil {
 		return fmt.Errorf("ebb cluster exec needs nsenter (Debian package util-linux): %w", err)
 	}
-	full := append([]string{"--target", strconv.Itoa(pid), "--user", "--net", "--preserve-credentials", "--"}, args...)
+	full := []string{"--target", strconv.Itoa(pid), "--net"}
+	// A cluster with real kubelets keeps the host's user namespace, which
+	// nsenter cannot enter again.
+	if !sameUserNamespace(pid) {
+		full = append(full, "--user", "--preserve-credentials")
+	}
+	full = append(append(full, "--"), args...)
 	cmd := exec.Command(nsenter, full...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
@@ -299,6 +315,14 @@ func (o *Options) exec(args []string) error {
 		return fmt.Errorf("running %s in cluster %q: %w", args[0], o.Name, err)
 	}
 	return nil
+}
+
+// sameUserNamespace says whether process pid is in this process's user
+// namespace.
+func sameUserNamespace(pid int) bool {
+	self, err1 := os.Readlink("/proc/self/ns/user")
+	other, err2 := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "ns", "user"))
+	return err1 == nil && err2 == nil && self == other
 }
 
 // ExitError carries the exit code of a command run by `ebb cluster exec`,

@@ -52,6 +52,9 @@ type Archive struct {
 	Repository string
 	// Refs are the images' names in the archive.
 	Refs []string
+	// Digests are the digests of their manifests, in the same order: a
+	// pod may name an image by repository@digest (dist/install.yaml does).
+	Digests []string
 }
 
 // Busybox is where Debian's busybox-static package puts its binary.
@@ -137,6 +140,7 @@ func FromLayout(layoutDir, dir string) (Archive, error) {
 		}
 		a.Repository = repo
 		a.Refs = append(a.Refs, ref)
+		a.Digests = append(a.Digests, d.Digest.String())
 	}
 	if len(a.Refs) == 0 {
 		return Archive{}, fmt.Errorf("the layout %s names no image (annotation %s)", layoutDir, refNameAnnotation)
@@ -184,7 +188,11 @@ func write(ref string, files []file, cfg v1.Config, dir, name string) (Archive, 
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{refNameAnnotation: ref})); err != nil {
 		return Archive{}, fmt.Errorf("writing %s into %s: %w", ref, layoutDir, err)
 	}
-	a := Archive{Path: layoutDir + ".tar", Repository: repo, Refs: []string{ref}}
+	digest, err := img.Digest()
+	if err != nil {
+		return Archive{}, err
+	}
+	a := Archive{Path: layoutDir + ".tar", Repository: repo, Refs: []string{ref}, Digests: []string{digest.String()}}
 	if err := tarDir(layoutDir, a.Path); err != nil {
 		return Archive{}, err
 	}

@@ -83,6 +83,41 @@ func TestExecLogsAndPortForwardReachARealPod(t *testing.T) {
 	}
 }
 
+// TestExecLogsAndPortForwardReachAnEbbPod does the same with ebb's own
+// controller, a container of ebb's image (no shell in it): its binary runs
+// through exec, its log is read, and its metrics, served on the pod's
+// loopback only, are read through port-forward as docs/operations say.
+func TestExecLogsAndPortForwardReachAnEbbPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pods, err := cluster.Client.CoreV1().Pods("ebb-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) == 0 {
+		t.Fatal("no ebb controller pod")
+	}
+	pod := pods.Items[0]
+	out, err := kubectl(ctx, "-n", "ebb-system", "exec", pod.Name, "--", "/usr/local/bin/ebb", "--version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "ebb version") {
+		t.Errorf("ebb --version in the controller's container printed %q", out)
+	}
+	logs, err := kubectl(ctx, "-n", "ebb-system", "logs", pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs, "Starting") {
+		t.Errorf("the controller's log has no line of its start:\n%s", logs)
+	}
+	metrics := getThroughPortForward(t, ctx, "ebb-system", "pod/"+pod.Name, 8080, "/metrics")
+	if !strings.Contains(metrics, "controller_runtime_webhook_requests_total") {
+		t.Errorf("the controller's metrics through port-forward lack controller_runtime_webhook_requests_total:\n%.2000s", metrics)
+	}
+}
+
 // getThroughPortForward runs `kubectl port-forward` to target's port and
 // returns the body of a GET of path through it.
 func getThroughPortForward(t *testing.T, ctx context.Context, ns, target string, port int, path string) string {

@@ -1,0 +1,338 @@
+package kubelet_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+// preStopSeconds is how long the app's preStop hook runs: longer than every
+// kube-proxy and ebb lb take to learn the endpoint is terminating, as an
+// application behind kube-proxy needs (README).
+const preStopSeconds = 8
+
+// delayShutdownSeconds is how long agnhost netexec goes on serving after
+// SIGTERM (its --delay-shutdown).
+const delayShutdownSeconds = 2
+
+// TestAPodDeletedThroughARealKubeletGetsNoNewConnection deletes one pod of
+// a load-balanced agnhost Deployment under a stream of new connections
+// from the client behind the router, and checks what the real kubelet and
+// ebb do with it:
+//   - kubelet runs the preStop hook (an exec that calls the app, then
+//     sleeps), and sends SIGTERM only once the hook has ended;
+//   - once the pod's endpoint is terminating, the load balancer sends it no
+//     new connection, though the pod goes on answering for several seconds;
+//   - no request fails.
+func TestAPodDeletedThroughARealKubeletGetsNoNewConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 3, agnhostWithPreStop)
+	if err := cluster.RouteVIPsVia(netip.MustParseAddr(nodeIP(t, ctx, lbNode))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.RouteVIPs() })
+	url := fmt.Sprintf("http://%s/hostname", net.JoinHostPort(vip.String(), "80"))
+
+	load := startHostnameLoad(t, ctx, url, 4)
+	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2eutil.Eventually(t, ctx, 30*time.Second, "every pod serving through the load balancer", func(context.Context) (bool, string) {
+		served := load.servedBy()
+		return len(served) == len(pods.Items), fmt.Sprintf("served by %v", served)
+	})
+	victim := pods.Items[0]
+	logs := followLogs(t, ctx, ns, victim.Name)
+	terminating := watchTerminating(t, ctx, ns, "web", victim.Status.PodIP)
+
+	t.Logf("deleting pod %s (%s) on %s", victim.Name, victim.Status.PodIP, victim.Spec.NodeName)
+	deleted := time.Now()
+	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, victim.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var terminatingAt time.Time
+	select {
+	case terminatingAt = <-terminating:
+	case <-ctx.Done():
+		t.Fatal("the pod's endpoint never turned terminating")
+	}
+	t.Logf("its endpoint turned terminating %s after the delete", terminatingAt.Sub(deleted).Round(time.Millisecond))
+	waitPodGone(t, ctx, ns, victim.Name)
+	gone := time.Now()
+	time.Sleep(time.Second)
+	load.halt()
+
+	// kubelet's order: the hook, then (only after it ended) SIGTERM.
+	lines := logs()
+	hookAt, termAt := logTime(t, lines, "GET /echo?msg=prestop"), logTime(t, lines, "before terminating")
+	t.Logf("pod %s: preStop called the app at %s, SIGTERM came %s later, the pod was gone %s after the delete",
+		victim.Name, hookAt.Format("15:04:05.000"), termAt.Sub(hookAt).Round(time.Millisecond), gone.Sub(deleted).Round(time.Millisecond))
+	if termAt.Sub(hookAt) < (preStopSeconds-1)*time.Second {
+		t.Errorf("SIGTERM came %s after the preStop hook started, before the hook's %d s sleep could end", termAt.Sub(hookAt), preStopSeconds)
+	}
+
+	results := load.results()
+	var last time.Time
+	lateToVictim, failed := 0, 0
+	for _, r := range results {
+		if r.err != nil {
+			failed++
+			if failed <= 5 {
+				t.Errorf("request at %s failed: %v", r.start.Format("15:04:05.000"), r.err)
+			}
+			continue
+		}
+		if r.host != victim.Name {
+			continue
+		}
+		if r.start.After(last) {
+			last = r.start
+		}
+		// Every kube-proxy and ebb lb learn of the terminating endpoint
+		// well within a second here; the pod serves for preStopSeconds
+		// more, so a load balancer that kept sending it new connections
+		// shows here.
+		if r.start.After(terminatingAt.Add(2 * time.Second)) {
+			lateToVictim++
+		}
+	}
+	t.Logf("%d requests, %d failed; the last new connection reached the leaving pod %s after its endpoint turned terminating", len(results), failed, last.Sub(terminatingAt).Round(time.Millisecond))
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed", failed, len(results))
+	}
+	if lateToVictim > 0 {
+		t.Errorf("%d new connections reached the leaving pod more than 2 s after its endpoint turned terminating", lateToVictim)
+	}
+}
+
+// agnhostWithPreStop makes the echo Deployment's pods agnhost netexec with
+// a preStop hook that calls the app (so that the pod's log shows when it
+// ran) and then sleeps, and a shutdown delay after SIGTERM.
+func agnhostWithPreStop(d *appsv1.Deployment) {
+	app := localcluster.AgnhostDeployment(d.Namespace, d.Name, 1).Spec.Template.Spec.Containers[0]
+	app.Args = append(app.Args, fmt.Sprintf("--delay-shutdown=%d", delayShutdownSeconds))
+	app.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{
+		"/bin/sh", "-c", fmt.Sprintf("wget -q -O /dev/null 'http://127.0.0.1:8080/echo?msg=prestop'; sleep %d", preStopSeconds),
+	}}}}
+	d.Spec.Template.Spec.Containers[0] = app
+	d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](30)
+}
+
+// hostnameResult is one request of the load: when it started, which pod
+// answered, or how it failed.
+type hostnameResult struct {
+	start time.Time
+	host  string
+	err   error
+}
+
+// hostnameLoad sends GET /hostname, each on a new connection, from the
+// client behind the router, and keeps every result.
+type hostnameLoad struct {
+	mu   sync.Mutex
+	all  []hostnameResult
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+func startHostnameLoad(t *testing.T, ctx context.Context, url string, workers int) *hostnameLoad {
+	l := &hostnameLoad{stop: make(chan struct{})}
+	t.Cleanup(l.halt)
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	for range workers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				r := hostnameResult{start: time.Now()}
+				r.host, r.err = getBody(ctx, client, url)
+				l.mu.Lock()
+				l.all = append(l.all, r)
+				l.mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	return l
+}
+
+func (l *hostnameLoad) halt() {
+	l.once.Do(func() { close(l.stop) })
+	l.wg.Wait()
+}
+
+func (l *hostnameLoad) results() []hostnameResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]hostnameResult(nil), l.all...)
+}
+
+// servedBy counts the answers per pod so far.
+func (l *hostnameLoad) servedBy() map[string]int {
+	served := map[string]int{}
+	for _, r := range l.results() {
+		if r.err == nil {
+			served[r.host]++
+		}
+	}
+	return served
+}
+
+func getBody(ctx context.Context, client *http.Client, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status %s: %s", resp.Status, body)
+	}
+	return string(body), nil
+}
+
+// followLogs streams a pod's log with kubelet's timestamps (`kubectl logs
+// -f --timestamps`) until its container ends; the returned function waits
+// for that and returns the lines.
+func followLogs(t *testing.T, ctx context.Context, ns, pod string) func() []string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), "--kubeconfig", cluster.Kubeconfig, "-n", ns, "logs", "-f", "--timestamps", pod)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			lines = append(lines, s.Text())
+		}
+	}()
+	return func() []string {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("kubectl logs -f %s did not end with the container", pod)
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = cmd.Wait()
+		return lines
+	}
+}
+
+// logTime is kubelet's timestamp of the first log line containing substr.
+func logTime(t *testing.T, lines []string, substr string) time.Time {
+	t.Helper()
+	for _, l := range lines {
+		stamp, text, ok := strings.Cut(l, " ")
+		if !ok || !strings.Contains(text, substr) {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, stamp)
+		if err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		return at
+	}
+	t.Fatalf("no log line contains %q:\n%s", substr, strings.Join(lines, "\n"))
+	return time.Time{}
+}
+
+// watchTerminating sends the time at which the Service's EndpointSlices
+// first show the endpoint at ip terminating (as every kube-proxy and ebb
+// lb learn it).
+func watchTerminating(t *testing.T, ctx context.Context, ns, svc, ip string) <-chan time.Time {
+	t.Helper()
+	w, err := cluster.Client.DiscoveryV1().EndpointSlices(ns).Watch(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := make(chan time.Time, 1)
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			slice, ok := ev.Object.(*discoveryv1.EndpointSlice)
+			if !ok {
+				continue
+			}
+			for _, ep := range slice.Endpoints {
+				if len(ep.Addresses) > 0 && ep.Addresses[0] == ip && ptr.Deref(ep.Conditions.Terminating, false) {
+					at <- time.Now()
+					return
+				}
+			}
+		}
+	}()
+	return at
+}
+
+// waitPodGone waits until the pod object is deleted (its containers ended).
+func waitPodGone(t *testing.T, ctx context.Context, ns, name string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s is not gone: %v", ns, name, err)
+	}
+}
+
+// nodeIP is a node's IPv4 InternalIP.
+func nodeIP(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && netip.MustParseAddr(a.Address).Is4() {
+			return a.Address
+		}
+	}
+	t.Fatalf("node %s has no IPv4 InternalIP", name)
+	return ""
+}
