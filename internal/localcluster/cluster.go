@@ -34,8 +34,8 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 	"github.com/ebbdev/ebb/internal/localcluster/podrunner"
-	"github.com/ebbdev/ebb/internal/localcluster/realnode"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+	"github.com/ebbdev/ebb/internal/localcluster/realnode"
 )
 
 // EnvKeepDir, when set, keeps a stopped cluster's directory (logs,
