@@ -26,9 +26,12 @@ import (
 type realNode struct {
 	spec    realnode.Node
 	files   realnode.Files
+	node    Node
+	binDir  string
+	logDir  string
+	cgroups realnode.Cgroups
 	holder  *process
 	procs   []*process
-	cgroups realnode.Cgroups
 }
 
 // clusterCgroup is the cgroup under which every real node of the cluster
@@ -116,10 +119,9 @@ func (c *Cluster) kubeletClientCABundle() (string, error) {
 	return out, nil
 }
 
-// startRealNode starts one node: its mounts, containerd, the images,
-// kubelet. The returned node, if not nil, must be stopped even on error.
+// startRealNode plans one node and boots it. The returned node, if not
+// nil, must be stopped even on error.
 func (c *Cluster) startRealNode(ctx context.Context, n Node, cgroups realnode.Cgroups, clientCA string, archives []nodeimage.Archive) (*realNode, error) {
-	start := time.Now()
 	kubeconfig, _, err := c.writeKubeconfig("kubelet-"+n.Name, envtest.User{Name: "system:node:" + n.Name, Groups: []string{"system:nodes"}})
 	if err != nil {
 		return nil, err
@@ -146,55 +148,116 @@ func (c *Cluster) startRealNode(ctx context.Context, n Node, cgroups realnode.Cg
 			return nil, err
 		}
 	}
-	system := path.Join(spec.CgroupRoot, "system")
-	if err := cgroups.Make(system); err != nil {
-		return nil, err
-	}
-	rn := &realNode{spec: spec, files: files, cgroups: cgroups}
-	logDir := filepath.Join(c.opts.Dir, "logs")
-	holder, err := startProcessOn(n.Host, n.Name+"-mounts", "unshare", []string{"--mount", "--propagation", "private", "/bin/sh", files.MountScript}, logDir)
-	if err != nil {
+	rn := &realNode{spec: spec, files: files, cgroups: cgroups, node: n, binDir: c.opts.BinDir, logDir: filepath.Join(c.opts.Dir, "logs")}
+	start := time.Now()
+	if err := rn.boot(ctx, archives); err != nil {
 		return rn, err
-	}
-	rn.holder = holder
-	if err := cgroups.Join(system, holder.pid()); err != nil {
-		return rn, err
-	}
-	if err := waitFor(ctx, 10*time.Second, holder, func() bool { _, err := os.Stat(files.Mounted); return err == nil }); err != nil {
-		return rn, fmt.Errorf("node %s: waiting for its mounts (%s): %w", n.Name, files.MountScript, err)
-	}
-	containerd, err := rn.enter(n, "containerd-"+n.Name, logDir, filepath.Join(c.opts.BinDir, "containerd"), "--config", files.ContainerdConfig)
-	if err != nil {
-		return rn, err
-	}
-	sock := filepath.Join("/proc", strconv.Itoa(holder.pid()), "root", realnode.Socket)
-	if err := waitFor(ctx, 30*time.Second, containerd, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
-		return rn, fmt.Errorf("node %s: waiting for containerd's socket (%s): %w", n.Name, tail(containerd.logPath, 10), err)
-	}
-	for _, a := range archives {
-		if err := rn.importImage(ctx, c.opts.BinDir, a); err != nil {
-			return rn, fmt.Errorf("node %s: %w", n.Name, err)
-		}
-	}
-	kubelet, err := rn.enter(n, "kubelet-"+n.Name, logDir, filepath.Join(c.opts.BinDir, "kubelet"), realnode.KubeletArgs(spec, files)...)
-	if err != nil {
-		return rn, err
-	}
-	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", realnode.KubeletHealthzPort)
-	if err := waitFor(ctx, 60*time.Second, kubelet, func() bool { return httpOK(n.Host, healthz) }); err != nil {
-		return rn, fmt.Errorf("node %s: waiting for kubelet's %s (last lines of its log:\n%s): %w", n.Name, healthz, tail(kubelet.logPath, 20), err)
 	}
 	c.progressf("node %s: containerd and kubelet up in %s", n.Name, time.Since(start).Round(10*time.Millisecond))
 	return rn, nil
 }
 
+// boot starts the node's processes: its mounts, containerd, the images
+// (none on a reboot: containerd keeps them on disk), kubelet; it returns
+// once kubelet answers its /healthz.
+func (rn *realNode) boot(ctx context.Context, archives []nodeimage.Archive) error {
+	n, files := rn.node, rn.files
+	system := path.Join(rn.spec.CgroupRoot, "system")
+	if err := rn.cgroups.Make(system); err != nil {
+		return err
+	}
+	if err := os.Remove(files.Mounted); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	holder, err := startProcessOn(n.Host, n.Name+"-mounts", "unshare", []string{"--mount", "--propagation", "private", "/bin/sh", files.MountScript}, rn.logDir)
+	if err != nil {
+		return err
+	}
+	rn.holder = holder
+	if err := rn.cgroups.Join(system, holder.pid()); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, 10*time.Second, holder, func() bool { _, err := os.Stat(files.Mounted); return err == nil }); err != nil {
+		return fmt.Errorf("node %s: waiting for its mounts (%s): %w", n.Name, files.MountScript, err)
+	}
+	containerd, err := rn.enter("containerd-"+n.Name, filepath.Join(rn.binDir, "containerd"), "--config", files.ContainerdConfig)
+	if err != nil {
+		return err
+	}
+	sock := filepath.Join("/proc", strconv.Itoa(holder.pid()), "root", realnode.Socket)
+	if err := waitFor(ctx, 30*time.Second, containerd, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
+		return fmt.Errorf("node %s: waiting for containerd's socket: %w", n.Name, err)
+	}
+	for _, a := range archives {
+		if err := rn.importImage(ctx, a); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	kubelet, err := rn.enter("kubelet-"+n.Name, filepath.Join(rn.binDir, "kubelet"), realnode.KubeletArgs(rn.spec, files)...)
+	if err != nil {
+		return err
+	}
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", realnode.KubeletHealthzPort)
+	if err := waitFor(ctx, 60*time.Second, kubelet, func() bool { return httpOK(n.Host, healthz) }); err != nil {
+		return fmt.Errorf("node %s: waiting for kubelet's %s (last lines of its log:\n%s): %w", n.Name, healthz, tail(kubelet.logPath, 20), err)
+	}
+	return nil
+}
+
+// RebootNode restarts a real node as a machine's reboot does: every
+// process of the node (kubelet, containerd, the shims, the pods'
+// containers) is killed at once, the node stays off for down, its /run is
+// emptied (a tmpfs on a real machine), and containerd and kubelet start
+// again with their state on disk (images, kubelet's pod directories);
+// kubelet then starts the node's pods again. The Node object and its pods
+// stay in the API throughout, as they do for a reboot shorter than the
+// node lifecycle controller's grace period.
+func (c *Cluster) RebootNode(ctx context.Context, name string, down time.Duration) error {
+	var rn *realNode
+	for _, r := range c.realNodes {
+		if r.spec.Name == name {
+			rn = r
+		}
+	}
+	if rn == nil {
+		return fmt.Errorf("rebooting node %s: not a real node of this cluster (Options.RealKubelets)", name)
+	}
+	if err := rn.stop(); err != nil {
+		return fmt.Errorf("powering node %s off: %w", name, err)
+	}
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	run := filepath.Join(rn.spec.Dir, "root", "run")
+	entries, err := os.ReadDir(run)
+	if err != nil {
+		return fmt.Errorf("emptying node %s's /run: %w", name, err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(run, e.Name())); err != nil {
+			return fmt.Errorf("emptying node %s's /run: %w", name, err)
+		}
+		if err := os.MkdirAll(filepath.Join(run, e.Name()), 0o755); err != nil {
+			return err
+		}
+	}
+	rn.holder, rn.procs = nil, nil
+	if err := rn.boot(ctx, nil); err != nil {
+		return fmt.Errorf("booting node %s again: %w", name, err)
+	}
+	c.progressf("node %s rebooted", name)
+	return nil
+}
+
 // enter starts a program of the node: in its network namespace, its mount
 // namespace (nsenter into the holder's) and its cgroup, with the tools
 // directory first on PATH (containerd finds its shim there, runc after).
-func (rn *realNode) enter(n Node, name, logDir, prog string, args ...string) (*process, error) {
+func (rn *realNode) enter(name, prog string, args ...string) (*process, error) {
 	cmd := exec.Command("nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--", prog}, args...)...)
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(prog)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	p, err := startCommandOn(n.Host, name, cmd, logDir)
+	p, err := startCommandOn(rn.node.Host, name, cmd, rn.logDir)
 	if err != nil {
 		return nil, err
 	}
@@ -211,12 +274,12 @@ func (rn *realNode) enter(n Node, name, logDir, prog string, args ...string) (*p
 // namespace the CRI plugin serves (k8s.io), and names each image by its
 // manifest's digest too (repository@sha256:...), as a pull by digest would:
 // ctr's --digests names the archive's index instead, which no pod asks for.
-func (rn *realNode) importImage(ctx context.Context, binDir string, a nodeimage.Archive) error {
+func (rn *realNode) importImage(ctx context.Context, a nodeimage.Archive) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	ctr := func(args ...string) error {
 		cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--",
-			filepath.Join(binDir, "ctr"), "--address", realnode.Socket, "--namespace", "k8s.io"}, args...)...)
+			filepath.Join(rn.binDir, "ctr"), "--address", realnode.Socket, "--namespace", "k8s.io"}, args...)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
 		}
