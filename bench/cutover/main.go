@@ -50,14 +50,14 @@ func main() {
 	rate := flag.Int("rate", 500, "new connections per second")
 	out := flag.String("out", "bench/results/cutover.json", "where to write the JSON summary")
 	flag.Parse()
-	benchcluster.Main("bench-cutover", func() error { return run(*dist, *runs, *spotRuns, *rate, *out) })
+	benchcluster.Main("bench-cutover", false, func() error { return run(*dist, *runs, *spotRuns, *rate, *out) })
 }
 
 const ns = metav1.NamespaceDefault
 
 func run(dist string, runs, spotRuns, rate int, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-cutover", dist, 4)
+	c, manifest, err := benchcluster.Start(ctx, "bench-cutover", dist, 4, false)
 	if err != nil {
 		return err
 	}

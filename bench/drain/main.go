@@ -32,13 +32,16 @@ func main() {
 	longLived := flag.Int("long-lived", 50, "long-lived connections")
 	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
 	withBaseline := flag.Bool("baseline", true, "also run the baseline (off: ebb only, e.g. to investigate)")
+	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the apps agnhost (root only; docs/local-cluster.md)")
 	flag.Parse()
-	benchcluster.Main("bench-drain", func() error { return run(*dist, *runs, *rate, *longLived, *withBaseline, *out) })
+	benchcluster.Main("bench-drain", *realKubelets, func() error {
+		return run(*dist, *runs, *rate, *longLived, *withBaseline, *realKubelets, *out)
+	})
 }
 
-func run(dist string, runs, rate, longLived int, withBaseline bool, out string) error {
+func run(dist string, runs, rate, longLived int, withBaseline, realKubelets bool, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-drain", dist, 3)
+	c, manifest, err := benchcluster.Start(ctx, "bench-drain", dist, 3, realKubelets)
 	if err != nil {
 		return err
 	}
@@ -81,7 +84,11 @@ func run(dist string, runs, rate, longLived int, withBaseline bool, out string) 
 			}
 		}
 	}
-	summary := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "runs": runs, "rate_per_second": rate, "long_lived": longLived}
+	nodes := "kwok-simulated kubelets"
+	if realKubelets {
+		nodes = "real kubelets"
+	}
+	summary := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "runs": runs, "rate_per_second": rate, "long_lived": longLived, "nodes": nodes}
 	for mode, prefix := range map[string]string{"ebb": "ebb", "baseline": "baseline"} {
 		var failed, reset int64
 		var p99s, drains, cutovers []float64

@@ -44,7 +44,7 @@ func main() {
 	flag.IntVar(&o.services, "services", 20, "Services created one after another to time their address becoming reachable")
 	flag.StringVar(&o.modes, "modes", "bgp,l2", "announcement modes to measure: bgp, l2 or both")
 	flag.Parse()
-	benchcluster.Main("bench-failover", func() error { return run(o) })
+	benchcluster.Main("bench-failover", false, func() error { return run(o) })
 }
 
 func run(o options) error {

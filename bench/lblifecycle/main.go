@@ -43,7 +43,7 @@ func main() {
 	flag.BoolVar(&o.skipCluster, "skip-cluster", false, "measure only the restarts on one host")
 	flag.BoolVar(&o.skipRestarts, "skip-restarts", false, "measure only the upgrades and the maintenance on the local cluster")
 	flag.Parse()
-	benchcluster.Main("bench-lb-lifecycle", func() error { return run(o) })
+	benchcluster.Main("bench-lb-lifecycle", false, func() error { return run(o) })
 }
 
 func run(o options) error {

@@ -54,12 +54,12 @@ func main() {
 	flag.DurationVar(&o.churnInterval, "churn", 3*time.Second, "in the steady state, a Deployment on other nodes scales up or down by 10 this often")
 	flag.StringVar(&o.out, "out", "bench/results/maintenance.json", "where to write the JSON summary")
 	flag.Parse()
-	benchcluster.Main("bench-maintenance", func() error { return run(o) })
+	benchcluster.Main("bench-maintenance", false, func() error { return run(o) })
 }
 
 func run(o options) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-maintenance", o.dist, 3)
+	c, manifest, err := benchcluster.Start(ctx, "bench-maintenance", o.dist, 3, false)
 	if err != nil {
 		return err
 	}

@@ -39,12 +39,12 @@ func main() {
 	scaleN := flag.Int("scale", 1000, "Services (3 ports, 20 endpoints each) for the memory and resync figures; 0 skips")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
-	benchcluster.Main("bench-service", func() error { return run(*dist, *services, *updates, *scaleN, *out) })
+	benchcluster.Main("bench-service", false, func() error { return run(*dist, *services, *updates, *scaleN, *out) })
 }
 
 func run(dist string, nServices, nUpdates, nScale int, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-service", dist, 4)
+	c, manifest, err := benchcluster.Start(ctx, "bench-service", dist, 4, false)
 	if err != nil {
 		return err
 	}

@@ -143,7 +143,7 @@ func (l *longLived) lastBroken() string {
 	return ""
 }
 
-func startLongLived(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, n int, lifetime time.Duration) *longLived {
+func startLongLived(dial func(ctx context.Context, network, addr string) (net.Conn, error), open openLongLivedFunc, addr string, n int, lifetime time.Duration) *longLived {
 	l := &longLived{done: make(chan struct{})}
 	for i := range n {
 		l.wg.Add(1)
@@ -156,7 +156,7 @@ func startLongLived(dial func(ctx context.Context, network, addr string) (net.Co
 			case <-time.After(lifetime * time.Duration(i) / time.Duration(max(n, 1))):
 			}
 			for {
-				conn, err := loadgen.OpenLongLivedVia(dial, addr, 200*time.Millisecond)
+				conn, err := open(dial, addr, 200*time.Millisecond)
 				if err != nil {
 					l.broke("opening: " + err.Error())
 				} else {
@@ -181,6 +181,9 @@ func startLongLived(dial func(ctx context.Context, network, addr string) (net.Co
 	}
 	return l
 }
+
+// openLongLivedFunc opens one long-lived connection (appKind.openLongLived).
+type openLongLivedFunc func(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration) (*loadgen.LongLived, error)
 
 func (l *longLived) stop() {
 	close(l.done)

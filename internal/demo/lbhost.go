@@ -93,11 +93,12 @@ func RunLBHost(ctx context.Context, c *localcluster.Cluster, progress io.Writer)
 	defer func() { _ = c.RouteVIPs() }()
 
 	ns := "demo-lbhost"
-	vip, err := deployPinned(ctx, c, ns, appNode.Name)
+	app := appKindOf(c)
+	vip, err := deployPinned(ctx, c, app, ns, appNode.Name)
 	if err != nil {
 		return nil, err
 	}
-	url := fmt.Sprintf("http://%s/", vip)
+	url := fmt.Sprintf("http://%s%s", vip, app.path())
 	probe := &loadgen.Requests{URL: url, Dial: c.ExternalClient.DialContext}
 	if err := waitFor(ctx, time.Minute, func() bool { return probe.Probe() == nil }); err != nil {
 		return nil, fmt.Errorf("the client reaching %s through the LB hosts: %w", url, err)
@@ -124,11 +125,11 @@ func RunLBHost(ctx context.Context, c *localcluster.Cluster, progress io.Writer)
 		}
 	}
 	step("%s owns %s; 100 requests/s and 4 long-lived connections from the client", res.Host, vip)
-	load := &loadgen.Requests{URL: url, Rate: 100, Dial: c.ExternalClient.DialContext}
+	load := &loadgen.Requests{URL: url, Rate: 100, Dial: c.ExternalClient.DialContext, Serving: app.serving()}
 	load.Start()
 	var long []*loadgen.LongLived
 	for range 4 {
-		l, err := loadgen.OpenLongLivedVia(c.ExternalClient.DialContext, netip.AddrPortFrom(vip, 80).String(), 200*time.Millisecond)
+		l, err := app.openLongLived(c.ExternalClient.DialContext, netip.AddrPortFrom(vip, 80).String(), 200*time.Millisecond)
 		if err != nil {
 			load.Stop()
 			return nil, fmt.Errorf("opening a long-lived connection: %w", err)
@@ -200,11 +201,11 @@ func RunLBHost(ctx context.Context, c *localcluster.Cluster, progress io.Writer)
 
 // deployPinned deploys the echo app (2 replicas) on one node behind a
 // LoadBalancer Service of ebb's class and returns its address.
-func deployPinned(ctx context.Context, c *localcluster.Cluster, ns, node string) (netip.Addr, error) {
+func deployPinned(ctx context.Context, c *localcluster.Cluster, app appKind, ns, node string) (netip.Addr, error) {
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return netip.Addr{}, err
 	}
-	dep := localcluster.EchoDeployment(ns, "web", 2)
+	dep := app.deployment(ns, "web", 2)
 	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	if err := createAndWait(ctx, c, dep); err != nil {
 		return netip.Addr{}, err

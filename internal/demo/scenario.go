@@ -99,7 +99,7 @@ type Result struct {
 // Run runs the scenario against c, with ebb (controller and lb) already
 // running as the mode needs.
 func Run(ctx context.Context, c *localcluster.Cluster, o Options) (*Result, error) {
-	s := &scenario{c: c, o: o, progress: o.Progress}
+	s := &scenario{c: c, o: o, progress: o.Progress, kind: appKindOf(c)}
 	if s.progress == nil {
 		s.progress = io.Discard
 	}
@@ -110,6 +110,10 @@ type scenario struct {
 	c        *localcluster.Cluster
 	o        Options
 	progress io.Writer
+	kind     appKind
+	// pods maps the apps' pods to their nodes (real nodes: the answers
+	// name pods).
+	pods *podNodes
 }
 
 func (s *scenario) step(format string, args ...any) {
@@ -133,13 +137,17 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.pods, err = watchPodNodes(ctx, s.c.Client, ns); err != nil {
+		return nil, err
+	}
+	defer s.pods.stop()
 
 	s.step("%s: sending %d new connections/s and keeping %d long-lived connections", mode, s.o.Rate, s.o.LongLived)
-	web := &loadgen.Requests{URL: webURL + "/", Rate: max(s.o.Rate*2/3, 1), Dial: s.o.Dial}
-	solo := &loadgen.Requests{URL: soloURL + "/", Rate: max(s.o.Rate/3, 1), Dial: s.o.Dial}
+	web := &loadgen.Requests{URL: webURL + s.kind.path(), Rate: max(s.o.Rate*2/3, 1), Dial: s.o.Dial, Serving: s.kind.serving()}
+	solo := &loadgen.Requests{URL: soloURL + s.kind.path(), Rate: max(s.o.Rate/3, 1), Dial: s.o.Dial, Serving: s.kind.serving()}
 	web.Start()
 	solo.Start()
-	long := startLongLived(s.o.Dial, webURL[len("http://"):], s.o.LongLived, s.o.LongLivedLifetime)
+	long := startLongLived(s.o.Dial, s.kind.openLongLived, webURL[len("http://"):], s.o.LongLived, s.o.LongLivedLifetime)
 	origin := time.Now()
 	since := func() time.Duration { return time.Since(origin) }
 	sleep(ctx, s.o.Settle)
@@ -241,6 +249,14 @@ func (s *scenario) tally(res *Result, origin time.Time, long *longLived, gens ..
 		}
 		res.Samples = append(res.Samples, shift(g.Samples(), g.Started().Sub(origin))...)
 	}
+	if s.kind.real {
+		// The answers named pods: count each request for its pod's node.
+		for i := range res.Samples {
+			if res.Samples[i].Node != "" {
+				res.Samples[i].Node = s.pods.node(res.Samples[i].Node)
+			}
+		}
+	}
 	res.ResetConnections, res.LongLivedOpened = long.resets.Load(), long.opened.Load()
 	res.P99Ms = p99(res.Samples, res.Markers.Drain, res.Markers.NodeUp)
 }
@@ -248,7 +264,7 @@ func (s *scenario) tally(res *Result, origin time.Time, long *longLived, gens ..
 // app deploys the echo app behind an ebb load balancer and returns its URL
 // once it answers.
 func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, single bool) (string, error) {
-	dep := localcluster.EchoDeployment(ns, name, replicas)
+	dep := s.kind.deployment(ns, name, replicas)
 	// Applications ride out the moment every proxy needs to learn that an
 	// endpoint left, as they must for any rolling update.
 	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
@@ -278,7 +294,7 @@ func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, sin
 		svc, err := s.c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
 			url := "http://" + net.JoinHostPort(svc.Status.LoadBalancer.Ingress[0].IP, "80")
-			if (&loadgen.Requests{URL: url + "/", Dial: s.o.Dial}).Probe() == nil {
+			if (&loadgen.Requests{URL: url + s.kind.path(), Dial: s.o.Dial}).Probe() == nil {
 				return url, nil
 			}
 		}

@@ -6,6 +6,7 @@
 package loadgen
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -27,6 +28,10 @@ type Requests struct {
 	// Dial, if set, opens the connections (a client in another network
 	// namespace); default: this process's.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Serving, if set, names what served a request from its answer's
+	// body (Sample.Node); default: the "node" of the local cluster's echo
+	// servers' JSON. agnhost's /hostname answers the pod's name.
+	Serving func(body []byte) string
 
 	client  *http.Client
 	start   time.Time
@@ -97,6 +102,8 @@ func (r *Requests) one() {
 			err = rerr
 		case resp.StatusCode != http.StatusOK:
 			err = fmt.Errorf("status %d", resp.StatusCode)
+		case r.Serving != nil:
+			s.Node = r.Serving(body)
 		default:
 			_ = json.NewDecoder(bytes.NewReader(body)).Decode(&id)
 			s.Node = id.Node
@@ -173,6 +180,64 @@ func OpenLongLived(addr string, interval time.Duration) (*LongLived, error) {
 // OpenLongLivedVia is OpenLongLived with a dialer of the caller's (nil:
 // this process's).
 func OpenLongLivedVia(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration) (*LongLived, error) {
+	return openLongLived(dial, addr, interval, echoBytes)
+}
+
+// OpenLongLivedHTTPVia is OpenLongLivedVia speaking HTTP/1.1 keep-alive:
+// every interval a GET /echo?msg=... on the same connection, whose answer
+// must be the message (agnhost netexec's /echo), as a client with a
+// connection pool does.
+func OpenLongLivedHTTPVia(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration) (*LongLived, error) {
+	return openLongLived(dial, addr, interval, echoHTTP(addr))
+}
+
+// roundTrip sends message i on conn and checks its echo.
+type roundTrip func(conn net.Conn, r *bufio.Reader, i int) error
+
+// echoBytes writes a line and reads it back (the echo servers' raw TCP
+// echo).
+func echoBytes(conn net.Conn, r *bufio.Reader, i int) error {
+	msg := fmt.Sprintf("long-lived %d\n", i)
+	if _, err := conn.Write([]byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return fmt.Errorf("echo %q, want %q", buf, msg)
+	}
+	return nil
+}
+
+// echoHTTP asks for /echo?msg=long-lived-i on a kept-alive connection.
+func echoHTTP(host string) roundTrip {
+	return func(conn net.Conn, r *bufio.Reader, i int) error {
+		msg := fmt.Sprintf("long-lived-%d", i)
+		if _, err := fmt.Fprintf(conn, "GET /echo?msg=%s HTTP/1.1\r\nHost: %s\r\n\r\n", msg, host); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			return err
+		}
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || string(body) != msg {
+			return fmt.Errorf("answer %s %q, want 200 %q", resp.Status, body, msg)
+		}
+		if resp.Close {
+			return fmt.Errorf("the server closed the kept-alive connection after message %d", i)
+		}
+		return nil
+	}
+}
+
+func openLongLived(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration, trip roundTrip) (*LongLived, error) {
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
 	}
@@ -186,25 +251,16 @@ func OpenLongLivedVia(dial func(ctx context.Context, network, addr string) (net.
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		buf := make([]byte, 64)
+		r := bufio.NewReader(conn)
 		for i := 0; ; i++ {
 			select {
 			case <-l.done:
 				return
 			case <-time.After(interval):
 			}
-			msg := fmt.Sprintf("long-lived %d\n", i)
 			_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := conn.Write([]byte(msg)); err != nil {
+			if err := trip(conn, r, i); err != nil {
 				l.fail(err)
-				return
-			}
-			if _, err := io.ReadFull(conn, buf[:len(msg)]); err != nil {
-				l.fail(err)
-				return
-			}
-			if string(buf[:len(msg)]) != msg {
-				l.fail(fmt.Errorf("echo %q, want %q", buf[:len(msg)], msg))
 				return
 			}
 			l.echoes.Add(1)

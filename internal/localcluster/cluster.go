@@ -204,10 +204,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startKubeProxies(); err != nil {
 		return nil, err
 	}
-	if !opts.RealKubelets {
-		if err := c.startSimulators(); err != nil {
+	if opts.RealKubelets {
+		if err := c.startNodeTaps(); err != nil {
 			return nil, err
 		}
+	} else if err := c.startSimulators(); err != nil {
+		return nil, err
 	}
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
@@ -559,6 +561,16 @@ func (c *Cluster) startSimulators() error {
 	return nil
 }
 
+// startNodeTaps runs the taps that see new connections reach the nodes
+// (LastNewConnection), alone: real nodes need no simulators.
+func (c *Cluster) startNodeTaps() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	c.simsDone = make(chan struct{})
+	close(c.simsDone)
+	return c.startTaps(ctx)
+}
+
 // waitReady waits for Ready nodes, serving controllers and the default
 // service account (which the controller manager makes).
 func (c *Cluster) waitReady(ctx context.Context) error {
@@ -641,6 +653,9 @@ func (c *Cluster) StartProcess(name, path string, args ...string) (stop func() e
 	}
 	return func() error { return p.stop(10 * time.Second) }, nil
 }
+
+// RealKubelets says whether the nodes are real (Options.RealKubelets).
+func (c *Cluster) RealKubelets() bool { return c.opts.RealKubelets }
 
 // Dir is the cluster's working directory (logs are in Dir/logs).
 func (c *Cluster) Dir() string { return c.opts.Dir }

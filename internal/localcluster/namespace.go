@@ -78,11 +78,15 @@ func ReexecNotify(started func(pid int)) (int, error) { return reexec(started, f
 // initial user namespace, which no process of a new one has. The child
 // mounts a bpffs of its own at /sys/fs/bpf (SetupNamespace), so what the
 // cluster pins goes with it.
-func ReexecInHostUserNamespace() (int, error) {
+func ReexecInHostUserNamespace() (int, error) { return ReexecInHostUserNamespaceNotify(nil) }
+
+// ReexecInHostUserNamespaceNotify is ReexecInHostUserNamespace that calls
+// started, if not nil, with the child's process ID once it runs.
+func ReexecInHostUserNamespaceNotify(started func(pid int)) (int, error) {
 	if os.Geteuid() != 0 {
-		return 1, errors.New("a local cluster in the host's user namespace (for eBPF) needs root: run as root, or leave Options.HostUserNamespace unset")
+		return 1, errors.New("a local cluster in the host's user namespace (real kubelets, eBPF) needs root: run as root, or leave Options.HostUserNamespace and RealKubelets unset")
 	}
-	return reexec(nil, true)
+	return reexec(started, true)
 }
 
 func reexec(started func(pid int), hostUserNS bool) (int, error) {

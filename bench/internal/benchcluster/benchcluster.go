@@ -17,9 +17,15 @@ import (
 
 // Main re-executes the benchmark inside new namespaces (once), then runs
 // run there and exits: 1, with the error printed under name, if it fails.
-func Main(name string, run func() error) {
+// A benchmark on real nodes keeps the host's user namespace
+// (realKubelets; root only).
+func Main(name string, realKubelets bool, run func() error) {
 	if !localcluster.InNamespace() {
-		code, err := localcluster.Reexec()
+		reexec := localcluster.Reexec
+		if realKubelets {
+			reexec = localcluster.ReexecInHostUserNamespace
+		}
+		code, err := reexec()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
@@ -34,13 +40,13 @@ func Main(name string, run func() error) {
 	}
 }
 
-// Start sets up the namespace and starts a cluster of nodes simulated
-// nodes named name (its progress on stderr) that runs pods of ebb's image
-// as processes, for a benchmark that installs ebb from dist (`make
-// release` writes dist/install.yaml and the image layout dist/oci). It
-// returns the cluster and the manifest's absolute path; the caller stops
-// the cluster.
-func Start(ctx context.Context, name, dist string, nodes int) (*localcluster.Cluster, string, error) {
+// Start sets up the namespace and starts a cluster of nodes named name
+// (its progress on stderr), simulated nodes that run pods of ebb's image as
+// processes or, with realKubelets, real nodes, for a benchmark that
+// installs ebb from dist (`make release` writes dist/install.yaml and the
+// image layout dist/oci). It returns the cluster and the manifest's
+// absolute path; the caller stops the cluster.
+func Start(ctx context.Context, name, dist string, nodes int, realKubelets bool) (*localcluster.Cluster, string, error) {
 	if err := localcluster.SetupNamespace(); err != nil {
 		return nil, "", err
 	}
@@ -51,7 +57,7 @@ func Start(ctx context.Context, name, dist string, nodes int) (*localcluster.Clu
 	if _, err := os.Stat(manifest); err != nil {
 		return nil, "", fmt.Errorf("%w: run `make release` (the make target does)", err)
 	}
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: nodes, Progress: os.Stderr, Images: []string{filepath.Join(filepath.Dir(manifest), "oci")}})
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: nodes, Progress: os.Stderr, Images: []string{filepath.Join(filepath.Dir(manifest), "oci")}, RealKubelets: realKubelets})
 	if err != nil {
 		return nil, "", err
 	}

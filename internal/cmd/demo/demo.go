@@ -26,13 +26,15 @@ import (
 
 // Options are the demo's flags.
 type Options struct {
-	Nodes    int
-	Scenario demo.Options
-	Baseline bool
-	Short    bool
-	Keep     bool
-	JSON     bool
-	Report   string
+	Nodes int
+	// RealKubelets makes the nodes real (kubelet, containerd, agnhost apps).
+	RealKubelets bool
+	Scenario     demo.Options
+	Baseline     bool
+	Short        bool
+	Keep         bool
+	JSON         bool
+	Report       string
 	// StateDir is where --keep leaves the cluster for `ebb cluster exec`.
 	StateDir string
 	// ToolsBin holds the control-plane binaries (default:
@@ -85,7 +87,11 @@ under traffic.`,
 				return err
 			}
 			if !localcluster.InNamespace() {
-				code, err := localcluster.ReexecNotify(o.outside)
+				reexec := localcluster.ReexecNotify
+				if o.RealKubelets {
+					reexec = localcluster.ReexecInHostUserNamespaceNotify
+				}
+				code, err := reexec(o.outside)
 				if err != nil {
 					return err
 				}
@@ -100,7 +106,8 @@ under traffic.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&o.Nodes, "nodes", 3, "number of simulated nodes")
+	f.IntVar(&o.Nodes, "nodes", 3, "number of nodes")
+	f.BoolVar(&o.RealKubelets, "real-kubelets", false, "real nodes: the upstream kubelet and containerd on every node, the apps agnhost (needs root; docs/local-cluster.md)")
 	f.Int32Var(&o.Scenario.Replicas, "replicas", o.Scenario.Replicas, "replicas of the multi-replica app")
 	f.IntVar(&o.Scenario.Rate, "rate", o.Scenario.Rate, "new connections per second through the load balancers")
 	f.IntVar(&o.Scenario.LongLived, "long-lived", o.Scenario.LongLived, "long-lived connections kept open (each replaced every few seconds)")
@@ -136,7 +143,7 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		o.Scenario.Settle, o.Scenario.Downtime, o.Scenario.Replicas = time.Second, 4*time.Second, 3
 	}
 	start := time.Now()
-	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, BinDir: o.ToolsBin, Progress: out,
+	copts := localcluster.Options{Name: "demo", Nodes: o.Nodes, BinDir: o.ToolsBin, Progress: out, RealKubelets: o.RealKubelets,
 		Images: []string{filepath.Join(filepath.Dir(o.Install), "oci")}}
 	if o.Keep {
 		copts.Dir = filepath.Join(o.StateDir, keepName)
