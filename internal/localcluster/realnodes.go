@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/http"
@@ -35,8 +36,13 @@ type realNode struct {
 }
 
 // clusterCgroup is the cgroup under which every real node of the cluster
-// has its own.
-func (c *Cluster) clusterCgroup() string { return path.Join(realnode.CgroupParent, c.opts.Name) }
+// has its own: the cluster's name and a digest of its directory, so that
+// two clusters of one name (two runs of a test package at once) never
+// share one.
+func (c *Cluster) clusterCgroup() string {
+	sum := sha256.Sum256([]byte(c.opts.Dir))
+	return path.Join(realnode.CgroupParent, fmt.Sprintf("%s-%x", c.opts.Name, sum[:4]))
+}
 
 // startRealNodes starts containerd and kubelet on every node, each in the
 // node's network namespace and a mount namespace and cgroup of its own,
@@ -47,9 +53,9 @@ func (c *Cluster) startRealNodes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// A run that crashed leaves its nodes' cgroups (and maybe processes).
-	if err := cgroups.Remove(c.clusterCgroup(), 30*time.Second); err != nil {
-		return fmt.Errorf("removing what an earlier cluster named %q left: %w", c.opts.Name, err)
+	// A cluster that crashed leaves its nodes' cgroups, empty.
+	if err := cgroups.RemoveStale(); err != nil {
+		c.progressf("removing the cgroups earlier clusters left: %v", err)
 	}
 	archives, err := c.nodeImages()
 	if err != nil {

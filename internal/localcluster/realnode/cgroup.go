@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -137,6 +138,40 @@ func (c Cgroups) Remove(path string, timeout time.Duration) error {
 				errs = append(errs, err)
 			}
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// RemoveStale removes the cgroups of clusters that are gone: trees under
+// CgroupParent with no process left, made more than a minute ago (one
+// being made now has no process yet). A cluster's processes all die with
+// it (it is the init of their PID namespace), so what a crashed cluster
+// leaves is empty; a running cluster's cgroups are never touched.
+func (c Cgroups) RemoveStale() error {
+	if len(c.Mounts) == 0 {
+		return nil
+	}
+	entries, err := os.ReadDir(filepath.Join(c.Mounts[0], CgroupParent))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing the local clusters' cgroups: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || time.Since(info.ModTime()) < time.Minute {
+			continue
+		}
+		tree := path.Join(CgroupParent, e.Name())
+		if len(c.processes(tree)) > 0 {
+			continue
+		}
+		errs = append(errs, c.Remove(tree, 10*time.Second))
 	}
 	return errors.Join(errs...)
 }

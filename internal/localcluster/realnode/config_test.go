@@ -2,6 +2,7 @@ package realnode
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,5 +195,35 @@ func TestMakeCopiesCpusetsDownEveryLevel(t *testing.T) {
 	// Again: the cgroups exist, which is fine.
 	if err := c.Make("/ebb/test/node-1/system"); err != nil {
 		t.Errorf("Make of existing cgroups: %v", err)
+	}
+}
+
+func TestRemoveStaleRemovesOnlyOldEmptyClusters(t *testing.T) {
+	mount := t.TempDir()
+	c := Cgroups{Mounts: []string{mount}}
+	old := time.Now().Add(-time.Hour)
+	for _, tree := range []string{"crashed/node-1/system", "running/node-1/system", "starting/node-1"} {
+		if err := os.MkdirAll(filepath.Join(mount, CgroupParent, tree), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A running cluster has processes (this test's own, never killed: it
+	// is skipped); one being made now has none yet, but is new.
+	if err := os.WriteFile(filepath.Join(mount, CgroupParent, "running/node-1/system/cgroup.procs"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"crashed", "running"} {
+		if err := os.Chtimes(filepath.Join(mount, CgroupParent, d), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.RemoveStale(); err != nil {
+		t.Fatal(err)
+	}
+	for tree, want := range map[string]bool{"crashed": false, "running": true, "starting": true} {
+		_, err := os.Stat(filepath.Join(mount, CgroupParent, tree))
+		if got := err == nil; got != want {
+			t.Errorf("%s kept = %v, want %v", tree, got, want)
+		}
 	}
 }

@@ -49,3 +49,52 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		t.Errorf("HTML report: %v (%d bytes)", err, len(page))
 	}
 }
+
+// `ebb demo --real-kubelets` runs the same scenario on real nodes (the
+// upstream kubelet and containerd, the apps agnhost): the drain under
+// traffic fails no request and resets no long-lived connection, and each
+// node's share of the traffic is reported.
+func TestDemoOnRealKubeletsRunsToCompletion(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	report := filepath.Join(t.TempDir(), "report.html")
+	out, err := ebb(ctx, t, t.TempDir(), "demo", "--short", "--real-kubelets", "--baseline=false", "--lb-host=false", "--json", "--report", report)
+	if err != nil {
+		t.Fatalf("ebb demo --real-kubelets: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var summary struct {
+		RequestsSent     int64   `json:"requests_sent"`
+		RequestsFailed   int64   `json:"requests_failed"`
+		ResetConnections int64   `json:"reset_connections"`
+		DrainSeconds     float64 `json:"drain_seconds"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &summary); err != nil {
+		t.Fatalf("the last line is not the JSON summary: %v\n%s", err, out)
+	}
+	if summary.RequestsSent == 0 || summary.RequestsFailed != 0 || summary.ResetConnections != 0 || summary.DrainSeconds <= 0 {
+		t.Errorf("summary %+v\n%s", summary, out)
+	}
+	for _, want := range []string{"containerd and kubelet up", "Requests per second served by each node (ebb"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the output lacks %q", want)
+		}
+	}
+	// The per-node figures name nodes, not pods: the answers named pods.
+	if strings.Contains(sectionOf(out, "Requests per second served by each node"), "web-") {
+		t.Errorf("the per-node figures name pods:\n%s", out)
+	}
+}
+
+// sectionOf is the part of out from title to the next empty line.
+func sectionOf(out, title string) string {
+	i := strings.Index(out, title)
+	if i < 0 {
+		return ""
+	}
+	rest := out[i:]
+	if j := strings.Index(rest, "\n\n"); j >= 0 {
+		rest = rest[:j]
+	}
+	return rest
+}
