@@ -8,7 +8,8 @@ GO ?= go
 # repository; hack/tools.sh prints where.
 TOOLS_BIN = $(shell hack/tools.sh --print)
 E2E_TIMEOUT ?= 30m
-# Extra flags for `ebb demo`, e.g. make demo DEMO_FLAGS=--baseline=false (ebb only)
+# Extra flags for `ebb demo`, e.g. make demo DEMO_FLAGS=--baseline=false (ebb
+# only), or DEMO_FLAGS=--real-kubelets=false (kwok-simulated nodes, no root)
 DEMO_FLAGS ?=
 # The image `make image` builds and `make release` pins by digest.
 IMAGE ?= ghcr.io/ebbdev/ebb
@@ -106,10 +107,10 @@ bench-cutover: tools build release
 	$(GO) build -o bin/bench-cutover ./bench/cutover
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -dist dist
 
-## bench-drain: a node drained under 1,000 req/s and 50 long-lived connections, ebb against kubectl drain, 3 runs each
+## bench-drain: a node drained under 1,000 req/s and 50 long-lived connections, ebb against kubectl drain, 3 runs each, on real kubelets (needs root)
 bench-drain: tools build release
 	$(GO) build -o bin/bench-drain ./bench/drain
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -dist dist
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-drain -dist dist -real-kubelets
 
 ## bench-maintenance: API writes and reconciles per minute of ebb controller with 100 nodes, 3,000 pods and 5 NodeMaintenances, draining and steady
 bench-maintenance: tools build release

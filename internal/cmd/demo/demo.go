@@ -57,10 +57,11 @@ func NewCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Drain a node of a local cluster under live traffic with ebb, and report what the clients noticed",
-		Long: `Starts a local cluster (building what is missing), installs ebb in it from
-dist/install.yaml as a user does (two controller replicas, the ebb lb
-DaemonSet on the first node, pods of ebb's own image running as real
-processes), deploys a Deployment of several replicas and a single
+		Long: `Starts a local cluster (building what is missing) whose nodes are real (the
+upstream kubelet and containerd on each; --real-kubelets=false: kwok-simulated
+nodes, pods of ebb's image as processes, the apps echo servers), installs
+ebb in it from dist/install.yaml as a user does (two controller replicas,
+the ebb lb DaemonSet on the first node), deploys a Deployment of several replicas and a single
 replica that uses the surge evacuator, both behind ebb.dev/l4 LoadBalancer
 Services, sends constant HTTP traffic through their addresses, drains the
 single replica's node with a NodeMaintenance (the clients sit behind the
@@ -107,7 +108,7 @@ under traffic.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.Nodes, "nodes", 3, "number of nodes")
-	f.BoolVar(&o.RealKubelets, "real-kubelets", false, "real nodes: the upstream kubelet and containerd on every node, the apps agnhost (needs root; docs/local-cluster.md)")
+	f.BoolVar(&o.RealKubelets, "real-kubelets", true, "real nodes: the upstream kubelet and containerd on every node, the apps agnhost (needs root; false: kwok-simulated nodes, which need none; docs/local-cluster.md)")
 	f.Int32Var(&o.Scenario.Replicas, "replicas", o.Scenario.Replicas, "replicas of the multi-replica app")
 	f.IntVar(&o.Scenario.Rate, "rate", o.Scenario.Rate, "new connections per second through the load balancers")
 	f.IntVar(&o.Scenario.LongLived, "long-lived", o.Scenario.LongLived, "long-lived connections kept open (each replaced every few seconds)")

@@ -10,14 +10,15 @@ import (
 	"time"
 )
 
-// `ebb demo` (a short run, with the baseline) drains a node under traffic
-// to the end: no request fails with ebb, the baseline's probe-only load
-// balancer loses some while the node is down, and the report is written.
+// `ebb demo --real-kubelets=false` (a short run on kwok-simulated nodes,
+// with the baseline) drains a node under traffic to the end: no request
+// fails with ebb, the baseline's probe-only load balancer loses some while
+// the node is down, and the report is written.
 func TestDemoRunsToCompletion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	report := filepath.Join(t.TempDir(), "report.html")
-	out, err := ebb(ctx, t, t.TempDir(), "demo", "--short", "--baseline", "--json", "--report", report)
+	out, err := ebb(ctx, t, t.TempDir(), "demo", "--short", "--real-kubelets=false", "--baseline", "--json", "--report", report)
 	if err != nil {
 		t.Fatalf("ebb demo: %v\n%s", err, out)
 	}
@@ -50,15 +51,15 @@ func TestDemoRunsToCompletion(t *testing.T) {
 	}
 }
 
-// `ebb demo --real-kubelets` runs the same scenario on real nodes (the
-// upstream kubelet and containerd, the apps agnhost): the drain under
+// `ebb demo` runs on real nodes by default (the upstream kubelet and
+// containerd, the apps agnhost), as `make demo` does: the drain under
 // traffic fails no request and resets no long-lived connection, and each
 // node's share of the traffic is reported.
 func TestDemoOnRealKubeletsRunsToCompletion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	report := filepath.Join(t.TempDir(), "report.html")
-	out, err := ebb(ctx, t, t.TempDir(), "demo", "--short", "--real-kubelets", "--baseline=false", "--lb-host=false", "--json", "--report", report)
+	out, err := ebb(ctx, t, t.TempDir(), "demo", "--short", "--baseline=false", "--lb-host=false", "--json", "--report", report)
 	if err != nil {
 		t.Fatalf("ebb demo --real-kubelets: %v\n%s", err, out)
 	}
