@@ -109,13 +109,13 @@ fi
 # the kernel through the nft binary (sigs.k8s.io/knftables); the router
 # learns load-balancer addresses by BGP with FRR (bgpd and zebra); the real
 # nodes' containerd runs containers with runc and wires pods with the CNI
-# reference plugins (bridge, host-local, loopback); the app image's shell
+# reference plugins (ptp, host-local, loopback); the app image's shell
 # and tools are busybox's (static).
 apt_packages=()
 command -v nft >/dev/null || apt_packages+=(nftables)
 [[ -x /usr/lib/frr/bgpd && -x /usr/lib/frr/zebra ]] || apt_packages+=(frr)
 command -v runc >/dev/null || apt_packages+=(runc)
-[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || apt_packages+=(containernetworking-plugins)
+[[ -x /usr/lib/cni/ptp && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || apt_packages+=(containernetworking-plugins)
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || apt_packages+=(busybox-static)
 if ((${#apt_packages[@]})); then
 	log "installing Debian packages: ${apt_packages[*]}"

@@ -56,7 +56,7 @@ func writeKubeletClientCerts(dir string) (kubeletClientCerts, error) {
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		return out, err
+		return out, fmt.Errorf("reading the kubelet client CA back: %w", err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -76,7 +76,7 @@ func writeKubeletClientCerts(dir string) (kubeletClientCerts, error) {
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return out, err
+		return out, fmt.Errorf("encoding the apiserver's kubelet client key: %w", err)
 	}
 	files := map[string][]byte{
 		out.CAFile:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),

@@ -246,7 +246,7 @@ func (c *Cluster) RebootNode(ctx context.Context, name string, down time.Duratio
 			return fmt.Errorf("emptying node %s's /run: %w", name, err)
 		}
 		if err := os.MkdirAll(filepath.Join(run, e.Name()), 0o755); err != nil {
-			return err
+			return fmt.Errorf("emptying node %s's /run: %w", name, err)
 		}
 	}
 	rn.holder, rn.procs = nil, nil

@@ -93,6 +93,9 @@ under traffic.`,
 					reexec = localcluster.ReexecInHostUserNamespaceNotify
 				}
 				code, err := reexec(o.outside)
+				if err != nil && o.RealKubelets {
+					return fmt.Errorf("%w (ebb demo runs on real nodes unless --real-kubelets=false, which needs no root)", err)
+				}
 				if err != nil {
 					return err
 				}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -170,16 +171,17 @@ func write(ref string, files []file, cfg v1.Config, dir, name string) (Archive, 
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return Archive{}, err
+		return Archive{}, fmt.Errorf("reading the configuration of %s: %w", ref, err)
 	}
 	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created, cf.Config = "amd64", "linux", v1.Time{Time: epoch}, cfg
+	// The binaries are this machine's own builds.
+	cf.Architecture, cf.OS, cf.Created, cf.Config = runtime.GOARCH, "linux", v1.Time{Time: epoch}, cfg
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return Archive{}, fmt.Errorf("configuring %s: %w", ref, err)
 	}
 	layoutDir := filepath.Join(dir, name)
 	if err := os.RemoveAll(layoutDir); err != nil {
-		return Archive{}, err
+		return Archive{}, fmt.Errorf("removing the old layout %s: %w", layoutDir, err)
 	}
 	p, err := layout.Write(layoutDir, empty.Index)
 	if err != nil {
@@ -190,7 +192,7 @@ func write(ref string, files []file, cfg v1.Config, dir, name string) (Archive, 
 	}
 	digest, err := img.Digest()
 	if err != nil {
-		return Archive{}, err
+		return Archive{}, fmt.Errorf("computing the digest of %s: %w", ref, err)
 	}
 	a := Archive{Path: layoutDir + ".tar", Repository: repo, Refs: []string{ref}, Digests: []string{digest.String()}}
 	if err := tarDir(layoutDir, a.Path); err != nil {
@@ -320,5 +322,8 @@ func tarDir(src, dst string) (err error) {
 	if err != nil {
 		return fmt.Errorf("packing %s into %s: %w", src, dst, err)
 	}
-	return tw.Close()
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", dst, err)
+	}
+	return nil
 }

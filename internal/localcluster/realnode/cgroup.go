@@ -65,13 +65,15 @@ func (c Cgroups) Make(path string) error {
 		for _, part := range strings.Split(strings.Trim(path, "/"), "/") {
 			parent := dir
 			dir = filepath.Join(dir, part)
-			if err := os.Mkdir(dir, 0o755); err != nil {
-				if errors.Is(err, fs.ErrExist) {
-					continue
-				}
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 				return fmt.Errorf("creating the cgroup %s: %w", dir, err)
 			}
+			// Also for a cgroup that exists: one a crash left half made
+			// would refuse every process (ENOSPC) without them.
 			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if cur, err := os.ReadFile(filepath.Join(dir, f)); err == nil && len(strings.TrimSpace(string(cur))) > 0 {
+					continue
+				}
 				v, err := os.ReadFile(filepath.Join(parent, f))
 				if errors.Is(err, fs.ErrNotExist) {
 					continue // not the cpuset hierarchy
@@ -105,8 +107,8 @@ func (c Cgroups) Join(path string, pid int) error {
 // the cgroups, deepest first. A path that does not exist is not an error,
 // so a crashed run's leftovers can be removed before a new start.
 func (c Cgroups) Remove(path string, timeout time.Duration) error {
-	if !strings.HasPrefix(path, CgroupParent+"/") || strings.Contains(path, "..") {
-		return fmt.Errorf("refusing to kill the processes of the cgroup %q: only a node's cgroup under %s/ is the cluster's", path, CgroupParent)
+	if err := checkClusterCgroup(path); err != nil {
+		return err
 	}
 	deadline := time.Now().Add(timeout)
 	for {
@@ -146,7 +148,9 @@ func (c Cgroups) Remove(path string, timeout time.Duration) error {
 // CgroupParent with no process left, made more than a minute ago (one
 // being made now has no process yet). A cluster's processes all die with
 // it (it is the init of their PID namespace), so what a crashed cluster
-// leaves is empty; a running cluster's cgroups are never touched.
+// leaves is empty. Another running cluster's processes are in another PID
+// namespace, where cgroup.procs lists them as 0: occupied counts those
+// too, so a running cluster's cgroups are never touched.
 func (c Cgroups) RemoveStale() error {
 	if len(c.Mounts) == 0 {
 		return nil
@@ -168,7 +172,7 @@ func (c Cgroups) RemoveStale() error {
 			continue
 		}
 		tree := path.Join(CgroupParent, e.Name())
-		if len(c.processes(tree)) > 0 {
+		if c.occupied(tree) {
 			continue
 		}
 		errs = append(errs, c.Remove(tree, 10*time.Second))
@@ -176,12 +180,15 @@ func (c Cgroups) RemoveStale() error {
 	return errors.Join(errs...)
 }
 
-// RemoveParentIfEmpty removes CgroupParent where no other cluster's nodes
-// are left in it.
-func (c Cgroups) RemoveParentIfEmpty() {
-	for _, m := range c.Mounts {
-		_ = syscall.Rmdir(filepath.Join(m, CgroupParent)) // ENOTEMPTY while another cluster runs
+// checkClusterCgroup refuses any path but a cluster's or a node's cgroup
+// under CgroupParent (/ebb/CLUSTER[/...]), written plainly: Remove kills
+// every process it finds there.
+func checkClusterCgroup(p string) error {
+	parts := strings.Split(strings.TrimPrefix(p, CgroupParent+"/"), "/")
+	if !strings.HasPrefix(p, CgroupParent+"/") || path.Clean(p) != p || parts[0] == "" || parts[0] == "." || parts[0] == ".." {
+		return fmt.Errorf("refusing to kill the processes of the cgroup %q: only a local cluster's cgroups, %s/CLUSTER and below, are", p, CgroupParent)
 	}
+	return nil
 }
 
 // removeCgroup removes one empty cgroup; the kernel may still hold it busy
@@ -199,7 +206,26 @@ func removeCgroup(dir string, deadline time.Time) error {
 	}
 }
 
-// processes lists the processes in path and below, in every hierarchy.
+// occupied says whether any process, of any PID namespace, is in path or
+// below, in any hierarchy.
+func (c Cgroups) occupied(path string) bool {
+	found := false
+	for _, m := range c.Mounts {
+		_ = filepath.WalkDir(filepath.Join(m, path), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || found || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			if data, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(data))) > 0 {
+				found = true
+			}
+			return nil
+		})
+	}
+	return found
+}
+
+// processes lists the processes in path and below, in every hierarchy,
+// that this process's PID namespace can see (others read as 0).
 func (c Cgroups) processes(path string) []int {
 	seen := map[int]bool{}
 	var pids []int

@@ -160,7 +160,7 @@ func TestContainerdConfigKeepsTheNodesState(t *testing.T) {
 
 func TestRemoveRefusesCgroupsThatAreNotANodes(t *testing.T) {
 	c := Cgroups{Mounts: []string{t.TempDir()}}
-	for _, path := range []string{"/", "", "/ebb", "/system.slice", "/ebb/../user.slice", "ebb/x"} {
+	for _, path := range []string{"/", "", "/ebb", "/ebb/", "/ebb/.", "/ebb//x", "/ebb/x/", "/system.slice", "/ebb/../user.slice", "ebb/x"} {
 		if err := c.Remove(path, time.Second); err == nil {
 			t.Errorf("Remove(%q) = nil: it would kill processes that are not a node's", path)
 		}
@@ -192,9 +192,16 @@ func TestMakeCopiesCpusetsDownEveryLevel(t *testing.T) {
 			t.Errorf("%s of the memory hierarchy got a cpuset file", level)
 		}
 	}
-	// Again: the cgroups exist, which is fine.
+	// Again: the cgroups exist, which is fine; one a crash left without
+	// its cpuset gets it.
+	if err := os.WriteFile(filepath.Join(cpuset, "ebb/test/node-1/cpuset.cpus"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Make("/ebb/test/node-1/system"); err != nil {
 		t.Errorf("Make of existing cgroups: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(cpuset, "ebb/test/node-1/cpuset.cpus")); string(got) != "0-1\n" {
+		t.Errorf("an existing cgroup without cpus got %q, want the parent's", got)
 	}
 }
 
@@ -202,7 +209,7 @@ func TestRemoveStaleRemovesOnlyOldEmptyClusters(t *testing.T) {
 	mount := t.TempDir()
 	c := Cgroups{Mounts: []string{mount}}
 	old := time.Now().Add(-time.Hour)
-	for _, tree := range []string{"crashed/node-1/system", "running/node-1/system", "starting/node-1"} {
+	for _, tree := range []string{"crashed/node-1/system", "running/node-1/system", "elsewhere/node-1/system", "starting/node-1"} {
 		if err := os.MkdirAll(filepath.Join(mount, CgroupParent, tree), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -212,7 +219,12 @@ func TestRemoveStaleRemovesOnlyOldEmptyClusters(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mount, CgroupParent, "running/node-1/system/cgroup.procs"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"crashed", "running"} {
+	// Another cluster's processes are in another PID namespace: its
+	// cgroup.procs lists them as 0.
+	if err := os.WriteFile(filepath.Join(mount, CgroupParent, "elsewhere/node-1/system/cgroup.procs"), []byte("0\n0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"crashed", "running", "elsewhere"} {
 		if err := os.Chtimes(filepath.Join(mount, CgroupParent, d), old, old); err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +232,7 @@ func TestRemoveStaleRemovesOnlyOldEmptyClusters(t *testing.T) {
 	if err := c.RemoveStale(); err != nil {
 		t.Fatal(err)
 	}
-	for tree, want := range map[string]bool{"crashed": false, "running": true, "starting": true} {
+	for tree, want := range map[string]bool{"crashed": false, "running": true, "elsewhere": true, "starting": true} {
 		_, err := os.Stat(filepath.Join(mount, CgroupParent, tree))
 		if got := err == nil; got != want {
 			t.Errorf("%s kept = %v, want %v", tree, got, want)

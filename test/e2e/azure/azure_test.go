@@ -280,10 +280,11 @@ func TestCompetingWriterCannotKeepADrainingNodeNone(t *testing.T) {
 	}
 	t.Logf("%d stale rewrites in %s: ebb set the draining node Down again %d times while the writer went on; it was None for at most %s at a time", rewrites, window, undone, longest.Round(10*time.Millisecond))
 	// The drift check runs every 5 s while a node is Down: in 20 s of
-	// rewrites every 3 s, a check that never undid the writer leaves the
-	// node None from the first rewrite on.
-	if undone == 0 {
-		t.Errorf("while a competing writer rewrote the pool every %s for %s, ebb never set the draining node Down again (None for the last %s)", every, window, longest.Round(10*time.Millisecond))
+	// rewrites every 3 s it undoes the writer about 4 times (4 seen); a
+	// check that never ran, or ran only once, would leave the node None
+	// for most of the window.
+	if undone < 2 {
+		t.Errorf("while a competing writer rewrote the pool every %s for %s, ebb set the draining node Down again %d times, want at least 2 (longest None %s)", every, window, undone, longest.Round(10*time.Millisecond))
 	}
 	e2eutil.Eventually(t, ctx, 10*time.Second, "Down again after the writer stops", func(context.Context) (bool, string) {
 		return entryState(b.IP) == "Down", entryState(b.IP)

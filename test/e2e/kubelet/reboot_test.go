@@ -58,8 +58,9 @@ func TestARebootedNodeStartsItsPodsAgain(t *testing.T) {
 		return running != nil && running.StartedAt.After(rebooted.Add(-time.Second)) && cs.Ready,
 			fmt.Sprintf("state %+v, ready %v, restarts %d", cs.State, cs.Ready, cs.RestartCount)
 	})
-	if after.UID != before.UID {
-		t.Errorf("the pod was replaced (%s, was %s): a reboot keeps the node's pods", after.UID, before.UID)
+	// A reboot keeps the node's pods: no replacement was made.
+	if pods := onlyPod(t, ctx, ns, "app=app"); pods.UID != before.UID {
+		t.Errorf("the app's pod is %s (%s), was %s (%s): a reboot keeps the node's pods", pods.Name, pods.UID, before.Name, before.UID)
 	}
 	url = fmt.Sprintf("http://%s:8080/hostname", after.Status.PodIP)
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the pod answering after the reboot", func(ctx context.Context) (bool, string) {
