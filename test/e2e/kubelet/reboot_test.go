@@ -62,10 +62,18 @@ func TestARebootedNodeStartsItsPodsAgain(t *testing.T) {
 	if pods := onlyPod(t, ctx, ns, "app=app"); pods.UID != before.UID {
 		t.Errorf("the app's pod is %s (%s), was %s (%s): a reboot keeps the node's pods", pods.Name, pods.UID, before.Name, before.UID)
 	}
-	url = fmt.Sprintf("http://%s:8080/hostname", after.Status.PodIP)
-	e2eutil.Eventually(t, ctx, 30*time.Second, "the pod answering after the reboot", func(ctx context.Context) (bool, string) {
-		got, err := getBody(ctx, client, url)
-		return err == nil && got == before.Name, fmt.Sprintf("%q, %v", got, err)
+	// The pod's address as the API gives it now: its new sandbox may get
+	// a new one, and a status written before the sandbox's may still show
+	// the old (seen in a CI run: Ready, the new container running, the old
+	// IP, gone with the old sandbox: no route to host).
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the pod answering on its address after the reboot", func(ctx context.Context) (bool, string) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		after = *p
+		got, err := getBody(ctx, client, fmt.Sprintf("http://%s:8080/hostname", p.Status.PodIP))
+		return err == nil && got == before.Name, fmt.Sprintf("%s: %q, %v", p.Status.PodIP, got, err)
 	})
 	t.Logf("pod %s: restarts %d, IP %s (was %s)", after.Name, after.Status.ContainerStatuses[0].RestartCount, after.Status.PodIP, before.Status.PodIP)
 }
