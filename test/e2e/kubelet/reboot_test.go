@@ -63,9 +63,10 @@ func TestARebootedNodeStartsItsPodsAgain(t *testing.T) {
 		t.Errorf("the app's pod is %s (%s), was %s (%s): a reboot keeps the node's pods", pods.Name, pods.UID, before.Name, before.UID)
 	}
 	// The pod's address as the API gives it now: its new sandbox may get
-	// a new one, and a status written before the sandbox's may still show
-	// the old (seen in a CI run: Ready, the new container running, the old
-	// IP, gone with the old sandbox: no route to host).
+	// a new one. A clean-clone CI run dialled the address read with the
+	// first Ready status for 30 s and got "no route to host": most likely
+	// the old sandbox's address, still in a status written before the new
+	// sandbox's (not proven: that run's logs are gone).
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the pod answering on its address after the reboot", func(ctx context.Context) (bool, string) {
 		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{})
 		if err != nil {
