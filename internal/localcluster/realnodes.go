@@ -147,13 +147,6 @@ func (c *Cluster) startRealNode(ctx context.Context, n Node, cgroups realnode.Cg
 	if err != nil {
 		return nil, err
 	}
-	// Pods route through the node: it forwards, as a node with a CNI
-	// plugin does.
-	for _, s := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
-		if err := n.Host.SetSysctl(s, "1"); err != nil {
-			return nil, err
-		}
-	}
 	rn := &realNode{spec: spec, files: files, cgroups: cgroups, node: n, binDir: c.opts.BinDir, logDir: filepath.Join(c.opts.Dir, "logs")}
 	start := time.Now()
 	if err := rn.boot(ctx, archives); err != nil {
@@ -205,7 +198,7 @@ func (rn *realNode) boot(ctx context.Context, archives []nodeimage.Archive) erro
 	}
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", realnode.KubeletHealthzPort)
 	if err := waitFor(ctx, 60*time.Second, kubelet, func() bool { return httpOK(n.Host, healthz) }); err != nil {
-		return fmt.Errorf("node %s: waiting for kubelet's %s (last lines of its log:\n%s): %w", n.Name, healthz, tail(kubelet.logPath, 20), err)
+		return fmt.Errorf("node %s: waiting for kubelet's %s: %w", n.Name, healthz, err)
 	}
 	return nil
 }
@@ -261,7 +254,7 @@ func (c *Cluster) RebootNode(ctx context.Context, name string, down time.Duratio
 // namespace (nsenter into the holder's) and its cgroup, with the tools
 // directory first on PATH (containerd finds its shim there, runc after).
 func (rn *realNode) enter(name, prog string, args ...string) (*process, error) {
-	cmd := exec.Command("nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--", prog}, args...)...)
+	cmd := exec.Command("nsenter", rn.inMounts(prog, args...)...)
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(prog)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	p, err := startCommandOn(rn.node.Host, name, cmd, rn.logDir)
 	if err != nil {
@@ -276,6 +269,12 @@ func (rn *realNode) enter(name, prog string, args ...string) (*process, error) {
 	return p, nil
 }
 
+// inMounts is nsenter's arguments to run prog with args in the node's
+// mount namespace (the holder's).
+func (rn *realNode) inMounts(prog string, args ...string) []string {
+	return append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--", prog}, args...)
+}
+
 // importImage imports an archive into the node's containerd, in the
 // namespace the CRI plugin serves (k8s.io), and names each image by its
 // manifest's digest too (repository@sha256:...), as a pull by digest would:
@@ -284,8 +283,7 @@ func (rn *realNode) importImage(ctx context.Context, a nodeimage.Archive) error 
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	ctr := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(rn.holder.pid()) + "/ns/mnt", "--",
-			filepath.Join(rn.binDir, "ctr"), "--address", realnode.Socket, "--namespace", "k8s.io"}, args...)...)
+		cmd := exec.CommandContext(ctx, "nsenter", rn.inMounts(filepath.Join(rn.binDir, "ctr"), append([]string{"--address", realnode.Socket, "--namespace", "k8s.io"}, args...)...)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
 		}
@@ -319,15 +317,19 @@ func (rn *realNode) stop() error {
 	return errors.Join(errs...)
 }
 
-// waitFor polls ok every 50 ms until it holds, p exits (an error with its
-// log) or timeout passes.
+// waitFor polls ok every 50 ms until it holds, p exits or timeout passes;
+// the error of either failure ends with the last lines of p's log.
 func waitFor(ctx context.Context, timeout time.Duration, p *process, ok func() bool) error {
-	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		if done, err := p.exited(); done {
-			return false, fmt.Errorf("%w; last lines of its log:\n%s", err, tail(p.logPath, 20))
+			return false, err
 		}
 		return ok(), nil
 	})
+	if err != nil {
+		return fmt.Errorf("%w; last lines of %s:\n%s", err, p.logPath, LogTail(p.logPath, 20))
+	}
+	return nil
 }
 
 // httpOK says whether a GET of url from the host answers 200.
@@ -341,11 +343,11 @@ func httpOK(h *network.Host, url string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// tail is the last n lines of a log file.
-func tail(path string, n int) string {
+// LogTail is the last n lines of a log file, for error messages.
+func LogTail(path string, n int) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Sprintf("(reading %s: %v)", path, err)
+		return "(no log: " + err.Error() + ")"
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	if len(lines) > n {

@@ -117,10 +117,10 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, inst
 	for {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("cluster %q failed to start (%v); the end of its log:\n%s", o.Name, err, tail(filepath.Join(dir, serveLog), 20))
+			return fmt.Errorf("cluster %q failed to start (%v); the end of its log:\n%s", o.Name, err, localcluster.LogTail(filepath.Join(dir, serveLog), 20))
 		case <-deadline.C:
 			_ = syscall.Kill(pid, syscall.SIGTERM)
-			return fmt.Errorf("cluster %q was not ready after %s; the end of its log:\n%s", o.Name, timeout, tail(filepath.Join(dir, serveLog), 20))
+			return fmt.Errorf("cluster %q was not ready after %s; the end of its log:\n%s", o.Name, timeout, localcluster.LogTail(filepath.Join(dir, serveLog), 20))
 		case <-ctx.Done():
 			_ = syscall.Kill(pid, syscall.SIGTERM)
 			return ctx.Err()
@@ -136,19 +136,6 @@ func (o *Options) up(ctx context.Context, nodes int, timeout time.Duration, inst
 			}
 		}
 	}
-}
-
-// tail returns the last n lines of a file, for error messages.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "(no log: " + err.Error() + ")"
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 func newServeCommand(o *Options) *cobra.Command {

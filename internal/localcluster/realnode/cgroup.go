@@ -209,26 +209,22 @@ func removeCgroup(dir string, deadline time.Time) error {
 // occupied says whether any process, of any PID namespace, is in path or
 // below, in any hierarchy.
 func (c Cgroups) occupied(path string) bool {
-	found := false
-	for _, m := range c.Mounts {
-		_ = filepath.WalkDir(filepath.Join(m, path), func(p string, d fs.DirEntry, err error) error {
-			if err != nil || found || d.IsDir() || d.Name() != "cgroup.procs" {
-				return nil
-			}
-			if data, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(data))) > 0 {
-				found = true
-			}
-			return nil
-		})
-	}
-	return found
+	visible, others := c.members(path)
+	return len(visible) > 0 || others
 }
 
 // processes lists the processes in path and below, in every hierarchy,
-// that this process's PID namespace can see (others read as 0).
+// that this process's PID namespace can see.
 func (c Cgroups) processes(path string) []int {
+	visible, _ := c.members(path)
+	return visible
+}
+
+// members reads every cgroup.procs in path and below, in every hierarchy:
+// the processes this PID namespace can see, sorted, and whether there are
+// others (cgroup.procs lists a process of another PID namespace as 0).
+func (c Cgroups) members(path string) (visible []int, others bool) {
 	seen := map[int]bool{}
-	var pids []int
 	for _, m := range c.Mounts {
 		_ = filepath.WalkDir(filepath.Join(m, path), func(p string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
@@ -239,14 +235,19 @@ func (c Cgroups) processes(path string) []int {
 				return nil
 			}
 			for _, f := range strings.Fields(string(data)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid > 0 && !seen[pid] {
+				pid, err := strconv.Atoi(f)
+				switch {
+				case err != nil:
+				case pid == 0:
+					others = true
+				case !seen[pid]:
 					seen[pid] = true
-					pids = append(pids, pid)
+					visible = append(visible, pid)
 				}
 			}
 			return nil
 		})
 	}
-	sort.Ints(pids)
-	return pids
+	sort.Ints(visible)
+	return visible, others
 }

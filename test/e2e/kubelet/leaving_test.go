@@ -57,7 +57,7 @@ func TestAPodDeletedThroughARealKubeletGetsNoNewConnection(t *testing.T) {
 	defer cancel()
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 3, agnhostWithPreStop)
-	if err := cluster.RouteVIPsVia(netip.MustParseAddr(nodeIP(t, ctx, lbNode))); err != nil {
+	if err := cluster.RouteVIPsVia(netip.MustParseAddr(nodeIP(t, lbNode))); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cluster.RouteVIPs() })
@@ -91,7 +91,7 @@ func TestAPodDeletedThroughARealKubeletGetsNoNewConnection(t *testing.T) {
 	waitPodGone(t, ctx, ns, victim.Name)
 	gone := time.Now()
 	time.Sleep(time.Second)
-	load.halt()
+	load.Halt()
 
 	// kubelet's order: the hook, then (only after it ended) SIGTERM.
 	lines := logs()
@@ -174,29 +174,20 @@ type hostnameResult struct {
 }
 
 // hostnameLoad sends GET /hostname, each on a new connection, from the
-// client behind the router, and keeps every result.
+// client behind the router, and keeps every result (e2eutil.Load runs and
+// halts its workers).
 type hostnameLoad struct {
-	mu   sync.Mutex
-	all  []hostnameResult
-	stop chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	*e2eutil.Load
+	mu  sync.Mutex
+	all []hostnameResult
 }
 
 func startHostnameLoad(t *testing.T, ctx context.Context, url string, workers int) *hostnameLoad {
-	l := &hostnameLoad{stop: make(chan struct{})}
-	t.Cleanup(l.halt)
+	l := &hostnameLoad{Load: e2eutil.NewLoad(t)}
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	for range workers {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			for {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
+		l.Go(func() {
+			for !l.Stopped() {
 				r := hostnameResult{start: time.Now()}
 				r.host, r.err = getBody(ctx, client, url)
 				l.mu.Lock()
@@ -204,14 +195,9 @@ func startHostnameLoad(t *testing.T, ctx context.Context, url string, workers in
 				l.mu.Unlock()
 				time.Sleep(5 * time.Millisecond)
 			}
-		}()
+		})
 	}
 	return l
-}
-
-func (l *hostnameLoad) halt() {
-	l.once.Do(func() { close(l.stop) })
-	l.wg.Wait()
 }
 
 func (l *hostnameLoad) results() []hostnameResult {
@@ -344,18 +330,14 @@ func waitPodGone(t *testing.T, ctx context.Context, ns, name string) {
 	}
 }
 
-// nodeIP is a node's IPv4 InternalIP.
-func nodeIP(t *testing.T, ctx context.Context, name string) string {
+// nodeIP is a node's IPv4 InternalIP, from the cluster's plan.
+func nodeIP(t *testing.T, name string) string {
 	t.Helper()
-	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP && netip.MustParseAddr(a.Address).Is4() {
-			return a.Address
+	for _, n := range cluster.Nodes {
+		if n.Name == name {
+			return n.IP
 		}
 	}
-	t.Fatalf("node %s has no IPv4 InternalIP", name)
+	t.Fatalf("the cluster has no node %s", name)
 	return ""
 }
