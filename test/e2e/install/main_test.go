@@ -8,14 +8,11 @@
 package install_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -27,10 +24,5 @@ const lbNode = "node-1"
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
 	opts := localcluster.Options{Name: "e2e-install", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
-	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-		defer cancel()
-		err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBNodes: []string{lbNode}})
-		return func() {}, err
-	}))
+	os.Exit(localcluster.RunTests(m, opts, &cluster, e2eutil.InstallFromDist(dist, lbNode)))
 }
