@@ -62,6 +62,15 @@ func TestAPodDeletedThroughARealKubeletGetsNoNewConnection(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cluster.RouteVIPs() })
 	url := fmt.Sprintf("http://%s/hostname", net.JoinHostPort(vip.String(), "80"))
+	// The load starts once the route just set answers: a clean-clone CI
+	// run's first requests, 1 ms after the route was set, got "no route to
+	// host" (the router had not yet resolved the LB host), which is set-up,
+	// not the leaving pod this test is about.
+	probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the address answering through the LB host", func(ctx context.Context) (bool, string) {
+		_, err := getBody(ctx, probe, url)
+		return err == nil, fmt.Sprint(err)
+	})
 
 	load := startHostnameLoad(t, ctx, url, 4)
 	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
