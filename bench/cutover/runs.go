@@ -98,7 +98,7 @@ func (b *bench) spotRuns(ctx context.Context, runs int) (int64, []time.Duration,
 			return 0, nil, err
 		}
 		_, before := b.load.Counts()
-		if err := b.c.EmitPreemptScheduled(ctx, node, "bench-cutover"); err != nil {
+		if err := b.c.EmitPreemptScheduled(ctx, node); err != nil {
 			return 0, nil, err
 		}
 		time.Sleep(2 * time.Second)

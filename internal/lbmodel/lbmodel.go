@@ -289,15 +289,21 @@ func nodeBackends(svc *corev1.Service, port corev1.ServicePort, vip netip.Addr, 
 		hc.Port = uint16(svc.Spec.HealthCheckNodePort)
 		withLocal = nodesWithEndpoints(slices, port, vip)
 	}
+	// Nodes that give one address (DuplicateNodeAddresses) are one
+	// backend, the preferred node's: two would make the frontend invalid.
+	candidates := append([]*corev1.Node(nil), nodes...)
+	sort.SliceStable(candidates, func(i, j int) bool { return preferNode(candidates[i], candidates[j]) })
 	var out []dataplane.Backend
-	for _, n := range nodes {
+	taken := map[netip.Addr]bool{}
+	for _, n := range candidates {
 		if !EligibleNode(n) || (local && !withLocal[n.Name]) {
 			continue
 		}
 		ip, ok := internalIP(n, vip)
-		if !ok {
+		if !ok || taken[ip] {
 			continue
 		}
+		taken[ip] = true
 		out = append(out, dataplane.Backend{Address: ip.String(), Port: uint16(port.NodePort), Owner: n.Name, AdminState: dataplane.AdminState(NodeAdminState(n, opts))})
 	}
 	sortBackends(out)
@@ -414,7 +420,9 @@ func internalIP(n *corev1.Node, vip netip.Addr) (netip.Addr, bool) {
 			continue
 		}
 		ip, err := netip.ParseAddr(a.Address)
-		if err == nil && ip.Is4() == vip.Unmap().Is4() {
+		// The data plane takes an IPv4-mapped address as IPv4: so must the
+		// family check and the duplicate check.
+		if ip = ip.Unmap(); err == nil && ip.Is4() == vip.Unmap().Is4() {
 			return ip, true
 		}
 	}

@@ -3,8 +3,6 @@ package webhook
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbhost"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -48,29 +47,12 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 			gone[n.Name] = true
 		}
 	}
-	var stranded []string
-	for _, r := range reports.Items {
-		if !r.Fresh(now) || r.Status.HostNode == "" || r.Status.Draining {
-			continue
-		}
-		if !gone[r.Status.HostNode] {
-			return nil // a serving replica stays
-		}
-		stranded = append(stranded, fmt.Sprintf("%s on %s", r.Name, r.Status.HostNode))
-	}
-	if len(stranded) == 0 {
+	s := lbhost.Check(reports.Items, now, func(node string) bool { return gone[node] })
+	if !s.Strands() {
 		return nil
 	}
-	sort.Strings(stranded)
-	hosts := slices.Compact(slices.Sorted(func(yield func(string) bool) {
-		for _, r := range reports.Items {
-			if r.Status.HostNode != "" && !r.Status.Draining && r.Fresh(now) && !yield(r.Status.HostNode) {
-				return
-			}
-		}
-	}))
 	return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("nodemaintenances").GroupResource(), nm.Name, fmt.Errorf(
 		"draining %s would leave no ebb lb serving the load-balancer addresses: every serving replica (%s) runs on a node this maintenance drains or that is leaving already. "+
 			"Make another node a load-balancer host (label it %s=true) and wait for its ebb lb to be ready, or finish the other maintenance first, or set the annotation %s=true to drain anyway",
-		strings.Join(hosts, ", "), strings.Join(stranded, ", "), "ebb.dev/load-balancer", v1alpha1.AllowNoLoadBalancerAnnotation))
+		strings.Join(s.Hosts, ", "), strings.Join(s.Stranded, ", "), "ebb.dev/load-balancer", v1alpha1.AllowNoLoadBalancerAnnotation))
 }

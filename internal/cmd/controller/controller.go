@@ -61,6 +61,9 @@ type Options struct {
 	// SpotTaintKey is the draining taint a spot preemption adds; empty
 	// turns the spot controller off.
 	SpotTaintKey string
+	// SpotEventSources are the emitters whose PreemptScheduled Events the
+	// spot controller trusts.
+	SpotEventSources []string
 	// Model holds the admin-state rules (the same flags as `ebb lb`).
 	Model lbmodel.Options
 	// QPS and Burst bound the requests to the apiserver.
@@ -128,6 +131,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
 	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added (value spot-eviction) to a node on its first PreemptScheduled event (default with --cloud azure: cloudprovider.azure.microsoft.com/draining, as cloud-provider-azure's design says); empty turns this off")
+	f.StringSliceVar(&o.SpotEventSources, "spot-event-sources", spot.DefaultTrustedSources, "emitters (an Event's source.component or reportingController) whose PreemptScheduled Events about a Node are acted on; the Event must also be in namespace default or kube-system and name the Node without a namespace, which a namespace user cannot write")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
@@ -363,7 +367,12 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 		return fmt.Errorf("setting up the announcement policy status controller: %w", err)
 	}
 	if o.SpotTaintKey != "" {
-		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), TaintKey: o.SpotTaintKey}
+		spotMetrics, err := spot.NewMetrics(metrics.Registry)
+		if err != nil {
+			return err
+		}
+		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), Metrics: spotMetrics,
+			TaintKey: o.SpotTaintKey, TrustedSources: o.SpotEventSources}
 		if err := sr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the spot preemption controller: %w", err)
 		}

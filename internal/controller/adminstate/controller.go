@@ -1,7 +1,9 @@
 // Package adminstate reports the load-balancer admin state of each node as
 // Node events, exactly once per transition: the leader-elected controller
 // emits them (not every `ebb lb` replica for every Service), and the node
-// records the state last reported, so a restart does not repeat them.
+// records the state last reported, so a restart does not repeat them. It
+// also warns on a node the load balancers leave out because another node
+// gives its address (duplicates.go).
 package adminstate
 
 import (
@@ -35,6 +37,8 @@ type Reconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
 	Model    lbmodel.Options
+
+	duplicates duplicateReports
 }
 
 // SetupWithManager registers the controller.
@@ -48,6 +52,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	node := &corev1.Node{}
 	if err := r.Client.Get(ctx, req.NamespacedName, node); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if err := r.reportDuplicates(ctx, node); err != nil {
+		return ctrl.Result{}, err
 	}
 	state := lbmodel.NodeAdminState(node, r.Model)
 	reported := lbmodel.AdminState(node.Annotations[ReportedAnnotation])

@@ -59,3 +59,31 @@ func TestEventsOncePerTransition(t *testing.T) {
 		t.Errorf("cordon reported a transition: %q", evs)
 	}
 }
+
+// A node whose InternalIP another, preferred, node gives too gets one
+// Warning naming both, whichever of the two is reconciled, and not again
+// at every update.
+func TestDuplicateAddressWarnsOnceOnTheNodeLeftOut(t *testing.T) {
+	withIP := func(name string, ready bool) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}}
+		if ready {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		}
+		return n
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(withIP("old", false), withIP("new", true)).Build()
+	rec := events.NewFakeRecorder(10)
+	r := &Reconciler{Client: c, Recorder: rec}
+	for _, name := range []string{"new", "old", "new", "old"} {
+		if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for len(rec.Events) > 0 {
+		got = append(got, <-rec.Events)
+	}
+	if len(got) != 1 || !strings.Contains(got[0], ReasonDuplicateAddress) || !strings.Contains(got[0], "given by node new too (nodes new, old)") {
+		t.Errorf("events %q, want one %s naming new and old", got, ReasonDuplicateAddress)
+	}
+}

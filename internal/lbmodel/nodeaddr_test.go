@@ -1,0 +1,72 @@
+package lbmodel
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+)
+
+func ready(n *corev1.Node) {
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue})
+}
+
+func createdAt(minute int) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.CreationTimestamp = metav1.NewTime(time.Date(2026, 11, 27, 0, minute, 0, 0, time.UTC))
+	}
+}
+
+// Two Nodes that give one InternalIP (a reinstalled machine whose old
+// Node lingers, edge nodes behind one NAT) cost one backend, never the
+// Service: every frontend stays valid for the data plane, with one backend
+// for the address, the preferred node's (issue 50 item 4).
+func TestNodesSharingAnAddressCostOneBackend(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		nodes []*corev1.Node
+		want  []dataplane.Backend
+		dups  []DuplicateAddress
+	}{
+		{"the Ready node is kept over a lingering old one",
+			[]*corev1.Node{node("old", "10.0.0.1", createdAt(9)), node("new", "10.0.0.1", ready, createdAt(1)), node("n2", "10.0.0.2", ready)},
+			[]dataplane.Backend{be("10.0.0.1", 30080, "new", none), be("10.0.0.2", 30080, "n2", none)},
+			[]DuplicateAddress{{Address: netip.MustParseAddr("10.0.0.1"), Kept: "new", Dropped: []string{"old"}}}},
+		{"of two Ready ones, the newer",
+			[]*corev1.Node{node("a", "10.0.0.1", ready, createdAt(1)), node("b", "10.0.0.1", ready, createdAt(2))},
+			[]dataplane.Backend{be("10.0.0.1", 30080, "b", none)},
+			[]DuplicateAddress{{Address: netip.MustParseAddr("10.0.0.1"), Kept: "b", Dropped: []string{"a"}}}},
+		{"an IPv4-mapped IPv6 address is the same address",
+			[]*corev1.Node{node("a", "10.0.0.1", ready), node("b", "::ffff:10.0.0.1")},
+			[]dataplane.Backend{be("10.0.0.1", 30080, "a", none)},
+			[]DuplicateAddress{{Address: netip.MustParseAddr("10.0.0.1"), Kept: "a", Dropped: []string{"b"}}}},
+		{"an excluded node shares with nobody",
+			[]*corev1.Node{node("a", "10.0.0.1"), node("b", "10.0.0.1", func(n *corev1.Node) { n.Labels = map[string]string{ExcludeNodeLabel: ""} })},
+			[]dataplane.Backend{be("10.0.0.1", 30080, "a", none)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := service(func(s *corev1.Service) { s.Name = "other" })
+			for _, svc := range []*corev1.Service{service(), other} {
+				fes, err := Frontends(svc, nil, tc.nodes, Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := (dataplane.Config{Frontends: fes}).Validate(); err != nil {
+					t.Fatalf("Service %s is not served: %v", svc.Name, err)
+				}
+				if got := fes[0].Backends; !reflect.DeepEqual(got, tc.want) {
+					t.Errorf("Service %s: backends %v, want %v", svc.Name, got, tc.want)
+				}
+			}
+			if got := DuplicateNodeAddresses(tc.nodes); !reflect.DeepEqual(got, tc.dups) {
+				t.Errorf("duplicates %v, want %v", fmt.Sprint(got), fmt.Sprint(tc.dups))
+			}
+		})
+	}
+}
