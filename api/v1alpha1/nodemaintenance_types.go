@@ -169,6 +169,12 @@ type NodeMaintenanceNodeStatus struct {
 	// PodsEvacuating have left (ebb's addition to the KEP, for progress).
 	// +optional
 	PodsTotal int32 `json:"podsTotal,omitempty"`
+	// Drained says this maintenance is done with the node: every pod its
+	// drain targets select has terminated and the load balancers carry no
+	// more traffic through it (ebb's addition). The node's Drained
+	// condition is True when every maintenance draining it says so.
+	// +optional
+	Drained bool `json:"drained,omitempty"`
 }
 
 // NodeMaintenanceStatus is the observed maintenance.

@@ -256,10 +256,22 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		e.Status.Message = evictedMessage(e)
 		event.Publish(r.Recorder, evicted(e, pod))
 		return ctrl.Result{}, nil
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) && r.replaced(ctx, pod):
 		// Gone, or replaced (the UID precondition failed): done.
 		r.Metrics.evictions.WithLabelValues("gone").Inc()
 		return ctrl.Result{}, nil
+	case apierrors.IsConflict(err):
+		// The pod is still there: the API server gives up on repeated
+		// write conflicts on its PodDisruptionBudget with a 409. Nothing
+		// else would wake this Evacuation, so back off and try again, as
+		// for a refusal.
+		r.Metrics.evictions.WithLabelValues("conflict").Inc()
+		e.Status.FailedEvictionCounter++
+		e.Status.Message = "Eviction conflicted, trying again: " + err.Error()
+		wait := backoff(e.Status.FailedEvictionCounter)
+		next := metav1.NewTime(now.Add(wait))
+		e.Status.NextEvictionTime = &next
+		return ctrl.Result{RequeueAfter: wait}, nil
 	case apierrors.IsTooManyRequests(err):
 		r.Metrics.evictions.WithLabelValues("blocked").Inc()
 		e.Status.FailedEvictionCounter++
@@ -274,6 +286,15 @@ func (r *Reconciler) evict(ctx context.Context, e *v1alpha1.Evacuation, pod *cor
 		e.Status.Message = fmt.Sprintf("Eviction failed: %v", err)
 		return ctrl.Result{}, fmt.Errorf("evicting pod %s: %w", klog.KObj(pod), err)
 	}
+}
+
+// replaced reports whether pod is gone or another pod has its name now,
+// as the Eviction API's UID precondition says with a 409. An error
+// reading it counts as not replaced: the eviction is tried again.
+func (r *Reconciler) replaced(ctx context.Context, pod *corev1.Pod) bool {
+	now := &corev1.Pod{}
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(pod), now)
+	return apierrors.IsNotFound(err) || err == nil && now.UID != pod.UID
 }
 
 // evictedMessage says that the pod is terminating and, for an Evacuation a

@@ -313,41 +313,66 @@ func TestEvictionReportsWhenAndWhy(t *testing.T) {
 	}
 }
 
-// The Eviction API's other answers: a 409 (the UID precondition failed:
-// the pod was replaced) or a 404 counts as gone, with no failure counted;
-// any other error is returned for a retry, with the message kept.
+// The Eviction API's other answers: a 409 counts as gone when the pod was
+// replaced (the UID precondition failed) and a 404 always, with no failure
+// counted; a 409 while the pod is still there (the API server gave up on
+// conflicting writes of its PodDisruptionBudget) is retried with the
+// backoff of a refusal (issue 41 item 9: it was taken as gone, and the
+// drain stalled); any other error is returned for a retry, with the
+// message kept.
 func TestEvictionConflictNotFoundAndErrors(t *testing.T) {
+	conflict := apierrors.NewConflict(corev1.Resource("pods"), "web-1", errors.New("Precondition failed: UID in precondition: uid-1, UID in object meta: uid-2"))
 	for _, tt := range []struct {
-		name     string
-		answer   error
-		wantErr  bool
-		outcome  string
-		wantText string
+		name        string
+		answer      error
+		replace     bool
+		wantErr     bool
+		outcome     string
+		wantText    string
+		wantFailed  int32
+		wantRequeue time.Duration
 	}{
-		{"409: replaced", apierrors.NewConflict(corev1.Resource("pods"), "web-1", errors.New("Precondition failed: UID in precondition: uid-1, UID in object meta: uid-2")), false, "gone", ""},
-		{"404: gone", apierrors.NewNotFound(corev1.Resource("pods"), "web-1"), false, "gone", ""},
-		{"500: retried", apierrors.NewInternalError(errors.New("etcd is slow")), true, "error", "Eviction failed"},
+		{"409, the pod replaced", conflict, true, false, "gone", "", 0, 0},
+		{"409, the pod still there", apierrors.NewConflict(corev1.Resource("poddisruptionbudgets"), "web", errors.New("the object has been modified")), false, false, "conflict", "Eviction conflicted", 1, 2 * time.Second},
+		{"404: gone", apierrors.NewNotFound(corev1.Resource("pods"), "web-1"), false, false, "gone", "", 0, 0},
+		{"500: retried", apierrors.NewInternalError(errors.New("etcd is slow")), false, true, "error", "Eviction failed", 0, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r, cl, _, req := setup(t, testPod())
+			r, cl, clk, req := setup(t, testPod())
 			r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
 				SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
-					if sub == "eviction" {
-						return tt.answer
+					if sub != "eviction" {
+						return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
 					}
-					return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+					if tt.replace {
+						if err := c.Delete(ctx, testPod()); err != nil {
+							return err
+						}
+						again := testPod()
+						again.UID = "uid-2"
+						if err := c.Create(ctx, again); err != nil {
+							return err
+						}
+					}
+					return tt.answer
 				},
 			})
-			_, err := r.Reconcile(context.Background(), req)
+			res, err := r.Reconcile(context.Background(), req)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("error %v, want one: %v", err, tt.wantErr)
 			}
 			if got := testutil.ToFloat64(r.Metrics.evictions.WithLabelValues(tt.outcome)); got != 1 {
 				t.Errorf("evictions{outcome=%s} = %v, want 1", tt.outcome, got)
 			}
+			if res.RequeueAfter != tt.wantRequeue {
+				t.Errorf("requeue after %s, want %s", res.RequeueAfter, tt.wantRequeue)
+			}
 			e := get(t, cl, req)
-			if e.Status.FailedEvictionCounter != 0 {
-				t.Errorf("failedEvictionCounter %d, want 0: only a refusal by a budget counts", e.Status.FailedEvictionCounter)
+			if e.Status.FailedEvictionCounter != tt.wantFailed {
+				t.Errorf("failedEvictionCounter %d, want %d", e.Status.FailedEvictionCounter, tt.wantFailed)
+			}
+			if tt.wantRequeue > 0 && (e.Status.NextEvictionTime == nil || !e.Status.NextEvictionTime.Time.Equal(clk.Now().Add(tt.wantRequeue))) {
+				t.Errorf("nextEvictionTime %v, want %s from now", e.Status.NextEvictionTime, tt.wantRequeue)
 			}
 			if !strings.Contains(e.Status.Message, tt.wantText) {
 				t.Errorf("message %q, want %q", e.Status.Message, tt.wantText)

@@ -27,7 +27,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ebb_evacuation_evictions_total", Help: "Eviction API calls by result: evicted, blocked (a PodDisruptionBudget said no), gone, error.",
+			Name: "ebb_evacuation_evictions_total", Help: "Eviction API calls by result: evicted, blocked (a PodDisruptionBudget said no), conflict (a 409 while the pod is still there: retried with the same backoff), gone, error.",
 		}, []string{"result"}),
 		evacuators: prometheus.NewDesc("ebb_evacuation_active_evacuators", "Evacuations by active evacuator class.", []string{"class"}, nil),
 		evacuations: prometheus.NewDesc("ebb_evacuation_evacuations",

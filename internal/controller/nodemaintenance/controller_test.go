@@ -387,3 +387,29 @@ func TestFailingStepShowsInTheStatus(t *testing.T) {
 		t.Errorf("conditions %+v after the cordon passed, want Reconciled=True", got.Status.Conditions)
 	}
 }
+
+// ebb's own labels on an Evacuation win over the pod's (issue 41 item 7):
+// a pod labelled maintenance.ebb.dev/node=elsewhere still gets an
+// Evacuation labelled with its real node, and keeps its other labels.
+func TestEvacuationLabelsAreEbbsOverThePods(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "uid-1", Labels: map[string]string{
+		v1alpha1.EvacuationNodeLabel: "elsewhere", "app": "web"}}, Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "test", DrainPlan: drainplan.Defaults(), NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n1"}}},
+		}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, pod, nm)
+	if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
+		t.Fatal(err)
+	}
+	e := &v1alpha1.Evacuation{}
+	if err := cl.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: v1alpha1.EvacuationName(pod.UID, pod.Name)}, e); err != nil {
+		t.Fatalf("no Evacuation for the pod: %v", err)
+	}
+	if e.Labels[v1alpha1.EvacuationNodeLabel] != "n1" || e.Labels["app"] != "web" {
+		t.Errorf("labels %v, want %s=n1 and app=web", e.Labels, v1alpha1.EvacuationNodeLabel)
+	}
+}

@@ -233,10 +233,18 @@ func nodesOfDrains(w *world) []string {
 // createEvacuation requests the evacuation of pod, with the evacuators the
 // pod registered in its annotations.
 func (r *Reconciler) createEvacuation(ctx context.Context, nm *v1alpha1.NodeMaintenance, p *corev1.Pod, node string) error {
-	labels := map[string]string{v1alpha1.EvacuationNodeLabel: node}
+	// The pod's labels, for selecting Evacuations as one selects pods,
+	// but never ebb's own: a tenant's pod labelled
+	// maintenance.ebb.dev/node=elsewhere would hide its Evacuation from
+	// the maintenance that asked for it, which then adopted and released
+	// it on every pass.
+	labels := map[string]string{}
 	for k, v := range p.Labels {
-		labels[k] = v
+		if !strings.HasPrefix(k, v1alpha1.GroupVersion.Group+"/") {
+			labels[k] = v
+		}
 	}
+	labels[v1alpha1.EvacuationNodeLabel] = node
 	e := &v1alpha1.Evacuation{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: p.Namespace, Name: v1alpha1.EvacuationName(p.UID, p.Name), Labels: labels,

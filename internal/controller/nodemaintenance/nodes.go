@@ -160,13 +160,15 @@ func hasTaintValue(n *corev1.Node, key, value string) bool {
 
 // publishNodeConditions sets MaintenanceInProgress, DrainInProgress and
 // Drained on the nodes of this maintenance, and on those that just left it,
-// from every maintenance on them.
+// from every maintenance on them: whichever maintenance is reconciled
+// computes the same conditions, so that two on one node do not flip them
+// back and forth (each write wakes both).
 func (r *Reconciler) publishNodeConditions(ctx context.Context, w *world, drain *drainResult, nm *v1alpha1.NodeMaintenance, left []string) error {
 	for _, name := range slices.Concat(w.selected[nm.Name], left) {
 		node := w.node(name)
 		active := w.covering(name, "", v1alpha1.Cordon, v1alpha1.Drain)
 		draining := w.covering(name, "", v1alpha1.Drain)
-		drained := drain != nil && drain.nodeDrained(name)
+		drained := w.drainedByAll(name, draining, nm.Name, drain)
 		want := []corev1.NodeCondition{
 			condition(v1alpha1.NodeConditionMaintenanceInProgress, len(active) > 0, "MaintenanceActive", "NoMaintenance", fmt.Sprintf("NodeMaintenance %v", active)),
 			condition(v1alpha1.NodeConditionDrainInProgress, len(draining) > 0 && !drained, "Draining", "NotDraining", fmt.Sprintf("NodeMaintenance %v", draining)),
@@ -222,4 +224,23 @@ func setNodeCondition(node *corev1.Node, c corev1.NodeCondition, now metav1.Time
 	c.LastTransitionTime, c.LastHeartbeatTime = now, now
 	node.Status.Conditions = append(node.Status.Conditions, c)
 	return true
+}
+
+// drainedByAll reports whether every maintenance in draining (at least
+// one) is done with node: self from its drain just now, the others from
+// the status they last recorded.
+func (w *world) drainedByAll(node string, draining []string, self string, drain *drainResult) bool {
+	for _, name := range draining {
+		if name == self {
+			if !drain.nodeDrained(node) {
+				return false
+			}
+			continue
+		}
+		i := slices.IndexFunc(w.maintenances, func(m v1alpha1.NodeMaintenance) bool { return m.Name == name })
+		if s := oldNodeStatus(&w.maintenances[i], node); s == nil || !s.Drained {
+			return false
+		}
+	}
+	return len(draining) > 0
 }

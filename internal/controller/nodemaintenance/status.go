@@ -85,6 +85,7 @@ func (r *Reconciler) nodeStatuses(nm, orig *v1alpha1.NodeMaintenance, w *world, 
 				ns.PodsTotal = max(ns.PodsTotal, old.PodsTotal)
 			}
 			ns.TrafficDrainStartTime, ns.EstablishedConnections = d.trafficStart, d.connections
+			ns.Drained = drain.nodeDrained(name)
 			if ns.DrainMessage == "Drained" || ns.DrainMessage == "Evacuating" && drain.res.remaining[name] == 0 || !d.lbDown {
 				if m := trafficMessage(d); m != "" {
 					ns.DrainMessage = m

@@ -114,8 +114,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// Being deleted, or no longer a LoadBalancer (the apiserver then
 		// clears the class): clean up what is ours. A Service of another
 		// class is never touched.
+		// Ours also when the mark says so: a Service that never got an
+		// address, or whose clean-up failed half-way, holds none, and the
+		// API server cleared its class when its type changed.
 		owned := len(r.IPAM.Owned(req.NamespacedName)) > 0
-		if controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) && (r.classMatches(svc) || owned) {
+		marked := svc.Annotations[lbmodel.ServedByAnnotation] == r.Class
+		if controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) && (r.classMatches(svc) || owned || marked) {
 			return ctrl.Result{}, r.reconcileDelete(ctx, svc)
 		}
 		return ctrl.Result{}, nil
@@ -230,11 +234,14 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	return ctrl.Result{}, nil
 }
 
-// reconcileDelete releases a Service's addresses, clears its status if it
-// still exists as another type, and removes the finalizer.
+// reconcileDelete clears the status of a Service that still exists as
+// another type, removes the finalizer and ebb's mark, and only then
+// releases its addresses. Each step is idempotent and a failure returns
+// before the next, so a retry completes the sequence: the mark and the
+// finalizer say the Service is still ours until the end, and the address
+// is not given to another Service while this one's status still shows it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) error {
 	event.Publish(r.Recorder, deleting(svc))
-	r.IPAM.Release(client.ObjectKeyFromObject(svc))
 	if svc.DeletionTimestamp == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
 		patch := client.MergeFrom(svc.DeepCopy())
 		svc.Status.LoadBalancer = corev1.LoadBalancerStatus{}
@@ -242,11 +249,16 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 			return fmt.Errorf("clearing the load balancer status of %s: %w", klog.KObj(svc), err)
 		}
 	}
+	// Without the mark, a restart never takes the Service for ebb's again:
+	// the finalizer is KEP-1959's, shared by every implementation, and the
+	// one that serves the Service next may add it.
 	patch := client.MergeFrom(svc.DeepCopy())
 	controllerutil.RemoveFinalizer(svc, lbmodel.CleanupFinalizer)
+	delete(svc.Annotations, lbmodel.ServedByAnnotation)
 	if err := r.Client.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(svc), err)
 	}
+	r.IPAM.Release(client.ObjectKeyFromObject(svc))
 	event.Publish(r.Recorder, deleted(svc))
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/eventstest"
@@ -217,4 +219,67 @@ func TestStatusListsThePorts(t *testing.T) {
 	if got := old.Status.LoadBalancer.Ingress; len(got) != 1 || got[0].IP != "10.96.255.9" || !slices.Equal(got[0].Ports, []corev1.PortStatus{{Port: 80, Protocol: corev1.ProtocolTCP}}) {
 		t.Errorf("a Service written before ports were listed: %+v", got)
 	}
+}
+
+// The cleanup finalizer never outlives ebb's part (issue 50 items 6 to 8):
+//   - a Service that got it but never an address (the pool is full), then
+//     changed type, loses it, so `kubectl delete` does not hang;
+//   - a clean-up whose status write failed once is completed by the retry,
+//     and the address is not given to another Service while the stale
+//     status still shows it;
+//   - once cleaned up, the Service no longer says ebb serves it, so a
+//     restart never adopts it from the implementation that serves it next.
+func TestCleanupFinalizerNeverOutlivesEbbsPart(t *testing.T) {
+	t.Run("never got an address, then changed type", func(t *testing.T) {
+		holder := lbSvc("holder")
+		waiting := lbSvc("waiting")
+		r, _ := newReconciler(t, holder, waiting)
+		full, err := NewAllocator([]string{"10.96.255.1/32"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.IPAM = full
+		reconcile(t, r, "holder")
+		_, svc := reconcile(t, r, "waiting")
+		if len(svc.Status.LoadBalancer.Ingress) != 0 || len(svc.Finalizers) != 1 {
+			t.Fatalf("the pool is full: status %+v, finalizers %v; want no address and the finalizer", svc.Status.LoadBalancer, svc.Finalizers)
+		}
+		svc.Spec.Type, svc.Spec.LoadBalancerClass = corev1.ServiceTypeClusterIP, nil // as the API server clears it
+		if err := r.Client.Update(context.Background(), svc); err != nil {
+			t.Fatal(err)
+		}
+		if _, svc := reconcile(t, r, "waiting"); len(svc.Finalizers) != 0 || svc.Annotations[lbmodel.ServedByAnnotation] != "" {
+			t.Errorf("a ClusterIP Service ebb never gave an address keeps finalizers %v, annotations %v", svc.Finalizers, svc.Annotations)
+		}
+	})
+	t.Run("the status write fails once", func(t *testing.T) {
+		r, _ := newReconciler(t, lbSvc("web"), lbSvc("next"))
+		_, svc := reconcile(t, r, "web")
+		addr := svc.Status.LoadBalancer.Ingress[0].IP
+		svc.Spec.Type, svc.Spec.LoadBalancerClass = corev1.ServiceTypeClusterIP, nil
+		if err := r.Client.Update(context.Background(), svc); err != nil {
+			t.Fatal(err)
+		}
+		working := r.Client
+		failed := false
+		r.Client = interceptor.NewClient(working.(client.WithWatch), interceptor.Funcs{
+			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+				if !failed {
+					failed = true
+					return apierrors.NewServiceUnavailable("the API server is restarting")
+				}
+				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			},
+		})
+		if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "web"}}); err == nil {
+			t.Fatal("the failed status write was not reported for a retry")
+		}
+		if _, next := reconcile(t, r, "next"); len(next.Status.LoadBalancer.Ingress) == 1 && next.Status.LoadBalancer.Ingress[0].IP == addr {
+			t.Errorf("%s went to another Service while the first one's status still shows it", addr)
+		}
+		_, svc = reconcile(t, r, "web")
+		if len(svc.Finalizers) != 0 || len(svc.Status.LoadBalancer.Ingress) != 0 || svc.Annotations[lbmodel.ServedByAnnotation] != "" {
+			t.Errorf("after the retry: finalizers %v, status %+v, annotations %v; want none", svc.Finalizers, svc.Status.LoadBalancer, svc.Annotations)
+		}
+	})
 }

@@ -294,3 +294,37 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// Maintenances of every stage beside a Drain on one node, and a second
+// Drain started later, leave the node quiet once drained: its conditions
+// come from every maintenance that holds it (issue 41 item 1). Before,
+// the Cordon, Idle and Complete ones each computed the node as not
+// drained, the Drains as drained, and each write woke all of them: the
+// node was written for as long as they overlapped.
+func TestOverlappingStagesLeaveTheNodeQuiet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	node := cluster.Nodes[1].Name
+	names := []string{"quiet-drain", "quiet-cordon", "quiet-idle", "quiet-complete", "quiet-drain-later"}
+	stages := []v1alpha1.NodeMaintenanceStage{v1alpha1.Drain, v1alpha1.Cordon, v1alpha1.Idle, v1alpha1.Complete, v1alpha1.Drain}
+	for i, name := range names {
+		if i == len(names)-1 {
+			time.Sleep(1100 * time.Millisecond) // creation timestamps have whole seconds: a later start
+		}
+		create(t, ctx, admin, maintenance(name, stages[i], byName(node)))
+	}
+	eventually(t, ctx, 60*time.Second, "both Drains Drained and the node's Drained condition True", func(ctx context.Context) (bool, string) {
+		a, b := getNM(t, ctx, names[0]), getNM(t, ctx, names[4])
+		drained := ""
+		for _, c := range getNode(t, ctx, node).Status.Conditions {
+			if c.Type == v1alpha1.NodeConditionDrained {
+				drained = string(c.Status) + " " + c.Message
+			}
+		}
+		return meta.IsStatusConditionTrue(a.Status.Conditions, v1alpha1.DrainedCondition) && meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.DrainedCondition) &&
+				strings.HasPrefix(drained, "True"),
+			fmt.Sprintf("node condition Drained %q; %v / %v", drained, a.Status.NodeStatuses, b.Status.NodeStatuses)
+	})
+	assertNoWriteLoop(t, ctx, node, names...)
+}

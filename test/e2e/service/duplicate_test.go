@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -32,10 +33,21 @@ func TestAStaleNodeWithAnotherNodesAddressCostsOnlyItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cluster.Client.CoreV1().Nodes().Delete(context.Background(), stale.Name, metav1.DeleteOptions{}) })
-	stale.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: machine.IP}}
-	if _, err := cluster.Client.CoreV1().Nodes().UpdateStatus(ctx, stale, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() {
+		_ = cluster.Client.CoreV1().Nodes().Delete(context.Background(), stale.Name, metav1.DeleteOptions{})
+	})
+	// The node lifecycle controller taints a Node no kubelet updates:
+	// retry on its writes.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, stale.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: machine.IP}}
+		_, err = cluster.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatalf("giving the stale Node %s's address: %v", machine.Name, err)
 	}
 	// ebb lb has seen the stale Node once its backend is gone, or was
 	// never there: its LoadBalancerReport's sync follows the Node's.

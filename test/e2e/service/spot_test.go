@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -79,7 +78,7 @@ func TestForgedPreemptionEventFromANamespaceEditorMovesNothing(t *testing.T) {
 	now := metav1.Now()
 	forged := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: ns, GenerateName: "preempt-"},
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, Namespace: ns, UID: types.UID(name), APIVersion: "v1"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: name, Namespace: ns, APIVersion: "v1"}, // no UID: the editor cannot read Nodes
 		Reason:         lbmodel.ReasonPreemptScheduled, Message: "Preempt Scheduled", Type: corev1.EventTypeWarning,
 		Source:         corev1.EventSource{Component: localcluster.PreemptionSource, Host: name},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
