@@ -80,7 +80,8 @@ func (w *NodeMaintenance) ValidateCreate(ctx context.Context, nm *v1alpha1.NodeM
 // ValidateUpdate checks the spec and that the user may delete the nodes
 // the change concerns: every selected node when the stage changes (moving
 // someone's Idle maintenance to Drain, or any to Complete, needs what
-// creating it needed), the added ones when the selection grows. A stage
+// creating it needed), the added and the dropped ones when the selection
+// changes (a dropped node is put back into service). A stage
 // change on a maintenance being deleted is the controller completing it:
 // the deletion was authorized already.
 func (w *NodeMaintenance) ValidateUpdate(ctx context.Context, old, nm *v1alpha1.NodeMaintenance) (admission.Warnings, error) {
@@ -96,14 +97,26 @@ func (w *NodeMaintenance) ValidateUpdate(ctx context.Context, old, nm *v1alpha1.
 	if err != nil {
 		return nil, err
 	}
-	var added []string
+	var added, dropped []string
 	selected := matching(sel, nodes)
 	for _, n := range nodes {
-		if sel.Match(n) && (oldSel == nil || !oldSel.Match(n)) {
+		switch now, before := sel.Match(n), oldSel != nil && oldSel.Match(n); {
+		case now && (!before || oldSel == nil):
 			added = append(added, n.Name)
+		case before && !now:
+			dropped = append(dropped, n.Name)
 		}
 	}
+	// A dropped node is released (uncordoned, its draining taint removed,
+	// its Evacuations withdrawn): putting nodes back into service needs
+	// what taking them out did.
 	what, concerned := "widen it", added
+	switch {
+	case len(dropped) > 0 && len(added) > 0:
+		what, concerned = "change its selection", append(added, dropped...)
+	case len(dropped) > 0:
+		what, concerned = "narrow it", dropped
+	}
 	if old.Spec.Stage != nm.Spec.Stage && nm.DeletionTimestamp == nil {
 		what, concerned = fmt.Sprintf("move it to stage %s", nm.Spec.Stage), selected
 	}
@@ -236,7 +249,11 @@ func (w *NodeMaintenance) authorize(ctx context.Context, name, what string, node
 	if len(denied) == 0 {
 		return nil
 	}
+	instead := "or narrow spec.nodeSelector"
+	if what == "narrow it" || what == "change its selection" {
+		instead = "or keep these nodes in spec.nodeSelector (leaving it puts a node back into service)"
+	}
 	return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("nodemaintenances").GroupResource(), name, fmt.Errorf(
-		"user %q may not delete node(s) %s, and only someone who may delete every node a NodeMaintenance selects may %s: ask for the 'delete' permission on these nodes, or narrow spec.nodeSelector",
-		user.Username, strings.Join(denied, ", "), what))
+		"user %q may not delete node(s) %s, and only someone who may delete every node a NodeMaintenance selects may %s: ask for the 'delete' permission on these nodes, %s",
+		user.Username, strings.Join(denied, ", "), what, instead))
 }

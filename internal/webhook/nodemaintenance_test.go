@@ -126,6 +126,11 @@ func TestValidateUpdate(t *testing.T) {
 		{"someone's maintenance over every node moved to Drain", maintenance(v1alpha1.Idle, everyNode), maintenance(v1alpha1.Drain, everyNode), "forbidden"},
 		{"unchanged stage and selection", maintenance(v1alpha1.Drain, everyNode), maintenance(v1alpha1.Drain, everyNode), ""},
 		{"the controller completing a deleted maintenance", maintenance(v1alpha1.Drain, everyNode), deleting, ""},
+		// Narrowing releases the nodes dropped (uncordoned, untainted, put
+		// back into service): it needs what adding them needed (issue 41
+		// item 2).
+		{"narrowed within its nodes", maintenance(v1alpha1.Drain, byLabel("pool", "blue")), maintenance(v1alpha1.Drain, onlyA), ""},
+		{"narrowed, releasing a node one may not delete", maintenance(v1alpha1.Drain, everyNode), maintenance(v1alpha1.Drain, onlyA), "forbidden"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := newWebhook(t).ValidateUpdate(as("operator"), tt.old, tt.new)

@@ -181,6 +181,21 @@ func TestMaintenanceNeedsNodeDeletePermission(t *testing.T) {
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may not delete node(s) "+one) {
 		t.Errorf("bob widening to %s: %v, want forbidden", one, err)
 	}
+	// Narrowing the admin's maintenance of both nodes to bob's own would
+	// put node one back into service (uncordoned, its draining taint
+	// removed): it needs what adding node one needed.
+	create(t, ctx, admin, maintenance("both-by-admin", v1alpha1.Cordon, byName(one, two)))
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		nm := &v1alpha1.NodeMaintenance{}
+		if err := bob.Get(ctx, client.ObjectKey{Name: "both-by-admin"}, nm); err != nil {
+			return err
+		}
+		nm.Spec.NodeSelector = byName(two)
+		return bob.Update(ctx, nm)
+	})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may not delete node(s) "+one) || !strings.Contains(err.Error(), "narrow it") {
+		t.Errorf("bob narrowing the admin's maintenance to %s: %v, want forbidden naming %s", two, err, one)
+	}
 	if err := bob.Delete(ctx, &v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "by-bob"}}); err != nil {
 		t.Errorf("bob deleting his maintenance: %v", err)
 	}
