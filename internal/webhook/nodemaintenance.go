@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,9 +49,18 @@ func (w *NodeMaintenance) SetupWithManager(mgr ctrl.Manager) error {
 
 // Default adds the drain plan's missing default entries and the Idle
 // stage.
-func (w *NodeMaintenance) Default(_ context.Context, nm *v1alpha1.NodeMaintenance) error {
+func (w *NodeMaintenance) Default(ctx context.Context, nm *v1alpha1.NodeMaintenance) error {
 	if nm.Spec.Stage == "" {
 		nm.Spec.Stage = v1alpha1.Idle
+	}
+	// The plan is defaulted once, when it is first set: it is immutable
+	// (the CRD's rule). A plan stored without the defaults (the webhook
+	// was off) and defaulted again on an update would make every later
+	// update refused, the finalizer's removal included, and the
+	// maintenance could never be deleted; the controller adds the
+	// defaults to such a plan where it reads it.
+	if req, err := admission.RequestFromContext(ctx); err == nil && req.Operation == admissionv1.Update && len(nm.Spec.DrainPlan) > 0 {
+		return nil
 	}
 	nm.Spec.DrainPlan = drainplan.WithDefaults(nm.Spec.DrainPlan)
 	return nil

@@ -3,6 +3,8 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -183,4 +185,40 @@ func FuzzValidateSpec(f *testing.F) {
 			t.Fatalf("defaulting made the valid plan of %s invalid: %v", spec, errs)
 		}
 	})
+}
+
+// The plan is defaulted once, when first set (issue 41 item 5): an update
+// of a maintenance whose stored plan lacks the defaults (created while
+// the webhook was off) keeps it as stored, or the CRD's immutability rule
+// would refuse that update and every later one, the finalizer's removal
+// included. An update that sets the plan for the first time defaults it.
+func TestDefaultingTheDrainPlanOnlyWhenFirstSet(t *testing.T) {
+	w := newWebhook(t)
+	userPlan := []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}}
+	update := admission.NewContextWithRequest(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Update}})
+	stored := maintenance(v1alpha1.Drain, everyNode)
+	stored.Spec.DrainPlan = slices.Clone(userPlan)
+	if err := w.Default(update, stored); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(stored.Spec.DrainPlan, userPlan) {
+		t.Errorf("an update changed the stored plan to %d entries: the CRD would refuse it", len(stored.Spec.DrainPlan))
+	}
+	unset := maintenance(v1alpha1.Drain, everyNode)
+	unset.Spec.DrainPlan = nil
+	if err := w.Default(update, unset); err != nil {
+		t.Fatal(err)
+	}
+	if len(unset.Spec.DrainPlan) != len(drainplan.Defaults()) {
+		t.Errorf("an update that sets no plan got %d entries, want the defaults", len(unset.Spec.DrainPlan))
+	}
+	create := admission.NewContextWithRequest(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create}})
+	created := maintenance(v1alpha1.Drain, everyNode)
+	created.Spec.DrainPlan = slices.Clone(userPlan)
+	if err := w.Default(create, created); err != nil {
+		t.Fatal(err)
+	}
+	if len(created.Spec.DrainPlan) != len(drainplan.Defaults())+1 {
+		t.Errorf("created with one entry: %d entries, want the defaults plus it", len(created.Spec.DrainPlan))
+	}
 }

@@ -297,9 +297,13 @@ func drainStates(w *world) []*drainState {
 		if w.stage(&nm) != v1alpha1.Drain || len(nm.Spec.DrainPlan) == 0 {
 			continue
 		}
+		// A plan stored without the defaults (created while the webhook
+		// was off) drains as admission would have defaulted it; a
+		// defaulted plan is unchanged by this.
+		plan := drainplan.WithDefaults(nm.Spec.DrainPlan)
 		s := &drainState{
-			Name: nm.Name, Created: nm.CreationTimestamp.Time, Plan: nm.Spec.DrainPlan,
-			Index: min(int(nm.Status.DrainPlanIndex), len(nm.Spec.DrainPlan)-1), Nodes: w.selected[nm.Name],
+			Name: nm.Name, Created: nm.CreationTimestamp.Time, Plan: plan,
+			Index: min(int(nm.Status.DrainPlanIndex), len(plan)-1), Nodes: w.selected[nm.Name],
 			Recorded: map[string][]v1alpha1.DrainPlanEntry{},
 		}
 		for _, ns := range nm.Status.NodeStatuses {

@@ -413,3 +413,38 @@ func TestEvacuationLabelsAreEbbsOverThePods(t *testing.T) {
 		t.Errorf("labels %v, want %s=n1 and app=web", e.Labels, v1alpha1.EvacuationNodeLabel)
 	}
 }
+
+// A plan stored without the defaults (the webhook was off at creation)
+// drains as admission would have defaulted it (issue 41 item 5): a pod
+// beyond the user's entries is evacuated too, and the maintenance is not
+// Drained while it is there. Before, Drained came after the user's
+// entries only.
+func TestAPlanWithoutTheDefaultsDrainsEveryPod(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "important", UID: "uid-1"},
+		Spec: corev1.PodSpec{NodeName: "n1", Priority: ptr.To[int32](5000)}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "test", DrainPlan: []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}},
+			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n1"}}},
+			}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, pod, nm)
+	ctx := context.Background()
+	for range 5 {
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "ns", Name: v1alpha1.EvacuationName(pod.UID, pod.Name)}, &v1alpha1.Evacuation{}); err != nil {
+		t.Errorf("the priority-5000 pod beyond the user's plan was not asked to evacuate: %v", err)
+	}
+	got := &v1alpha1.NodeMaintenance{}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+		t.Fatal(err)
+	}
+	if meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.DrainedCondition) {
+		t.Errorf("Drained while a pod is on the node: %v", got.Status.Conditions)
+	}
+}
