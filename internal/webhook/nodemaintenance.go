@@ -216,6 +216,11 @@ func allNodesWarning(selected []string, nodes []*corev1.Node) admission.Warnings
 		"spec.nodeSelector selects all %d nodes of the cluster: maintaining every node at once may leave the cluster degraded and unable to recover", len(nodes))}
 }
 
+// MaxNodeReviews is the most nodes a change may concern for the webhook to
+// authorize it node by node; above it, only a user who may delete every
+// node is allowed.
+const MaxNodeReviews = 100
+
 // authorize checks, with SubjectAccessReviews, that the requesting user
 // may delete each node: a maintenance can take nodes out of service, so
 // only someone who could delete them may start, widen or end one.
@@ -245,6 +250,15 @@ func (w *NodeMaintenance) authorize(ctx context.Context, name, what string, node
 	// One review for all nodes covers the common case (an administrator).
 	if ok, err := review(""); err != nil || ok {
 		return err
+	}
+	// One review per node above this would let one request cost the API
+	// server (and ebb's client rate) many: admission, which every
+	// NodeMaintenance write waits for, could be starved by a flood.
+	if len(nodes) > MaxNodeReviews {
+		return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("nodemaintenances").GroupResource(), name, fmt.Errorf(
+			"user %q may not delete every node, and this change concerns %d nodes: above %d, only someone who may delete every node may %s (one authorization check per node is not made for so many). "+
+				"Ask for the 'delete' permission on nodes without resourceNames, or split the maintenance into maintenances of at most %d nodes",
+			user.Username, len(nodes), MaxNodeReviews, what, MaxNodeReviews))
 	}
 	var denied []string
 	for _, n := range nodes {

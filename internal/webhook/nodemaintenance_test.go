@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -220,5 +221,40 @@ func TestDefaultingTheDrainPlanOnlyWhenFirstSet(t *testing.T) {
 	}
 	if len(created.Spec.DrainPlan) != len(drainplan.Defaults())+1 {
 		t.Errorf("created with one entry: %d entries, want the defaults plus it", len(created.Spec.DrainPlan))
+	}
+}
+
+// A change that concerns more than MaxNodeReviews nodes, by a user who may
+// not delete every node, is refused after one review instead of one per
+// node (issue 42 item 4: 1,000 nodes cost 1,001 reviews, and admission,
+// which every NodeMaintenance write waits for, could be starved); an
+// administrator still passes with one.
+func TestManyNodesCostOneReview(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	var objs []client.Object
+	for i := range MaxNodeReviews + 50 {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%03d", i), Labels: map[string]string{"pool": "blue"}}})
+	}
+	reviews := 0
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		sar, ok := obj.(*authorizationv1.SubjectAccessReview)
+		if !ok {
+			return c.Create(ctx, obj, opts...)
+		}
+		reviews++
+		sar.Status.Allowed = sar.Spec.User == "admin" || sar.Spec.User == "operator" && sar.Spec.ResourceAttributes.Name != ""
+		return nil
+	}}).Build()
+	w := &NodeMaintenance{Client: cl}
+	_, err := w.ValidateCreate(as("operator"), maintenance(v1alpha1.Idle, byLabel("pool", "blue")))
+	wantErr(t, err, "forbidden", fmt.Sprintf("this change concerns %d nodes: above %d", MaxNodeReviews+50, MaxNodeReviews))
+	if reviews != 1 {
+		t.Errorf("%d SubjectAccessReviews for one request, want 1", reviews)
+	}
+	reviews = 0
+	if _, err := w.ValidateCreate(as("admin"), maintenance(v1alpha1.Idle, byLabel("pool", "blue"))); err != nil || reviews != 1 {
+		t.Errorf("an administrator: %v after %d reviews, want allowed after 1", err, reviews)
 	}
 }

@@ -5,6 +5,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"net"
@@ -202,7 +203,8 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		if certs, err = o.ensureWebhookCerts(ctx, cfg, scheme); err != nil {
 			return err
 		}
-		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir})
+		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir,
+			TLSOpts: []func(*tls.Config){onlyHTTP1}})
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
@@ -419,3 +421,9 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 	}
 	return nil
 }
+
+// onlyHTTP1 turns HTTP/2 off on the webhook server, as the kubebuilder
+// scaffold does: HTTP/2's stream multiplexing let one client cost a server
+// far more than it sends (CVE-2023-44487, rapid reset; CVE-2023-39325), and
+// the API server calls admission webhooks over HTTP/1.1 as well.
+func onlyHTTP1(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }

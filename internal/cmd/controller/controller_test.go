@@ -1,6 +1,10 @@
 package controller
 
 import (
+	"crypto/tls"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -26,5 +30,32 @@ func TestCloudDefaults(t *testing.T) {
 				t.Errorf("spot taint key %q, want %q", o.SpotTaintKey, tt.want)
 			}
 		})
+	}
+}
+
+// The webhook server does not speak HTTP/2 (issue 42 item 4): a client
+// that offers only h2 gets HTTP/1.1.
+func TestWebhookServerRefusesHTTP2(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Proto) }))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	// httptest sets its own NextProtos at start: apply ebb's option to a
+	// server config the way controller-runtime's webhook server does.
+	cfg := srv.TLS.Clone()
+	onlyHTTP1(cfg)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	go func() { _ = http.Serve(ln, srv.Config.Handler) }()
+	conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2", "http/1.1"}}) //nolint:gosec // a test server's own certificate
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	if p := conn.ConnectionState().NegotiatedProtocol; p == "h2" {
+		t.Errorf("negotiated %q, want HTTP/1.1 only", p)
 	}
 }
