@@ -6,7 +6,10 @@
 // ToBeDeletedByClusterAutoscaler, so load balancers stop sending it new
 // connections before the autoscaler removes it; /livez keeps the old
 // process-only meaning and always succeeds while the server runs. When the
-// node cannot be read (a watch error), the last known state stays.
+// node cannot be read (a watch error), the last known state stays; a server
+// that has not read its node yet starts from the state it last saved, or
+// as eligible: an agent restarted while the API server is unreachable must
+// not fail every node's health check at once, the outage KEP-3836 warns of.
 package nodehealth
 
 import (
@@ -43,6 +46,15 @@ type Server struct {
 
 	healthz *prometheus.CounterVec
 	livez   *prometheus.CounterVec
+	knownG  prometheus.Gauge
+	// save, if set, keeps the state for a restart (SaveTo).
+	save func(State) error
+}
+
+// State is what a server knows of its node, as saved for a restart.
+type State struct {
+	Eligible    bool      `json:"eligible"`
+	LastUpdated time.Time `json:"lastUpdated"`
 }
 
 // Metrics are the server's request counters, labelled by HTTP code, as
@@ -51,6 +63,9 @@ type Server struct {
 type Metrics struct {
 	Healthz *prometheus.CounterVec
 	Livez   *prometheus.CounterVec
+	// Known is 1 once the node has been read since the start, 0 while the
+	// answers come from the saved state or the eligible default.
+	Known prometheus.Gauge
 }
 
 // NewMetrics creates and registers the counters.
@@ -58,8 +73,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Healthz: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ebb_node_healthz_total", Help: "Answers to /healthz by HTTP code."}, []string{"code"}),
 		Livez:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ebb_node_livez_total", Help: "Answers to /livez by HTTP code."}, []string{"code"}),
+		Known: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_node_state_known",
+			Help: "1 once the agent has read its Node since it started; 0 while /healthz answers from the state saved before a restart, or as eligible when there is none."}),
 	}
-	for _, c := range []prometheus.Collector{m.Healthz, m.Livez} {
+	for _, c := range []prometheus.Collector{m.Healthz, m.Livez, m.Known} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -67,13 +84,32 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// New returns a Server that knows nothing of its node yet (/healthz fails
-// until SetNode is called).
+// New returns a Server that has not read its node yet: it answers as
+// eligible until Restore or SetNode says otherwise.
 func New(m *Metrics, clk clock.PassiveClock) *Server {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &Server{clock: clk, healthz: m.Healthz, livez: m.Livez}
+	m.Known.Set(0)
+	return &Server{clock: clk, healthz: m.Healthz, livez: m.Livez, knownG: m.Known, eligible: true}
+}
+
+// Restore starts from a state saved before a restart, until the node is
+// read. It does nothing once the node has been read.
+func (s *Server) Restore(st State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.known {
+		s.eligible, s.lastUpdated = st.Eligible, st.LastUpdated
+	}
+}
+
+// SaveTo makes the server call save with its state each time the node's
+// eligibility changes (not at every update of the node).
+func (s *Server) SaveTo(save func(State) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.save = save
 }
 
 // Eligible reports whether a node should receive load-balancer traffic:
@@ -92,19 +128,25 @@ func Eligible(node *corev1.Node) bool {
 
 // SetNode records the node's latest state. A nil node (deleted) makes it
 // ineligible.
-func (s *Server) SetNode(node *corev1.Node) {
+// An error saving the state is returned; the state in memory is set.
+func (s *Server) SetNode(node *corev1.Node) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.known = true
-	s.eligible = node != nil && Eligible(node)
-	s.lastUpdated = s.clock.Now()
+	eligible := node != nil && Eligible(node)
+	changed := !s.known || eligible != s.eligible
+	s.known, s.eligible, s.lastUpdated = true, eligible, s.clock.Now()
+	s.knownG.Set(1)
+	if !changed || s.save == nil {
+		return nil
+	}
+	return s.save(State{Eligible: eligible, LastUpdated: s.lastUpdated})
 }
 
 // answer is the JSON body of both endpoints, field for field kube-proxy's
 // (pkg/proxy/healthcheck.ProxyHealth in v1.36), so that a load balancer or
 // a person reading kube-proxy's answers reads ebb's the same way. Healthy
 // is kube-proxy's data-plane health; the agent has no data plane, so it is
-// whether the agent knows its node yet. kube-proxy's per-family "status"
+// always true (the process answers). kube-proxy's per-family "status"
 // is left out (it is omitempty there too).
 type answer struct {
 	LastUpdated  time.Time `json:"lastUpdated"`
@@ -118,9 +160,9 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		s.mu.Lock()
-		eligible, known, last := s.eligible, s.known, s.lastUpdated
+		eligible, last := s.eligible, s.lastUpdated
 		s.mu.Unlock()
-		s.write(w, known && eligible, s.healthz, answer{LastUpdated: last, NodeEligible: &eligible, Healthy: known})
+		s.write(w, eligible, s.healthz, answer{LastUpdated: last, NodeEligible: &eligible, Healthy: true})
 	})
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
 		s.mu.Lock()

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,7 +69,10 @@ func TestHealthz(t *testing.T) {
 		set      bool
 		wantCode int
 	}{
-		{"unknown node", nil, false, http.StatusServiceUnavailable},
+		// Not read yet (an agent restarted while the API server is
+		// unreachable): eligible, so that an outage does not fail every
+		// node at once.
+		{"not read yet", nil, false, http.StatusOK},
 		{"healthy node", &corev1.Node{}, true, http.StatusOK},
 		{"cordoned node is still eligible", cordoned, true, http.StatusOK},
 		{"tainted for deletion by the autoscaler", tainted, true, http.StatusServiceUnavailable},
@@ -82,7 +88,9 @@ func TestHealthz(t *testing.T) {
 			clk := testingclock.NewFakePassiveClock(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
 			s := New(m, clk)
 			if tt.set {
-				s.SetNode(tt.node)
+				if err := s.SetNode(tt.node); err != nil {
+					t.Fatal(err)
+				}
 			}
 			clk.SetTime(clk.Now().Add(3 * time.Second))
 			code, a := get(t, s, "/healthz")
@@ -90,7 +98,7 @@ func TestHealthz(t *testing.T) {
 				t.Errorf("/healthz: %d, want %d", code, tt.wantCode)
 			}
 			now := time.Date(2026, 11, 22, 0, 0, 3, 0, time.UTC)
-			if a.NodeEligible == nil || *a.NodeEligible != (tt.wantCode == http.StatusOK) || !a.CurrentTime.Equal(now) || a.Healthy != tt.set {
+			if a.NodeEligible == nil || *a.NodeEligible != (tt.wantCode == http.StatusOK) || !a.CurrentTime.Equal(now) || !a.Healthy {
 				t.Errorf("/healthz body %+v", a)
 			}
 			// As kube-proxy: lastUpdated is now when healthy, else the
@@ -121,5 +129,74 @@ func itoa(code int) string {
 		return "200"
 	default:
 		return "503"
+	}
+}
+
+// An agent restarted while the API server is unreachable answers from the
+// state it saved before (issue 50 item 16; before, it answered 503 until it
+// read its node, so an outage failed every node's health check at once),
+// and the node, once read, decides. The state is saved when eligibility
+// changes, not at every update of the node.
+func TestRestartAnswersFromTheSavedState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := testingclock.NewFakePassiveClock(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	saves := 0
+	save := FileSaver(path)
+	before := New(m, clk)
+	before.SaveTo(func(st State) error { saves++; return save(st) })
+	tainted := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: lbmodel.TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}}}
+	for _, n := range []*corev1.Node{{}, {}, tainted, tainted} {
+		if err := before.SetNode(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if saves != 2 {
+		t.Errorf("%d saves for two changes of eligibility", saves)
+	}
+
+	st, ok, err := LoadState(path)
+	if err != nil || !ok || st.Eligible {
+		t.Fatalf("saved state %+v, %v, %v; want ineligible", st, ok, err)
+	}
+	m2, _ := NewMetrics(prometheus.NewRegistry())
+	after := New(m2, clk)
+	after.Restore(st)
+	if code, _ := get(t, after, "/healthz"); code != http.StatusServiceUnavailable {
+		t.Errorf("restarted, from the saved state of a node tainted for deletion: %d, want 503", code)
+	}
+	if testutil.ToFloat64(m2.Known) != 0 {
+		t.Errorf("ebb_node_state_known is 1 before the node was read")
+	}
+	if err := after.SetNode(&corev1.Node{}); err != nil {
+		t.Fatal(err)
+	}
+	after.Restore(st) // a late restore never overrides what was read
+	if code, _ := get(t, after, "/healthz"); code != http.StatusOK {
+		t.Errorf("once the node is read and eligible: %d, want 200", code)
+	}
+	if testutil.ToFloat64(m2.Known) != 1 {
+		t.Errorf("ebb_node_state_known is 0 after the node was read")
+	}
+}
+
+// A missing state file is no state; a damaged or oversized one is an error
+// (reported, then ignored by the agent).
+func TestLoadState(t *testing.T) {
+	dir := t.TempDir()
+	if _, ok, err := LoadState(filepath.Join(dir, "none")); ok || err != nil {
+		t.Errorf("a missing file: %v, %v", ok, err)
+	}
+	for name, content := range map[string]string{"damaged": "{eligible", "huge": `{"eligible":true,"x":"` + strings.Repeat("a", maxStateFile) + `"}`} {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := LoadState(p); ok || err == nil {
+			t.Errorf("%s file: %v, %v; want an error", name, ok, err)
+		}
 	}
 }

@@ -37,6 +37,8 @@ type Options struct {
 	NodeName       string
 	BindAddress    string
 	MetricsAddress string
+	// StateFile keeps the node's last known state across restarts.
+	StateFile string
 }
 
 // NewCommand returns `ebb node-agent`.
@@ -65,6 +67,7 @@ cannot be read.`,
 	f.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node to answer for (default $NODE_NAME)")
 	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.AgentPort), "address serving /healthz and /livez")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":9465", "address serving /metrics (empty: off)")
+	f.StringVar(&o.StateFile, "state-file", "", "file that keeps the node's last known state across restarts, so that an agent restarted while the API server is unreachable answers as it did (empty: start as eligible until the node is read)")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
 	f.AddGoFlagSet(logFlags)
@@ -88,6 +91,7 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	srv := nodehealth.New(m, nil)
+	o.restoreState(log, srv)
 
 	// Watch only this node; the informer keeps the last state across watch
 	// errors, which is what KEP-3836 asks.
@@ -95,6 +99,11 @@ func (o *Options) Run(ctx context.Context) error {
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.NodeName).String()
 		}))
+	setNode := func(n *corev1.Node) {
+		if err := srv.SetNode(n); err != nil {
+			log.Error(err, "Saving the node's state for a restart failed; serving it from memory", "node", o.NodeName)
+		}
+	}
 	inf := factory.Core().V1().Nodes().Informer()
 	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 		// The last known state stays: an API outage must not fail every
@@ -104,9 +113,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return fmt.Errorf("setting the watch error handler: %w", err)
 	}
 	_, err = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { srv.SetNode(obj.(*corev1.Node)) },
-		UpdateFunc: func(_, obj any) { srv.SetNode(obj.(*corev1.Node)) },
-		DeleteFunc: func(any) { srv.SetNode(nil) },
+		AddFunc:    func(obj any) { setNode(obj.(*corev1.Node)) },
+		UpdateFunc: func(_, obj any) { setNode(obj.(*corev1.Node)) },
+		DeleteFunc: func(any) { setNode(nil) },
 	})
 	if err != nil {
 		return fmt.Errorf("watching node %s: %w", o.NodeName, err)
@@ -133,5 +142,25 @@ func (o *Options) Run(ctx context.Context) error {
 		return nil
 	case err := <-errs:
 		return fmt.Errorf("serving: %w", err)
+	}
+}
+
+// restoreState starts srv from the state saved before a restart, or says
+// that it answers as eligible until it reads the node.
+func (o *Options) restoreState(log logr.Logger, srv *nodehealth.Server) {
+	if o.StateFile == "" {
+		log.Info("Answering /healthz as eligible until the node is read (no --state-file)", "node", o.NodeName)
+		return
+	}
+	srv.SaveTo(nodehealth.FileSaver(o.StateFile))
+	st, ok, err := nodehealth.LoadState(o.StateFile)
+	switch {
+	case err != nil:
+		log.Error(err, "Answering /healthz as eligible until the node is read", "node", o.NodeName)
+	case !ok:
+		log.Info("No saved state: answering /healthz as eligible until the node is read", "node", o.NodeName)
+	default:
+		srv.Restore(st)
+		log.Info("Answering /healthz from the state saved before the restart until the node is read", "node", o.NodeName, "eligible", st.Eligible, "seen", st.LastUpdated)
 	}
 }
