@@ -8,6 +8,7 @@ package lbmodel
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sort"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
 )
@@ -267,14 +269,50 @@ func frontendFor(svc *corev1.Service, vip netip.Addr, port corev1.ServicePort) d
 	return fe
 }
 
+// sourceRanges are the client ranges a Service admits: the field, or,
+// when it is empty, the annotation
+// service.beta.kubernetes.io/load-balancer-source-ranges (comma-separated),
+// as the cloud providers read them; a Service that relies on the
+// annotation would otherwise be open to everyone. Each range is parsed as
+// Kubernetes parses a stored object (leading zeros allowed: an API server
+// before 1.36 accepted them, and an upgraded cluster keeps them) and
+// written in canonical form. A range that does not parse even so is kept
+// as written: the data plane refuses the frontend (FrontendNotServed on
+// the Service), which fails closed where dropping the range could open the
+// Service to every client.
 func sourceRanges(svc *corev1.Service) []string {
-	var out []string
-	for _, r := range svc.Spec.LoadBalancerSourceRanges {
-		if r = strings.TrimSpace(r); r != "" {
-			out = append(out, r)
+	ranges := svc.Spec.LoadBalancerSourceRanges
+	if len(ranges) == 0 {
+		if a := svc.Annotations[corev1.AnnotationLoadBalancerSourceRangesKey]; strings.TrimSpace(a) != "" {
+			ranges = strings.Split(a, ",")
 		}
 	}
+	var out []string
+	for _, r := range ranges {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		if _, ipnet, err := netutils.ParseCIDRSloppy(r); err == nil {
+			if p, ok := netipx(ipnet); ok {
+				r = p.String()
+			}
+		}
+		out = append(out, r)
+	}
 	return out
+}
+
+// netipx is the masked prefix of a parsed CIDR.
+func netipx(n *net.IPNet) (netip.Prefix, bool) {
+	addr, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	if addr.Is4In6() && ones >= 96 && len(n.Mask) == net.IPv6len {
+		ones -= 96
+	}
+	return netip.PrefixFrom(addr.Unmap(), ones).Masked(), true
 }
 
 // nodeBackends: the eligible nodes of the VIP's family, at their

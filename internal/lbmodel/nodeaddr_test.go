@@ -70,3 +70,51 @@ func TestNodesSharingAnAddressCostOneBackend(t *testing.T) {
 		})
 	}
 }
+
+// Source ranges as Kubernetes reads them (issue 50 item 12): the field, or
+// the cloud providers' annotation when the field is empty (a Service that
+// relied on it was open to everyone); leading zeros, which an API server
+// before 1.36 stored, parse as they did then; every range is written in
+// canonical form; one that does not parse is kept, so that the data plane
+// refuses that Service's frontend (fails closed) and no other.
+func TestSourceRangesAsKubernetesReadsThem(t *testing.T) {
+	const annotation = corev1.AnnotationLoadBalancerSourceRangesKey
+	for _, tc := range []struct {
+		name       string
+		field      []string
+		annotation string
+		want       []string
+		served     bool
+	}{
+		{"the field", []string{" 192.0.2.0/24 "}, "", []string{"192.0.2.0/24"}, true},
+		{"the annotation when the field is empty", nil, "192.0.2.0/24, 198.51.100.0/24", []string{"192.0.2.0/24", "198.51.100.0/24"}, true},
+		{"the field wins over the annotation", []string{"192.0.2.0/24"}, "0.0.0.0/0", []string{"192.0.2.0/24"}, true},
+		{"leading zeros, stored by an older API server", []string{"010.000.001.000/24"}, "", []string{"10.0.1.0/24"}, true},
+		{"host bits set", []string{"192.0.2.7/24", "2001:db8::1/32"}, "", []string{"192.0.2.0/24", "2001:db8::/32"}, true},
+		{"a range that does not parse: that Service only is refused", []string{"192.0.2.0/24", "everyone"}, "", []string{"192.0.2.0/24", "everyone"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := service(func(s *corev1.Service) {
+				s.Spec.LoadBalancerSourceRanges = tc.field
+				if tc.annotation != "" {
+					s.Annotations = map[string]string{annotation: tc.annotation}
+				}
+			})
+			fes, err := Frontends(svc, nil, []*corev1.Node{node("n1", "10.0.0.1")}, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(fes[0].SourceRanges, tc.want) {
+				t.Errorf("source ranges %q, want %q", fes[0].SourceRanges, tc.want)
+			}
+			other, _ := Frontends(service(func(s *corev1.Service) { s.Name = "other" }), nil, []*corev1.Node{node("n1", "10.0.0.1")}, Options{})
+			_, err = (dataplane.Config{Frontends: fes}).Validate()
+			if (err == nil) != tc.served {
+				t.Errorf("the data plane takes the frontend: %v, want %v", err, tc.served)
+			}
+			if _, err := (dataplane.Config{Frontends: other}).Validate(); err != nil {
+				t.Errorf("another Service is refused: %v", err)
+			}
+		})
+	}
+}
