@@ -448,3 +448,52 @@ func TestAPlanWithoutTheDefaultsDrainsEveryPod(t *testing.T) {
 		t.Errorf("Drained while a pod is on the node: %v", got.Status.Conditions)
 	}
 }
+
+// An Evacuation another instigator created (no node label) that the
+// maintenance adopts is released on Complete (issue 41 item 4): before, the
+// maintenance's finalizer stayed on it, so the pod was evicted after every
+// instigator had withdrawn.
+func TestAdoptedEvacuationIsReleasedOnComplete(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "uid-1"}, Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	theirs := &v1alpha1.Evacuation{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: v1alpha1.EvacuationName(pod.UID, pod.Name), Finalizers: []string{otherInstigator}},
+		Spec:       v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: pod.Name, UID: pod.UID}, ProgressDeadlineSeconds: 600},
+	}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "m", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "test", DrainPlan: drainplan.Defaults(), NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n1"}}},
+		}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, node, pod, theirs, nm)
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	e := &v1alpha1.Evacuation{}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(theirs), e); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(e.Finalizers, v1alpha1.InstigatorFinalizer) {
+		t.Fatalf("the maintenance did not adopt the Evacuation: finalizers %v", e.Finalizers)
+	}
+	got := &v1alpha1.NodeMaintenance{}
+	if err := cl.Get(ctx, req.NamespacedName, got); err != nil {
+		t.Fatal(err)
+	}
+	got.Spec.Stage = v1alpha1.Complete
+	if err := cl.Update(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(theirs), e); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(e.Finalizers, []string{otherInstigator}) {
+		t.Errorf("after Complete: finalizers %v, want only the other instigator's", e.Finalizers)
+	}
+}

@@ -145,8 +145,17 @@ func (r *Reconciler) drainPod(ctx context.Context, nm *v1alpha1.NodeMaintenance,
 		}
 		nd.evacuating++
 		if !controllerutil.ContainsFinalizer(e, v1alpha1.InstigatorFinalizer) && e.DeletionTimestamp == nil && drainplan.Matches(targets, p) {
+			// Adopting another instigator's request: ebb's node label goes
+			// with ebb's finalizer, as Complete and the clean-up find the
+			// Evacuations to withdraw from by it (without, an adopted
+			// Evacuation was never released, and the pod was evicted
+			// after every instigator had withdrawn).
 			patch := client.MergeFrom(e.DeepCopy())
 			controllerutil.AddFinalizer(e, v1alpha1.InstigatorFinalizer)
+			if e.Labels == nil {
+				e.Labels = map[string]string{}
+			}
+			e.Labels[v1alpha1.EvacuationNodeLabel] = node
 			if err := r.Client.Patch(ctx, e, patch); err != nil {
 				return fmt.Errorf("adding our finalizer to Evacuation %s: %w", klog.KObj(e), err)
 			}
