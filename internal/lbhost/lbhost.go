@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
@@ -29,9 +30,18 @@ type Stranding struct {
 
 // Check reports whether taking away every node for which gone is true
 // would leave no serving replica. A serving replica is a fresh
-// LoadBalancerReport that names its host and is not draining.
-func Check(reports []v1alpha1.LoadBalancerReport, now metav1.Time, gone func(node string) bool) Stranding {
+// LoadBalancerReport that names its host and is not draining, or an
+// `ebb lb` pod without one (Unreported): unknown is not absent, so the
+// check fails closed while replicas run that do not report.
+func Check(reports []v1alpha1.LoadBalancerReport, unreported []corev1.Pod, now metav1.Time, gone func(node string) bool) Stranding {
 	var s Stranding
+	for _, p := range unreported {
+		if !gone(p.Spec.NodeName) {
+			return Stranding{}
+		}
+		s.Hosts = append(s.Hosts, p.Spec.NodeName)
+		s.Stranded = append(s.Stranded, fmt.Sprintf("%s on %s (no fresh LoadBalancerReport)", p.Name, p.Spec.NodeName))
+	}
 	for i := range reports {
 		r := &reports[i]
 		if !r.Fresh(now) || r.Status.HostNode == "" || r.Status.Draining {

@@ -16,12 +16,15 @@ import (
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // keepsALoadBalancerHost refuses to drain every node that hosts a serving
 // `ebb lb` replica: the load-balancer addresses would then have no host
 // to be announced from and accepted on, and every Service of ebb's class
 // would stop answering. Serving replicas are the fresh LoadBalancerReports
-// that name their host and are not draining; a host counts as gone when
+// that name their host and are not draining, and the ebb lb pods that run
+// without a fresh report (unknown counts as serving: the check fails
+// closed); a host counts as gone when
 // this maintenance selects it or it is leaving already (a leaving taint:
 // another maintenance, out-of-service, ...). Without any serving replica
 // (none reports a host, say) there is nothing to protect. The
@@ -47,7 +50,11 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 			gone[n.Name] = true
 		}
 	}
-	s := lbhost.Check(reports.Items, now, func(node string) bool { return gone[node] })
+	pods, err := lbhost.ListPods(ctx, w.Client)
+	if err != nil {
+		return apierrors.NewInternalError(err)
+	}
+	s := lbhost.Check(reports.Items, lbhost.Unreported(pods, reports.Items, now), now, func(node string) bool { return gone[node] })
 	if !s.Strands() {
 		return nil
 	}

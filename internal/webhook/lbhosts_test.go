@@ -44,6 +44,12 @@ func TestKeepsALoadBalancerHost(t *testing.T) {
 		{"a stale report is a replica that is gone", []client.Object{report("lb-a", "a", false, 0), report("lb-b", "b", false, 10*time.Minute)}, []string{"a"}, v1alpha1.Drain, false, "lb-a on a"},
 		{"no replica names its host", []client.Object{report("lb", "", false, 0)}, []string{"a"}, v1alpha1.Drain, false, ""},
 		{"not an LB host", []client.Object{report("lb-a", "a", false, 0)}, []string{"c"}, v1alpha1.Drain, false, ""},
+		// Fail closed (issue 42 item 5): with no fresh report, an ebb lb
+		// pod that runs is a replica whose state is unknown; before, no
+		// report meant nothing to protect, and every LB host could be
+		// drained.
+		{"no fresh report, but ebb lb runs there", []client.Object{lbPod("ebb-lb-x", "a"), report("ebb-lb-x", "a", false, 10*time.Minute)}, []string{"a"}, v1alpha1.Drain, false,
+			"ebb-lb-x on a (no fresh LoadBalancerReport)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			scheme := runtime.NewScheme()
@@ -73,4 +79,10 @@ func TestKeepsALoadBalancerHost(t *testing.T) {
 			wantErr(t, err, "forbidden", tc.want)
 		})
 	}
+}
+
+// lbPod is a running ebb lb pod on node.
+func lbPod(name, node string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: name, Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"}},
+		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 }

@@ -41,8 +41,10 @@ type nodeDrain struct {
 	connections                        int64
 	// hostConnections are those of the ebb lb replicas running on the
 	// node (an LB host); hostServing names the ones not draining yet.
-	hostConnections              int64
-	hostServing                  []string
+	hostConnections int64
+	hostServing     []string
+	// unknown names the ebb lb pods running without a fresh report.
+	unknown                      []string
 	trafficStart                 *metav1.Time
 	trafficDone, trafficTimedOut bool
 	// trafficLeft is the time to the traffic-drain timeout (for requeues);

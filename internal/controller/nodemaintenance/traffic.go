@@ -3,6 +3,7 @@ package nodemaintenance
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/event"
+	"github.com/ebbdev/ebb/internal/lbhost"
 )
 
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
@@ -35,25 +37,40 @@ type lbView struct {
 	// node; hostServing names those not draining yet.
 	hostConnections int64
 	hostServing     []string
+	// unknown names the ebb lb pods that run without a fresh report: what
+	// they send the node is not known, so it is not Down (until lbGate).
+	unknown []string
 }
 
 // loadBalancerViews reads the reports of the `ebb lb` replicas; stale ones
 // (a replica that is gone) are ignored. A node no replica lists has no
-// backends: it is Down with no connection.
+// backends: it is Down with no connection, unless an `ebb lb` pod runs
+// without a fresh report (lbhost.Unreported): then no node is known to be
+// Down, and evacuation waits for that replica's report or for lbGate.
 func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) lbView, error) {
 	var list v1alpha1.LoadBalancerReportList
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("listing LoadBalancerReports: %w", err)
 	}
-	return loadBalancerViews(list.Items, metav1.NewTime(r.Clock.Now())), nil
+	pods, err := lbhost.ListPods(ctx, r.Client)
+	if err != nil {
+		return nil, err
+	}
+	now := metav1.NewTime(r.Clock.Now())
+	var unknown []string
+	for _, p := range lbhost.Unreported(pods, list.Items, now) {
+		unknown = append(unknown, p.Name)
+	}
+	return loadBalancerViews(list.Items, unknown, now), nil
 }
 
-func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, now metav1.Time) func(node string) lbView {
+func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, unknown []string, now metav1.Time) func(node string) lbView {
+	sort.Strings(unknown)
 	views := map[string]*lbView{}
 	view := func(node string) *lbView {
 		v, ok := views[node]
 		if !ok {
-			v = &lbView{down: true}
+			v = &lbView{down: len(unknown) == 0, unknown: unknown}
 			views[node] = v
 		}
 		return v
@@ -81,10 +98,7 @@ func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, now metav1.Time) f
 		}
 	}
 	return func(node string) lbView {
-		if v, ok := views[node]; ok {
-			return *v
-		}
-		return lbView{down: true}
+		return *view(node)
 	}
 }
 
@@ -96,7 +110,7 @@ func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, now metav1.Time) f
 func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, view lbView, nd *nodeDrain) {
 	now := r.Clock.Now()
 	nd.lbDown, nd.connections = view.down, view.connections
-	nd.hostConnections, nd.hostServing = view.hostConnections, view.hostServing
+	nd.hostConnections, nd.hostServing, nd.unknown = view.hostConnections, view.hostServing, view.unknown
 	if old := oldNodeStatus(nm, node); old != nil && old.TrafficDrainStartTime != nil {
 		nd.trafficStart = old.TrafficDrainStartTime
 	} else if view.down {
@@ -146,6 +160,9 @@ const timedOutText = "traffic-drain timeout passed"
 // is not ("" when there is nothing to add).
 func trafficMessage(nd *nodeDrain) string {
 	switch {
+	case !nd.lbDown && !nd.lbGateExpired && len(nd.unknown) > 0:
+		return fmt.Sprintf("Waiting for ebb lb %s to report (running without a fresh LoadBalancerReport: what it sends the node is not known); evacuation starts anyway %s after the drain began",
+			strings.Join(nd.unknown, ", "), lbGate)
 	case !nd.lbDown && !nd.lbGateExpired && len(nd.hostServing) > 0:
 		return fmt.Sprintf("Waiting for the node's own ebb lb (%s) to withdraw the load-balancer addresses", strings.Join(nd.hostServing, ", "))
 	case !nd.lbDown && !nd.lbGateExpired:

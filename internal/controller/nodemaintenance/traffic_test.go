@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -26,6 +28,7 @@ func TestLoadBalancerViews(t *testing.T) {
 			Status: v1alpha1.LoadBalancerReportStatus{Replica: name, RenewTime: &ts, HeartbeatSeconds: 10, Nodes: nodes}}
 	}
 	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
 	_ = v1alpha1.AddToScheme(scheme)
 	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		report("r1", time.Second, v1alpha1.NodeTraffic{Name: "a", AdminState: "Down", Connections: 2}, v1alpha1.NodeTraffic{Name: "b", AdminState: "Down", Connections: 0}),
@@ -45,6 +48,24 @@ func TestLoadBalancerViews(t *testing.T) {
 	}
 	if v := views("c"); !v.down || v.connections != 0 {
 		t.Errorf("c (no backends anywhere): %+v", v)
+	}
+
+	// An ebb lb pod that runs without a fresh report (issue 42 item 5):
+	// what it sends each node is unknown, so no node is Down; before, a
+	// missing report counted as "Down, no connection", and evictions
+	// started at once.
+	if err := cl.Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: "gone", Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"}},
+		Spec: corev1.PodSpec{NodeName: "x"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}); err != nil {
+		t.Fatal(err)
+	}
+	views, err = r.loadBalancerViews(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"a", "c"} {
+		if v := views(node); v.down || !slices.Equal(v.unknown, []string{"gone"}) {
+			t.Errorf("%s with an unreported ebb lb pod: %+v, want not Down, gone unknown", node, v)
+		}
 	}
 }
 
@@ -76,7 +97,7 @@ func TestLoadBalancerViewsOfAnLBHost(t *testing.T) {
 			lbView{down: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := loadBalancerViews(tc.reports, metav1.NewTime(now))(tc.node)
+			got := loadBalancerViews(tc.reports, nil, metav1.NewTime(now))(tc.node)
 			if got.down != tc.want.down || got.connections != tc.want.connections || got.hostConnections != tc.want.hostConnections || !slices.Equal(got.hostServing, tc.want.hostServing) {
 				t.Errorf("view of %s = %+v, want %+v", tc.node, got, tc.want)
 			}

@@ -46,6 +46,7 @@ const heldRetry = 10 * time.Second
 // +kubebuilder:rbac:groups="",resources=events,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=loadbalancerreports,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconciler reconciles PreemptScheduled Events.
 type Reconciler struct {
@@ -173,7 +174,12 @@ func (r *Reconciler) lastLBHost(ctx context.Context, node *corev1.Node) (lbhost.
 	if r.Now != nil {
 		now = r.Now
 	}
-	return lbhost.Check(reports.Items, metav1.NewTime(now()), func(n string) bool { return gone[n] }), nil
+	pods, err := lbhost.ListPods(ctx, r.Client)
+	if err != nil {
+		return lbhost.Stranding{}, err
+	}
+	at := metav1.NewTime(now())
+	return lbhost.Check(reports.Items, lbhost.Unreported(pods, reports.Items, at), at, func(n string) bool { return gone[n] }), nil
 }
 
 // newer reports whether the event was created after the handled time.
