@@ -169,7 +169,45 @@ func (r *Reconciler) step(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 	if next := e.Status.NextEvictionTime; next != nil && now.Before(next.Time) {
 		return ctrl.Result{RequeueAfter: next.Sub(now)}, nil
 	}
+	if drainplan.TypeOf(pod) == v1alpha1.DaemonSet {
+		targeted, err := r.targetedByADrain(ctx, pod)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if !targeted {
+			e.Status.Message = "A DaemonSet's pod is evicted only once the drain targets of a NodeMaintenance draining its node select it (KEP-4212), so that the node's daemons leave after the pods that need them"
+			return ctrl.Result{RequeueAfter: daemonSetRecheck}, nil
+		}
+	}
 	return r.evict(ctx, e, pod, now)
+}
+
+// daemonSetRecheck is how often a DaemonSet's pod that no drain targets yet
+// is looked at again: a maintenance writes its targets in its status, which
+// does not wake Evacuations.
+const daemonSetRecheck = 5 * time.Second
+
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=get;list;watch
+
+// targetedByADrain reports whether a NodeMaintenance in Drain lists, for
+// the pod's node, drain targets that select the pod: KEP-4212 has the
+// DaemonSet side ignore Evacuations above the drain targets.
+func (r *Reconciler) targetedByADrain(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	var list v1alpha1.NodeMaintenanceList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return false, fmt.Errorf("listing NodeMaintenances: %w", err)
+	}
+	for _, nm := range list.Items {
+		if nm.Spec.Stage != v1alpha1.Drain {
+			continue
+		}
+		for _, ns := range nm.Status.NodeStatuses {
+			if ns.NodeRef.Name == pod.Spec.NodeName && drainplan.Matches(ns.DrainTargets, pod) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // handOff keeps the active evacuator or moves to the next one; it returns

@@ -18,6 +18,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -37,7 +38,7 @@ func setup(t *testing.T, pod *corev1.Pod, evacuators ...v1alpha1.Evacuator) (*Re
 		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: v1alpha1.EvacuationName(pod.UID, pod.Name), Finalizers: []string{instigator}},
 		Spec:       v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: pod.Name, UID: pod.UID}, ProgressDeadlineSeconds: 600, Evacuators: evacuators},
 	}
-	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pod, e).WithStatusSubresource(&v1alpha1.Evacuation{}).Build()
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pod, e).WithStatusSubresource(&v1alpha1.Evacuation{}, &v1alpha1.NodeMaintenance{}).Build()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -378,5 +379,51 @@ func TestEvictionConflictNotFoundAndErrors(t *testing.T) {
 				t.Errorf("message %q, want %q", e.Status.Message, tt.wantText)
 			}
 		})
+	}
+}
+
+// A DaemonSet's pod is evicted only when a NodeMaintenance draining its
+// node targets it (issue 41 item 12: KEP-4212 has the DaemonSet side
+// ignore Evacuations above the drain targets, so that CNI, CSI and log
+// daemons do not leave before the pods that depend on them). Before, any
+// Evacuation evicted it.
+func TestDaemonSetPodsWaitForTheDrainTargets(t *testing.T) {
+	pod := testPod()
+	pod.Spec.NodeName = "n1"
+	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "cni", UID: "ds-uid", Controller: ptr.To(true)}}
+	r, cl, _, req := setup(t, pod)
+	evictions := 0
+	r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			if sub == "eviction" {
+				evictions++
+				return nil
+			}
+			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+		},
+	})
+	res := reconcileOnce(t, r, req)
+	if evictions != 0 || res.RequeueAfter == 0 {
+		t.Fatalf("no maintenance targets the DaemonSet's pod: %d evictions, requeue after %s; want none, and a look later", evictions, res.RequeueAfter)
+	}
+	if e := get(t, cl, req); !strings.Contains(e.Status.Message, "drain targets") {
+		t.Errorf("message %q, want it to say the pod waits for the drain targets", e.Status.Message)
+	}
+	// A maintenance draining n1 whose targets are still on Default pods.
+	nm := &v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain},
+		Status: v1alpha1.NodeMaintenanceStatus{NodeStatuses: []v1alpha1.NodeMaintenanceNodeStatus{{NodeRef: v1alpha1.NodeReference{Name: "n1"},
+			DrainTargets: []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 1 << 30}}}}}}
+	if err := cl.Create(context.Background(), nm); err != nil {
+		t.Fatal(err)
+	}
+	if reconcileOnce(t, r, req); evictions != 0 {
+		t.Fatalf("targets on Default pods only: %d evictions, want none", evictions)
+	}
+	nm.Status.NodeStatuses[0].DrainTargets = append(nm.Status.NodeStatuses[0].DrainTargets, v1alpha1.DrainPlanEntry{PodType: v1alpha1.DaemonSet, PodPriority: 1 << 30})
+	if err := cl.Status().Update(context.Background(), nm); err != nil {
+		t.Fatal(err)
+	}
+	if reconcileOnce(t, r, req); evictions != 1 {
+		t.Errorf("the targets reach the DaemonSet's pods: %d evictions, want 1", evictions)
 	}
 }
