@@ -14,15 +14,30 @@ import (
 // PodLabel selects the `ebb lb` DaemonSet's pods (config/lb). Each names
 // its LoadBalancerReport after itself (`ebb lb --report-name`, default
 // $POD_NAME).
-var PodLabel = client.MatchingLabels{"app.kubernetes.io/name": "ebb-lb"}
+var PodLabel = client.MatchingLabels{"app.kubernetes.io/name": DaemonSet}
 
-// ListPods lists the `ebb lb` pods of every namespace.
-func ListPods(ctx context.Context, c client.Reader) ([]corev1.Pod, error) {
+// DaemonSet is the name of ebb lb's DaemonSet (config/lb).
+const DaemonSet = "ebb-lb"
+
+// DefaultNamespace is where ebb installs it (config/default).
+const DefaultNamespace = "ebb-system"
+
+// ListPods lists the `ebb lb` pods in namespace that the ebb-lb DaemonSet
+// controls. Anyone who may create pods can give one the label: a pod
+// ebb's DaemonSet does not own is no replica, or a namespace user could
+// make the last-LB-host check see a host that stays.
+func ListPods(ctx context.Context, c client.Reader, namespace string) ([]corev1.Pod, error) {
 	var list corev1.PodList
-	if err := c.List(ctx, &list, PodLabel); err != nil {
+	if err := c.List(ctx, &list, PodLabel, client.InNamespace(namespace)); err != nil {
 		return nil, fmt.Errorf("listing the ebb lb pods: %w", err)
 	}
-	return list.Items, nil
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.Kind == "DaemonSet" && ref.APIVersion == "apps/v1" && ref.Name == DaemonSet {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // Unreported returns the `ebb lb` pods that run (on a node, Running, not

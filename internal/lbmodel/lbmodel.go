@@ -293,7 +293,7 @@ func sourceRanges(svc *corev1.Service) []string {
 			continue
 		}
 		if _, ipnet, err := netutils.ParseCIDRSloppy(r); err == nil {
-			if p, ok := netipx(ipnet); ok {
+			if p, ok := netipx(ipnet); ok && p.IsValid() {
 				r = p.String()
 			}
 		}

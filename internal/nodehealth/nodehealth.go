@@ -47,8 +47,13 @@ type Server struct {
 	healthz *prometheus.CounterVec
 	livez   *prometheus.CounterVec
 	knownG  prometheus.Gauge
-	// save, if set, keeps the state for a restart (SaveTo).
-	save func(State) error
+	// save, if set, keeps the state for a restart (SaveTo); saved is
+	// the eligibility last saved, and unsaved is true until a save of the
+	// current eligibility succeeded (a failed save is tried again at the
+	// next update of the node).
+	save    func(State) error
+	saved   bool
+	unsaved bool
 }
 
 // State is what a server knows of its node, as saved for a restart.
@@ -109,7 +114,7 @@ func (s *Server) Restore(st State) {
 func (s *Server) SaveTo(save func(State) error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.save = save
+	s.save, s.unsaved = save, true
 }
 
 // Eligible reports whether a node should receive load-balancer traffic:
@@ -133,13 +138,17 @@ func (s *Server) SetNode(node *corev1.Node) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	eligible := node != nil && Eligible(node)
-	changed := !s.known || eligible != s.eligible
 	s.known, s.eligible, s.lastUpdated = true, eligible, s.clock.Now()
 	s.knownG.Set(1)
-	if !changed || s.save == nil {
+	if s.save == nil || !s.unsaved && s.saved == eligible {
 		return nil
 	}
-	return s.save(State{Eligible: eligible, LastUpdated: s.lastUpdated})
+	if err := s.save(State{Eligible: eligible, LastUpdated: s.lastUpdated}); err != nil {
+		s.unsaved = true
+		return err
+	}
+	s.saved, s.unsaved = eligible, false
+	return nil
 }
 
 // answer is the JSON body of both endpoints, field for field kube-proxy's

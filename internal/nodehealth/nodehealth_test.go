@@ -3,6 +3,7 @@ package nodehealth
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -156,6 +157,30 @@ func TestRestartAnswersFromTheSavedState(t *testing.T) {
 	}
 	if saves != 2 {
 		t.Errorf("%d saves for two changes of eligibility", saves)
+	}
+	// A failed save is tried again at the next update, even without a
+	// change.
+	failing := true
+	retried := New(m, clk)
+	retried.SaveTo(func(st State) error {
+		saves++
+		if failing {
+			return errors.New("disk full")
+		}
+		return nil
+	})
+	saves = 0
+	if err := retried.SetNode(tainted); err == nil {
+		t.Errorf("a failed save was not reported")
+	}
+	failing = false
+	for range 2 {
+		if err := retried.SetNode(tainted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if saves != 2 {
+		t.Errorf("%d save attempts, want the failed one and one retry", saves)
 	}
 
 	st, ok, err := LoadState(path)

@@ -54,6 +54,10 @@ func FileSaver(path string) func(State) error {
 			_ = tmp.Close()
 			return fmt.Errorf("saving the node state: %w", err)
 		}
+		if err := tmp.Sync(); err != nil {
+			_ = tmp.Close()
+			return fmt.Errorf("saving the node state: %w", err)
+		}
 		if err := tmp.Close(); err != nil {
 			return fmt.Errorf("saving the node state: %w", err)
 		}

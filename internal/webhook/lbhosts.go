@@ -50,7 +50,7 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 			gone[n.Name] = true
 		}
 	}
-	pods, err := lbhost.ListPods(ctx, w.Client)
+	pods, err := lbhost.ListPods(ctx, w.Client, w.lbNamespace())
 	if err != nil {
 		return apierrors.NewInternalError(err)
 	}
@@ -62,4 +62,12 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 		"draining %s would leave no ebb lb serving the load-balancer addresses: every serving replica (%s) runs on a node this maintenance drains or that is leaving already. "+
 			"Make another node a load-balancer host (label it %s=true) and wait for its ebb lb to be ready, or finish the other maintenance first, or set the annotation %s=true to drain anyway",
 		strings.Join(s.Hosts, ", "), strings.Join(s.Stranded, ", "), "ebb.dev/load-balancer", v1alpha1.AllowNoLoadBalancerAnnotation))
+}
+
+// lbNamespace is where ebb lb's DaemonSet runs.
+func (w *NodeMaintenance) lbNamespace() string {
+	if w.LBNamespace != "" {
+		return w.LBNamespace
+	}
+	return lbhost.DefaultNamespace
 }

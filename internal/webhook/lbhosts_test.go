@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -83,6 +84,7 @@ func TestKeepsALoadBalancerHost(t *testing.T) {
 
 // lbPod is a running ebb lb pod on node.
 func lbPod(name, node string) *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: name, Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"}},
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: name, Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ebb-lb", UID: "ds", Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 }

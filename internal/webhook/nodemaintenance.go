@@ -5,6 +5,7 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -38,6 +39,9 @@ type NodeMaintenance struct {
 	Client client.Client
 	// Now tells the freshness of LoadBalancerReports; default time.Now.
 	Now func() time.Time
+	// LBNamespace is where ebb lb's DaemonSet runs; default
+	// lbhost.DefaultNamespace.
+	LBNamespace string
 }
 
 var nmKind = v1alpha1.GroupVersion.WithKind("NodeMaintenance").GroupKind()
@@ -59,11 +63,22 @@ func (w *NodeMaintenance) Default(ctx context.Context, nm *v1alpha1.NodeMaintena
 	// update refused, the finalizer's removal included, and the
 	// maintenance could never be deleted; the controller adds the
 	// defaults to such a plan where it reads it.
-	if req, err := admission.RequestFromContext(ctx); err == nil && req.Operation == admissionv1.Update && len(nm.Spec.DrainPlan) > 0 {
+	if req, err := admission.RequestFromContext(ctx); err == nil && req.Operation == admissionv1.Update && storedPlan(req) {
 		return nil
 	}
 	nm.Spec.DrainPlan = drainplan.WithDefaults(nm.Spec.DrainPlan)
 	return nil
+}
+
+// storedPlan reports whether the object an update replaces has a drain
+// plan; an object that cannot be read as one is taken to have one (the
+// plan is then left as the update sends it, which the CRD's rule checks).
+func storedPlan(req admission.Request) bool {
+	var old v1alpha1.NodeMaintenance
+	if err := json.Unmarshal(req.OldObject.Raw, &old); err != nil {
+		return true
+	}
+	return len(old.Spec.DrainPlan) > 0
 }
 
 // ValidateCreate checks the spec, warns when every node is selected, and

@@ -196,9 +196,17 @@ func FuzzValidateSpec(f *testing.F) {
 func TestDefaultingTheDrainPlanOnlyWhenFirstSet(t *testing.T) {
 	w := newWebhook(t)
 	userPlan := []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 100}}
-	update := admission.NewContextWithRequest(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Update}})
+	updateOf := func(old *v1alpha1.NodeMaintenance) context.Context {
+		raw, err := json.Marshal(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return admission.NewContextWithRequest(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Update, OldObject: runtime.RawExtension{Raw: raw}}})
+	}
 	stored := maintenance(v1alpha1.Drain, everyNode)
 	stored.Spec.DrainPlan = slices.Clone(userPlan)
+	update := updateOf(stored.DeepCopy())
 	if err := w.Default(update, stored); err != nil {
 		t.Fatal(err)
 	}
@@ -207,11 +215,22 @@ func TestDefaultingTheDrainPlanOnlyWhenFirstSet(t *testing.T) {
 	}
 	unset := maintenance(v1alpha1.Drain, everyNode)
 	unset.Spec.DrainPlan = nil
-	if err := w.Default(update, unset); err != nil {
+	firstSet := unset.DeepCopy()
+	if err := w.Default(updateOf(unset.DeepCopy()), unset); err != nil {
 		t.Fatal(err)
 	}
 	if len(unset.Spec.DrainPlan) != len(drainplan.Defaults()) {
 		t.Errorf("an update that sets no plan got %d entries, want the defaults", len(unset.Spec.DrainPlan))
+	}
+	// The first update that sets a plan on an object stored without one
+	// gets the defaults too.
+	old := firstSet.DeepCopy()
+	firstSet.Spec.DrainPlan = slices.Clone(userPlan)
+	if err := w.Default(updateOf(old), firstSet); err != nil {
+		t.Fatal(err)
+	}
+	if len(firstSet.Spec.DrainPlan) != len(drainplan.Defaults())+1 {
+		t.Errorf("a plan set by an update on an object stored without one: %d entries, want the defaults plus it", len(firstSet.Spec.DrainPlan))
 	}
 	create := admission.NewContextWithRequest(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create}})
 	created := maintenance(v1alpha1.Drain, everyNode)

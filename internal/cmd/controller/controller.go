@@ -44,6 +44,7 @@ import (
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/controller/surge"
+	"github.com/ebbdev/ebb/internal/lbhost"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/provider/azure"
 	ebbwebhook "github.com/ebbdev/ebb/internal/webhook"
@@ -65,6 +66,9 @@ type Options struct {
 	// SpotEventSources are the emitters whose PreemptScheduled Events the
 	// spot controller trusts.
 	SpotEventSources []string
+	// LBNamespace is where ebb lb's DaemonSet runs: its pods are the
+	// replicas a missing LoadBalancerReport is compared with.
+	LBNamespace string
 	// Model holds the admin-state rules (the same flags as `ebb lb`).
 	Model lbmodel.Options
 	// QPS and Burst bound the requests to the apiserver.
@@ -133,6 +137,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
 	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added (value spot-eviction) to a node on its first PreemptScheduled event (default with --cloud azure: cloudprovider.azure.microsoft.com/draining, as cloud-provider-azure's design says); empty turns this off")
 	f.StringSliceVar(&o.SpotEventSources, "spot-event-sources", spot.DefaultTrustedSources, "emitters (an Event's source.component or reportingController) whose PreemptScheduled Events about a Node are acted on; the Event must also be in namespace default or kube-system and name the Node without a namespace, which a namespace user cannot write")
+	f.StringVar(&o.LBNamespace, "lb-namespace", lbhost.DefaultNamespace, "namespace of the ebb-lb DaemonSet: its running pods without a fresh LoadBalancerReport count as replicas whose state is unknown (drains wait for them, up to 30 s; the last load-balancer host is kept)")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
@@ -374,7 +379,7 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 			return err
 		}
 		sr := &spot.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-spot-controller"), Metrics: spotMetrics,
-			TaintKey: o.SpotTaintKey, TrustedSources: o.SpotEventSources}
+			TaintKey: o.SpotTaintKey, TrustedSources: o.SpotEventSources, Model: o.Model, LBNamespace: o.LBNamespace}
 		if err := sr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the spot preemption controller: %w", err)
 		}
@@ -396,7 +401,7 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 	if err != nil {
 		return err
 	}
-	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics, MaxDrainingNodes: o.MaxDrainingNodes}
+	nmr := &nodemaintenance.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-nodemaintenance-controller"), Metrics: nmMetrics, MaxDrainingNodes: o.MaxDrainingNodes, LBNamespace: o.LBNamespace}
 	if err := nmr.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the node maintenance controller: %w", err)
 	}
@@ -415,7 +420,7 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 		}
 	}
 	if o.Webhook.Port != 0 {
-		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient(), LBNamespace: o.LBNamespace}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the NodeMaintenance webhook: %w", err)
 		}
 	}

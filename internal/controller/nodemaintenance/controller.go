@@ -55,6 +55,9 @@ type Reconciler struct {
 	// MaxDrainingNodes limits how many nodes drain at once across
 	// maintenances (0: no limit); see slots.go.
 	MaxDrainingNodes int
+	// LBNamespace is where ebb lb's DaemonSet runs; default
+	// lbhost.DefaultNamespace.
+	LBNamespace string
 }
 
 // SetupWithManager registers the controller, its pod index and watches

@@ -38,21 +38,26 @@ type lbView struct {
 	hostConnections int64
 	hostServing     []string
 	// unknown names the ebb lb pods that run without a fresh report: what
-	// they send the node is not known, so it is not Down (until lbGate).
+	// they send the node is not known, so evacuation waits for them (up
+	// to lbGate); down and connections are what the reports say.
 	unknown []string
 }
 
 // loadBalancerViews reads the reports of the `ebb lb` replicas; stale ones
 // (a replica that is gone) are ignored. A node no replica lists has no
-// backends: it is Down with no connection, unless an `ebb lb` pod runs
-// without a fresh report (lbhost.Unreported): then no node is known to be
-// Down, and evacuation waits for that replica's report or for lbGate.
+// backends: it is Down with no connection. The `ebb lb` pods that run
+// without a fresh report (lbhost.Unreported) are named in every view:
+// evacuation waits for their report or for lbGate (trafficDrain).
 func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) lbView, error) {
 	var list v1alpha1.LoadBalancerReportList
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("listing LoadBalancerReports: %w", err)
 	}
-	pods, err := lbhost.ListPods(ctx, r.Client)
+	ns := r.LBNamespace
+	if ns == "" {
+		ns = lbhost.DefaultNamespace
+	}
+	pods, err := lbhost.ListPods(ctx, r.Client, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +75,7 @@ func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, unknown []string, 
 	view := func(node string) *lbView {
 		v, ok := views[node]
 		if !ok {
-			v = &lbView{down: len(unknown) == 0, unknown: unknown}
+			v = &lbView{down: true, unknown: unknown}
 			views[node] = v
 		}
 		return v
@@ -109,8 +114,12 @@ func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, unknown []string, 
 // passed since the load balancers went Down).
 func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, view lbView, nd *nodeDrain) {
 	now := r.Clock.Now()
-	nd.lbDown, nd.connections = view.down, view.connections
-	nd.hostConnections, nd.hostServing, nd.unknown = view.hostConnections, view.hostServing, view.unknown
+	started := drainStarted(nm)
+	gateExpired := started != nil && now.Sub(started.Time) >= lbGate
+	// An unreported replica holds evacuation back, never the count of the
+	// connections the reports show.
+	nd.lbDown, nd.connections, nd.unknown = view.down && len(view.unknown) == 0, view.connections, view.unknown
+	nd.hostConnections, nd.hostServing = view.hostConnections, view.hostServing
 	if old := oldNodeStatus(nm, node); old != nil && old.TrafficDrainStartTime != nil {
 		nd.trafficStart = old.TrafficDrainStartTime
 	} else if view.down {
@@ -119,14 +128,15 @@ func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, vie
 		t := metav1.NewTime(now.Truncate(time.Second).Add(time.Second))
 		nd.trafficStart = &t
 	}
-	nd.mayEvacuate = view.down
 	if !view.down {
-		if started := drainStarted(nm); started != nil && now.Sub(started.Time) >= lbGate {
+		if gateExpired {
 			// Given up on the load balancers: do not wait on their traffic.
 			nd.mayEvacuate, nd.lbGateExpired, nd.trafficDone = true, true, true
 		}
 		return
 	}
+	nd.mayEvacuate = nd.lbDown || gateExpired
+	nd.lbGateExpired = !nd.lbDown && gateExpired
 	timeout := DefaultTrafficDrainTimeout
 	if nm.Spec.TrafficDrainTimeoutSeconds != nil {
 		timeout = time.Duration(*nm.Spec.TrafficDrainTimeoutSeconds) * time.Second

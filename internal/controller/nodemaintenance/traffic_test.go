@@ -3,6 +3,7 @@ package nodemaintenance
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -54,7 +56,8 @@ func TestLoadBalancerViews(t *testing.T) {
 	// what it sends each node is unknown, so no node is Down; before, a
 	// missing report counted as "Down, no connection", and evictions
 	// started at once.
-	if err := cl.Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: "gone", Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"}},
+	if err := cl.Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: "gone", Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ebb-lb", UID: "ds", Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{NodeName: "x"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +66,45 @@ func TestLoadBalancerViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, node := range []string{"a", "c"} {
-		if v := views(node); v.down || !slices.Equal(v.unknown, []string{"gone"}) {
-			t.Errorf("%s with an unreported ebb lb pod: %+v, want not Down, gone unknown", node, v)
+		if v := views(node); !slices.Equal(v.unknown, []string{"gone"}) {
+			t.Errorf("%s with an unreported ebb lb pod: %+v, want gone unknown", node, v)
 		}
+	}
+	// A pod with the label that ebb's DaemonSet does not own (anyone who
+	// may create pods can label one) is no replica.
+	if err := cl.Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "fake", Labels: map[string]string{"app.kubernetes.io/name": "ebb-lb"}},
+		Spec: corev1.PodSpec{NodeName: "x"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}); err != nil {
+		t.Fatal(err)
+	}
+	if views, err = r.loadBalancerViews(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := views("a"); !slices.Equal(v.unknown, []string{"gone"}) {
+		t.Errorf("a labelled pod ebb does not own counts as a replica: %+v", v)
+	}
+}
+
+// An unreported replica holds evacuation back until the gate, and never
+// the wait for the connections the reports show: after the gate, a node
+// the reports show Down with connections still waits for them (or the
+// traffic-drain timeout).
+func TestUnreportedReplicaHoldsOnlyEvacuation(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Clock: clocktesting.NewFakePassiveClock(now)}
+	started := metav1.NewTime(now.Add(-10 * time.Second))
+	nm := &v1alpha1.NodeMaintenance{Status: v1alpha1.NodeMaintenanceStatus{StageStatuses: []v1alpha1.StageStatus{{Name: v1alpha1.Drain, StartTimestamp: &started}}}}
+	view := lbView{down: true, connections: 3, unknown: []string{"ebb-lb-x"}}
+	nd := &nodeDrain{}
+	r.trafficDrain(nm, "a", view, nd)
+	if nd.mayEvacuate || nd.trafficDone || !strings.Contains(trafficMessage(nd), "Waiting for ebb lb ebb-lb-x to report") {
+		t.Errorf("within the gate: %+v %q", nd, trafficMessage(nd))
+	}
+	old := metav1.NewTime(now.Add(-40 * time.Second))
+	nm.Status.StageStatuses[0].StartTimestamp = &old
+	nd = &nodeDrain{}
+	r.trafficDrain(nm, "a", view, nd)
+	if !nd.mayEvacuate || nd.trafficDone || (&drainResult{nodes: map[string]*nodeDrain{"a": nd}}).requeueAfter() == time.Second {
+		t.Errorf("after the gate: %+v; want evacuation, still waiting for 3 connections, no 1 s requeue", nd)
 	}
 }
 

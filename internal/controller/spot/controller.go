@@ -61,6 +61,12 @@ type Reconciler struct {
 	TrustedSources []string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Model holds the leaving rules (--ignore-autoscaler-taint), for which
+	// LB hosts are leaving already.
+	Model lbmodel.Options
+	// LBNamespace is where ebb lb's DaemonSet runs; default
+	// lbhost.DefaultNamespace.
+	LBNamespace string
 }
 
 // isPreemption selects PreemptScheduled Events about Nodes.
@@ -166,7 +172,7 @@ func (r *Reconciler) lastLBHost(ctx context.Context, node *corev1.Node) (lbhost.
 	}
 	gone := map[string]bool{node.Name: true}
 	for i := range nodes.Items {
-		if leaving, _ := lbmodel.IsLeaving(&nodes.Items[i], lbmodel.Options{}); leaving {
+		if leaving, _ := lbmodel.IsLeaving(&nodes.Items[i], r.Model); leaving {
 			gone[nodes.Items[i].Name] = true
 		}
 	}
@@ -174,7 +180,11 @@ func (r *Reconciler) lastLBHost(ctx context.Context, node *corev1.Node) (lbhost.
 	if r.Now != nil {
 		now = r.Now
 	}
-	pods, err := lbhost.ListPods(ctx, r.Client)
+	ns := r.LBNamespace
+	if ns == "" {
+		ns = lbhost.DefaultNamespace
+	}
+	pods, err := lbhost.ListPods(ctx, r.Client, ns)
 	if err != nil {
 		return lbhost.Stranding{}, err
 	}
