@@ -22,11 +22,30 @@ const DaemonSet = "ebb-lb"
 // DefaultNamespace is where ebb installs it (config/default).
 const DefaultNamespace = "ebb-system"
 
-// ListPods lists the `ebb lb` pods in namespace that the ebb-lb DaemonSet
-// controls. Anyone who may create pods can give one the label: a pod
-// ebb's DaemonSet does not own is no replica, or a namespace user could
-// make the last-LB-host check see a host that stays.
+// Survey reads the LoadBalancerReports and the `ebb lb` pods of namespace
+// (ListPods) and checks whether taking away every node for which gone is
+// true would leave no serving replica (Check).
+func Survey(ctx context.Context, c client.Reader, namespace string, now metav1.Time, gone func(node string) bool) (Stranding, error) {
+	var reports v1alpha1.LoadBalancerReportList
+	if err := c.List(ctx, &reports); err != nil {
+		return Stranding{}, fmt.Errorf("listing LoadBalancerReports: %w", err)
+	}
+	pods, err := ListPods(ctx, c, namespace)
+	if err != nil {
+		return Stranding{}, err
+	}
+	return Check(reports.Items, Unreported(pods, reports.Items, now), now, gone), nil
+}
+
+// ListPods lists the `ebb lb` pods in namespace (DefaultNamespace when
+// empty) that the ebb-lb DaemonSet controls. Anyone who may create pods
+// can give one the label: a pod ebb's DaemonSet does not own is no
+// replica, or a namespace user could make the last-LB-host check see a
+// host that stays.
 func ListPods(ctx context.Context, c client.Reader, namespace string) ([]corev1.Pod, error) {
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
 	var list corev1.PodList
 	if err := c.List(ctx, &list, PodLabel, client.InNamespace(namespace)); err != nil {
 		return nil, fmt.Errorf("listing the ebb lb pods: %w", err)

@@ -33,10 +33,6 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 	if nm.Spec.Stage != v1alpha1.Drain || nm.DeletionTimestamp != nil || nm.Annotations[v1alpha1.AllowNoLoadBalancerAnnotation] == "true" {
 		return nil
 	}
-	var reports v1alpha1.LoadBalancerReportList
-	if err := w.Client.List(ctx, &reports); err != nil {
-		return apierrors.NewInternalError(fmt.Errorf("listing LoadBalancerReports: %w", err))
-	}
 	now := metav1.NewTime(time.Now())
 	if w.Now != nil {
 		now = metav1.NewTime(w.Now())
@@ -50,11 +46,10 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 			gone[n.Name] = true
 		}
 	}
-	pods, err := lbhost.ListPods(ctx, w.Client, w.lbNamespace())
+	s, err := lbhost.Survey(ctx, w.Client, w.LBNamespace, now, func(node string) bool { return gone[node] })
 	if err != nil {
 		return apierrors.NewInternalError(err)
 	}
-	s := lbhost.Check(reports.Items, lbhost.Unreported(pods, reports.Items, now), now, func(node string) bool { return gone[node] })
 	if !s.Strands() {
 		return nil
 	}
@@ -62,12 +57,4 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 		"draining %s would leave no ebb lb serving the load-balancer addresses: every serving replica (%s) runs on a node this maintenance drains or that is leaving already. "+
 			"Make another node a load-balancer host (label it %s=true) and wait for its ebb lb to be ready, or finish the other maintenance first, or set the annotation %s=true to drain anyway",
 		strings.Join(s.Hosts, ", "), strings.Join(s.Stranded, ", "), "ebb.dev/load-balancer", v1alpha1.AllowNoLoadBalancerAnnotation))
-}
-
-// lbNamespace is where ebb lb's DaemonSet runs.
-func (w *NodeMaintenance) lbNamespace() string {
-	if w.LBNamespace != "" {
-		return w.LBNamespace
-	}
-	return lbhost.DefaultNamespace
 }

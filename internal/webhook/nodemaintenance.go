@@ -39,8 +39,8 @@ type NodeMaintenance struct {
 	Client client.Client
 	// Now tells the freshness of LoadBalancerReports; default time.Now.
 	Now func() time.Time
-	// LBNamespace is where ebb lb's DaemonSet runs; default
-	// lbhost.DefaultNamespace.
+	// LBNamespace is where ebb lb's DaemonSet runs (lbhost.ListPods:
+	// lbhost.DefaultNamespace when empty).
 	LBNamespace string
 }
 

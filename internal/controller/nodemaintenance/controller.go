@@ -55,8 +55,8 @@ type Reconciler struct {
 	// MaxDrainingNodes limits how many nodes drain at once across
 	// maintenances (0: no limit); see slots.go.
 	MaxDrainingNodes int
-	// LBNamespace is where ebb lb's DaemonSet runs; default
-	// lbhost.DefaultNamespace.
+	// LBNamespace is where ebb lb's DaemonSet runs (lbhost.ListPods:
+	// lbhost.DefaultNamespace when empty).
 	LBNamespace string
 }
 

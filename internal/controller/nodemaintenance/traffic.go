@@ -53,11 +53,7 @@ func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) l
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("listing LoadBalancerReports: %w", err)
 	}
-	ns := r.LBNamespace
-	if ns == "" {
-		ns = lbhost.DefaultNamespace
-	}
-	pods, err := lbhost.ListPods(ctx, r.Client, ns)
+	pods, err := lbhost.ListPods(ctx, r.Client, r.LBNamespace)
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbhost"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -64,8 +63,8 @@ type Reconciler struct {
 	// Model holds the leaving rules (--ignore-autoscaler-taint), for which
 	// LB hosts are leaving already.
 	Model lbmodel.Options
-	// LBNamespace is where ebb lb's DaemonSet runs; default
-	// lbhost.DefaultNamespace.
+	// LBNamespace is where ebb lb's DaemonSet runs (lbhost.ListPods:
+	// lbhost.DefaultNamespace when empty).
 	LBNamespace string
 }
 
@@ -162,10 +161,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // lastLBHost asks whether marking node leaving would leave no serving ebb
 // lb, counting the nodes leaving already as gone.
 func (r *Reconciler) lastLBHost(ctx context.Context, node *corev1.Node) (lbhost.Stranding, error) {
-	var reports v1alpha1.LoadBalancerReportList
-	if err := r.Client.List(ctx, &reports); err != nil {
-		return lbhost.Stranding{}, fmt.Errorf("listing LoadBalancerReports: %w", err)
-	}
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
 		return lbhost.Stranding{}, fmt.Errorf("listing nodes: %w", err)
@@ -180,16 +175,7 @@ func (r *Reconciler) lastLBHost(ctx context.Context, node *corev1.Node) (lbhost.
 	if r.Now != nil {
 		now = r.Now
 	}
-	ns := r.LBNamespace
-	if ns == "" {
-		ns = lbhost.DefaultNamespace
-	}
-	pods, err := lbhost.ListPods(ctx, r.Client, ns)
-	if err != nil {
-		return lbhost.Stranding{}, err
-	}
-	at := metav1.NewTime(now())
-	return lbhost.Check(reports.Items, lbhost.Unreported(pods, reports.Items, at), at, func(n string) bool { return gone[n] }), nil
+	return lbhost.Survey(ctx, r.Client, r.LBNamespace, metav1.NewTime(now()), func(n string) bool { return gone[n] })
 }
 
 // newer reports whether the event was created after the handled time.
