@@ -329,20 +329,31 @@ func nodeBackends(svc *corev1.Service, port corev1.ServicePort, vip netip.Addr, 
 	}
 	// Nodes that give one address (DuplicateNodeAddresses) are one
 	// backend, the preferred node's: two would make the frontend invalid.
-	candidates := append([]*corev1.Node(nil), nodes...)
-	sort.SliceStable(candidates, func(i, j int) bool { return preferNode(candidates[i], candidates[j]) })
+	// preferNode is consulted for duplicates only, so this path costs no
+	// more than one pass over the nodes.
 	var out []dataplane.Backend
-	taken := map[netip.Addr]bool{}
-	for _, n := range candidates {
+	type kept struct {
+		at   int
+		node *corev1.Node
+	}
+	byAddr := map[netip.Addr]kept{}
+	for _, n := range nodes {
 		if !EligibleNode(n) || (local && !withLocal[n.Name]) {
 			continue
 		}
 		ip, ok := internalIP(n, vip)
-		if !ok || taken[ip] {
+		if !ok {
 			continue
 		}
-		taken[ip] = true
-		out = append(out, dataplane.Backend{Address: ip.String(), Port: uint16(port.NodePort), Owner: n.Name, AdminState: dataplane.AdminState(NodeAdminState(n, opts))})
+		b := dataplane.Backend{Address: ip.String(), Port: uint16(port.NodePort), Owner: n.Name, AdminState: dataplane.AdminState(NodeAdminState(n, opts))}
+		if k, dup := byAddr[ip]; dup {
+			if preferNode(n, k.node) {
+				out[k.at], byAddr[ip] = b, kept{k.at, n}
+			}
+			continue
+		}
+		byAddr[ip] = kept{len(out), n}
+		out = append(out, b)
 	}
 	sortBackends(out)
 	return out, hc
