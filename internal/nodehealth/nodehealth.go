@@ -47,13 +47,11 @@ type Server struct {
 	healthz *prometheus.CounterVec
 	livez   *prometheus.CounterVec
 	knownG  prometheus.Gauge
-	// save, if set, keeps the state for a restart (SaveTo); saved is
-	// the eligibility last saved, and unsaved is true until a save of the
-	// current eligibility succeeded (a failed save is tried again at the
-	// next update of the node).
-	save    func(State) error
-	saved   bool
-	unsaved bool
+	// save, if set, keeps the state for a restart (SaveTo); saved is the
+	// eligibility last saved, nil until a save succeeded (a failed save is
+	// tried again at the next update of the node).
+	save  func(State) error
+	saved *bool
 }
 
 // State is what a server knows of its node, as saved for a restart.
@@ -114,7 +112,7 @@ func (s *Server) Restore(st State) {
 func (s *Server) SaveTo(save func(State) error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.save, s.unsaved = save, true
+	s.save, s.saved = save, nil
 }
 
 // Eligible reports whether a node should receive load-balancer traffic:
@@ -140,14 +138,14 @@ func (s *Server) SetNode(node *corev1.Node) error {
 	eligible := node != nil && Eligible(node)
 	s.known, s.eligible, s.lastUpdated = true, eligible, s.clock.Now()
 	s.knownG.Set(1)
-	if s.save == nil || !s.unsaved && s.saved == eligible {
+	if s.save == nil || s.saved != nil && *s.saved == eligible {
 		return nil
 	}
 	if err := s.save(State{Eligible: eligible, LastUpdated: s.lastUpdated}); err != nil {
-		s.unsaved = true
+		s.saved = nil
 		return err
 	}
-	s.saved, s.unsaved = eligible, false
+	s.saved = &eligible
 	return nil
 }
 
