@@ -48,6 +48,19 @@ func setup(t *testing.T, pod *corev1.Pod, evacuators ...v1alpha1.Evacuator) (*Re
 	return r, cl, clk, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}
 }
 
+// answerEvictions makes r's client answer every Eviction API call with
+// answer (nil: the pod is evicted), and pass every other call to cl.
+func answerEvictions(r *Reconciler, cl client.Client, answer func(ctx context.Context, c client.Client) error) {
+	r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			if sub == "eviction" {
+				return answer(ctx, c)
+			}
+			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+		},
+	})
+}
+
 func get(t *testing.T, cl client.Client, req ctrl.Request) *v1alpha1.Evacuation {
 	t.Helper()
 	e := &v1alpha1.Evacuation{}
@@ -198,14 +211,9 @@ func TestBlockedEvictionWaitsForItsBackoffWhateverWakesIt(t *testing.T) {
 	pod := testPod()
 	r, cl, clk, req := setup(t, pod)
 	attempts := 0
-	r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
-		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
-			if sub == "eviction" {
-				attempts++
-				return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
-			}
-			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
-		},
+	answerEvictions(r, cl, func(context.Context, client.Client) error {
+		attempts++
+		return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
 	})
 	for _, step := range []struct {
 		advance      time.Duration
@@ -340,23 +348,18 @@ func TestEvictionConflictNotFoundAndErrors(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, cl, clk, req := setup(t, testPod())
-			r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
-				SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
-					if sub != "eviction" {
-						return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+			answerEvictions(r, cl, func(ctx context.Context, c client.Client) error {
+				if tt.replace {
+					if err := c.Delete(ctx, testPod()); err != nil {
+						return err
 					}
-					if tt.replace {
-						if err := c.Delete(ctx, testPod()); err != nil {
-							return err
-						}
-						again := testPod()
-						again.UID = "uid-2"
-						if err := c.Create(ctx, again); err != nil {
-							return err
-						}
+					again := testPod()
+					again.UID = "uid-2"
+					if err := c.Create(ctx, again); err != nil {
+						return err
 					}
-					return tt.answer
-				},
+				}
+				return tt.answer
 			})
 			res, err := r.Reconcile(context.Background(), req)
 			if (err != nil) != tt.wantErr {
@@ -393,14 +396,9 @@ func TestDaemonSetPodsWaitForTheDrainTargets(t *testing.T) {
 	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "cni", UID: "ds-uid", Controller: ptr.To(true)}}
 	r, cl, _, req := setup(t, pod)
 	evictions := 0
-	r.Client = interceptor.NewClient(cl.(client.WithWatch), interceptor.Funcs{
-		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
-			if sub == "eviction" {
-				evictions++
-				return nil
-			}
-			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
-		},
+	answerEvictions(r, cl, func(context.Context, client.Client) error {
+		evictions++
+		return nil
 	})
 	res := reconcileOnce(t, r, req)
 	if evictions != 0 || res.RequeueAfter == 0 {
