@@ -22,6 +22,11 @@ const (
 	CancellationForbid EvacuationCancellationPolicy = "Forbid"
 )
 
+// MaxEvacuators is how many evacuators an Evacuation lists at most: the
+// highest priorities a pod registers (a bound, so that a pod cannot make
+// every Evacuation of it, and each hand-off, as large as it likes).
+const MaxEvacuators = 16
+
 // DefaultProgressDeadlineSeconds is how long an evacuator may make no
 // progress before the next one is tried.
 const DefaultProgressDeadlineSeconds = 1800
@@ -37,10 +42,13 @@ type PodReference struct {
 // Evacuator is one registered evacuator of the pod.
 type Evacuator struct {
 	// EvacuatorClass names the evacuator.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
 	EvacuatorClass string `json:"evacuatorClass"`
 	// Priority: the highest goes first.
 	Priority int32 `json:"priority"`
 	// Role, e.g. controller.
+	// +kubebuilder:validation:MaxLength=63
 	// +optional
 	Role EvacuatorRole `json:"role,omitempty"`
 }
@@ -48,6 +56,7 @@ type Evacuator struct {
 // EvacuationSpec is a request to move a pod off its node.
 // +kubebuilder:validation:XValidation:rule="self.podRef == oldSelf.podRef",message="spec.podRef is immutable"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.progressDeadlineSeconds) || self.progressDeadlineSeconds == oldSelf.progressDeadlineSeconds",message="spec.progressDeadlineSeconds is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.evacuators) == has(oldSelf.evacuators) && (!has(self.evacuators) || self.evacuators == oldSelf.evacuators)",message="spec.evacuators is immutable: admission resolves them from the pod's evacuator annotations when the Evacuation is created"
 type EvacuationSpec struct {
 	// PodRef is the pod to evacuate.
 	PodRef PodReference `json:"podRef"`
@@ -59,8 +68,12 @@ type EvacuationSpec struct {
 	// +kubebuilder:default=1800
 	// +optional
 	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
-	// Evacuators registered on the pod when the Evacuation was created.
+	// Evacuators registered on the pod when the Evacuation was created:
+	// admission resolves them from the pod's evacuator annotations
+	// (what a request lists is replaced), at most MaxEvacuators, the
+	// highest priorities. Immutable.
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
 	// +optional
 	Evacuators []Evacuator `json:"evacuators,omitempty"`
 }

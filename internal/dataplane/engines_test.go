@@ -367,12 +367,23 @@ func TestEnginesSourceRanges(t *testing.T) {
 		allowed.SourceRanges = []string{netip.PrefixFrom(n.ip.client, n.ip.client.BitLen()-8).Masked().String()}
 		denied := n.frontendOn(81, a)
 		denied.SourceRanges = []string{"10.3.0.0/16", "192.0.2.0/24", "fd00:3::/64"}
-		n.apply(t, allowed, denied)
+		// Ranges of the other family only: a range lets nobody of the
+		// frontend's family in (issue 50 item 13: the eBPF path let
+		// everyone in).
+		otherFamily := n.frontendOn(82, a)
+		otherFamily.SourceRanges = []string{"2001:db8::/32"}
+		if n.ip.client.Is6() {
+			otherFamily.SourceRanges = []string{"0.0.0.0/0"}
+		}
+		n.apply(t, allowed, denied, otherFamily)
 		if err := n.roundTripNew(t, 80); err != nil {
 			t.Errorf("a client in the source range: %v", err)
 		}
 		if err := n.roundTripNew(t, 81); err == nil {
 			t.Error("a client outside the source ranges was served")
+		}
+		if err := n.roundTripNew(t, 82); err == nil {
+			t.Errorf("a client was served by a frontend whose only source range (%s) is of the other family", otherFamily.SourceRanges[0])
 		}
 	})
 }

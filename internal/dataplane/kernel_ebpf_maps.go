@@ -172,12 +172,17 @@ func (e *ebpfPath) render(want map[*frontend]installedFrontend, owners ownerTabl
 		if len(w.plan.homes) > 0 {
 			c.slots[id] = slotsOf(w)
 		}
+		if len(w.set.cfg.SourceRanges) > 0 {
+			// Set by the ranges given, not by those of the frontend's
+			// family: ranges of the other family only let nobody in, as on
+			// the other engines (the program then finds no range to match).
+			fe.Flags |= bpfFrontendRanges
+		}
 		for _, r := range w.set.cfg.SourceRanges {
 			p, err := netip.ParsePrefix(r)
 			if err != nil || !p.Addr().Is4() {
-				continue // validated; a range of the other family lets nobody in
+				continue // validated; a range of the other family matches no IPv4 client
 			}
-			fe.Flags |= bpfFrontendRanges
 			c.ranges[bpfRangeKey{Prefixlen: 32 + uint32(p.Bits()), Frontend: id, Addr: p.Masked().Addr().As4()}] = 1
 		}
 		key := bpfFrontendKeyOf(f.key)

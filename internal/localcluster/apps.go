@@ -189,3 +189,13 @@ func AgnhostDeployment(namespace, name string, replicas int32) *appsv1.Deploymen
 	}
 	return d
 }
+
+// AppDeployment is the test app for the cluster's kind of nodes:
+// AgnhostDeployment on real nodes, EchoDeployment on simulated ones. Both
+// answer HTTP on port 8080 (200 to GET /) and UDP on 8081.
+func (c *Cluster) AppDeployment(namespace, name string, replicas int32) *appsv1.Deployment {
+	if c.RealKubelets() {
+		return AgnhostDeployment(namespace, name, replicas)
+	}
+	return EchoDeployment(namespace, name, replicas)
+}

@@ -14,8 +14,10 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 	"github.com/ebbdev/ebb/internal/localcluster/nodeimage"
@@ -212,14 +214,9 @@ func (rn *realNode) boot(ctx context.Context, archives []nodeimage.Archive) erro
 // stay in the API throughout, as they do for a reboot shorter than the
 // node lifecycle controller's grace period.
 func (c *Cluster) RebootNode(ctx context.Context, name string, down time.Duration) error {
-	var rn *realNode
-	for _, r := range c.realNodes {
-		if r.spec.Name == name {
-			rn = r
-		}
-	}
-	if rn == nil {
-		return fmt.Errorf("rebooting node %s: not a real node of this cluster (Options.RealKubelets)", name)
+	rn, err := c.realNode(name)
+	if err != nil {
+		return fmt.Errorf("rebooting node: %w", err)
 	}
 	if err := rn.stop(); err != nil {
 		return fmt.Errorf("powering node %s off: %w", name, err)
@@ -354,4 +351,109 @@ func LogTail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// WriteStaticPod runs pod as a static pod of real node name, as an
+// administrator does by writing a manifest into kubelet's staticPodPath:
+// kubelet starts it and creates its mirror pod (named pod.Name-<node>).
+// The manifest is written under a hidden name and renamed, since kubelet
+// ignores hidden files and would otherwise read a half-written one.
+// RemoveStaticPod takes it away again.
+func (c *Cluster) WriteStaticPod(name string, pod *corev1.Pod) error {
+	rn, err := c.realNode(name)
+	if err != nil {
+		return fmt.Errorf("writing static pod %s: %w", pod.Name, err)
+	}
+	p := pod.DeepCopy()
+	p.APIVersion, p.Kind = "v1", "Pod"
+	data, err := yaml.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("writing static pod %s: %w", pod.Name, err)
+	}
+	final := filepath.Join(rn.files.StaticPods, pod.Name+".yaml")
+	tmp := filepath.Join(rn.files.StaticPods, "."+pod.Name+".yaml")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("writing static pod %s: %w", pod.Name, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return fmt.Errorf("writing static pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// RemoveStaticPod removes the manifest WriteStaticPod wrote: kubelet stops
+// the pod and deletes its mirror.
+func (c *Cluster) RemoveStaticPod(name, pod string) error {
+	rn, err := c.realNode(name)
+	if err != nil {
+		return fmt.Errorf("removing static pod %s: %w", pod, err)
+	}
+	if err := os.Remove(filepath.Join(rn.files.StaticPods, pod+".yaml")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing static pod %s: %w", pod, err)
+	}
+	return nil
+}
+
+// realNode is the real node of that name.
+func (c *Cluster) realNode(name string) (*realNode, error) {
+	for _, r := range c.realNodes {
+		if r.spec.Name == name {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("node %s is not a real node of this cluster (Options.RealKubelets)", name)
+}
+
+// PodHost opens the network namespace of a pod that has one of its own,
+// to reach what it serves on its loopback only (ebb controller's metrics):
+// on a simulated node, the namespace the pod runner made (close is a
+// no-op: the cluster keeps it); on a real node, the one the CNI plugin
+// made, found through a process of the pod in its cgroup (kubelet's
+// cgroupfs layout: <cgroupRoot>/kubepods[/<qos>]/pod<uid>/<container>).
+func (c *Cluster) PodHost(pod *corev1.Pod) (h *network.Host, close func(), err error) {
+	name := pod.Namespace + "/" + pod.Name
+	if h, ok := c.Network.Host(name); ok {
+		return h, func() {}, nil
+	}
+	rn, err := c.realNode(pod.Spec.NodeName)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pod %s has no network namespace of its own: %w", name, err)
+	}
+	pid, err := rn.podProcess(pod)
+	if err != nil {
+		return nil, nil, fmt.Errorf("finding a process of pod %s: %w", name, err)
+	}
+	h, err = network.OpenHost(name, fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, h.Close, nil
+}
+
+// podProcess finds a process of the pod (its sandbox's or a container's)
+// in the node's cgroups (kubelet makes the pod's cgroup in every
+// hierarchy; the first that has it will do).
+func (rn *realNode) podProcess(pod *corev1.Pod) (int, error) {
+	want := "pod" + string(pod.UID)
+	for _, mount := range rn.cgroups.Mounts {
+		root := filepath.Join(mount, rn.spec.CgroupRoot, "kubepods")
+		pid := 0
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || pid != 0 || !d.IsDir() || !strings.Contains(p, want) || d.Name() == want {
+				return nil // unreadable (gone meanwhile), found, or not the pod's container
+			}
+			data, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			if err != nil {
+				return nil
+			}
+			if first, _, _ := strings.Cut(string(data), "\n"); first != "" {
+				pid, _ = strconv.Atoi(first)
+			}
+			return nil
+		})
+		if pid != 0 {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no process of the pod in the cgroups %s under %s/kubepods", want, rn.spec.CgroupRoot)
 }

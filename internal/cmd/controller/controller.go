@@ -423,6 +423,9 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient(), LBNamespace: o.LBNamespace}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the NodeMaintenance webhook: %w", err)
 		}
+		if err := (&ebbwebhook.Evacuation{Client: mgr.GetClient(), Pods: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the Evacuation webhook: %w", err)
+		}
 	}
 	return nil
 }

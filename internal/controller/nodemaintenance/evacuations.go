@@ -1,12 +1,10 @@
 package nodemaintenance
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/evacuator"
 )
 
 // drainResult is the drain of one maintenance after a reconcile.
@@ -265,7 +264,7 @@ func (r *Reconciler) createEvacuation(ctx context.Context, nm *v1alpha1.NodeMain
 		Spec: v1alpha1.EvacuationSpec{
 			PodRef:                  v1alpha1.PodReference{Name: p.Name, UID: p.UID},
 			ProgressDeadlineSeconds: v1alpha1.DefaultProgressDeadlineSeconds,
-			Evacuators:              Evacuators(p),
+			Evacuators:              evacuator.Registered(p),
 		},
 	}
 	if err := r.Client.Create(ctx, e); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -273,32 +272,6 @@ func (r *Reconciler) createEvacuation(ctx context.Context, nm *v1alpha1.NodeMain
 	}
 	log.FromContext(ctx).Info("Requested evacuation", "pod", klog.KObj(p), "node", node)
 	return nil
-}
-
-// Evacuators reads a pod's evacuator annotations
-// (maintenance.ebb.dev/evacuator-priority_<class>: "<priority>/<role>"),
-// highest priority first; malformed ones are skipped.
-func Evacuators(p *corev1.Pod) []v1alpha1.Evacuator {
-	var out []v1alpha1.Evacuator
-	for k, v := range p.Annotations {
-		class, ok := strings.CutPrefix(k, v1alpha1.EvacuatorAnnotationPrefix)
-		if !ok || class == "" {
-			continue
-		}
-		prio, role, _ := strings.Cut(v, "/")
-		n, err := strconv.ParseInt(prio, 10, 32)
-		if err != nil {
-			continue
-		}
-		out = append(out, v1alpha1.Evacuator{EvacuatorClass: class, Priority: int32(n), Role: v1alpha1.EvacuatorRole(role)})
-	}
-	slices.SortFunc(out, func(a, b v1alpha1.Evacuator) int {
-		if c := cmp.Compare(b.Priority, a.Priority); c != 0 {
-			return c // not a subtraction: int32 priorities far apart overflow
-		}
-		return strings.Compare(a.EvacuatorClass, b.EvacuatorClass)
-	})
-	return out
 }
 
 // forgetGoneEvacuations withdraws our finalizer from Evacuations whose pod

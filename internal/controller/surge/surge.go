@@ -153,6 +153,13 @@ func (s *Evacuator) deploymentOf(ctx context.Context, pod *corev1.Pod) (*appsv1.
 	if dep == nil || err != nil {
 		return nil, why, err
 	}
+	// Only the Deployment's owner opts in: an Evacuation can list the
+	// surge evacuator because the pod carries its annotation, which
+	// whoever may patch pods can add.
+	if !optedIn(dep) {
+		return nil, fmt.Sprintf("Deployment %s did not opt in (annotation %s: \"true\" on it, or %s in its pod template)",
+			dep.Name, v1alpha1.SurgeEvacuationAnnotation, v1alpha1.EvacuatorAnnotationPrefix+v1alpha1.SurgeEvacuatorClass), nil
+	}
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
 	if err := s.Client.List(ctx, &hpas, client.InNamespace(pod.Namespace)); err != nil {
 		return nil, "", fmt.Errorf("listing HorizontalPodAutoscalers: %w", err)
@@ -410,7 +417,7 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if dep == nil || err != nil {
 		return ctrl.Result{}, err
 	}
-	if !slices.Contains([]string{"true", "True"}, dep.Annotations[v1alpha1.SurgeEvacuationAnnotation]) {
+	if !optedIn(dep) {
 		return ctrl.Result{}, nil
 	}
 	patch := client.MergeFrom(pod.DeepCopy())
@@ -422,6 +429,17 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// optedIn reports whether a Deployment asks for surge evacuation: on
+// itself (the annotation) or in its pod template (the evacuator's
+// registration, which its pods then carry).
+func optedIn(dep *appsv1.Deployment) bool {
+	if slices.Contains([]string{"true", "True"}, dep.Annotations[v1alpha1.SurgeEvacuationAnnotation]) {
+		return true
+	}
+	_, ok := dep.Spec.Template.Annotations[v1alpha1.EvacuatorAnnotationPrefix+v1alpha1.SurgeEvacuatorClass]
+	return ok
 }
 
 // owningDeployment walks from a pod to its ReplicaSet's Deployment; when

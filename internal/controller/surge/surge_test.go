@@ -23,7 +23,7 @@ import (
 // objects: a Deployment of one replica, its ReplicaSet and pod, and the
 // pod's Evacuation with the surge evacuator active.
 func objects() (*appsv1.Deployment, *appsv1.ReplicaSet, *corev1.Pod, *v1alpha1.Evacuation) {
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "d"},
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "d", Annotations: map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}},
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
 	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "r",
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "d", Controller: ptr.To(true)}}}}
@@ -73,6 +73,54 @@ func TestSurgeStartsAndRestoresOnCancellation(t *testing.T) {
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
 	if *got.Spec.Replicas != 1 || got.Annotations[v1alpha1.SurgeLockAnnotation] != "" || p.Annotations[DeletionCostAnnotation] != "" {
 		t.Errorf("after cancellation: replicas %d, annotations %v, pod %v", *got.Spec.Replicas, got.Annotations, p.Annotations)
+	}
+}
+
+// Issue 41 item 10: the surge evacuator scaled whatever Deployment owned
+// the pod of an Evacuation that listed it, opted in or not. It acts only
+// for a Deployment that opted in, on itself or in its pod template; a pod
+// annotated by hand (or an Evacuation listing the evacuator) is handed on.
+func TestSurgeOnlyForADeploymentThatOptedIn(t *testing.T) {
+	key := v1alpha1.EvacuatorAnnotationPrefix + v1alpha1.SurgeEvacuatorClass
+	for _, tc := range []struct {
+		name  string
+		optIn func(*appsv1.Deployment, *corev1.Pod)
+		surge bool
+	}{
+		{"the Deployment's annotation", func(*appsv1.Deployment, *corev1.Pod) {}, true},
+		{"the pod template's evacuator annotation", func(d *appsv1.Deployment, _ *corev1.Pod) {
+			d.Annotations = nil
+			d.Spec.Template.Annotations = map[string]string{key: v1alpha1.SurgeEvacuatorRegistration}
+		}, true},
+		{"only the pod, annotated by hand", func(d *appsv1.Deployment, p *corev1.Pod) {
+			d.Annotations = nil
+			p.Annotations = map[string]string{key: v1alpha1.SurgeEvacuatorRegistration}
+		}, false},
+		{"the annotation set to false", func(d *appsv1.Deployment, _ *corev1.Pod) {
+			d.Annotations[v1alpha1.SurgeEvacuationAnnotation] = "false"
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dep, rs, pod, e := objects()
+			tc.optIn(dep, pod)
+			s, cl := newEvacuator(t, dep, rs, pod, e)
+			s.SetupClock()
+			ctx := context.Background()
+			if _, err := s.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}); err != nil {
+				t.Fatal(err)
+			}
+			got := &appsv1.Deployment{}
+			_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+			gotE := &v1alpha1.Evacuation{}
+			_ = cl.Get(ctx, client.ObjectKeyFromObject(e), gotE)
+			surged := *got.Spec.Replicas == 2
+			if surged != tc.surge {
+				t.Errorf("surged %v, want %v (replicas %d, message %q)", surged, tc.surge, *got.Spec.Replicas, gotE.Status.Message)
+			}
+			if !tc.surge && (!gotE.Status.ActiveEvacuatorCompleted || !strings.Contains(gotE.Status.Message, "did not opt in")) {
+				t.Errorf("not handed on: completed %v, message %q", gotE.Status.ActiveEvacuatorCompleted, gotE.Status.Message)
+			}
+		})
 	}
 }
 

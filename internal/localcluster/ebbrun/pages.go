@@ -41,11 +41,16 @@ func ControllerPage(ctx context.Context, c *localcluster.Cluster, path string) (
 	if err != nil {
 		return "", fmt.Errorf("finding the controller's leader: %w", err)
 	}
-	pod, _, _ := strings.Cut(ptr.Deref(lease.Spec.HolderIdentity, ""), "_")
-	h, ok := c.Network.Host(Namespace + "/" + pod)
-	if !ok {
-		return "", fmt.Errorf("the leader %q has no network namespace of its own", pod)
+	name, _, _ := strings.Cut(ptr.Deref(lease.Spec.HolderIdentity, ""), "_")
+	pod, err := c.Client.CoreV1().Pods(Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading the controller's leader: %w", err)
 	}
+	h, closeHost, err := c.PodHost(pod)
+	if err != nil {
+		return "", fmt.Errorf("reaching the controller's leader: %w", err)
+	}
+	defer closeHost()
 	return getOn(ctx, h, ControllerMetricsAddress, path)
 }
 

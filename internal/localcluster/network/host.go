@@ -72,6 +72,23 @@ func newHost(name string) (*Host, error) {
 // up, on no network (LinkHosts joins it to others). Close removes it.
 func NewHost(name string) (*Host, error) { return newHost(name) }
 
+// OpenHost wraps the existing network namespace at path (e.g.
+// /proc/<pid>/ns/net of a process in it), made by something else: a real
+// node's CNI plugin for a pod. Close releases the handle; the namespace
+// stays as long as its maker keeps it.
+func OpenHost(name, path string) (*Host, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening the network namespace of %s (%s): %w", name, path, err)
+	}
+	h, err := hostAt(name, ns, false)
+	if err != nil {
+		_ = ns.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
 // Close releases the host's namespace; it goes away once nothing (a
 // socket, a process) is left in it.
 func (h *Host) Close() { h.close() }

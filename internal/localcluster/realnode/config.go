@@ -82,6 +82,10 @@ type Files struct {
 	MountScript, Mounted string
 	// ContainerdConfig and KubeletConfig are the daemons' configurations.
 	ContainerdConfig, KubeletConfig string
+	// StaticPods is kubelet's staticPodPath: a pod manifest written there
+	// runs as a static pod, with its mirror pod in the API (created by
+	// kubelet, as on any node that runs its control plane so).
+	StaticPods string
 }
 
 // WriteConfig writes the node's files under n.Dir.
@@ -91,8 +95,9 @@ func WriteConfig(n Node) (Files, error) {
 		Mounted:          filepath.Join(n.Dir, "mounted"),
 		ContainerdConfig: filepath.Join(n.Dir, "containerd.toml"),
 		KubeletConfig:    filepath.Join(n.Dir, "kubelet.yaml"),
+		StaticPods:       filepath.Join(n.Dir, "manifests"),
 	}
-	for _, d := range []string{"root", "sysctl", "cni"} {
+	for _, d := range []string{"root", "sysctl", "cni", "manifests"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return Files{}, fmt.Errorf("creating the directory of node %s: %w", n.Name, err)
 		}
@@ -105,7 +110,7 @@ func WriteConfig(n Node) (Files, error) {
 	if err != nil {
 		return Files{}, err
 	}
-	kubelet, err := kubeletConfig(n)
+	kubelet, err := kubeletConfig(n, f.StaticPods)
 	if err != nil {
 		return Files{}, err
 	}
@@ -240,8 +245,9 @@ func cniConfig(n Node) ([]byte, error) {
 	return data, nil
 }
 
-// kubeletConfig is the node's KubeletConfiguration.
-func kubeletConfig(n Node) ([]byte, error) {
+// kubeletConfig is the node's KubeletConfiguration, with static pods read
+// from staticPods.
+func kubeletConfig(n Node, staticPods string) ([]byte, error) {
 	conf := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
@@ -262,6 +268,10 @@ func kubeletConfig(n Node) ([]byte, error) {
 			"x509":      map[string]any{"clientCAFile": n.ClientCAFile},
 		},
 		"authorization": map[string]any{"mode": "Webhook"},
+		"staticPodPath": staticPods,
+		// A manifest written there is seen at the next look (20 s by
+		// default); tests want it sooner.
+		"fileCheckFrequency": "2s",
 		// The cluster runs no DNS; pods get the node's view of none.
 		"resolvConf":   "",
 		"failSwapOn":   true,

@@ -82,6 +82,7 @@ func TestKubeletConfigIsForThisMachine(t *testing.T) {
 		"address":                  "10.0.0.1",
 		"readOnlyPort":             float64(0),
 		"resolvConf":               "",
+		"staticPodPath":            f.StaticPods,
 	} {
 		if conf[key] != want {
 			t.Errorf("kubelet's %s = %v, want %v", key, conf[key], want)

@@ -73,6 +73,9 @@ func TestDrainThenDeleteCompletes(t *testing.T) {
 	if err := admin.Create(ctx, nm); err != nil {
 		t.Fatal(err)
 	}
+	// The test deletes it itself; this is for a test that stops early,
+	// which would leave the node cordoned for every test after it.
+	t.Cleanup(func() { deleteAndWait(t, context.Background(), nm.Name) })
 	eventually(t, ctx, 20*time.Second, "the node cordoned and tainted draining, an Evacuation per pod", func(ctx context.Context) (bool, string) {
 		n := getNode(t, ctx, node)
 		evs := evacuations(t, ctx, ns)

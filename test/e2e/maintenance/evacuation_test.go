@@ -3,10 +3,13 @@ package maintenance_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -17,7 +20,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -38,7 +40,7 @@ func TestDrainRespectsABudgetOfOne(t *testing.T) {
 	for _, other := range cluster.Nodes[1:] {
 		setUnschedulable(t, ctx, other.Name, true)
 	}
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 3), metav1.CreateOptions{}); err != nil {
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, cluster.AppDeployment(ns, "web", 3), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute)
@@ -137,7 +139,7 @@ func TestEvacuatorHandOff(t *testing.T) {
 	admin, _ := newClient(t, "")
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	node := cluster.Nodes[1].Name
-	dep := localcluster.EchoDeployment(ns, "handoff", 1)
+	dep := cluster.AppDeployment(ns, "handoff", 1)
 	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	dep.Spec.Template.Annotations = map[string]string{
 		v1alpha1.EvacuatorAnnotationPrefix + "first.example.com":  "200/controller",
@@ -191,7 +193,7 @@ func TestCompleteCancelsPendingEvacuations(t *testing.T) {
 	admin, _ := newClient(t, "")
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	node := cluster.Nodes[2].Name
-	dep := localcluster.EchoDeployment(ns, "slow", 1)
+	dep := cluster.AppDeployment(ns, "slow", 1)
 	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	dep.Spec.Template.Annotations = map[string]string{v1alpha1.EvacuatorAnnotationPrefix + "slow.example.com": "100/controller"}
 	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
@@ -258,5 +260,114 @@ func TestBlockedEvictionBacksOff(t *testing.T) {
 	}
 	if e.Status.NextEvictionTime == nil || !e.Status.NextEvictionTime.After(time.Now().Add(-time.Second)) {
 		t.Errorf("status.nextEvictionTime %v is not ahead: a user cannot see when the next attempt comes", e.Status.NextEvictionTime)
+	}
+}
+
+// Issue 41 item 10: an Evacuation with an instigator finalizer makes ebb
+// evict the pod with its own service account, so creating one needs the
+// permission to evict that pod; its name is <pod UID>-<pod name>, the one
+// instigators look up; its evacuators are the pod's own, and stay as
+// created. Before, a user allowed only to create Evacuations had any pod
+// of the namespace evicted.
+func TestEvacuationNeedsThePermissionToEvict(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, cluster.AppDeployment(ns, "web", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pod := appPods(t, ctx, ns, "web")[0]
+	evacuations := rbacv1.PolicyRule{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"evacuations"}, Verbs: []string{"*"}}
+	grantIn(t, ctx, admin, ns, "mallory", evacuations)
+	grantIn(t, ctx, admin, ns, "carol", evacuations, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}})
+	mallory, _ := newClient(t, "mallory")
+	carol, _ := newClient(t, "carol")
+	request := func(instigator string) *v1alpha1.Evacuation {
+		return &v1alpha1.Evacuation{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.EvacuationName(pod.UID, pod.Name), Finalizers: []string{v1alpha1.InstigatorFinalizerPrefix + instigator}},
+			Spec: v1alpha1.EvacuationSpec{PodRef: v1alpha1.PodReference{Name: pod.Name, UID: pod.UID},
+				Evacuators: []v1alpha1.Evacuator{{EvacuatorClass: "forged.example", Priority: 2147483647}}},
+		}
+	}
+	t.Cleanup(func() { dropFinalizers(t, admin, ns, v1alpha1.EvacuationName(pod.UID, pod.Name)) })
+
+	err := mallory.Create(ctx, request("mallory"))
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may not evict pod "+ns+"/"+pod.Name) {
+		time.Sleep(5 * time.Second)
+		_, gone := podGone(ctx, ns, pod)
+		t.Fatalf("a user who may not evict the pod created its Evacuation: %v (pod evicted since: %v)", err, gone)
+	}
+	misnamed := request("carol")
+	misnamed.Name = pod.Name
+	if err := carol.Create(ctx, misnamed); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "<pod UID>-<pod name>") {
+		t.Errorf("an Evacuation under another name: %v, want it refused with the name rule", err)
+		_ = admin.Delete(ctx, misnamed)
+		dropFinalizers(t, admin, ns, misnamed.Name)
+	}
+
+	// Evacuators the request lists are replaced by the pod's (none here),
+	// so the pod is evicted, not handed to a forged evacuator.
+	if err := carol.Create(ctx, request("carol")); err != nil {
+		t.Fatalf("a user who may evict the pod: %v", err)
+	}
+	var stored v1alpha1.Evacuation
+	if err := admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: v1alpha1.EvacuationName(pod.UID, pod.Name)}, &stored); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored.Spec.Evacuators) != 0 {
+		t.Errorf("stored evacuators %v, want the pod's (none)", stored.Spec.Evacuators)
+	}
+	stored.Spec.Evacuators = []v1alpha1.Evacuator{{EvacuatorClass: "forged.example", Priority: 1}}
+	if err := carol.Update(ctx, &stored); err == nil || !strings.Contains(err.Error(), "spec.evacuators is immutable") {
+		t.Errorf("changing the evacuators: %v, want it refused", err)
+	}
+	eventually(t, ctx, time.Minute, "the pod evicted", func(ctx context.Context) (bool, string) {
+		return podGone(ctx, ns, pod)
+	})
+}
+
+// podGone reports whether pod is gone or terminating.
+func podGone(ctx context.Context, ns string, pod corev1.Pod) (bool, string) {
+	p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || err == nil && (p.UID != pod.UID || p.DeletionTimestamp != nil) {
+		return true, ""
+	}
+	return false, fmt.Sprintf("pod %s still there (%v)", pod.Name, err)
+}
+
+// grantIn gives user the rules in namespace ns.
+func grantIn(t *testing.T, ctx context.Context, c client.Client, ns, user string, rules ...rbacv1.PolicyRule) {
+	t.Helper()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2e-" + user}, Rules: rules}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2e-" + user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	for _, o := range []client.Object{role, binding} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// dropFinalizers removes every finalizer of an Evacuation a test
+// instigated, so its namespace can go.
+func dropFinalizers(t *testing.T, c client.Client, ns, name string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var e v1alpha1.Evacuation
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &e); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		e.Finalizers = nil
+		return c.Update(context.Background(), &e)
+	})
+	if err != nil {
+		t.Errorf("dropping the finalizers of Evacuation %s: %v", name, err)
 	}
 }

@@ -17,14 +17,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
 // pinnedApp runs replicas of the echo app on node, with a priority class
 // ("" for none), and waits for them.
 func pinnedApp(t *testing.T, ctx context.Context, ns, name, node, priorityClass string, replicas int32) {
 	t.Helper()
-	dep := localcluster.EchoDeployment(ns, name, replicas)
+	dep := cluster.AppDeployment(ns, name, replicas)
 	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	dep.Spec.Template.Spec.PriorityClassName = priorityClass
 	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {

@@ -40,7 +40,7 @@ var (
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-maintenance", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-maintenance", Nodes: 4, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -29,7 +28,7 @@ func TestDrainOrderByPodType(t *testing.T) {
 	node := cluster.Nodes[1].Name
 	pinnedApp(t, ctx, ns, "web", node, "", 1)
 
-	tmpl := localcluster.EchoDeployment(ns, "agent", 1).Spec.Template
+	tmpl := cluster.AppDeployment(ns, "agent", 1).Spec.Template
 	ds := &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
 		Spec:       appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}}, Template: tmpl},
@@ -59,15 +58,28 @@ func TestDrainOrderByPodType(t *testing.T) {
 	eventually(t, ctx, time.Minute, "the DaemonSet's pod on "+node, func(ctx context.Context) (bool, string) {
 		return agentOn(ctx) == 1, fmt.Sprintf("%d", agentOn(ctx))
 	})
-	// A static pod's mirror, as a kubelet would create it.
-	mirror := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "static-" + node, Labels: map[string]string{"app": "static"},
-			Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "e2e"}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "ebb.dev/echo:local"}}},
+	// A static pod, run by the node's kubelet from a manifest file; its
+	// mirror pod in the API is what the drain sees.
+	static := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "static", Labels: map[string]string{"app": "static"}},
+		Spec:       cluster.AppDeployment(ns, "static", 1).Spec.Template.Spec,
 	}
-	if _, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, mirror, metav1.CreateOptions{}); err != nil {
+	if err := cluster.WriteStaticPod(node, static); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := cluster.RemoveStaticPod(node, static.Name); err != nil {
+			t.Error(err)
+		}
+	})
+	eventually(t, ctx, time.Minute, "the static pod's mirror on "+node, func(ctx context.Context) (bool, string) {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "static-"+node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
+		return mirror, fmt.Sprintf("annotations %v", p.Annotations)
+	})
 
 	create(t, ctx, admin, maintenance("podtypes", v1alpha1.Drain, byName(node)))
 	webPod := appPods(t, ctx, ns, "web")[0].Name

@@ -31,7 +31,7 @@ func TestSurgeMovesASingleReplicaWithoutDowntime(t *testing.T) {
 	defer cancel()
 	admin, _ := newClient(t, "")
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	dep := localcluster.EchoDeployment(ns, "single", 1)
+	dep := cluster.AppDeployment(ns, "single", 1)
 	dep.Annotations = map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}
 	// The application rides out endpoint propagation as it should: it keeps
 	// serving until every node's kube-proxy has forgotten it. On a loaded

@@ -26,7 +26,7 @@ import (
 // preStop sleep) behind an ebb.dev/l4 Service and returns its address.
 func lbApp(t *testing.T, ctx context.Context, ns, name string, replicas int32, avoid string, mutate func(*corev1.PodTemplateSpec)) string {
 	t.Helper()
-	dep := localcluster.EchoDeployment(ns, name, replicas)
+	dep := cluster.AppDeployment(ns, name, replicas)
 	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
 	if avoid != "" {
 		dep.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
@@ -94,7 +94,7 @@ func TestZeroDowntimeDrain(t *testing.T) {
 	solo.Start()
 	var long []*loadgen.LongLived
 	for range 6 { // round robin: two through each node
-		l, err := loadgen.OpenLongLived(webAddr, 200*time.Millisecond)
+		l, err := openLongLived(webAddr, 200*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,7 +240,7 @@ func TestStuckConnectionReleasesDrainedAtTheTimeout(t *testing.T) {
 			t.Fatalf("%d long-lived connections, none reported through %s", len(long), node)
 		}
 		for range 3 {
-			l, err := loadgen.OpenLongLived(addr, 200*time.Millisecond)
+			l, err := openLongLived(addr, 200*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -274,4 +274,14 @@ func TestStuckConnectionReleasesDrainedAtTheTimeout(t *testing.T) {
 			t.Errorf("long-lived connection %d broke: %s", i, why)
 		}
 	}
+}
+
+// openLongLived opens a long-lived connection to the app at addr that
+// sends a message every interval: HTTP keep-alive requests to agnhost's
+// /echo on real nodes, the echo servers' raw TCP echo on simulated ones.
+func openLongLived(addr string, interval time.Duration) (*loadgen.LongLived, error) {
+	if cluster.RealKubelets() {
+		return loadgen.OpenLongLivedHTTPVia(nil, addr, interval)
+	}
+	return loadgen.OpenLongLived(addr, interval)
 }
