@@ -2,7 +2,8 @@
 # Writes dist/install.yaml: config/default rendered by kustomize with ebb's
 # image pinned by the digest `make image` wrote to dist/image.digest; and
 # dist/install-kernel-ebpf.yaml, the same with the component
-# config/components/kernel-ebpf (ebb lb's kernel engine on its eBPF path).
+# config/components/kernel-ebpf (ebb lb's kernel engine on its eBPF path);
+# dist/install-eviction-guard.yaml, with config/components/eviction-guard.
 #
 #   hack/release.sh IMAGE KUBECTL     e.g. hack/release.sh ghcr.io/ebbdev/ebb /path/to/kubectl
 set -euo pipefail
@@ -31,3 +32,4 @@ render() {
 }
 render install.yaml
 render install-kernel-ebpf.yaml kernel-ebpf
+render install-eviction-guard.yaml eviction-guard

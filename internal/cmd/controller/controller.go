@@ -69,6 +69,11 @@ type Options struct {
 	// LBNamespace is where ebb lb's DaemonSet runs: its pods are the
 	// replicas a missing LoadBalancerReport is compared with.
 	LBNamespace string
+	// EvictionGuard serves the eviction guard (webhook.EvictionGuard) to
+	// the opt-in webhook configuration; EvictionGuardExempt are the users
+	// whose evictions it lets through.
+	EvictionGuard       bool
+	EvictionGuardExempt []string
 	// Model holds the admin-state rules (the same flags as `ebb lb`).
 	Model lbmodel.Options
 	// QPS and Burst bound the requests to the apiserver.
@@ -148,6 +153,8 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+v1alpha1.SurgeEvacuationAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.MaxDrainingNodes, "max-draining-nodes", 0, "nodes NodeMaintenances drain at once across maintenances; a maintenance that would exceed it waits in Drain, cordoned, with condition Drained=False reason WaitingForDrainSlot (0: no limit)")
+	f.BoolVar(&o.EvictionGuard, "eviction-guard", false, "serve the eviction guard at "+ebbwebhook.EvictionGuardPath+": evictions of pods that register evacuators are refused (429) until their evacuators had their turn (KEP-4212). Install config/components/eviction-guard to have the API server call it")
+	f.StringSliceVar(&o.EvictionGuardExempt, "eviction-guard-exempt", []string{"system:serviceaccount:ebb-system:ebb-controller"}, "users whose evictions the eviction guard lets through: ebb controller's own service account, whose Evacuation controller evicts when no evacuator is left")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
@@ -425,6 +432,10 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 		}
 		if err := (&ebbwebhook.Evacuation{Client: mgr.GetClient(), Pods: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the Evacuation webhook: %w", err)
+		}
+		if o.EvictionGuard {
+			guard := &ebbwebhook.EvictionGuard{Reader: mgr.GetAPIReader(), Exempt: o.EvictionGuardExempt}
+			mgr.GetWebhookServer().Register(ebbwebhook.EvictionGuardPath, &webhook.Admission{Handler: guard})
 		}
 	}
 	return nil

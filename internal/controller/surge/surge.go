@@ -192,6 +192,12 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 		if ready < original {
 			return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, fmt.Sprintf("Surged Deployment %s to %d replicas; waiting for a new pod to be Ready elsewhere (%d of %d other pods Ready)", dep.Name, original+1, ready, original), false)
 		}
+		if waiting, err := s.endpointsWaiting(ctx, pod, original); err != nil || waiting != "" {
+			if err == nil {
+				err = s.report(ctx, e, "New pod Ready; waiting: "+waiting, false)
+			}
+			return ctrl.Result{RequeueAfter: recheck}, err
+		}
 		if blocked, err := s.budgetBlocks(ctx, pod); err != nil || blocked != "" {
 			if err == nil {
 				err = s.report(ctx, e, "New pod Ready; waiting: "+blocked, false)

@@ -8,8 +8,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -197,5 +199,52 @@ func TestALockWhoseEvacuationIsGoneIsReleased(t *testing.T) {
 	unlocked := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "other"}}
 	if reqs := lockOwner(ctx, unlocked); len(reqs) != 0 {
 		t.Errorf("an unlocked Deployment maps to %v", reqs)
+	}
+}
+
+// A Ready new pod is not yet traffic: the surge scales back only once
+// every Service that sends the leaving pod traffic lists the other pods as
+// Ready endpoints. Scaling back at Pod Ready let the proxies fall back to
+// the leaving pod alone, and requests to the demo's single replica timed
+// out once it stopped.
+func TestSurgeScalesBackOnlyOnceTheEndpointsListTheNewPod(t *testing.T) {
+	dep, rs, pod, e := objects()
+	peer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"}},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	endpoint := func(uid types.UID, ready bool) discoveryv1.Endpoint {
+		return discoveryv1.Endpoint{Addresses: []string{"10.244.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", UID: uid}}
+	}
+	slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{endpoint(pod.UID, true), endpoint(peer.UID, false)}}
+	s, cl := newEvacuator(t, dep, rs, pod, e, slice)
+	s.SetupClock()
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}
+	if _, err := s.Reconcile(ctx, req); err != nil { // surges
+		t.Fatal(err)
+	}
+	if err := cl.Create(ctx, peer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	got, gotE := &appsv1.Deployment{}, &v1alpha1.Evacuation{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(e), gotE)
+	if *got.Spec.Replicas != 2 || !strings.Contains(gotE.Status.Message, "Service(s) web (0 of 1)") {
+		t.Fatalf("with the new pod not Ready in Service web's endpoints: replicas %d, message %q; want still surged, waiting for them", *got.Spec.Replicas, gotE.Status.Message)
+	}
+	slice.Endpoints[1] = endpoint(peer.UID, true)
+	if err := cl.Update(ctx, slice); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	if *got.Spec.Replicas != 1 {
+		t.Errorf("with the new pod a Ready endpoint: replicas %d, want scaled back to 1", *got.Spec.Replicas)
 	}
 }

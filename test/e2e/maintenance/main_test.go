@@ -92,7 +92,7 @@ func restartController(t *testing.T, args ...string) {
 
 // testFlags are the flags tests add to the controller (restartController
 // takes them away again).
-var testFlags = []string{"--max-draining-nodes=1"}
+var testFlags = append([]string{"--max-draining-nodes=1"}, evictionGuardFlags...)
 
 // stopController stops every controller replica (kubectl scale
 // --replicas=0); startController brings them back.
