@@ -265,9 +265,6 @@ func (s *scenario) tally(res *Result, origin time.Time, long *longLived, gens ..
 // once it answers.
 func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, single bool) (string, error) {
 	dep := s.kind.deployment(ns, name, replicas)
-	// Applications ride out the moment every proxy needs to learn that an
-	// endpoint left, as they must for any rolling update.
-	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
 	if single {
 		dep.Annotations = map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}
 	}
