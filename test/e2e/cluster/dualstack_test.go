@@ -3,9 +3,11 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +27,7 @@ func TestDualStackServiceAnswersOnBothFamilies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", 2), metav1.CreateOptions{}); err != nil {
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, cluster.AppDeployment(ns, "web", 2), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	svc := localcluster.EchoService(ns, "web", corev1.ServiceTypeNodePort)
@@ -76,13 +78,51 @@ func TestDualStackServiceAnswersOnBothFamilies(t *testing.T) {
 func expectIPv6Pod(t *testing.T, ctx context.Context, client *http.Client, url string, podIPv6 map[string]string) {
 	t.Helper()
 	eventually(t, ctx, 30*time.Second, "an answer from "+url, func(ctx context.Context) (bool, string) {
-		id, _, err := getIdentity(ctx, client, url)
+		id, err := getIdentity(ctx, client, url)
 		if err != nil {
 			return false, err.Error()
+		}
+		if cluster.RealKubelets() {
+			// agnhost names no address of its own: the client address it
+			// saw tells the family the connection reached it by.
+			if _, ok := podIPv6[id.Pod]; !ok {
+				t.Fatalf("%s answered from pod %q, want one of %v", url, id.Pod, podIPv6)
+			}
+			seen, err := clientIP(ctx, client, url)
+			if err != nil {
+				return false, err.Error()
+			}
+			if !seen.Is6() || seen.Is4In6() {
+				t.Fatalf("%s reached pod %s from %s, want over IPv6", url, id.Pod, seen)
+			}
+			return true, ""
 		}
 		if want, ok := podIPv6[id.Pod]; !ok || id.PodIP != want {
 			t.Fatalf("%s answered from pod %q on %s, want one of the pods on its IPv6 address (%v)", url, id.Pod, id.PodIP, podIPv6)
 		}
 		return true, ""
 	})
+}
+
+// clientIP asks agnhost netexec at url's host which client address it saw
+// (GET /clientip answers host:port).
+func clientIP(ctx context.Context, client *http.Client, url string) (netip.Addr, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/clientip", nil)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	ap, err := netip.ParseAddrPort(strings.TrimSpace(string(body)))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("GET %s/clientip: %q: %w", url, body, err)
+	}
+	return ap.Addr(), nil
 }

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
 // The Eviction API honours a PodDisruptionBudget that the real disruption
@@ -22,7 +21,7 @@ func TestEvictionRespectsPodDisruptionBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "guarded", 2), metav1.CreateOptions{}); err != nil {
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, cluster.AppDeployment(ns, "guarded", 2), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	minAvailable := intstr.FromInt32(2)

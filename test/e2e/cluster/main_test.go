@@ -1,12 +1,12 @@
 // Package cluster_test checks that the local cluster behaves like a real
 // one where ebb depends on it: node ports, kube-proxy's health checks, the
-// Eviction API with PodDisruptionBudgets, and graceful pod termination.
+// Eviction API with PodDisruptionBudgets, and graceful pod termination. Its
+// nodes are real (kubelet and containerd, agnhost apps), so what it checks
+// is upstream's behaviour on this machine's network, not a stand-in's.
 package cluster_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"testing"
@@ -23,7 +23,7 @@ import (
 var cluster *localcluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-cluster", Nodes: 3}, &cluster))
+	os.Exit(localcluster.RunTests(m, localcluster.Options{Name: "e2e-cluster", Nodes: 3, RealKubelets: true}, &cluster))
 }
 
 // newNamespace creates a namespace for one test and deletes it afterwards.
@@ -32,22 +32,9 @@ func newNamespace(t *testing.T, ctx context.Context) string {
 	return e2eutil.NewNamespace(t, ctx, cluster)
 }
 
-// getIdentity sends GET url and decodes the echo server's answer.
-func getIdentity(ctx context.Context, client *http.Client, url string) (podserver.Identity, int, error) {
-	var id podserver.Identity
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return id, 0, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return id, 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return id, resp.StatusCode, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
-	}
-	return id, resp.StatusCode, json.NewDecoder(resp.Body).Decode(&id)
+// getIdentity asks url which pod answered (e2eutil.Identify).
+func getIdentity(ctx context.Context, client *http.Client, url string) (podserver.Identity, error) {
+	return e2eutil.Identify(ctx, cluster, client, url)
 }
 
 // eventually polls cond until it holds or timeout passes.
@@ -60,7 +47,7 @@ func eventually(t *testing.T, ctx context.Context, timeout time.Duration, what s
 // named web, and waits for the Deployment.
 func deployEcho(t *testing.T, ctx context.Context, ns string, replicas int32, typ corev1.ServiceType) *corev1.Service {
 	t.Helper()
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "web", replicas), metav1.CreateOptions{}); err != nil {
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, cluster.AppDeployment(ns, "web", replicas), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	svc, err := cluster.Client.CoreV1().Services(ns).Create(ctx, localcluster.EchoService(ns, "web", typ), metav1.CreateOptions{})

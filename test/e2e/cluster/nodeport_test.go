@@ -47,7 +47,7 @@ func TestNodePortReachesEveryPodThroughEveryNode(t *testing.T) {
 		// kube-proxy opens the port when it sees the Service and its
 		// endpoints; wait for the first answer, then every request counts.
 		eventually(t, ctx, 30*time.Second, "first answer from "+url, func(ctx context.Context) (bool, string) {
-			_, _, err := getIdentity(ctx, client, url)
+			_, err := getIdentity(ctx, client, url)
 			return err == nil, fmt.Sprint(err)
 		})
 		// Endpoints are in the API before every kube-proxy has programmed
@@ -56,7 +56,7 @@ func TestNodePortReachesEveryPodThroughEveryNode(t *testing.T) {
 		seen := map[string]bool{}
 		eventually(t, ctx, 30*time.Second, url+" reaching all three pods", func(ctx context.Context) (bool, string) {
 			for i := 0; i < 60 && len(seen) < len(want); i++ {
-				id, _, err := getIdentity(ctx, client, url)
+				id, err := getIdentity(ctx, client, url)
 				if err != nil {
 					t.Fatalf("request %d to %s failed: %v", i, url, err)
 				}
@@ -81,7 +81,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(t, ctx)
 	withPod, withoutPod := cluster.Nodes[0], cluster.Nodes[1]
-	dep := localcluster.EchoDeployment(ns, "local", 1)
+	dep := cluster.AppDeployment(ns, "local", 1)
 	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: withPod.Name}
 	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 		t.Errorf("health check of the node without the pod: status %d, localEndpoints %d, err %v; want 503 and 0", code, n, err)
 	}
 
-	id, _, err := getIdentity(ctx, client, fmt.Sprintf("http://%s:%d/", withPod.IP, nodePort))
+	id, err := getIdentity(ctx, client, fmt.Sprintf("http://%s:%d/", withPod.IP, nodePort))
 	if err != nil {
 		t.Fatalf("node with the pod: %v", err)
 	}
@@ -134,7 +134,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 		t.Errorf("answered by a pod on %s, want %s", id.Node, withPod.Name)
 	}
 	for range 5 {
-		if _, _, err := getIdentity(ctx, client, fmt.Sprintf("http://%s:%d/", withoutPod.IP, nodePort)); err == nil {
+		if _, err := getIdentity(ctx, client, fmt.Sprintf("http://%s:%d/", withoutPod.IP, nodePort)); err == nil {
 			t.Fatalf("node %s without a local endpoint served a Local Service", withoutPod.Name)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,7 +73,9 @@ func ExpectUDPEchoVia(t *testing.T, ctx context.Context, dial func(ctx context.C
 	defer conn.Close()
 	buf := make([]byte, 64)
 	Eventually(t, ctx, 20*time.Second, "a UDP echo from "+addr, func(context.Context) (bool, string) {
-		if _, err := conn.Write([]byte("ping")); err != nil {
+		// The echo servers send the datagram back; agnhost netexec answers
+		// its command "echo <msg>" with <msg>.
+		if _, err := conn.Write([]byte("echo ping")); err != nil {
 			return false, err.Error()
 		}
 		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
@@ -80,6 +83,7 @@ func ExpectUDPEchoVia(t *testing.T, ctx context.Context, dial func(ctx context.C
 		if err != nil {
 			return false, err.Error()
 		}
-		return string(buf[:n]) == "ping", fmt.Sprintf("answer %q", buf[:n])
+		got := strings.TrimSpace(string(buf[:n]))
+		return got == "ping" || got == "echo ping", fmt.Sprintf("answer %q", buf[:n])
 	})
 }

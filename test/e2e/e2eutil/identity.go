@@ -1,0 +1,63 @@
+package e2eutil
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+)
+
+// Identify is GetIdentity on either kind of node. The echo servers of
+// simulated nodes name themselves in JSON; on real nodes the app is
+// agnhost netexec, which answers GET /hostname with its pod's name, so
+// Identify asks that path of target's host and port and reads the pod
+// (namespace, node, IP) from the API.
+func Identify(ctx context.Context, c *localcluster.Cluster, client *http.Client, target string) (podserver.Identity, error) {
+	if !c.RealKubelets() {
+		return GetIdentity(ctx, client, target)
+	}
+	var id podserver.Identity
+	u, err := url.Parse(target)
+	if err != nil {
+		return id, err
+	}
+	u.Path, u.RawQuery = "/hostname", ""
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return id, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return id, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return id, fmt.Errorf("GET %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return id, fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+	}
+	name := strings.TrimSpace(string(body))
+	pods, err := c.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	if err != nil {
+		return id, fmt.Errorf("finding pod %s, which answered %s: %w", name, u, err)
+	}
+	if len(pods.Items) != 1 {
+		return id, fmt.Errorf("%s answered %q: %d pods of that name", u, name, len(pods.Items))
+	}
+	p := pods.Items[0]
+	id = podserver.Identity{Pod: p.Name, Namespace: p.Namespace, Node: p.Spec.NodeName, PodIP: p.Status.PodIP}
+	// netexec's HTTP port, the first of the app's (AgnhostDeployment).
+	if len(p.Spec.Containers) > 0 && len(p.Spec.Containers[0].Ports) > 0 {
+		id.Port = int(p.Spec.Containers[0].Ports[0].ContainerPort)
+	}
+	return id, nil
+}
