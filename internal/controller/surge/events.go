@@ -18,3 +18,7 @@ func surging(e *v1alpha1.Evacuation, dep *appsv1.Deployment, pod *corev1.Pod, or
 func surgeSkipped(e *v1alpha1.Evacuation, why string) event.Event {
 	return event.Event{Regarding: e, Type: corev1.EventTypeNormal, Reason: "SurgeSkipped", Action: "Surge", Note: why + "; handing on"}
 }
+
+func surgeRetried(e *v1alpha1.Evacuation, dep *appsv1.Deployment, why string) event.Event {
+	return event.Event{Regarding: e, Related: dep, Type: corev1.EventTypeWarning, Reason: "SurgeRetried", Action: "Surge", Note: why}
+}

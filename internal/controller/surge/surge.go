@@ -218,8 +218,54 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 		log.FromContext(ctx).Info("New pod Ready; scaled back", "deployment", klog.KObj(dep), "replicas", original)
 		return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, fmt.Sprintf("New pod Ready; scaled Deployment %s back to %d so its ReplicaSet removes this pod", dep.Name, original), true)
 	default: // releasing: the ReplicaSet removes the pod; its deletion ends the Evacuation
-		return ctrl.Result{RequeueAfter: recheck}, nil
+		original, _ := strconv.Atoi(dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation])
+		removed, err := s.removedInstead(ctx, dep, pod, original)
+		if err != nil || removed == "" {
+			return ctrl.Result{RequeueAfter: recheck}, err
+		}
+		why := fmt.Sprintf("the ReplicaSet removed pod %s instead of this one (a pod that is not Ready goes first, whatever its deletion cost); surging again", removed)
+		if err := s.restore(ctx, dep, e.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		event.Publish(s.Recorder, surgeRetried(e, dep, why))
+		return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, "Surge released: "+why, false)
 	}
+}
+
+// removedInstead names the pod the ReplicaSet removed at the scale-back
+// when it was not pod ("" while pod is leaving, or the ReplicaSet has not
+// acted yet): the Deployment is down to original pods that are not
+// terminating, pod among them.
+func (s *Evacuator) removedInstead(ctx context.Context, dep *appsv1.Deployment, pod *corev1.Pod, original int) (string, error) {
+	if pod.DeletionTimestamp != nil {
+		return "", nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	if err != nil {
+		return "", err
+	}
+	var pods corev1.PodList
+	if err := s.Client.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return "", fmt.Errorf("listing the pods of Deployment %s: %w", dep.Name, err)
+	}
+	staying, leaving := 0, ""
+	for _, p := range pods.Items {
+		switch {
+		case p.DeletionTimestamp == nil:
+			staying++
+		case p.UID == pod.UID:
+			return "", nil // leaving after all (listed after pod was read)
+		default:
+			leaving = p.Name
+		}
+	}
+	if staying > original {
+		return "", nil
+	}
+	if leaving == "" {
+		leaving = "another pod" // already gone
+	}
+	return leaving, nil
 }
 
 // mark gives pod the lowest deletion cost, so that its ReplicaSet removes

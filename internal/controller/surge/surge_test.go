@@ -248,3 +248,41 @@ func TestSurgeScalesBackOnlyOnceTheEndpointsListTheNewPod(t *testing.T) {
 		t.Errorf("with the new pod a Ready endpoint: replicas %d, want scaled back to 1", *got.Spec.Replicas)
 	}
 }
+
+// Issue 41 item 13: a ReplicaSet removes a pod that is not Ready before a
+// Ready one, whatever the deletion costs. A new pod that flapped NotReady
+// at the scale-back was removed instead of the marked one, the surge sat
+// in its releasing phase with nothing reported, and the pod was evicted
+// at the progress deadline (a minAvailable: 1 budget then blocked it for
+// good). The surge now notices, says so, and surges again.
+func TestSurgeStartsAgainWhenTheReplicaSetRemovedAnotherPod(t *testing.T) {
+	dep, rs, pod, e := objects()
+	dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseReleasing
+	dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] = "1"
+	pod.Annotations = map[string]string{DeletionCostAnnotation: "-2147483648"}
+	now := metav1.Now()
+	removed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"},
+		DeletionTimestamp: &now, Finalizers: []string{"test/keep"}}}
+	s, cl := newEvacuator(t, dep, rs, pod, e, removed)
+	s.SetupClock()
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	got, p, gotE := &appsv1.Deployment{}, &corev1.Pod{}, &v1alpha1.Evacuation{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(pod), p)
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(e), gotE)
+	if got.Annotations[v1alpha1.SurgeLockAnnotation] != "" || p.Annotations[DeletionCostAnnotation] != "" || !strings.Contains(gotE.Status.Message, "removed pod web-1-b instead") {
+		t.Fatalf("after the ReplicaSet removed another pod: lock %q, pod %v, message %q; want the surge released, the pod unmarked, and that said",
+			got.Annotations[v1alpha1.SurgeLockAnnotation], p.Annotations, gotE.Status.Message)
+	}
+	if _, err := s.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	if *got.Spec.Replicas != 2 {
+		t.Errorf("the next pass: replicas %d, want a new surge to 2", *got.Spec.Replicas)
+	}
+}
