@@ -175,7 +175,8 @@ func (r *resolution) blocker(s *drainState) string {
 // drained reports whether s has reached its last entry with nothing left.
 func (r *resolution) drained(s *drainState) bool { return s.last() && r.finished(s) }
 
-// message explains one node's drain in maintenance s, in the KEP's words.
+// message explains one node's drain in maintenance s, in the KEP's words,
+// naming the maintenance and node that really hold it.
 func (r *resolution) message(s *drainState, node string) string {
 	t := r.nodes[node]
 	if r.remaining[node] > 0 {
@@ -183,7 +184,17 @@ func (r *resolution) message(s *drainState, node string) string {
 		case t.Level.Less(own):
 			return fmt.Sprintf("Evacuating (limited by %s)", r.limiter(node, t))
 		case own.Less(t.Level):
-			return fmt.Sprintf("Evacuating (fast-forwarded by older %s)", r.limiter(node, t))
+			by := r.limiter(node, t)
+			switch o := r.maintenances[by]; {
+			case by == s.Name:
+				// s's own status recorded these targets, when another
+				// maintenance had fast-forwarded the node (since gone).
+				return "Evacuating (targets reached earlier on this node; they never move back)"
+			case o != nil && older(o, s):
+				return fmt.Sprintf("Evacuating (fast-forwarded by older %s)", by)
+			default:
+				return fmt.Sprintf("Evacuating (fast-forwarded by %s)", by)
+			}
 		default:
 			return "Evacuating"
 		}
@@ -194,7 +205,7 @@ func (r *resolution) message(s *drainState, node string) string {
 	if r.finished(s) {
 		return "Evacuating"
 	}
-	return r.waiting(s, node, map[string]bool{})
+	return r.waiting(s, node)
 }
 
 // limiter names the maintenance whose progress holds a node back: the
@@ -209,28 +220,42 @@ func (r *resolution) limiter(node string, t nodeTargets) string {
 }
 
 // waiting says which node, of which maintenance, s is waiting for.
-func (r *resolution) waiting(s *drainState, node string, seen map[string]bool) string {
+func (r *resolution) waiting(s *drainState, node string) string {
+	if r.blocker(s) == "" {
+		return "Evacuating"
+	}
+	held, by := r.holder(s, map[string]bool{})
+	switch {
+	case by == s.Name && held == node:
+		return "Evacuating"
+	case by == s.Name:
+		return fmt.Sprintf("Waiting for node %s.", held)
+	case held == "":
+		return fmt.Sprintf("Waiting for %s.", by)
+	default:
+		return fmt.Sprintf("Waiting for node %s (%s).", held, by)
+	}
+}
+
+// holder follows what keeps s from its next entry to its end: a node of
+// some maintenance that still has pods to evacuate (or whose targets do
+// not reach that maintenance's entry for a reason of its own), or a
+// maintenance about to move on (held ""). A blocking node that is empty
+// but held back by a less advanced maintenance passes the question on to
+// that one, as far as the chain goes.
+func (r *resolution) holder(s *drainState, seen map[string]bool) (held, by string) {
 	seen[s.Name] = true
 	b := r.blocker(s)
 	if b == "" {
-		return "Evacuating"
+		return "", s.Name
 	}
 	t := r.nodes[b]
 	if r.remaining[b] > 0 || !t.Level.Less(s.level()) {
-		if b == node {
-			return "Evacuating"
-		}
-		return fmt.Sprintf("Waiting for node %s.", b)
+		return b, s.Name
 	}
-	// b is done but held back by another maintenance: name what that one
-	// waits for.
 	other := r.maintenances[r.limiter(b, t)]
 	if other == nil || seen[other.Name] {
-		return fmt.Sprintf("Waiting for node %s.", b)
+		return b, s.Name
 	}
-	ob := r.blocker(other)
-	if ob == "" {
-		return fmt.Sprintf("Waiting for %s.", other.Name)
-	}
-	return fmt.Sprintf("Waiting for node %s (%s).", ob, other.Name)
+	return r.holder(other, seen)
 }

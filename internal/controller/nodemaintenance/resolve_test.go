@@ -200,3 +200,41 @@ func TestResolveAdvancesBehindAFloor(t *testing.T) {
 		t.Errorf("message %q", got)
 	}
 }
+
+// Issue 41 item 8: drainMessage named the wrong maintenance. A node whose
+// targets come from the maintenance's own earlier status (they never move
+// back, here after the maintenance that fast-forwarded it left) said it
+// was "fast-forwarded by older" itself; and a wait was followed one step
+// only, naming an empty node that itself waits on another.
+func TestDrainMessagesNameWhatReallyHoldsTheDrain(t *testing.T) {
+	t.Run("own earlier targets", func(t *testing.T) {
+		a := &drainState{Name: "a", Plan: plan(100, v1alpha1.Default, 1000, v1alpha1.Default, 1000000000, v1alpha1.Default), Nodes: []string{"x"},
+			Recorded: map[string][]v1alpha1.DrainPlanEntry{"x": drainplan.TargetsAt(plan(100, v1alpha1.Default, 1000, v1alpha1.Default), 1)}}
+		pods := cluster{"x": {50, 500}}
+		r := resolve([]*drainState{a}, pods.remaining)
+		if got, want := r.message(a, "x"), "Evacuating (targets reached earlier on this node; they never move back)"; got != want {
+			t.Errorf("message %q, want %q", got, want)
+		}
+	})
+	t.Run("a chain of waits", func(t *testing.T) {
+		t0 := time.Now()
+		c := &drainState{Name: "c", Created: t0, Plan: plan(10, v1alpha1.Default, 20, v1alpha1.Default), Nodes: []string{"n3", "n4"}}
+		b := &drainState{Name: "b", Created: t0.Add(time.Second), Plan: plan(20, v1alpha1.Default, 30, v1alpha1.Default), Nodes: []string{"n2", "n3"}}
+		a := &drainState{Name: "a", Created: t0.Add(2 * time.Second), Plan: plan(30, v1alpha1.Default, 40, v1alpha1.Default), Nodes: []string{"n1", "n2"}}
+		pods := cluster{"n4": {5}}
+		r := resolve([]*drainState{a, b, c}, pods.remaining)
+		for _, w := range []struct {
+			s          *drainState
+			node, want string
+		}{
+			{a, "n1", "Waiting for node n4 (c)."},
+			{b, "n2", "Waiting for node n4 (c)."},
+			{c, "n3", "Waiting for node n4."},
+			{c, "n4", "Evacuating"},
+		} {
+			if got := r.message(w.s, w.node); got != w.want {
+				t.Errorf("%s on %s: %q, want %q", w.s.Name, w.node, got, w.want)
+			}
+		}
+	})
+}
