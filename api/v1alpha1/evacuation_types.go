@@ -56,7 +56,7 @@ type Evacuator struct {
 // EvacuationSpec is a request to move a pod off its node.
 // +kubebuilder:validation:XValidation:rule="self.podRef == oldSelf.podRef",message="spec.podRef is immutable"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.progressDeadlineSeconds) || self.progressDeadlineSeconds == oldSelf.progressDeadlineSeconds",message="spec.progressDeadlineSeconds is immutable"
-// +kubebuilder:validation:XValidation:rule="has(self.evacuators) == has(oldSelf.evacuators) && (!has(self.evacuators) || self.evacuators == oldSelf.evacuators)",message="spec.evacuators is immutable: admission resolves them from the pod's evacuator annotations when the Evacuation is created"
+// +kubebuilder:validation:XValidation:rule="(has(self.evacuators) && has(oldSelf.evacuators)) ? self.evacuators == oldSelf.evacuators : ((!has(self.evacuators) || size(self.evacuators) == 0) && (!has(oldSelf.evacuators) || size(oldSelf.evacuators) == 0))",message="spec.evacuators is immutable: admission resolves them from the pod's evacuator annotations when the Evacuation is created"
 type EvacuationSpec struct {
 	// PodRef is the pod to evacuate.
 	PodRef PodReference `json:"podRef"`

@@ -45,6 +45,10 @@ const (
 	// SurgeOriginalReplicasAnnotation on a Deployment: the replica count
 	// to restore after a surge.
 	SurgeOriginalReplicasAnnotation = "maintenance.ebb.dev/surge-original-replicas"
+	// SurgeRetriesAnnotation on an Evacuation: how often its surge started
+	// again because the ReplicaSet removed another pod (at most 3, then
+	// the next evacuator takes over).
+	SurgeRetriesAnnotation = "maintenance.ebb.dev/surge-retries"
 )
 
 // AllowNoLoadBalancerAnnotation set to "true" on a NodeMaintenance lets it

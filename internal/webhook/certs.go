@@ -316,6 +316,13 @@ func clientConfigs(obj client.Object) []*admissionregistrationv1.WebhookClientCo
 // webhooks lacks ca, patches it in.
 func (s *SelfSignedCerts) patchCA(ctx context.Context, kind, name string, obj client.Object, ca []byte) error {
 	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			// An optional configuration (the eviction guard's) that an
+			// administrator removed: nothing to keep valid. Failing here
+			// would stop the controller, and with it every webhook.
+			log.FromContext(ctx).Info("Webhook configuration not found: not injecting the CA into it", "kind", kind, "name", name)
+			return nil
+		}
 		return fmt.Errorf("reading %s %s to inject the CA: %w", kind, name, err)
 	}
 	patch := client.MergeFromWithOptions(obj.DeepCopyObject().(client.Object), client.MergeFromWithOptimisticLock{})

@@ -35,7 +35,11 @@ func TestSelfSignedCerts(t *testing.T) {
 	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
 	certs := func(dir string, names ...string) *SelfSignedCerts {
 		return &SelfSignedCerts{Client: cl, Secret: types.NamespacedName{Namespace: "ebb-system", Name: "cert"}, DNSNames: names,
-			IPs: []net.IP{net.ParseIP("127.0.0.1")}, CertDir: dir, Mutating: []string{"m"}, Validating: []string{"v"}, Now: func() time.Time { return now }}
+			IPs: []net.IP{net.ParseIP("127.0.0.1")}, CertDir: dir, Mutating: []string{"m"},
+			// "guard" is not there: an optional configuration an
+			// administrator removed is skipped, not an error that stops
+			// the controller (and every webhook with it).
+			Validating: []string{"v", "guard"}, Now: func() time.Time { return now }}
 	}
 	ctx := context.Background()
 	first := certs(t.TempDir(), "svc.ns.svc")

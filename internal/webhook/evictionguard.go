@@ -58,7 +58,7 @@ func (g *EvictionGuard) Handle(ctx context.Context, req admission.Request) admis
 		if apierrors.IsNotFound(err) {
 			return admission.Allowed("") // the Eviction API answers 404 itself
 		}
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading pod %s/%s: %w", req.Namespace, req.Name, err))
+		return failOpen(fmt.Errorf("reading pod %s/%s: %w", req.Namespace, req.Name, err))
 	}
 	registered := evacuator.Registered(&pod)
 	if len(registered) == 0 {
@@ -71,7 +71,7 @@ func (g *EvictionGuard) Handle(ctx context.Context, req admission.Request) admis
 	case err == nil && meta.IsStatusConditionTrue(e.Status.Conditions, v1alpha1.EvictingCondition):
 		return admission.Allowed("the pod's evacuators are done: eviction is its Evacuation's fallback")
 	case err != nil && !apierrors.IsNotFound(err):
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("reading Evacuation %s/%s: %w", pod.Namespace, name, err))
+		return failOpen(fmt.Errorf("reading Evacuation %s/%s: %w", pod.Namespace, name, err))
 	}
 	classes := make([]string, len(registered))
 	for i, r := range registered {
@@ -82,8 +82,18 @@ func (g *EvictionGuard) Handle(ctx context.Context, req admission.Request) admis
 		Result: &metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusTooManyRequests, Reason: metav1.StatusReasonTooManyRequests,
 			Message: fmt.Sprintf("pod %s/%s registers evacuator(s) %s, which move it without downtime: its evictions are refused until they have had their turn (KEP-4212). "+
-				"Drain its node with a NodeMaintenance (kubectl maintenance drain NODE), or create Evacuation %s for it; the pod is evicted if its evacuators cannot move it",
-				pod.Namespace, pod.Name, strings.Join(classes, ", "), name),
+				"Drain its node with a NodeMaintenance (kubectl maintenance drain NODE), or create Evacuation %s for it with a finalizer %s<you> (an Evacuation without one is withdrawn at once); the pod is evicted if its evacuators cannot move it",
+				pod.Namespace, pod.Name, strings.Join(classes, ", "), name, v1alpha1.InstigatorFinalizerPrefix),
 		},
 	}}
+}
+
+// failOpen lets an eviction through when the guard cannot tell (a read
+// failed): the guard must never stop evictions that ebb would not, as its
+// webhook configuration's failurePolicy Ignore promises for an unreachable
+// ebb. The API server returns the warning to the client.
+func failOpen(err error) admission.Response {
+	resp := admission.Allowed("")
+	resp.Warnings = []string{"ebb's eviction guard could not check this eviction and let it through: " + err.Error()}
+	return resp
 }

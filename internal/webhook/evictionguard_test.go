@@ -9,10 +9,13 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
@@ -33,7 +36,13 @@ func TestEvictionGuard(t *testing.T) {
 	}
 	evicting := &v1alpha1.Evacuation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: v1alpha1.EvacuationName("u2", "fallback")},
 		Status: v1alpha1.EvacuationStatus{Conditions: []metav1.Condition{{Type: v1alpha1.EvictingCondition, Status: metav1.ConditionTrue, Reason: "EvacuatorsExhausted", LastTransitionTime: metav1.Now()}}}}
-	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pods[0], pods[1], pods[2], evicting).Build()
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pods[0], pods[1], pods[2], evicting).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if key.Name == "unreadable" {
+				return apierrors.NewTooManyRequests("throttled", 1)
+			}
+			return c.Get(ctx, key, obj, opts...)
+		}}).Build()
 	g := &EvictionGuard{Reader: cl, Exempt: []string{"system:serviceaccount:ebb-system:ebb-controller"}}
 	for _, tc := range []struct {
 		name, user, pod, subresource string
@@ -45,6 +54,7 @@ func TestEvictionGuard(t *testing.T) {
 		{"once its Evacuation fell back to eviction", "cluster-autoscaler", "fallback", "eviction", true},
 		{"a pod that is not there", "admin", "gone", "eviction", true},
 		{"not an eviction", "admin", "surged", "status", true},
+		{"a pod that cannot be read: fails open", "admin", "unreadable", "eviction", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := g.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
@@ -52,6 +62,9 @@ func TestEvictionGuard(t *testing.T) {
 				UserInfo: authenticationv1.UserInfo{Username: tc.user}}})
 			if resp.Allowed != tc.allowed {
 				t.Fatalf("allowed %v, want %v (%+v)", resp.Allowed, tc.allowed, resp.Result)
+			}
+			if tc.pod == "unreadable" && len(resp.Warnings) == 0 {
+				t.Error("let through without a warning that the guard could not check")
 			}
 			if !tc.allowed && (resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "registers evacuator(s) "+v1alpha1.SurgeEvacuatorClass) ||
 				!strings.Contains(resp.Result.Message, "NodeMaintenance")) {

@@ -14,21 +14,24 @@ import (
 
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 
-// endpointsWaiting says which Services that send traffic to pod do not
-// list want Ready endpoints of other pods yet ("" when every one does).
-// A Pod's Ready condition is not yet traffic: the EndpointSlice controller
-// has to list the new pod, and every node's proxy to learn it. Scaling back
-// before that leaves the proxies with the leaving pod as the only endpoint
-// (they fall back to terminating endpoints that still serve) until it
-// stops, and with a dead one for as long as they lag after that: requests
-// to a surged single replica timed out in the demo on real kubelets.
-func (s *Evacuator) endpointsWaiting(ctx context.Context, pod *corev1.Pod, want int) (string, error) {
+// endpointsWaiting says which Services that send traffic to pod list no
+// Ready endpoint of one of its peers (the Deployment's other Ready pods)
+// yet ("" when every one does). A Pod's Ready condition is not yet
+// traffic: the EndpointSlice controller has to list the pod, and every
+// node's proxy to learn it. Scaling back before that leaves the proxies
+// with the leaving pod as the only endpoint (they fall back to terminating
+// endpoints that still serve) until it stops, and with a dead one for as
+// long as they lag after that: requests to a surged single replica timed
+// out in the demo on real kubelets. One peer per Service is enough for
+// that, and a Service that selects only some of the pods does not hold
+// the surge.
+func (s *Evacuator) endpointsWaiting(ctx context.Context, pod *corev1.Pod, peers map[types.UID]bool) (string, error) {
 	var list discoveryv1.EndpointSliceList
 	if err := s.Client.List(ctx, &list, client.InNamespace(pod.Namespace)); err != nil {
 		return "", fmt.Errorf("listing EndpointSlices: %w", err)
 	}
-	serves := map[string]bool{}              // Services with an endpoint of pod
-	ready := map[string]map[types.UID]bool{} // their Ready endpoints of other pods
+	serves := map[string]bool{}  // Services with an endpoint of pod
+	covered := map[string]bool{} // ... and a Ready endpoint of a peer
 	for _, sl := range list.Items {
 		svc := sl.Labels[discoveryv1.LabelServiceName]
 		if svc == "" {
@@ -39,28 +42,23 @@ func (s *Evacuator) endpointsWaiting(ctx context.Context, pod *corev1.Pod, want 
 			if ref == nil || ref.Kind != "Pod" {
 				continue
 			}
-			if ref.UID == pod.UID {
+			switch {
+			case ref.UID == pod.UID:
 				serves[svc] = true
-				continue
-			}
-			// Ready unset means ready (the EndpointSlice API).
-			if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
-				if ready[svc] == nil {
-					ready[svc] = map[types.UID]bool{}
-				}
-				ready[svc][ref.UID] = true
+			case peers[ref.UID] && (ep.Conditions.Ready == nil || *ep.Conditions.Ready): // unset means ready
+				covered[svc] = true
 			}
 		}
 	}
 	var short []string
 	for svc := range serves {
-		if n := len(ready[svc]); n < want {
-			short = append(short, fmt.Sprintf("%s (%d of %d)", svc, n, want))
+		if !covered[svc] {
+			short = append(short, svc)
 		}
 	}
 	if len(short) == 0 {
 		return "", nil
 	}
 	slices.Sort(short)
-	return "Service(s) " + strings.Join(short, ", ") + " do not list the other pods as Ready endpoints yet", nil
+	return "Service(s) " + strings.Join(short, ", ") + " list no other pod of the Deployment as a Ready endpoint yet", nil
 }

@@ -27,6 +27,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/kubectl/pkg/util/podutils"
@@ -42,7 +43,7 @@ import (
 	"github.com/ebbdev/ebb/internal/event"
 )
 
-// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch
+// +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments;replicasets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=patch;update
@@ -65,6 +66,11 @@ const (
 
 // recheck is how often a surge in progress is looked at.
 const recheck = time.Second
+
+// maxSurgeRetries bounds how often a surge starts again after its
+// ReplicaSet removed another pod than the one leaving; then the next
+// evacuator (or eviction) takes over.
+const maxSurgeRetries = 3
 
 // Evacuator moves opted-in Deployment pods by surging.
 type Evacuator struct {
@@ -185,14 +191,14 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 		if ptr.Deref(dep.Spec.Replicas, 1) != int32(original)+1 {
 			return ctrl.Result{}, s.fail(ctx, e, dep, fmt.Sprintf("Deployment %s was scaled to %d during the surge", dep.Name, ptr.Deref(dep.Spec.Replicas, 1)))
 		}
-		ready, err := s.readyPeers(ctx, dep, pod)
+		peers, err := s.readyPeers(ctx, dep, pod)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		if ready < original {
+		if ready := len(peers); ready < original {
 			return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, fmt.Sprintf("Surged Deployment %s to %d replicas; waiting for a new pod to be Ready elsewhere (%d of %d other pods Ready)", dep.Name, original+1, ready, original), false)
 		}
-		if waiting, err := s.endpointsWaiting(ctx, pod, original); err != nil || waiting != "" {
+		if waiting, err := s.endpointsWaiting(ctx, pod, peers); err != nil || waiting != "" {
 			if err == nil {
 				err = s.report(ctx, e, "New pod Ready; waiting: "+waiting, false)
 			}
@@ -223,10 +229,26 @@ func (s *Evacuator) advance(ctx context.Context, e *v1alpha1.Evacuation, pod *co
 		if err != nil || removed == "" {
 			return ctrl.Result{RequeueAfter: recheck}, err
 		}
-		why := fmt.Sprintf("the ReplicaSet removed pod %s instead of this one (a pod that is not Ready goes first, whatever its deletion cost); surging again", removed)
+		retries, _ := strconv.Atoi(e.Annotations[v1alpha1.SurgeRetriesAnnotation])
+		why := fmt.Sprintf("the ReplicaSet removed pod %s instead of this one (a pod that is not Ready goes first, whatever its deletion cost)", removed)
+		if retries >= maxSurgeRetries {
+			return ctrl.Result{}, s.fail(ctx, e, dep, fmt.Sprintf("%s, %d times", why, retries+1))
+		}
 		if err := s.restore(ctx, dep, e.Name); err != nil {
 			return ctrl.Result{}, err
 		}
+		// Counted on the Evacuation: a surge that starts again reports
+		// progress, so without a bound a pod whose readiness flaps would
+		// keep the Evacuation from its progress deadline for ever.
+		patch := client.MergeFrom(e.DeepCopy())
+		if e.Annotations == nil {
+			e.Annotations = map[string]string{}
+		}
+		e.Annotations[v1alpha1.SurgeRetriesAnnotation] = strconv.Itoa(retries + 1)
+		if err := s.Client.Patch(ctx, e, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("counting the surges of Evacuation %s: %w", klog.KObj(e), err)
+		}
+		why += "; surging again"
 		event.Publish(s.Recorder, surgeRetried(e, dep, why))
 		return ctrl.Result{RequeueAfter: recheck}, s.report(ctx, e, "Surge released: "+why, false)
 	}
@@ -251,6 +273,9 @@ func (s *Evacuator) removedInstead(ctx context.Context, dep *appsv1.Deployment, 
 	staying, leaving := 0, ""
 	for _, p := range pods.Items {
 		switch {
+		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+			// Ended (evicted by the kubelet, say) and kept until collected:
+			// not one the ReplicaSet counts.
 		case p.DeletionTimestamp == nil:
 			staying++
 		case p.UID == pod.UID:
@@ -307,23 +332,23 @@ func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 	return s.report(ctx, e, fmt.Sprintf("Surged Deployment %s to %d replicas", dep.Name, original+1), true)
 }
 
-// readyPeers counts the Deployment's Ready pods other than pod.
-func (s *Evacuator) readyPeers(ctx context.Context, dep *appsv1.Deployment, pod *corev1.Pod) (int, error) {
+// readyPeers are the Deployment's Ready pods other than pod, by UID.
+func (s *Evacuator) readyPeers(ctx context.Context, dep *appsv1.Deployment, pod *corev1.Pod) (map[types.UID]bool, error) {
 	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	var pods corev1.PodList
 	if err := s.Client.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	peers := map[types.UID]bool{}
 	for _, p := range pods.Items {
 		if p.UID != pod.UID && p.DeletionTimestamp == nil && podutils.IsPodReady(&p) {
-			n++
+			peers[p.UID] = true
 		}
 	}
-	return n, nil
+	return peers, nil
 }
 
 // budgetBlocks says which PodDisruptionBudget would not allow removing the

@@ -233,7 +233,7 @@ func TestSurgeScalesBackOnlyOnceTheEndpointsListTheNewPod(t *testing.T) {
 	got, gotE := &appsv1.Deployment{}, &v1alpha1.Evacuation{}
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(e), gotE)
-	if *got.Spec.Replicas != 2 || !strings.Contains(gotE.Status.Message, "Service(s) web (0 of 1)") {
+	if *got.Spec.Replicas != 2 || !strings.Contains(gotE.Status.Message, "Service(s) web list no other pod") {
 		t.Fatalf("with the new pod not Ready in Service web's endpoints: replicas %d, message %q; want still surged, waiting for them", *got.Spec.Replicas, gotE.Status.Message)
 	}
 	slice.Endpoints[1] = endpoint(peer.UID, true)
@@ -284,5 +284,33 @@ func TestSurgeStartsAgainWhenTheReplicaSetRemovedAnotherPod(t *testing.T) {
 	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
 	if *got.Spec.Replicas != 2 {
 		t.Errorf("the next pass: replicas %d, want a new surge to 2", *got.Spec.Replicas)
+	}
+}
+
+// A surge starts again at most maxSurgeRetries times: each start reports
+// progress, so a pod whose readiness keeps flapping would otherwise keep
+// its Evacuation from the progress deadline for ever. Then it hands on.
+func TestSurgeHandsOnAfterItsRetries(t *testing.T) {
+	dep, rs, pod, e := objects()
+	dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseReleasing
+	dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] = "1"
+	e.Annotations = map[string]string{v1alpha1.SurgeRetriesAnnotation: "3"}
+	now := metav1.Now()
+	removed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"},
+		DeletionTimestamp: &now, Finalizers: []string{"test/keep"}}}
+	// An ended pod the kubelet evicted earlier does not count as staying.
+	ended := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-c", UID: "r", Labels: map[string]string{"app": "web"}},
+		Status: corev1.PodStatus{Phase: corev1.PodFailed}}
+	s, cl := newEvacuator(t, dep, rs, pod, e, removed, ended)
+	s.SetupClock()
+	ctx := context.Background()
+	if _, err := s.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(e)}); err != nil {
+		t.Fatal(err)
+	}
+	gotE, got := &v1alpha1.Evacuation{}, &appsv1.Deployment{}
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(e), gotE)
+	_ = cl.Get(ctx, client.ObjectKeyFromObject(dep), got)
+	if !gotE.Status.ActiveEvacuatorCompleted || !strings.Contains(gotE.Status.Message, "4 times") || got.Annotations[v1alpha1.SurgeLockAnnotation] != "" {
+		t.Errorf("after the third retry: completed %v, message %q, lock %q; want handed on, the surge released", gotE.Status.ActiveEvacuatorCompleted, gotE.Status.Message, got.Annotations[v1alpha1.SurgeLockAnnotation])
 	}
 }
