@@ -46,6 +46,10 @@ func (c *Cluster) clusterCgroup() string {
 	return path.Join(realnode.CgroupParent, fmt.Sprintf("%s-%x", c.opts.Name, sum[:4]))
 }
 
+// CgroupParent is the cgroup (in every hierarchy) under which the real
+// nodes of this cluster have theirs; Stop removes it.
+func (c *Cluster) CgroupParent() string { return c.clusterCgroup() }
+
 // startRealNodes starts containerd and kubelet on every node, each in the
 // node's network namespace and a mount namespace and cgroup of its own,
 // with the cluster's images imported; kubelet registers the node.

@@ -1,5 +1,7 @@
 // Package lifecycle_test checks that a local cluster starts with everything
-// a user expects and that stopping it leaves no process behind.
+// a user expects and that stopping it leaves no process behind: on
+// simulated nodes, and on real ones, whose kubelets, containerd, shims and
+// pods must go with their cgroups.
 package lifecycle_test
 
 import (
@@ -13,12 +15,17 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/realnode"
 )
 
 func TestMain(m *testing.M) {
 	if !localcluster.InNamespace() {
-		code, err := localcluster.Reexec()
+		// The host's user namespace: real nodes need it (cgroups, mounts).
+		code, err := localcluster.ReexecInHostUserNamespace()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
@@ -114,4 +121,80 @@ func TestStartServesKubectlAndStopLeavesNoProcesses(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("cluster directory %s left after Stop (%v)", dir, err)
 	}
+}
+
+// Real nodes: kubelet and containerd run, a pod runs in containerd, and
+// Stop leaves no process (the shims and the pod's containers included) and
+// none of the nodes' cgroups.
+func TestRealNodesStopLeavesNoProcessesNorCgroups(t *testing.T) {
+	if left := otherProcesses(t); len(left) != 0 {
+		t.Fatalf("processes before the cluster started: %v", left)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: "lifecycle-real", Nodes: 2, RealKubelets: true, Progress: os.Stderr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster with real nodes ready in %s", time.Since(start).Round(time.Millisecond))
+	ns := "lifecycle"
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, c.AppDeployment(ns, "app", 2), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDeploymentAvailable(ctx, ns, "app", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	running := otherProcesses(t)
+	for _, want := range []string{"/kubelet ", "/containerd ", "containerd-shim-runc-v2", "/agnhost netexec"} {
+		n := 0
+		for _, p := range running {
+			if strings.Contains(p, want) {
+				n++
+			}
+		}
+		if n < 2 {
+			t.Errorf("%d processes %q, want one per node or pod at least (2)", n, want)
+		}
+	}
+	cgroups := nodeCgroups(t, c.CgroupParent())
+	if len(cgroups) == 0 {
+		t.Fatal("no cgroup " + c.CgroupParent() + " of the cluster's nodes")
+	}
+
+	if err := c.Stop(); err != nil {
+		t.Fatalf("stopping: %v", err)
+	}
+	if left := otherProcesses(t); len(left) != 0 {
+		t.Errorf("processes left after Stop: %v", left)
+	}
+	for _, dir := range cgroups {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left after Stop (%v)", dir, err)
+		}
+	}
+}
+
+// nodeCgroups lists the cgroup path in every hierarchy where it exists.
+func nodeCgroups(t *testing.T, path string) []string {
+	t.Helper()
+	hierarchies, err := realnode.FindCgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range hierarchies.Mounts {
+		if dir := filepath.Join(m, path); isDir(dir) {
+			out = append(out, dir)
+		}
+	}
+	return out
+}
+
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }
