@@ -118,20 +118,13 @@ func (w *Evacuation) mayEvict(ctx context.Context, e *v1alpha1.Evacuation, what 
 		return apierrors.NewInternalError(fmt.Errorf("reading the admission request: %w", err))
 	}
 	user := req.UserInfo
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range user.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: e.Namespace, Verb: "create", Version: "v1", Resource: "pods", Subresource: "eviction", Name: e.Spec.PodRef.Name,
-		},
-	}}
-	if err := w.Client.Create(ctx, sar); err != nil {
+	ok, err := mayDo(ctx, w.Client, user, authorizationv1.ResourceAttributes{
+		Namespace: e.Namespace, Verb: "create", Version: "v1", Resource: "pods", Subresource: "eviction", Name: e.Spec.PodRef.Name,
+	})
+	if err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("checking whether %s may evict pod %s/%s: %w", user.Username, e.Namespace, e.Spec.PodRef.Name, err))
 	}
-	if sar.Status.Allowed {
+	if ok {
 		return nil
 	}
 	return apierrors.NewForbidden(v1alpha1.GroupVersion.WithResource("evacuations").GroupResource(), e.Name, fmt.Errorf(
