@@ -103,16 +103,12 @@ func (s *Evacuator) SetupWithManager(mgr ctrl.Manager) error {
 		if !ok || dep.Annotations[v1alpha1.SurgeEvacuationAnnotation] == "" {
 			return nil
 		}
-		sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+		pods, err := podsOf(ctx, mgr.GetClient(), dep)
 		if err != nil {
 			return nil
 		}
-		var pods corev1.PodList
-		if err := mgr.GetClient().List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-			return nil
-		}
-		out := make([]reconcile.Request, 0, len(pods.Items))
-		for _, p := range pods.Items {
+		out := make([]reconcile.Request, 0, len(pods))
+		for _, p := range pods {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
 		}
 		return out
@@ -262,16 +258,12 @@ func (s *Evacuator) removedInstead(ctx context.Context, dep *appsv1.Deployment, 
 	if pod.DeletionTimestamp != nil {
 		return "", nil
 	}
-	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	pods, err := podsOf(ctx, s.Client, dep)
 	if err != nil {
 		return "", err
 	}
-	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return "", fmt.Errorf("listing the pods of Deployment %s: %w", dep.Name, err)
-	}
 	staying, leaving := 0, ""
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		switch {
 		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
 			// Ended (evicted by the kubelet, say) and kept until collected:
@@ -334,16 +326,12 @@ func (s *Evacuator) start(ctx context.Context, e *v1alpha1.Evacuation, pod *core
 
 // readyPeers are the Deployment's Ready pods other than pod, by UID.
 func (s *Evacuator) readyPeers(ctx context.Context, dep *appsv1.Deployment, pod *corev1.Pod) (map[types.UID]bool, error) {
-	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	pods, err := podsOf(ctx, s.Client, dep)
 	if err != nil {
 		return nil, err
 	}
-	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return nil, err
-	}
 	peers := map[types.UID]bool{}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if p.UID != pod.UID && p.DeletionTimestamp == nil && podutils.IsPodReady(&p) {
 			peers[p.UID] = true
 		}
@@ -506,6 +494,19 @@ func (r *registrar) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// podsOf lists the pods a Deployment's selector selects.
+func podsOf(ctx context.Context, c client.Client, dep *appsv1.Deployment) ([]corev1.Pod, error) {
+	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("reading the selector of Deployment %s: %w", dep.Name, err)
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, fmt.Errorf("listing the pods of Deployment %s: %w", dep.Name, err)
+	}
+	return pods.Items, nil
 }
 
 // optedIn reports whether a Deployment asks for surge evacuation: on
