@@ -249,6 +249,19 @@ func TestSurgeScalesBackOnlyOnceTheEndpointsListTheNewPod(t *testing.T) {
 	}
 }
 
+// releasedAnotherPod is objects() with the surge of one replica in its
+// releasing phase, and the ReplicaSet removing another pod (web-1-b) than
+// the marked one.
+func releasedAnotherPod() (*appsv1.Deployment, *appsv1.ReplicaSet, *corev1.Pod, *v1alpha1.Evacuation, *corev1.Pod) {
+	dep, rs, pod, e := objects()
+	dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseReleasing
+	dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] = "1"
+	now := metav1.Now()
+	removed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"},
+		DeletionTimestamp: &now, Finalizers: []string{"test/keep"}}}
+	return dep, rs, pod, e, removed
+}
+
 // Issue 41 item 13: a ReplicaSet removes a pod that is not Ready before a
 // Ready one, whatever the deletion costs. A new pod that flapped NotReady
 // at the scale-back was removed instead of the marked one, the surge sat
@@ -256,13 +269,8 @@ func TestSurgeScalesBackOnlyOnceTheEndpointsListTheNewPod(t *testing.T) {
 // at the progress deadline (a minAvailable: 1 budget then blocked it for
 // good). The surge now notices, says so, and surges again.
 func TestSurgeStartsAgainWhenTheReplicaSetRemovedAnotherPod(t *testing.T) {
-	dep, rs, pod, e := objects()
-	dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseReleasing
-	dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] = "1"
+	dep, rs, pod, e, removed := releasedAnotherPod()
 	pod.Annotations = map[string]string{DeletionCostAnnotation: "-2147483648"}
-	now := metav1.Now()
-	removed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"},
-		DeletionTimestamp: &now, Finalizers: []string{"test/keep"}}}
 	s, cl := newEvacuator(t, dep, rs, pod, e, removed)
 	s.SetupClock()
 	ctx := context.Background()
@@ -291,13 +299,8 @@ func TestSurgeStartsAgainWhenTheReplicaSetRemovedAnotherPod(t *testing.T) {
 // progress, so a pod whose readiness keeps flapping would otherwise keep
 // its Evacuation from the progress deadline for ever. Then it hands on.
 func TestSurgeHandsOnAfterItsRetries(t *testing.T) {
-	dep, rs, pod, e := objects()
-	dep.Annotations[v1alpha1.SurgeLockAnnotation] = e.Name + "/" + phaseReleasing
-	dep.Annotations[v1alpha1.SurgeOriginalReplicasAnnotation] = "1"
+	dep, rs, pod, e, removed := releasedAnotherPod()
 	e.Annotations = map[string]string{v1alpha1.SurgeRetriesAnnotation: "3"}
-	now := metav1.Now()
-	removed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-b", UID: "q", Labels: map[string]string{"app": "web"},
-		DeletionTimestamp: &now, Finalizers: []string{"test/keep"}}}
 	// An ended pod the kubelet evicted earlier does not count as staying.
 	ended := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1-c", UID: "r", Labels: map[string]string{"app": "web"}},
 		Status: corev1.PodStatus{Phase: corev1.PodFailed}}
