@@ -213,28 +213,33 @@ func echoBytes(conn net.Conn, r *bufio.Reader, i int) error {
 
 // echoHTTP asks for /echo?msg=long-lived-i on a kept-alive connection.
 func echoHTTP(host string) roundTrip {
-	return func(conn net.Conn, r *bufio.Reader, i int) error {
-		msg := fmt.Sprintf("long-lived-%d", i)
-		if _, err := fmt.Fprintf(conn, "GET /echo?msg=%s HTTP/1.1\r\nHost: %s\r\n\r\n", msg, host); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(r, nil)
-		if err != nil {
-			return err
-		}
-		body, err := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if err != nil {
-			return err
-		}
-		if resp.StatusCode != http.StatusOK || string(body) != msg {
-			return fmt.Errorf("answer %s %q, want 200 %q", resp.Status, body, msg)
-		}
-		if resp.Close {
-			return fmt.Errorf("the server closed the kept-alive connection after message %d", i)
-		}
-		return nil
+	return func(conn net.Conn, r *bufio.Reader, i int) error { return EchoHTTP(conn, r, host, i) }
+}
+
+// EchoHTTP sends GET /echo?msg=long-lived-i to agnhost netexec on the
+// kept-alive connection conn (its replies read through r) and checks the
+// echo; an answer that closes the connection is an error too.
+func EchoHTTP(conn net.Conn, r *bufio.Reader, host string, i int) error {
+	msg := fmt.Sprintf("long-lived-%d", i)
+	if _, err := fmt.Fprintf(conn, "GET /echo?msg=%s HTTP/1.1\r\nHost: %s\r\n\r\n", msg, host); err != nil {
+		return err
 	}
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK || string(body) != msg {
+		return fmt.Errorf("answer %s %q, want 200 %q", resp.Status, body, msg)
+	}
+	if resp.Close {
+		return fmt.Errorf("the server closed the kept-alive connection after message %d", i)
+	}
+	return nil
 }
 
 func openLongLived(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration, trip roundTrip) (*LongLived, error) {

@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
@@ -60,22 +59,7 @@ func TestDeletedPodServesUntilItsAppExits(t *testing.T) {
 	r := bufio.NewReader(conn)
 	echo := func(i int) error {
 		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := fmt.Fprintf(conn, "GET /echo?msg=m%d HTTP/1.1\r\nHost: %s\r\n\r\n", i, addr); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(r, nil)
-		if err != nil {
-			return err
-		}
-		body, err := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if err != nil {
-			return err
-		}
-		if string(body) != fmt.Sprintf("m%d", i) {
-			return fmt.Errorf("answer %q", body)
-		}
-		return nil
+		return loadgen.EchoHTTP(conn, r, addr, i)
 	}
 	if err := echo(0); err != nil {
 		t.Fatal(err)
