@@ -189,11 +189,21 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		s.step("%s: the last long-lived connection broke at %s", mode, why)
 	}
 	if res.RequestsFailed > 0 {
-		s.step("%s: failures %s (drain at %s, first eviction %s, drained %s, node down %s, up %s, complete %s); last error: %s", mode,
-			failureSpan(res.Samples), m.Drain.Round(time.Millisecond), m.FirstEviction.Round(time.Millisecond), m.Drained.Round(time.Millisecond),
-			m.NodeDown.Round(time.Millisecond), m.NodeUp.Round(time.Millisecond), m.Complete.Round(time.Millisecond), res.LastError)
+		s.step("%s: %s", mode, res.Failures())
 	}
 	return res, nil
+}
+
+// Failures says when requests failed, against the scenario's moments, and
+// the last error ("" when none failed).
+func (res *Result) Failures() string {
+	if res.RequestsFailed == 0 {
+		return ""
+	}
+	m := &res.Markers
+	return fmt.Sprintf("failures %s (drain at %s, first eviction %s, drained %s, node down %s, up %s, complete %s); last error: %s",
+		failureSpan(res.Samples), m.Drain.Round(time.Millisecond), m.FirstEviction.Round(time.Millisecond), m.Drained.Round(time.Millisecond),
+		m.NodeDown.Round(time.Millisecond), m.NodeUp.Round(time.Millisecond), m.Complete.Round(time.Millisecond), res.LastError)
 }
 
 // deploy creates the namespace and the two apps behind ebb's Services,

@@ -196,7 +196,13 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (retErr error) {
 		fmt.Fprintln(out, string(line))
 	}
 	if ebb.RequestsFailed > 0 || ebb.ResetConnections > 0 {
-		return fmt.Errorf("ebb let %d requests fail and %d long-lived connections break", ebb.RequestsFailed, ebb.ResetConnections)
+		// The failures' moments come last too: a log's tail is often all
+		// one sees of a failed run.
+		err := fmt.Errorf("ebb let %d requests fail and %d long-lived connections break", ebb.RequestsFailed, ebb.ResetConnections)
+		if f := ebb.Failures(); f != "" {
+			err = fmt.Errorf("%w: %s", err, f)
+		}
+		return err
 	}
 	if lb != nil && (lb.RequestsFailed > 0 || lb.LongLivedBroken > 0) {
 		return fmt.Errorf("maintaining the LB host %s let %d requests fail and %d long-lived connections break", lb.Host, lb.RequestsFailed, lb.LongLivedBroken)
