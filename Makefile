@@ -42,7 +42,7 @@ tools:
 test: tools unit e2e
 
 unit:
-	$(GO) test -race -count=1 ./internal/... ./cmd/... ./bench/...
+	$(GO) test -race -count=1 ./internal/... ./cmd/... ./bench/... ./config/...
 	cd hack/image && $(GO) test -count=1 ./...
 
 # One suite at a time (-p 1): each starts a cluster of its own, and the
@@ -62,7 +62,7 @@ generate: tools bpf
 	$(TOOLS_BIN)/controller-gen object paths=./api/...
 	$(TOOLS_BIN)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(TOOLS_BIN)/controller-gen webhook paths=./internal/webhook/... output:webhook:artifacts:config=config/webhook
-	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...}" output:rbac:artifacts:config=config/rbac/controller
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...,./internal/cmd/controller/...}" output:rbac:artifacts:config=config/rbac/controller
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
 

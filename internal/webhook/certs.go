@@ -28,8 +28,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
-// +kubebuilder:rbac:groups="",namespace=ebb-system,resources=secrets,verbs=get;create;update
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;list;watch;patch
+// Only the Secret and the webhook configurations of the default install,
+// by name (a create cannot be limited to a name). Installs that rename them
+// extend these rules; docs/security.md.
+// +kubebuilder:rbac:groups="",namespace=ebb-system,resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",namespace=ebb-system,resources=secrets,verbs=get;update,resourceNames=ebb-webhook-cert
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations,verbs=get;patch,resourceNames=ebb-mutating-webhook-configuration
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;patch,resourceNames=ebb-validating-webhook-configuration;ebb-eviction-guard
 
 // Keys of the certificate Secret. The CA's key is kept so that a serving
 // certificate is renewed under the same CA: the webhook configurations'

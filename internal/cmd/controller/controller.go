@@ -3,6 +3,11 @@
 // and the admission webhooks.
 package controller
 
+// The leader election's Lease, in ebb's namespace only
+// (--leader-election-namespace).
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=ebb-system,resources=leases,verbs=create
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=ebb-system,resources=leases,verbs=get;update,resourceNames=ebb-controller
+
 import (
 	"context"
 	"crypto/tls"

@@ -35,7 +35,7 @@ import (
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=nodemaintenances/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 

@@ -46,7 +46,7 @@ import (
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=maintenance.ebb.dev,resources=evacuations/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments;replicasets,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=patch;update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=patch
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
