@@ -169,6 +169,10 @@ func TestControllerMayChangeOnlyWhatItOwns(t *testing.T) {
 			t.Errorf("%s: allowed to ebb's controller", c.name)
 		case !c.allow && !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err):
 			t.Errorf("%s: refused for another reason than a permission or a policy: %v", c.name, err)
+		case !c.allow && strings.Contains(err.Error(), "resulted in error"):
+			// A policy that fails to evaluate refuses too (failurePolicy:
+			// Fail), but says nothing a user can act on.
+			t.Errorf("%s: refused by a policy that did not evaluate: %v", c.name, err)
 		case !c.allow:
 			t.Logf("%s: refused: %s", c.name, strings.Join(strings.Fields(err.Error()), " "))
 		}
