@@ -386,6 +386,12 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 		return fmt.Errorf("setting up the announcement policy status controller: %w", err)
 	}
 	if o.SpotTaintKey != "" {
+		if !strings.HasPrefix(o.SpotTaintKey, "ebb.dev/") && o.SpotTaintKey != lbmodel.TaintAzureDraining {
+			// config/policy's ebb-controller-node-writes lets ebb write
+			// only these taints; a spot signal refused there would show
+			// only as a failed reconcile.
+			logr.FromContextOrDiscard(ctx).Info("Warning: --spot-taint-key is neither ebb.dev/* nor Azure's draining taint: add it to the ValidatingAdmissionPolicy ebb-controller-node-writes, which otherwise refuses it (docs/security.md)", "key", o.SpotTaintKey)
+		}
 		spotMetrics, err := spot.NewMetrics(metrics.Registry)
 		if err != nil {
 			return err
