@@ -9,13 +9,16 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -160,13 +163,19 @@ func TestControllerMayChangeOnlyWhatItOwns(t *testing.T) {
 			return err
 		}, true},
 	}
+	check(t, ctx, changes)
+}
+
+// check sends each change and says which came out otherwise than expected.
+func check(t *testing.T, ctx context.Context, changes []change) {
+	t.Helper()
 	for _, c := range changes {
 		err := c.send(ctx)
 		switch {
 		case c.allow && err != nil:
 			t.Errorf("%s: refused, but ebb needs it: %v", c.name, err)
 		case !c.allow && err == nil:
-			t.Errorf("%s: allowed to ebb's controller", c.name)
+			t.Errorf("%s: allowed, and must not be", c.name)
 		case !c.allow && !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err):
 			t.Errorf("%s: refused for another reason than a permission or a policy: %v", c.name, err)
 		case !c.allow && strings.Contains(err.Error(), "resulted in error"):
@@ -177,4 +186,67 @@ func TestControllerMayChangeOnlyWhatItOwns(t *testing.T) {
 			t.Logf("%s: refused: %s", c.name, strings.Join(strings.Fields(err.Error()), " "))
 		}
 	}
+}
+
+// An ebb lb replica may write only its own LoadBalancerReport, naming its
+// own node as its host: the API server reads both from the token the
+// kubelet binds to the replica's pod. A replica's token cannot make another
+// host look drained or unserved (docs/security.md).
+func TestLBReplicaMayWriteOnlyItsOwnReport(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := e2eutil.APIClient(t, cluster)
+	pods, err := cluster.Client.CoreV1().Pods("ebb-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-lb"})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("no ebb lb pod: %v", err)
+	}
+	pod := pods.Items[0]
+	// The token the kubelet mounts: the service account's, bound to the pod.
+	tok, err := cluster.Client.CoreV1().ServiceAccounts("ebb-system").CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(cluster.Config)
+	cfg.BearerToken = tok.Status.Token
+	lb := e2eutil.APIClientFor(t, cfg)
+
+	var own v1alpha1.LoadBalancerReport
+	e2eutil.Eventually(t, ctx, time.Minute, "the replica's own report", func(ctx context.Context) (bool, string) {
+		err := admin.Get(ctx, client.ObjectKey{Name: pod.Name}, &own)
+		return err == nil, fmt.Sprint(err)
+	})
+	other := &v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: "another-replica"}}
+	if err := admin.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), other) })
+	// The replica rewrites its report every few seconds: each update starts
+	// from the latest.
+	updateOwn := func(change func(*v1alpha1.LoadBalancerReport)) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			latest := &v1alpha1.LoadBalancerReport{}
+			if err := admin.Get(ctx, client.ObjectKey{Name: pod.Name}, latest); err != nil {
+				return fmt.Errorf("reading as the administrator: %w", err)
+			}
+			change(latest)
+			return lb.Status().Update(ctx, latest, client.DryRunAll)
+		}
+	}
+
+	changes := []change{
+		{"update its own report", updateOwn(func(*v1alpha1.LoadBalancerReport) {}), true},
+		{"delete its own report", func(ctx context.Context) error {
+			return lb.Delete(ctx, own.DeepCopy(), client.DryRunAll)
+		}, true},
+		{"report another node as its host", updateOwn(func(r *v1alpha1.LoadBalancerReport) { r.Status.HostNode = otherNode() }), false},
+		{"create a report for another replica", func(ctx context.Context) error {
+			return lb.Create(ctx, &v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: "not-mine"}}, client.DryRunAll)
+		}, false},
+		{"delete another replica's report", func(ctx context.Context) error {
+			return lb.Delete(ctx, other.DeepCopy(), client.DryRunAll)
+		}, false},
+	}
+	check(t, ctx, changes)
 }
