@@ -43,6 +43,7 @@ test: tools unit e2e
 
 unit:
 	$(GO) test -race -count=1 ./internal/... ./cmd/... ./bench/... ./config/...
+	$(GO) test -run '^$$' -fuzz FuzzOneOddObjectBreaksNoOtherService -fuzztime 20s ./internal/lbmodel/
 	cd hack/image && $(GO) test -count=1 ./...
 
 # One suite at a time (-p 1): each starts a cluster of its own, and the
@@ -82,9 +83,10 @@ verify: generate lint
 demo: tools build release
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/ebb demo $(DEMO_FLAGS)
 
-## fuzz: fuzz the data plane's configuration parser for a minute
+## fuzz: fuzz the data plane's configuration parser, and the load-balancer model with odd objects beside a good Service, for a minute each
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 60s -fuzzminimizetime 5s ./internal/dataplane/
+	$(GO) test -run '^$$' -fuzz FuzzOneOddObjectBreaksNoOtherService -fuzztime 60s -fuzzminimizetime 5s ./internal/lbmodel/
 
 ## bench-dataplane: ebb's data plane against HAProxy 2.6, side by side (see docs/benchmarks.md)
 bench-dataplane: build

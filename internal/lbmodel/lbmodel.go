@@ -374,8 +374,11 @@ func podBackends(port corev1.ServicePort, vip netip.Addr, slices []*discoveryv1.
 			if len(ep.Addresses) == 0 {
 				continue
 			}
-			addr, err := netip.ParseAddr(ep.Addresses[0])
-			if err != nil || seen[netip.AddrPortFrom(addr, uint16(target))] {
+			// An IPv4-mapped address passes the API's IPv4 validation and
+			// is the same backend as its IPv4 form to the data plane: as
+			// two backends it made the whole frontend invalid.
+			addr, ok := parseIP(ep.Addresses[0])
+			if !ok || addr.Is4() != vip.Unmap().Is4() || seen[netip.AddrPortFrom(addr, uint16(target))] {
 				continue
 			}
 			seen[netip.AddrPortFrom(addr, uint16(target))] = true
@@ -468,14 +471,26 @@ func internalIP(n *corev1.Node, vip netip.Addr) (netip.Addr, bool) {
 		if a.Type != corev1.NodeInternalIP {
 			continue
 		}
-		ip, err := netip.ParseAddr(a.Address)
 		// The data plane takes an IPv4-mapped address as IPv4: so must the
 		// family check and the duplicate check.
-		if ip = ip.Unmap(); err == nil && ip.Is4() == vip.Unmap().Is4() {
+		if ip, ok := parseIP(a.Address); ok && ip.Is4() == vip.Unmap().Is4() {
 			return ip, true
 		}
 	}
 	return netip.Addr{}, false
+}
+
+// parseIP reads an address as Kubernetes reads a stored object (leading
+// zeros allowed: API servers before 1.36 accepted them, and an upgraded
+// cluster keeps them) and as the data plane keys it (an IPv4-mapped IPv6
+// address is its IPv4 address).
+func parseIP(s string) (netip.Addr, bool) {
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	addr, ok := netip.AddrFromSlice(ip)
+	return addr.Unmap(), ok
 }
 
 func isTrue(b *bool, def bool) bool {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/dataplane"
@@ -116,5 +117,41 @@ func TestSourceRangesAsKubernetesReadsThem(t *testing.T) {
 				t.Errorf("another Service is refused: %v", err)
 			}
 		})
+	}
+}
+
+// Endpoint and node addresses in the forms the API server accepts are
+// read as the data plane keys them: an IPv4-mapped address is its IPv4
+// address (before, beside its IPv4 form it made two backends, and the data
+// plane refused the whole frontend as "listed twice"), and leading zeros
+// from objects stored before Kubernetes 1.36 are read, not dropped.
+func TestOddAddressFormsAreOneBackendEach(t *testing.T) {
+	svc := service(func(s *corev1.Service) { s.Annotations = map[string]string{BackendModeAnnotation: string(PodMode)} })
+	sl := slice(discoveryv1.AddressTypeIPv4, 8080,
+		ep{ip: "10.0.0.21", node: "node-1"}, ep{ip: "::ffff:10.0.0.21", node: "node-1"}, ep{ip: "010.000.000.022", node: "node-2"})
+	fes, err := Frontends(svc, []*discoveryv1.EndpointSlice{sl}, nil, Options{})
+	if err != nil || len(fes) != 1 {
+		t.Fatalf("frontends %v, %v", fes, err)
+	}
+	if _, err := (dataplane.Config{Frontends: fes}).Validate(); err != nil {
+		t.Fatalf("the data plane refuses the frontend: %v", err)
+	}
+	var got []string
+	for _, b := range fes[0].Backends {
+		got = append(got, b.AddrPort().String())
+	}
+	if want := []string{"10.0.0.21:8080", "10.0.0.22:8080"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("backends %v, want %v", got, want)
+	}
+
+	nodeMode := service()
+	nodes := []*corev1.Node{node("node-1", "010.0.0.11"), node("node-2", "::ffff:10.0.0.12")}
+	fes, _ = Frontends(nodeMode, nil, nodes, Options{})
+	got = nil
+	for _, b := range fes[0].Backends {
+		got = append(got, b.AddrPort().String())
+	}
+	if want := []string{"10.0.0.11:30080", "10.0.0.12:30080"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("node backends %v, want %v", got, want)
 	}
 }
