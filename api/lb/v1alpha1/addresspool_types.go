@@ -33,6 +33,14 @@ type AddressPoolSpec struct {
 	// these labels (empty or absent: every namespace).
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// AllowSharingAcrossNamespaces lets Services of different namespaces
+	// share one of the pool's addresses when they carry the same
+	// lb.ebb.dev/allow-shared-ip value (default false: a sharing key is
+	// good within its namespace only, so that a tenant who guesses another
+	// namespace's key gets no port on its address).
+	// +optional
+	AllowSharingAcrossNamespaces bool `json:"allowSharingAcrossNamespaces,omitempty"`
 }
 
 // AddressPoolStatus is what the pool holds now.

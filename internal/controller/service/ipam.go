@@ -52,14 +52,18 @@ type Holder struct {
 	Labels, NamespaceLabels map[string]string
 }
 
-// canShareWith reports whether h may hold an address the others hold.
-func (h Holder) canShareWith(others []Holder) error {
+// canShareWith reports whether h may hold an address the others hold, in
+// a pool that allows sharing across namespaces or not.
+func (h Holder) canShareWith(others []Holder, acrossNamespaces bool) error {
 	for _, o := range others {
 		if o.Service == h.Service {
 			continue
 		}
 		if h.ShareKey == "" || o.ShareKey != h.ShareKey {
 			return fmt.Errorf("used by %s: %w (to share it, give both Services the annotation %s with the same value)", o.Service, ErrAddressTaken, ShareAnnotation)
+		}
+		if o.Service.Namespace != h.Service.Namespace && !acrossNamespaces {
+			return fmt.Errorf("used by %s, in another namespace: %w (a sharing key is good within its namespace; an AddressPool with allowSharingAcrossNamespaces lets namespaces share its addresses)", o.Service, ErrAddressTaken)
 		}
 		for _, p := range h.Ports {
 			for _, q := range o.Ports {
@@ -134,17 +138,29 @@ func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
 	addr = addr.Unmap()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	pools, err := a.poolsForLocked(h)
+	pool, err := a.admittingPoolLocked(addr, h)
 	if err != nil {
 		return err
 	}
+	if err := h.canShareWith(a.holders[addr], pool.CrossNamespaceSharing); err != nil {
+		return fmt.Errorf("%s is %w", addr, err)
+	}
+	a.holdLocked(addr, h)
+	return nil
+}
+
+// admittingPoolLocked is the first pool h may look at that holds addr and
+// admits h; a requested or shared address needs no autoAssign.
+func (a *Allocator) admittingPoolLocked(addr netip.Addr, h Holder) (Pool, error) {
+	pools, err := a.poolsForLocked(h)
+	if err != nil {
+		return Pool{}, err
+	}
 	var refusals []string
-	admitted := false
 	for _, p := range pools {
 		if !p.contains(addr) {
 			continue
 		}
-		// A requested address needs no autoAssign.
 		named := h
 		if named.Pool == "" {
 			named.Pool = p.Name
@@ -153,20 +169,12 @@ func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
 			refusals = append(refusals, err.Error())
 			continue
 		}
-		admitted = true
-		break
+		return p, nil
 	}
-	switch {
-	case !admitted && len(refusals) == 0:
-		return fmt.Errorf("%s: %w", addr, ErrOutsidePools)
-	case !admitted:
-		return fmt.Errorf("%s: %w (%s)", addr, ErrNoPool, strings.Join(refusals, "; "))
+	if len(refusals) == 0 {
+		return Pool{}, fmt.Errorf("%s: %w", addr, ErrOutsidePools)
 	}
-	if err := h.canShareWith(a.holders[addr]); err != nil {
-		return fmt.Errorf("%s is %w", addr, err)
-	}
-	a.holdLocked(addr, h)
-	return nil
+	return Pool{}, fmt.Errorf("%s: %w (%s)", addr, ErrNoPool, strings.Join(refusals, "; "))
 }
 
 // Record notes that h holds addr, in a pool or not: what a Service's status
@@ -197,7 +205,13 @@ func (a *Allocator) Allocate(h Holder, ipv6 bool) (netip.Addr, error) {
 	if h.ShareKey != "" {
 		var shared []netip.Addr
 		for addr, hs := range a.holders {
-			if addr.Is6() == ipv6 && len(hs) > 0 && h.canShareWith(hs) == nil {
+			if addr.Is6() != ipv6 || len(hs) == 0 {
+				continue
+			}
+			// Sharing obeys the pools as a new address does: only in a
+			// pool that admits h, and across namespaces only where the
+			// pool allows it.
+			if p, err := a.admittingPoolLocked(addr, h); err == nil && h.canShareWith(hs, p.CrossNamespaceSharing) == nil {
 				shared = append(shared, addr)
 			}
 		}

@@ -201,3 +201,66 @@ func TestAllocatorPools(t *testing.T) {
 		t.Errorf("a Service lost its address with its pool: %v", got)
 	}
 }
+
+// A sharing key is the namespace's (issue 42 item 7): a tenant who guesses
+// another namespace's key does not get ports on its address, unless the
+// pool allows sharing across namespaces. And a shared address is given
+// only to a Service its pool admits (issue 50 item 10): the pool's
+// selectors, and the pool the Service names.
+func TestSharingStaysInTheNamespaceAndThePool(t *testing.T) {
+	mk := func(name string, cross bool, namespaces labels.Selector, cidr string) Pool {
+		r, err := addrrange.Parse(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Pool{Name: name, AutoAssign: true, Ranges: []addrrange.Range{r}, Namespaces: namespaces, CrossNamespaceSharing: cross}
+	}
+	holder := func(ns, name, pool string, nsLabels map[string]string, port string) Holder {
+		return Holder{Service: types.NamespacedName{Namespace: ns, Name: name}, ShareKey: "front", Ports: []string{port}, Pool: pool, NamespaceLabels: nsLabels}
+	}
+	teamA := map[string]string{"team": "a"}
+	tests := []struct {
+		name   string
+		pools  []Pool
+		first  Holder
+		second Holder
+		share  bool
+	}{
+		{"same namespace: shares", []Pool{mk("p", false, nil, "10.96.0.0/28")},
+			holder("a", "web", "", nil, "TCP/80"), holder("a", "dns", "", nil, "UDP/53"), true},
+		{"another namespace, same key: does not", []Pool{mk("p", false, nil, "10.96.0.0/28")},
+			holder("a", "web", "", nil, "TCP/80"), holder("b", "dns", "", nil, "UDP/53"), false},
+		{"another namespace, pool allows it: shares", []Pool{mk("p", true, nil, "10.96.0.0/28")},
+			holder("a", "web", "", nil, "TCP/80"), holder("b", "dns", "", nil, "UDP/53"), true},
+		{"the pool's namespace selector refuses the second: does not", []Pool{mk("team-a", true, labels.SelectorFromSet(teamA), "10.96.0.0/28"), mk("open", true, nil, "10.96.1.0/28")},
+			holder("a", "web", "team-a", teamA, "TCP/80"), holder("b", "dns", "", nil, "UDP/53"), false},
+		{"the second names another pool: does not", []Pool{mk("p", true, nil, "10.96.0.0/28"), mk("q", true, nil, "10.96.1.0/28")},
+			holder("a", "web", "p", nil, "TCP/80"), holder("a", "dns", "q", nil, "UDP/53"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := NewAllocator(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.SetPools(tt.pools)
+			first, err := a.Allocate(tt.first, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			second, err := a.Allocate(tt.second, false)
+			if err != nil && tt.share {
+				t.Fatal(err)
+			}
+			if got := err == nil && second == first; got != tt.share {
+				t.Errorf("second got %s (err %v), first has %s; want shared %v", second, err, first, tt.share)
+			}
+			// Asking for the address by name obeys the same rules.
+			a.Release(tt.second.Service)
+			err = a.Claim(first, tt.second)
+			if (err == nil) != tt.share {
+				t.Errorf("claiming %s: %v, want shared %v", first, err, tt.share)
+			}
+		})
+	}
+}

@@ -19,6 +19,10 @@ type Pool struct {
 	AutoAssign bool
 	// Services and Namespaces select who may draw from it (nil: anyone).
 	Services, Namespaces labels.Selector
+	// CrossNamespaceSharing lets Services of different namespaces share
+	// an address of the pool (with one sharing key); otherwise a key
+	// shares only within its namespace.
+	CrossNamespaceSharing bool
 }
 
 // FlagPoolName names the pool of the --vip-pool flags.

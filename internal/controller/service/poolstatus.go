@@ -26,7 +26,7 @@ import (
 // PoolFromAPI reads an AddressPool; a pool that cannot be read hands out
 // nothing, and the error says what to fix.
 func PoolFromAPI(ap *lbv1alpha1.AddressPool) (Pool, error) {
-	p := Pool{Name: ap.Name, AutoAssign: ap.Spec.AutoAssign == nil || *ap.Spec.AutoAssign}
+	p := Pool{Name: ap.Name, AutoAssign: ap.Spec.AutoAssign == nil || *ap.Spec.AutoAssign, CrossNamespaceSharing: ap.Spec.AllowSharingAcrossNamespaces}
 	var bad []string
 	for _, s := range ap.Spec.Addresses {
 		r, err := addrrange.Parse(s)

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -362,5 +363,58 @@ func TestServicesShareAnAddress(t *testing.T) {
 			_, err := get(ctx, url)
 			return err == nil, fmt.Sprint(err)
 		})
+	}
+}
+
+// A tenant who uses another namespace's sharing key gets an address of its
+// own, not ports on the other tenant's address (issue 42 item 7), and is
+// told why. (A pool with allowSharingAcrossNamespaces shares: unit test
+// TestSharingStaysInTheNamespaceAndThePool.)
+func TestASharingKeySharesOnlyWithinItsNamespace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	owner, tenant := newNamespace(t, ctx), newNamespace(t, ctx)
+	create := func(ns, name string, port int32) {
+		t.Helper()
+		svc := lbService(ns, name, ebbClass)
+		svc.Annotations = map[string]string{"lb.ebb.dev/allow-shared-ip": "guessed"}
+		svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: port, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}
+		if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create(owner, "owner", 80)
+	ownerAddr := waitAddress(t, ctx, owner, "owner")
+	// Asking for the owner's address by name, with its key: refused.
+	create(tenant, "intruder", 8081)
+	if _, err := cluster.Client.CoreV1().Services(tenant).Patch(ctx, "intruder", types.MergePatchType,
+		[]byte(fmt.Sprintf(`{"metadata":{"annotations":{"lb.ebb.dev/load-balancer-ips":%q}}}`, ownerAddr)), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "a Warning that the address is another namespace's", func(ctx context.Context) (bool, string) {
+		evs, err := cluster.Client.EventsV1().Events(tenant).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=intruder"})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "in another namespace") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(evs.Items))
+	})
+	svc, err := cluster.Client.CoreV1().Services(tenant).Get(ctx, "intruder", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP == ownerAddr {
+			t.Fatalf("the tenant's Service got the owner's address %s", ownerAddr)
+		}
+	}
+	// Without the request, the key alone finds no address to share either.
+	create(tenant, "guesser", 8082)
+	if got := waitAddress(t, ctx, tenant, "guesser"); got == ownerAddr {
+		t.Fatalf("a Service of another namespace with the same key got the owner's address %s", got)
 	}
 }
