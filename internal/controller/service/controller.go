@@ -39,12 +39,15 @@ const RequestedIPsAnnotation = "lb.ebb.dev/load-balancer-ips"
 
 // Event reasons, the upstream service controller's.
 const (
-	ReasonEnsuring       = "EnsuringLoadBalancer"
-	ReasonEnsured        = "EnsuredLoadBalancer"
-	ReasonSyncFailed     = "SyncLoadBalancerFailed"
-	ReasonDeleting       = "DeletingLoadBalancer"
-	ReasonDeleted        = "DeletedLoadBalancer"
-	retryAfterBadRequest = 30 * time.Second
+	ReasonEnsuring   = "EnsuringLoadBalancer"
+	ReasonEnsured    = "EnsuredLoadBalancer"
+	ReasonSyncFailed = "SyncLoadBalancerFailed"
+	ReasonDeleting   = "DeletingLoadBalancer"
+	ReasonDeleted    = "DeletedLoadBalancer"
+	// ReasonAddressPortCollision: a Service that shares its address
+	// changed its ports to one another sharer uses.
+	ReasonAddressPortCollision = "AddressPortCollision"
+	retryAfterBadRequest       = 30 * time.Second
 )
 
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;patch
@@ -217,6 +220,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 		r.Metrics.failed("allocation")
 		// The cause (a pool full, an address taken) may clear.
 		return ctrl.Result{RequeueAfter: retryAfterBadRequest}, nil
+	}
+	var collisions []string
+	for _, addr := range addrs {
+		collisions = append(collisions, r.IPAM.Collisions(addr, holder)...)
+	}
+	if len(collisions) > 0 {
+		event.Publish(r.Recorder, portCollision(svc, collisions))
 	}
 	want := ingressFor(svc, addrs)
 	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {

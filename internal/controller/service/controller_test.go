@@ -283,3 +283,38 @@ func TestCleanupFinalizerNeverOutlivesEbbsPart(t *testing.T) {
 		}
 	})
 }
+
+// A Service that shares its address and is edited onto a port another
+// sharer uses keeps its address and is told of the collision.
+func TestAnEditThatCollidesOnASharedAddressIsReported(t *testing.T) {
+	shared := func(port int32) func(*corev1.Service) {
+		return func(s *corev1.Service) {
+			s.Annotations = map[string]string{ShareAnnotation: "k"}
+			s.Spec.Ports = []corev1.ServicePort{{Name: "p", Port: port, Protocol: corev1.ProtocolTCP}}
+		}
+	}
+	r, rec := newReconciler(t, lbSvc("web", shared(80)), lbSvc("api", shared(8080)))
+	_, web := reconcile(t, r, "web")
+	_, api := reconcile(t, r, "api")
+	if web.Status.LoadBalancer.Ingress[0].IP != api.Status.LoadBalancer.Ingress[0].IP {
+		t.Fatalf("not shared: %v, %v", web.Status.LoadBalancer.Ingress, api.Status.LoadBalancer.Ingress)
+	}
+	eventstest.Recorded(rec) // drop the events so far
+	api.Spec.Ports[0].Port = 80
+	if err := r.Client.Update(context.Background(), api); err != nil {
+		t.Fatal(err)
+	}
+	_, api = reconcile(t, r, "api")
+	if api.Status.LoadBalancer.Ingress[0].IP != web.Status.LoadBalancer.Ingress[0].IP {
+		t.Errorf("the edited Service lost its address: %v", api.Status.LoadBalancer.Ingress)
+	}
+	var warnings []string
+	for _, e := range eventstest.Recorded(rec) {
+		if strings.HasPrefix(e, "Warning") {
+			warnings = append(warnings, e)
+		}
+	}
+	if len(warnings) != 1 || !strings.HasPrefix(warnings[0], "Warning "+ReasonAddressPortCollision) || !strings.Contains(warnings[0], "port TCP/80") || !strings.Contains(warnings[0], "ns/web") {
+		t.Errorf("warnings %q, want one %s naming port TCP/80 and ns/web", warnings, ReasonAddressPortCollision)
+	}
+}

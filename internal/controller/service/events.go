@@ -3,6 +3,7 @@ package service
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -31,4 +32,9 @@ func deleting(svc *corev1.Service) event.Event {
 
 func deleted(svc *corev1.Service) event.Event {
 	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonDeleted, Action: "Delete", Note: "Deleted load balancer"}
+}
+
+func portCollision(svc *corev1.Service, collisions []string) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonAddressPortCollision, Action: "Ensure",
+		Note: fmt.Sprintf("This Service shares its address, and %s: each port is served for the Service that had it first; change the port, or the lb.ebb.dev/allow-shared-ip key of one Service", strings.Join(collisions, "; "))}
 }

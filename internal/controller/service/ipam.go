@@ -292,6 +292,27 @@ func (a *Allocator) Owned(svc types.NamespacedName) []netip.Addr {
 	return out
 }
 
+// Collisions says which of h's ports other holders of addr use too: what a
+// spec edit of a Service that shares its address can cause (the address
+// is kept; the data plane serves each port for the Service that had it
+// first, and ebb lb reports the other's frontend as not served).
+func (a *Allocator) Collisions(addr netip.Addr, h Holder) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for _, o := range a.holders[addr.Unmap()] {
+		if o.Service == h.Service {
+			continue
+		}
+		for _, p := range h.Ports {
+			if slices.Contains(o.Ports, p) {
+				out = append(out, fmt.Sprintf("port %s at %s is also %s's", p, addr, o.Service))
+			}
+		}
+	}
+	return out
+}
+
 // Usage counts the addresses of p held by Services, by family.
 func (a *Allocator) Usage(p Pool) (v4, v6 int64) {
 	a.mu.Lock()

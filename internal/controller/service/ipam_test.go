@@ -264,3 +264,27 @@ func TestSharingStaysInTheNamespaceAndThePool(t *testing.T) {
 		})
 	}
 }
+
+// A Service that shares its address keeps it when an edit makes its ports
+// collide with another sharer's; the collision is named so that the
+// controller can say so (issue 50 item 10).
+func TestCollisionsAfterAnEdit(t *testing.T) {
+	a, err := NewAllocator([]string{"10.96.255.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := Holder{Service: types.NamespacedName{Namespace: "ns", Name: "web"}, ShareKey: "k", Ports: []string{"TCP/80"}}
+	dns := Holder{Service: types.NamespacedName{Namespace: "ns", Name: "dns"}, ShareKey: "k", Ports: []string{"UDP/53"}}
+	addr, _ := a.Allocate(web, false)
+	if got, _ := a.Allocate(dns, false); got != addr {
+		t.Fatalf("dns got %s, web %s: want shared", got, addr)
+	}
+	if c := a.Collisions(addr, dns); len(c) != 0 {
+		t.Errorf("before the edit: %v", c)
+	}
+	dns.Ports = []string{"UDP/53", "TCP/80"}
+	c := a.Collisions(addr, dns)
+	if len(c) != 1 || !strings.Contains(c[0], "port TCP/80") || !strings.Contains(c[0], "ns/web") {
+		t.Errorf("after the edit: %v", c)
+	}
+}
