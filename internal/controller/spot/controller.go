@@ -15,6 +15,8 @@ package spot
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,6 +68,34 @@ type Reconciler struct {
 	// LBNamespace is where ebb lb's DaemonSet runs (lbhost.ListPods:
 	// lbhost.DefaultNamespace when empty).
 	LBNamespace string
+
+	// held is what was last said of each Event held for the last
+	// load-balancer host, so that the look every heldRetry says it once
+	// (and again only when the serving hosts change).
+	heldMu sync.Mutex
+	held   map[types.NamespacedName]string
+}
+
+// sayHeld reports whether the hold of ev, for these hosts, is news.
+func (r *Reconciler) sayHeld(ev types.NamespacedName, stranded []string) bool {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	key := strings.Join(stranded, ",")
+	if r.held[ev] == key {
+		return false
+	}
+	if r.held == nil {
+		r.held = map[types.NamespacedName]string{}
+	}
+	r.held[ev] = key
+	return true
+}
+
+// forgetHeld drops what was said of ev: it is acted on, or gone.
+func (r *Reconciler) forgetHeld(ev types.NamespacedName) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	delete(r.held, ev)
 }
 
 // isPreemption selects PreemptScheduled Events about Nodes.
@@ -88,6 +118,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	ev := &corev1.Event{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ev); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetHeld(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !isPreemption(ev) {
@@ -126,12 +159,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, err
 		}
 		if s.Strands() {
-			r.Metrics.count(resultLastLBHost)
-			event.Publish(r.Recorder, heldForLastLBHost(node, ev, s))
-			logger.Info("Not marking the last load-balancer host leaving for a spot eviction", "serving", s.Stranded)
+			if r.sayHeld(req.NamespacedName, s.Stranded) {
+				r.Metrics.count(resultLastLBHost)
+				event.Publish(r.Recorder, heldForLastLBHost(node, ev, s))
+				logger.Info("Not marking the last load-balancer host leaving for a spot eviction", "serving", s.Stranded)
+			}
 			return ctrl.Result{RequeueAfter: heldRetry}, nil
 		}
 	}
+	r.forgetHeld(req.NamespacedName)
 	// The node records the newest Event acted on, also when it is leaving
 	// already, so that a duplicate does not taint it again once the taint
 	// is cleared. The optimistic lock keeps a taint written meanwhile

@@ -267,6 +267,15 @@ func TestSpotSignalKeepsTheLastLoadBalancerHost(t *testing.T) {
 	default:
 		t.Errorf("no event says why the node was not marked leaving")
 	}
+	// Looked at again while nothing changed: held still, said once.
+	if n, _ := reconcileEvent(t, r, client.ObjectKeyFromObject(ev), "n1"); drainingTaints(n) != 0 {
+		t.Fatalf("marked leaving on a second look: %v", n.Spec.Taints)
+	}
+	select {
+	case e := <-rec.Events:
+		t.Errorf("the hold was said again at the next look: %q", e)
+	default:
+	}
 	if err := c.Create(context.Background(), report("lb-3", "n3")); err != nil {
 		t.Fatal(err)
 	}
