@@ -2,6 +2,7 @@ package lbmodel
 
 import (
 	"net/netip"
+	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,14 +27,8 @@ func DuplicateNodeAddresses(nodes []*corev1.Node) []DuplicateAddress {
 		if !EligibleNode(n) {
 			continue
 		}
-		seen := map[netip.Addr]bool{}
-		for _, a := range n.Status.Addresses {
-			ip, err := netip.ParseAddr(a.Address)
-			if a.Type != corev1.NodeInternalIP || err != nil || seen[ip.Unmap()] {
-				continue
-			}
-			seen[ip.Unmap()] = true
-			byAddr[ip.Unmap()] = append(byAddr[ip.Unmap()], n)
+		for _, ip := range InternalIPs(n) {
+			byAddr[ip] = append(byAddr[ip], n)
 		}
 	}
 	var out []DuplicateAddress
@@ -49,6 +44,21 @@ func DuplicateNodeAddresses(nodes []*corev1.Node) []DuplicateAddress {
 		out = append(out, d)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Address.Less(out[j].Address) })
+	return out
+}
+
+// InternalIPs are a node's InternalIP addresses as the load balancers key
+// them (parseIP: leading zeros read, IPv4-mapped as IPv4), each once.
+func InternalIPs(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, ok := parseIP(a.Address); ok && !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
 	return out
 }
 

@@ -43,6 +43,9 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, InternalIPIndex, IndexInternalIPs); err != nil {
+		return fmt.Errorf("indexing nodes by InternalIP: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("adminstate-events").For(&corev1.Node{}).Complete(r)
 }
 

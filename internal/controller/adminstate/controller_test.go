@@ -2,6 +2,7 @@ package adminstate
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -11,14 +12,16 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 func TestEventsOncePerTransition(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(node).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(node).WithIndex(&corev1.Node{}, InternalIPIndex, IndexInternalIPs).Build()
 	rec := events.NewFakeRecorder(10)
 	r := &Reconciler{Client: c, Recorder: rec}
 	step := func(taints ...string) []string {
@@ -71,7 +74,7 @@ func TestDuplicateAddressWarnsOnceOnTheNodeLeftOut(t *testing.T) {
 		}
 		return n
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(withIP("old", false), withIP("new", true)).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(withIP("old", false), withIP("new", true)).WithIndex(&corev1.Node{}, InternalIPIndex, IndexInternalIPs).Build()
 	rec := events.NewFakeRecorder(10)
 	r := &Reconciler{Client: c, Recorder: rec}
 	for _, name := range []string{"new", "old", "new", "old"} {
@@ -85,5 +88,31 @@ func TestDuplicateAddressWarnsOnceOnTheNodeLeftOut(t *testing.T) {
 	}
 	if len(got) != 1 || !strings.Contains(got[0], ReasonDuplicateAddress) || !strings.Contains(got[0], "given by node new too (nodes new, old)") {
 		t.Errorf("events %q, want one %s naming new and old", got, ReasonDuplicateAddress)
+	}
+}
+
+// A Node event reads only the Nodes that give one of its addresses, from
+// the cache's index, not every Node of the cluster: with thousands of
+// nodes reporting, a full list per event was O(nodes²).
+func TestANodeEventReadsOnlyItsAddressesNodes(t *testing.T) {
+	withIP := func(name, ip string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}}}
+	}
+	var lists []string
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).
+		WithObjects(withIP("old", "10.0.0.9"), withIP("new", "10.0.0.9"), withIP("other", "10.0.0.99")).
+		WithIndex(&corev1.Node{}, InternalIPIndex, IndexInternalIPs).
+		WithInterceptorFuncs(interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			o := &client.ListOptions{}
+			o.ApplyOptions(opts)
+			lists = append(lists, fmt.Sprint(o.FieldSelector))
+			return c.List(ctx, list, opts...)
+		}}).Build()
+	r := &Reconciler{Client: c, Recorder: events.NewFakeRecorder(10)}
+	if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: "old"}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(lists) != 1 || lists[0] != InternalIPIndex+"=10.0.0.9" {
+		t.Errorf("lists %q, want one, by the index, of 10.0.0.9", lists)
 	}
 }

@@ -7,10 +7,28 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
+
+// InternalIPIndex indexes Nodes by each InternalIP as the load balancers
+// key it (lbmodel.InternalIPs).
+const InternalIPIndex = "ebb.internalIP"
+
+// IndexInternalIPs is InternalIPIndex's function.
+func IndexInternalIPs(o client.Object) []string {
+	n, ok := o.(*corev1.Node)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, ip := range lbmodel.InternalIPs(n) {
+		out = append(out, ip.String())
+	}
+	return out
+}
 
 // ReasonDuplicateAddress: the node gives an InternalIP another Node gives
 // too, and the load balancers keep the other one's backend for it.
@@ -31,15 +49,22 @@ type duplicateReports struct {
 // reconciled: only duplicates involving it are looked at, and as each
 // node is reconciled at start and on change, every duplicate is found.
 func (r *Reconciler) reportDuplicates(ctx context.Context, node *corev1.Node) error {
-	var list corev1.NodeList
-	if err := r.Client.List(ctx, &list); err != nil {
-		return fmt.Errorf("listing nodes: %w", err)
-	}
-	nodes := make([]*corev1.Node, len(list.Items))
-	byName := make(map[string]*corev1.Node, len(list.Items))
-	for i := range list.Items {
-		nodes[i] = &list.Items[i]
-		byName[nodes[i].Name] = nodes[i]
+	// Only the nodes that give one of this node's addresses, from the
+	// cache's index: listing every Node at each Node event cost O(nodes)
+	// per event, O(nodes²) as a large cluster's nodes report.
+	var nodes []*corev1.Node
+	byName := map[string]*corev1.Node{}
+	for _, ip := range lbmodel.InternalIPs(node) {
+		var list corev1.NodeList
+		if err := r.Client.List(ctx, &list, client.MatchingFields{InternalIPIndex: ip.String()}); err != nil {
+			return fmt.Errorf("listing the nodes that give %s: %w", ip, err)
+		}
+		for i := range list.Items {
+			if n := &list.Items[i]; byName[n.Name] == nil {
+				byName[n.Name] = n
+				nodes = append(nodes, n)
+			}
+		}
 	}
 	r.duplicates.mu.Lock()
 	defer r.duplicates.mu.Unlock()
