@@ -80,10 +80,11 @@ func TestL2IPv6AddressIsOwnedByOneHostAndTakenOver(t *testing.T) {
 	if sent == 0 {
 		t.Fatal("no request was sent")
 	}
-	// As for IPv4: requests sent once the other host has taken over
-	// succeed (--l2-dead-after 0.5 s and a heartbeat, with room for a
-	// loaded machine).
-	if lastFailed > 2*time.Second {
-		t.Fatalf("a request sent %s after %s was cut off still failed (%d of %d failed; last: %s)", lastFailed, owner, failed, sent, load.LastError())
+	// Requests sent once the router sends the address to the other host
+	// succeed: asserted on what happened, not on a time bound, which a
+	// loaded machine would break now and then (issue 50 item 20). How
+	// long the takeover takes is bench-failover's figure.
+	if lastFailed > moved {
+		t.Fatalf("a request sent %s after %s was cut off, when the router had moved the address (%s), still failed (%d of %d failed; last: %s)", lastFailed, owner, moved.Round(time.Millisecond), failed, sent, load.LastError())
 	}
 }

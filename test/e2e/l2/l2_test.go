@@ -168,11 +168,12 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 	if failed > 0 {
 		t.Logf("the last failed request was sent %s after the cut", lastFailed.Round(time.Millisecond))
 	}
-	// Requests sent after the takeover succeed: the last failure was sent
-	// within --l2-dead-after (0.5 s) and a heartbeat of the cut, with
-	// room for a loaded machine.
-	if lastFailed > 2*time.Second {
-		t.Fatalf("a request sent %s after %s was cut off still failed (%d of %d failed; last: %s)", lastFailed, owner, failed, sent, load.LastError())
+	// Requests sent once the router sends the address to the other host
+	// succeed: asserted on what happened, not on a time bound, which a
+	// loaded machine would break now and then (issue 50 item 20). How
+	// long the takeover takes is bench-failover's figure.
+	if lastFailed > moved {
+		t.Fatalf("a request sent %s after %s was cut off, when the router had moved the address (%s), still failed (%d of %d failed; last: %s)", lastFailed, owner, moved.Round(time.Millisecond), failed, sent, load.LastError())
 	}
 }
 
