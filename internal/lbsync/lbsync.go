@@ -122,6 +122,8 @@ type Syncer struct {
 	// status reads the data plane's backends (DataPlane.Status; a fake in
 	// tests): the overlap of a mode switch ends on it.
 	status func() []dataplane.BackendStatus
+	// pools are the addresses that may be served (SetPools).
+	pools poolRanges
 }
 
 // Ready reports whether the caches have synced and a configuration has
@@ -273,7 +275,7 @@ func (s *Syncer) observeHost(n *corev1.Node, deleted bool) {
 // it returns when it must run again without an event (0: only on one).
 func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodes corelisters.NodeLister, m syncMetrics) (time.Duration, error) {
 	start := time.Now()
-	cfg, owners := s.desired(log, services, slices, nodes)
+	cfg, owners, refused := s.desired(log, services, slices, nodes)
 	s.skips.expect(owners)
 	res, err := s.DataPlane.Apply(cfg)
 	if err != nil {
@@ -281,7 +283,10 @@ func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slice
 		return 0, err
 	}
 	m.seconds.Observe(time.Since(start).Seconds())
-	next := s.skips.report(log, res.Skipped)
+	next := s.skips.report(log, append(res.Skipped, refused...))
+	if len(res.Skipped) == 0 {
+		next = 0 // an address outside the pools waits for a change, not a retry
+	}
 	s.unreachable.expect(cfg, owners)
 	if s.Addresses != nil {
 		if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {
@@ -317,9 +322,10 @@ func (s *Syncer) serves(svc *corev1.Service) bool {
 	return *svc.Spec.LoadBalancerClass == s.Class
 }
 
-// desired computes the whole configuration from the caches, and the
-// Service of each frontend by name.
-func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodeLister corelisters.NodeLister) (dataplane.Config, map[string]*corev1.Service) {
+// desired computes the whole configuration from the caches, the Service
+// of each frontend by name, and the frontends refused because their
+// address lies in no pool.
+func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, nodeLister corelisters.NodeLister) (dataplane.Config, map[string]*corev1.Service, []dataplane.SkippedFrontend) {
 	// Listing from an informer's cache cannot fail.
 	svcs, _ := services.List(labels.Everything())
 	nodes, _ := nodeLister.List(labels.Everything())
@@ -333,6 +339,7 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 	}
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Namespace+"/"+svcs[i].Name < svcs[j].Namespace+"/"+svcs[j].Name })
 	var cfg dataplane.Config
+	var refused []dataplane.SkippedFrontend
 	working := sync.OnceValue(func() map[backendRef]bool { return backendsWhere(s.status(), provenWorking) })
 	seen := map[string]bool{}
 	owners := map[string]*corev1.Service{}
@@ -345,7 +352,16 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 		if err != nil {
 			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
 		}
-		for _, fe := range s.overlap(log, svc, key, fes, working) {
+		inPools := fes[:0:0]
+		for _, fe := range fes {
+			if s.pools.admits(fe.Address) {
+				inPools = append(inPools, fe)
+				continue
+			}
+			refused = append(refused, dataplane.SkippedFrontend{Name: fe.Name, Reason: SkipOutsidePools, Err: outsidePools(fe.Address)})
+			owners[fe.Name] = svc
+		}
+		for _, fe := range s.overlap(log, svc, key, inPools, working) {
 			cfg.Frontends = append(cfg.Frontends, fe)
 			owners[fe.Name] = svc
 		}
@@ -358,7 +374,7 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 			delete(s.transitions, key)
 		}
 	}
-	return cfg, owners
+	return cfg, owners, refused
 }
 
 // overlap records a Service's frontends and, while it switches between

@@ -88,7 +88,7 @@ func TestReplicasComputeTheSameConfiguration(t *testing.T) {
 	for _, order := range [][]any{objs, reversed} {
 		s := &Syncer{Class: lbmodel.ClassL4, modes: map[string]lbmodel.BackendMode{}, last: map[string][]dataplane.Frontend{}, transitions: map[string]transition{}}
 		svcs, slices, nodes := replicaView(t, order)
-		cfg, _ := s.desired(logr.Discard(), svcs, slices, nodes)
+		cfg, _, _ := s.desired(logr.Discard(), svcs, slices, nodes)
 		configs = append(configs, cfg)
 	}
 	if len(configs[0].Frontends) != 5 {

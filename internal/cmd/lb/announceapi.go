@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	"github.com/ebbdev/ebb/internal/addrrange"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/lbsync"
@@ -36,13 +37,22 @@ func defaultSecretNamespace() string {
 
 // followAnnouncementAPI follows the lb.ebb.dev objects that decide how
 // this host announces, until ctx is done: the BGPPeers that choose it
-// (peered with, passwords from Secrets) and the AnnouncementPolicies
-// (which addresses by BGP, which by L2). Until the API serves them (ebb's
+// (peered with, passwords from Secrets), the AnnouncementPolicies
+// (which addresses by BGP, which by L2) and the AddressPools (whose
+// addresses alone the syncer serves, lbsync.SkipOutsidePools). Until the API serves them (ebb's
 // CRDs not installed yet), it looks again every 30 s.
-func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, addrs *addressSinks) error {
+func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, addrs *addressSinks, syncer *lbsync.Syncer) error {
 	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
 		return err
+	}
+	var flagPools []addrrange.Range
+	for _, p := range o.VIPPools {
+		r, err := addrrange.Parse(p)
+		if err != nil {
+			return fmt.Errorf("--vip-pool %q: %w", p, err)
+		}
+		flagPools = append(flagPools, r)
 	}
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
@@ -84,8 +94,9 @@ func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, ad
 	policies := &lbsync.AnnouncementPolicies{Cache: c, Node: o.NodeName, OnChange: func(plan lbsync.AnnouncementPlan) {
 		addrs.setPlan(log, plan)
 	}}
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	go func() { errs <- policies.Run(ctx) }()
+	go func() { errs <- syncer.FollowPools(ctx, c, flagPools) }()
 	if o.BGPPeersFromAPI {
 		peers := &lbsync.BGPPeers{Cache: c, Node: o.NodeName, Namespace: o.BGPSecretNamespace,
 			OnChange: func(peers []bgp.Peer, problems []lbsync.PeerProblem) {
@@ -95,7 +106,7 @@ func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, ad
 	} else {
 		errs <- nil
 	}
-	return errors.Join(<-errs, <-errs)
+	return errors.Join(<-errs, <-errs, <-errs)
 }
 
 // servedResources are the resources the API serves in lb.ebb.dev/v1alpha1.

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/addrrange"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
@@ -71,6 +72,9 @@ type Options struct {
 	// Secrets in BGPSecretNamespace.
 	BGPPeersFromAPI    bool
 	BGPSecretNamespace string
+	// VIPPools are the controller's deprecated --vip-pool CIDRs: addresses
+	// served besides the AddressPools' (lbsync.SkipOutsidePools).
+	VIPPools []string
 	// L2 announces the served addresses by ARP and NDP on L2.Interfaces,
 	// one replica owning each address, when any is given (Group and Node
 	// are filled in from the class and the node name).
@@ -162,6 +166,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().TextVar(&o.BGP.NextHopIPv6, "bgp-next-hop-ipv6", ipv6FromEnv(), "next hop of the announced IPv6 routes (carried by MP-BGP on every session): an IPv6 address of this host the peers reach (default: the first IPv6 address in $NODE_IPS; none: IPv6 addresses are not announced)")
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the --bgp-peer routers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().BoolVar(&o.BGPPeersFromAPI, "bgp-peers-from-api", true, "peer with the routers of the BGPPeer objects (lb.ebb.dev) whose nodeSelector matches this node, besides any --bgp-peer; cluster mode")
+	cmd.Flags().StringSliceVar(&o.VIPPools, "vip-pool", nil, "deprecated, as the controller's: CIDRs whose addresses are served besides the AddressPools' (an address in a Service's status that lies in neither is not served; give the controller's --vip-pool values here too)")
 	cmd.Flags().StringVar(&o.BGPSecretNamespace, "bgp-secret-namespace", defaultSecretNamespace(), "namespace of the Secrets holding BGPPeers' passwords (default: $POD_NAMESPACE, else ebb-system)")
 	cmd.Flags().StringArrayVar(&o.L2.Interfaces, "l2-interface", nil, "announce every address served on this interface's segment by ARP and NDP, one ebb lb replica owning each address (repeatable; needs CAP_NET_RAW and CAP_NET_ADMIN; see docs/l2.md)")
 	cmd.Flags().DurationVar(&o.L2.Interval, "l2-heartbeat-interval", 100*time.Millisecond, "how often this replica tells the others on the --l2-interface segments that it is alive")
@@ -193,6 +198,11 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.ConfigFile == "" {
 		if err := lbmodel.ValidateClass(o.LoadBalancerClass); err != nil {
 			return fmt.Errorf("--load-balancer-class: %w", err)
+		}
+	}
+	for _, p := range o.VIPPools {
+		if _, err := addrrange.Parse(p); err != nil {
+			return fmt.Errorf("--vip-pool %q: %w", p, err)
 		}
 	}
 	log := logr.FromContextOrDiscard(ctx)
@@ -351,7 +361,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 		}
 	}
 	go func() {
-		if err := o.followAnnouncementAPI(ctx, log, addrs); err != nil {
+		if err := o.followAnnouncementAPI(ctx, log, addrs, syncer); err != nil {
 			log.Error(err, "Following the BGPPeers and AnnouncementPolicies: only --bgp-peer routers are peered with, every address is announced in every way")
 		}
 	}()

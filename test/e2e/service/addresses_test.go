@@ -14,8 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbsync"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/vipaddr"
 )
 
@@ -138,4 +140,63 @@ func serviceEvents(t *testing.T, ctx context.Context, ns, name, reason string) [
 		out = append(out, e.Note)
 	}
 	return out
+}
+
+// ebb lb serves and announces only the AddressPools' addresses (issue 42
+// item 7): an address written into a Service's status by someone else
+// (here with ebb's controller stopped, so that nothing puts it back) is
+// not made local on the LB host, and the Service gets a Warning saying
+// why, while an address of a pool written the same way is served.
+func TestAnAddressOutsideThePoolsIsNotServed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	if err := ebbrun.ScaleController(ctx, cluster, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ebbrun.ScaleController(context.Background(), cluster, 2); err != nil {
+			t.Errorf("scaling the controller back: %v", err)
+		}
+	})
+	forged, inPool := netip.MustParseAddr("192.0.2.53"), netip.MustParseAddr("10.96.247.253")
+	for name, addr := range map[string]netip.Addr{"forged": forged, "in-pool": inPool} {
+		svc := lbService(ns, name, ebbClass)
+		created, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: addr.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}
+		if _, err := cluster.Client.CoreV1().Services(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var routes *vipaddr.Table
+	if err := lbNode.Host.Do(func() (err error) {
+		routes, err = vipaddr.New()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer routes.Close()
+	eventually(t, ctx, 30*time.Second, "the pool's address local on the LB host", func(context.Context) (bool, string) {
+		addrs, err := routes.Addresses()
+		return err == nil && slices.Contains(addrs, inPool), fmt.Sprint(addrs, err)
+	})
+	eventually(t, ctx, 30*time.Second, "a Warning that the forged address lies in no pool", func(ctx context.Context) (bool, string) {
+		msgs := serviceEvents(t, ctx, ns, "forged", lbsync.ReasonFrontendNotServed)
+		for _, m := range msgs {
+			if strings.Contains(m, "192.0.2.53 lies in no AddressPool") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("events %q", msgs)
+	})
+	addrs, err := routes.Addresses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(addrs, forged) {
+		t.Errorf("ebb lb made %s local on its host (and announces it), an address of no pool", forged)
+	}
 }
