@@ -122,8 +122,10 @@ type Syncer struct {
 	// status reads the data plane's backends (DataPlane.Status; a fake in
 	// tests): the overlap of a mode switch ends on it.
 	status func() []dataplane.BackendStatus
-	// pools are the addresses that may be served (SetPools).
-	pools poolRanges
+	// pools are the addresses that may be served (SetPools), from another
+	// goroutine, which kicks a sync once running says the queue is set.
+	pools   poolRanges
+	running atomic.Bool
 }
 
 // Ready reports whether the caches have synced and a configuration has
@@ -137,6 +139,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](syncBackoffBase, syncBackoffMax),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "lbsync"})
 	defer s.queue.ShutDown()
+	s.running.Store(true) // after the queue is set: SetPools may kick from now on
 	s.modes, s.last, s.transitions = map[string]lbmodel.BackendMode{}, map[string][]dataplane.Frontend{}, map[string]transition{}
 	s.skips = newSkipReporter(s.Recorder, clock.RealClock{})
 	s.unannounced = &unannouncedReporter{recorder: s.Recorder, node: s.HostNode}
@@ -283,10 +286,7 @@ func (s *Syncer) sync(log logr.Logger, services corelisters.ServiceLister, slice
 		return 0, err
 	}
 	m.seconds.Observe(time.Since(start).Seconds())
-	next := s.skips.report(log, append(res.Skipped, refused...))
-	if len(res.Skipped) == 0 {
-		next = 0 // an address outside the pools waits for a change, not a retry
-	}
+	next := s.skips.report(log, res.Skipped, refused)
 	s.unreachable.expect(cfg, owners)
 	if s.Addresses != nil {
 		if err := s.Addresses.Sync(s.DataPlane.Addresses()); err != nil {

@@ -64,14 +64,14 @@ func (p *poolRanges) admits(addr string) bool {
 // resyncs.
 func (s *Syncer) SetPools(ranges []addrrange.Range) {
 	s.pools.set(ranges)
-	if s.queue != nil {
+	if s.running.Load() {
 		s.kick()
 	}
 }
 
 // outsidePools says why a frontend is not served.
 func outsidePools(addr string) error {
-	return fmt.Errorf("address %s lies in no AddressPool (lb.ebb.dev): ebb lb serves and announces only the pools' addresses; add it to a pool, or clear the Service's status so that ebb's controller allocates another", addr)
+	return fmt.Errorf("address %s lies in no AddressPool (lb.ebb.dev): ebb lb serves and announces only the pools' addresses; add it to a pool, or ask for an address of a pool (annotation lb.ebb.dev/load-balancer-ips), or recreate the Service", addr)
 }
 
 // FollowPools reads the AddressPools from c into the syncer, with the

@@ -2,6 +2,7 @@ package lbsync
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -57,12 +58,15 @@ func (r *skipReporter) expect(services map[string]*corev1.Service) {
 	r.services = services
 }
 
-// report logs and records the skipped frontends of an apply, and the
-// recovery of those skipped before. It returns how soon to retry: zero
-// when nothing is skipped.
-func (r *skipReporter) report(log logr.Logger, skipped []dataplane.SkippedFrontend) time.Duration {
+// report logs and records the frontends the apply skipped and those not
+// applied at all (refused: an address outside the pools), and the recovery
+// of those skipped or refused before. It returns how soon to retry: zero
+// when the apply skipped nothing (a refused frontend waits for a change of
+// its Service or of the pools, and does not stretch the retries of the
+// others).
+func (r *skipReporter) report(log logr.Logger, skipped, refused []dataplane.SkippedFrontend) time.Duration {
 	now := map[string]string{}
-	for _, s := range skipped {
+	for _, s := range slices.Concat(skipped, refused) {
 		msg := fmt.Sprintf("ebb lb cannot serve frontend %s (%s): %v; its other frontends and every other Service are served", s.Name, s.Reason, s.Err)
 		now[s.Name] = msg
 		if r.reported[s.Name] == msg {

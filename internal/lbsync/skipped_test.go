@@ -25,31 +25,41 @@ func TestSkipReporterReportsChangesOnly(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
 	r := newSkipReporter(rec, clk)
-	r.expect(map[string]*corev1.Service{"ns/web:http/TCP@10.0.0.7": svc})
+	r.expect(map[string]*corev1.Service{"ns/web:http/TCP@10.0.0.7": svc, "ns/web:http/TCP@192.0.2.1": svc})
 	busy := []dataplane.SkippedFrontend{{Name: "ns/web:http/TCP@10.0.0.7", Reason: dataplane.SkipListenFailed, Err: errors.New("address already in use")}}
+	outside := []dataplane.SkippedFrontend{{Name: "ns/web:http/TCP@192.0.2.1", Reason: SkipOutsidePools, Err: outsidePools("192.0.2.1")}}
 
 	steps := []struct {
 		name      string
 		after     time.Duration // since the previous step
 		skipped   []dataplane.SkippedFrontend
+		refused   []dataplane.SkippedFrontend
 		wantEvent string // prefix of the one event expected, "" for none
 		wantRetry time.Duration
 	}{
-		{"first skip", 0, busy, "Warning FrontendNotServed", time.Second},
-		{"retried, same skip", time.Second, busy, "", 2 * time.Second},
-		{"retried, still skipped", 2 * time.Second, busy, "", 4 * time.Second},
-		{"an unrelated sync before the retry is due", time.Second, busy, "", 3 * time.Second},
-		{"another one", 2 * time.Second, busy, "", time.Second},
-		{"retried", time.Second, busy, "", 8 * time.Second},
-		{"retried", 8 * time.Second, busy, "", 10 * time.Second},
-		{"retried at most every 10 s", 10 * time.Second, busy, "", 10 * time.Second},
-		{"served again", 10 * time.Second, nil, "Normal FrontendServed", 0},
-		{"nothing skipped", time.Second, nil, "", 0},
-		{"skipped anew", time.Second, busy, "Warning FrontendNotServed", time.Second},
+		{"first skip", 0, busy, nil, "Warning FrontendNotServed", time.Second},
+		{"retried, same skip", time.Second, busy, nil, "", 2 * time.Second},
+		{"retried, still skipped", 2 * time.Second, busy, nil, "", 4 * time.Second},
+		{"an unrelated sync before the retry is due", time.Second, busy, nil, "", 3 * time.Second},
+		{"another one", 2 * time.Second, busy, nil, "", time.Second},
+		{"retried", time.Second, busy, nil, "", 8 * time.Second},
+		{"retried", 8 * time.Second, busy, nil, "", 10 * time.Second},
+		{"retried at most every 10 s", 10 * time.Second, busy, nil, "", 10 * time.Second},
+		{"served again", 10 * time.Second, nil, nil, "Normal FrontendServed", 0},
+		{"nothing skipped", time.Second, nil, nil, "", 0},
+		{"skipped anew", time.Second, busy, nil, "Warning FrontendNotServed", time.Second},
+		{"served again", time.Second, nil, nil, "Normal FrontendServed", 0},
+		// An address outside the pools is said once and waits for a change:
+		// no retry of its own, and the retries of a skip beside it start
+		// from the first step.
+		{"refused outside the pools", time.Second, nil, outside, "Warning FrontendNotServed", 0},
+		{"still refused", time.Second, nil, outside, "", 0},
+		{"still refused", time.Second, nil, outside, "", 0},
+		{"a skip beside it", time.Second, busy, outside, "Warning FrontendNotServed", time.Second},
 	}
 	for _, step := range steps {
 		clk.SetTime(clk.Now().Add(step.after))
-		retry := r.report(logr.Discard(), step.skipped)
+		retry := r.report(logr.Discard(), step.skipped, step.refused)
 		if retry != step.wantRetry {
 			t.Errorf("%s: retry in %s, want %s", step.name, retry, step.wantRetry)
 		}

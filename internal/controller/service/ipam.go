@@ -142,7 +142,11 @@ func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
 	if err != nil {
 		return err
 	}
-	if err := h.canShareWith(a.holders[addr], pool.CrossNamespaceSharing); err != nil {
+	// A Service that holds the address already (its status, read at
+	// start) keeps sharing it across namespaces: Services that shared so
+	// before allowSharingAcrossNamespaces existed are not cut off.
+	held := slices.ContainsFunc(a.holders[addr], func(o Holder) bool { return o.Service == h.Service })
+	if err := h.canShareWith(a.holders[addr], pool.CrossNamespaceSharing || held); err != nil {
 		return fmt.Errorf("%s is %w", addr, err)
 	}
 	a.holdLocked(addr, h)

@@ -288,3 +288,29 @@ func TestCollisionsAfterAnEdit(t *testing.T) {
 		t.Errorf("after the edit: %v", c)
 	}
 }
+
+// Services of two namespaces that asked for one address and shared it
+// before sharing became the namespace's keep it: each reconcile claims it
+// again, and a refusal would leave both with a Warning every 30 s and a
+// status that no longer follows their edits.
+func TestSharersAcrossNamespacesBeforeTheUpgradeKeepTheirAddress(t *testing.T) {
+	a, err := NewAllocator([]string{"10.96.255.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddr("10.96.255.7")
+	one := Holder{Service: types.NamespacedName{Namespace: "a", Name: "web"}, ShareKey: "k", Ports: []string{"TCP/80"}}
+	two := Holder{Service: types.NamespacedName{Namespace: "b", Name: "dns"}, ShareKey: "k", Ports: []string{"UDP/53"}}
+	// What the controller reads from the Services' status at start.
+	a.Record(addr, one)
+	a.Record(addr, two)
+	for _, h := range []Holder{one, two} {
+		if err := a.Claim(addr, h); err != nil {
+			t.Errorf("%s claiming the address it holds: %v", h.Service, err)
+		}
+	}
+	three := Holder{Service: types.NamespacedName{Namespace: "c", Name: "new"}, ShareKey: "k", Ports: []string{"TCP/8080"}}
+	if err := a.Claim(addr, three); !errors.Is(err, ErrAddressTaken) {
+		t.Errorf("a new Service of a third namespace: %v, want refused", err)
+	}
+}

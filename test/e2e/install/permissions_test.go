@@ -129,6 +129,7 @@ func TestControllerMayChangeOnlyWhatItOwns(t *testing.T) {
 
 		{"set a pod's deletion cost", patchPod(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"-2147483648"}}}`), true},
 		{"register the surge evacuator on a pod", patchPod(`{"metadata":{"annotations":{"maintenance.ebb.dev/evacuator-priority_surge.maintenance.ebb.dev":"10000/controller"}}}`), true},
+		{"register another evacuator on a pod", patchPod(`{"metadata":{"annotations":{"maintenance.ebb.dev/evacuator-priority_other.example.com":"20000/other"}}}`), false},
 		{"change a pod's image", patchPod(fmt.Sprintf(`{"spec":{"containers":[{"name":%q,"image":"example.com/evil:1"}]}}`, pod.Spec.Containers[0].Name)), false},
 		{"relabel a pod", patchPod(`{"metadata":{"labels":{"app":"evil"}}}`), false},
 		{"delete a pod", func(ctx context.Context) error {
