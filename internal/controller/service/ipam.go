@@ -65,15 +65,22 @@ func (h Holder) canShareWith(others []Holder, acrossNamespaces bool) error {
 		if o.Service.Namespace != h.Service.Namespace && !acrossNamespaces {
 			return fmt.Errorf("used by %s, in another namespace: %w (a sharing key is good within its namespace; an AddressPool with allowSharingAcrossNamespaces lets namespaces share its addresses)", o.Service, ErrAddressTaken)
 		}
-		for _, p := range h.Ports {
-			for _, q := range o.Ports {
-				if p == q {
-					return fmt.Errorf("port %s is used by %s at that address: %w", p, o.Service, ErrAddressTaken)
-				}
-			}
+		if ports := h.portsOf(o); len(ports) > 0 {
+			return fmt.Errorf("port %s is used by %s at that address: %w", ports[0], o.Service, ErrAddressTaken)
 		}
 	}
 	return nil
+}
+
+// portsOf are h's ports that o uses too, in h's order.
+func (h Holder) portsOf(o Holder) []string {
+	var out []string
+	for _, p := range h.Ports {
+		if slices.Contains(o.Ports, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ShareAnnotation lets Services with the same value share an address when
@@ -138,7 +145,11 @@ func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
 	addr = addr.Unmap()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	pool, err := a.admittingPoolLocked(addr, h)
+	pools, err := a.poolsForLocked(h)
+	if err != nil {
+		return err
+	}
+	pool, err := admittingPool(pools, addr, h)
 	if err != nil {
 		return err
 	}
@@ -153,13 +164,9 @@ func (a *Allocator) Claim(addr netip.Addr, h Holder) error {
 	return nil
 }
 
-// admittingPoolLocked is the first pool h may look at that holds addr and
-// admits h; a requested or shared address needs no autoAssign.
-func (a *Allocator) admittingPoolLocked(addr netip.Addr, h Holder) (Pool, error) {
-	pools, err := a.poolsForLocked(h)
-	if err != nil {
-		return Pool{}, err
-	}
+// admittingPool is the first of pools (those h may look at) that holds
+// addr and admits h; a requested or shared address needs no autoAssign.
+func admittingPool(pools []Pool, addr netip.Addr, h Holder) (Pool, error) {
 	var refusals []string
 	for _, p := range pools {
 		if !p.contains(addr) {
@@ -206,6 +213,10 @@ func (a *Allocator) holdLocked(addr netip.Addr, h Holder) {
 func (a *Allocator) Allocate(h Holder, ipv6 bool) (netip.Addr, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	pools, err := a.poolsForLocked(h)
+	if err != nil {
+		return netip.Addr{}, err
+	}
 	if h.ShareKey != "" {
 		var shared []netip.Addr
 		for addr, hs := range a.holders {
@@ -215,7 +226,7 @@ func (a *Allocator) Allocate(h Holder, ipv6 bool) (netip.Addr, error) {
 			// Sharing obeys the pools as a new address does: only in a
 			// pool that admits h, and across namespaces only where the
 			// pool allows it.
-			if p, err := a.admittingPoolLocked(addr, h); err == nil && h.canShareWith(hs, p.CrossNamespaceSharing) == nil {
+			if p, err := admittingPool(pools, addr, h); err == nil && h.canShareWith(hs, p.CrossNamespaceSharing) == nil {
 				shared = append(shared, addr)
 			}
 		}
@@ -224,10 +235,6 @@ func (a *Allocator) Allocate(h Holder, ipv6 bool) (netip.Addr, error) {
 			a.holdLocked(shared[0], h)
 			return shared[0], nil
 		}
-	}
-	pools, err := a.poolsForLocked(h)
-	if err != nil {
-		return netip.Addr{}, err
 	}
 	found := false
 	var refusals []string
@@ -308,10 +315,8 @@ func (a *Allocator) Collisions(addr netip.Addr, h Holder) []string {
 		if o.Service == h.Service {
 			continue
 		}
-		for _, p := range h.Ports {
-			if slices.Contains(o.Ports, p) {
-				out = append(out, fmt.Sprintf("port %s at %s is also %s's", p, addr, o.Service))
-			}
+		for _, p := range h.portsOf(o) {
+			out = append(out, fmt.Sprintf("port %s at %s is also %s's", p, addr, o.Service))
 		}
 	}
 	return out
