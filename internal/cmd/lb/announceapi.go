@@ -39,20 +39,17 @@ func defaultSecretNamespace() string {
 // this host announces, until ctx is done: the BGPPeers that choose it
 // (peered with, passwords from Secrets), the AnnouncementPolicies
 // (which addresses by BGP, which by L2) and the AddressPools (whose
-// addresses alone the syncer serves, lbsync.SkipOutsidePools). Until the API serves them (ebb's
-// CRDs not installed yet), it looks again every 30 s.
+// addresses alone the syncer serves, lbsync.SkipOutsidePools). Until the
+// API serves them (ebb's CRDs not installed yet), it looks again every
+// 30 s.
 func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, addrs *addressSinks, syncer *lbsync.Syncer) error {
 	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
 		return err
 	}
-	var flagPools []addrrange.Range
-	for _, p := range o.VIPPools {
-		r, err := addrrange.Parse(p)
-		if err != nil {
-			return fmt.Errorf("--vip-pool %q: %w", p, err)
-		}
-		flagPools = append(flagPools, r)
+	flagPools, err := o.vipRanges()
+	if err != nil {
+		return err
 	}
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
@@ -107,6 +104,20 @@ func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, ad
 		errs <- nil
 	}
 	return errors.Join(<-errs, <-errs, <-errs)
+}
+
+// vipRanges are the --vip-pool CIDRs, parsed (Run checks them before
+// anything starts).
+func (o *Options) vipRanges() ([]addrrange.Range, error) {
+	var out []addrrange.Range
+	for _, p := range o.VIPPools {
+		r, err := addrrange.Parse(p)
+		if err != nil {
+			return nil, fmt.Errorf("--vip-pool %q: %w", p, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // servedResources are the resources the API serves in lb.ebb.dev/v1alpha1.

@@ -27,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
-	"github.com/ebbdev/ebb/internal/addrrange"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
@@ -200,10 +199,8 @@ func (o *Options) Run(ctx context.Context) error {
 			return fmt.Errorf("--load-balancer-class: %w", err)
 		}
 	}
-	for _, p := range o.VIPPools {
-		if _, err := addrrange.Parse(p); err != nil {
-			return fmt.Errorf("--vip-pool %q: %w", p, err)
-		}
+	if _, err := o.vipRanges(); err != nil {
+		return err
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	reg := prometheus.NewRegistry()
