@@ -37,15 +37,7 @@ func TestAddressesNeedNoSetUpAndABusyPortBlocksNothingElse(t *testing.T) {
 	if on := interfacesWith(t, vip); len(on) > 0 {
 		t.Errorf("%s is configured on %v: nothing should configure a VIP on an interface", vip, on)
 	}
-	// The LB node's routes: a Table reads the namespace it is made in.
-	var routes *vipaddr.Table
-	if err := lbNode.Host.Do(func() (err error) {
-		routes, err = vipaddr.New()
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer routes.Close()
+	routes := lbHostRoutes(t)
 	local := func() bool {
 		addrs, err := routes.Addresses()
 		if err != nil {
@@ -129,6 +121,38 @@ func interfacesWith(t *testing.T, addr netip.Addr) []string {
 }
 
 // serviceEvents returns the notes of a Service's events of one reason.
+// lbHostRoutes reads the LB node's local routes, which make a served
+// address local (a Table reads the namespace it is made in); closed when
+// the test ends.
+func lbHostRoutes(t *testing.T) *vipaddr.Table {
+	t.Helper()
+	var routes *vipaddr.Table
+	if err := lbNode.Host.Do(func() (err error) {
+		routes, err = vipaddr.New()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { routes.Close() })
+	return routes
+}
+
+// serviceWarnings are the notes of the Warning events with reason about
+// the Service ns/name.
+func serviceWarnings(ctx context.Context, ns, name, reason string) ([]string, error) {
+	list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + name + ",reason=" + reason})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning {
+			out = append(out, e.Note)
+		}
+	}
+	return out, nil
+}
+
 func serviceEvents(t *testing.T, ctx context.Context, ns, name, reason string) []string {
 	t.Helper()
 	list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + name + ",reason=" + reason})
@@ -171,14 +195,7 @@ func TestAnAddressOutsideThePoolsIsNotServed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var routes *vipaddr.Table
-	if err := lbNode.Host.Do(func() (err error) {
-		routes, err = vipaddr.New()
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer routes.Close()
+	routes := lbHostRoutes(t)
 	eventually(t, ctx, 30*time.Second, "the pool's address local on the LB host", func(context.Context) (bool, string) {
 		addrs, err := routes.Addresses()
 		return err == nil && slices.Contains(addrs, inPool), fmt.Sprint(addrs, err)

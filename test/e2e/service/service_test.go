@@ -314,16 +314,11 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, 30*time.Second, "a SyncLoadBalancerFailed event", func(ctx context.Context) (bool, string) {
-		list, err := cluster.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=sctp"})
+		notes, err := serviceWarnings(ctx, ns, "sctp", "SyncLoadBalancerFailed")
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, e := range list.Items {
-			if e.Reason == "SyncLoadBalancerFailed" && e.Type == corev1.EventTypeWarning {
-				return true, e.Note
-			}
-		}
-		return false, fmt.Sprintf("%d events", len(list.Items))
+		return len(notes) > 0, fmt.Sprintf("Warnings %q", notes)
 	})
 	got, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "sctp", metav1.GetOptions{})
 	if err != nil {
@@ -392,16 +387,16 @@ func TestASharingKeySharesOnlyWithinItsNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, 30*time.Second, "a Warning that the address is another namespace's", func(ctx context.Context) (bool, string) {
-		evs, err := cluster.Client.EventsV1().Events(tenant).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=intruder"})
+		notes, err := serviceWarnings(ctx, tenant, "intruder", "SyncLoadBalancerFailed")
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, e := range evs.Items {
-			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "in another namespace") {
+		for _, n := range notes {
+			if strings.Contains(n, "in another namespace") {
 				return true, ""
 			}
 		}
-		return false, fmt.Sprintf("%d events", len(evs.Items))
+		return false, fmt.Sprintf("Warnings %q", notes)
 	})
 	svc, err := cluster.Client.CoreV1().Services(tenant).Get(ctx, "intruder", metav1.GetOptions{})
 	if err != nil {
