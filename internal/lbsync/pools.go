@@ -97,9 +97,11 @@ func (s *Syncer) FollowPools(ctx context.Context, c ctrlcache.Cache, flag []addr
 	}
 }
 
-// poolRangesOf are the ranges of the pools and of the flags. An address
-// of a pool that cannot be read is left out: the controller hands out
-// nothing from it either (its status says why).
+// poolRangesOf are the ranges of the pools and of the flags. An entry
+// that does not parse (the API's validation refuses it) is left out, the
+// pool's other ranges kept: the controller hands out nothing from such a
+// pool, but addresses it gave before stay served. The controller reads
+// pools with service.PoolFromAPI, which ebb lb cannot import.
 func poolRangesOf(pools []lbv1alpha1.AddressPool, flag []addrrange.Range) []addrrange.Range {
 	ranges := append([]addrrange.Range(nil), flag...)
 	for _, p := range pools {
