@@ -107,13 +107,17 @@ const (
 	PodMode BackendMode = "pod"
 )
 
-// ModeOf returns a Service's backend mode: pod mode when it has no node
-// ports (allocateLoadBalancerNodePorts: false) or asks for it.
+// ModeOf returns a Service's backend mode: pod mode when it asks for it or
+// when a port has no node port, node mode otherwise.
+//
+// The mode follows the node ports the Service has, not
+// allocateLoadBalancerNodePorts: KEP-1864 keeps existing node ports when the
+// field turns false, on purpose, so that turning it off breaks no traffic by
+// accident. A Service switches to pod mode once its node ports are removed
+// (nodePort 0 or left out, in the same update or a later one). The mode is
+// per Service, so removing one port's node port moves every port.
 func ModeOf(svc *corev1.Service) BackendMode {
 	if svc.Annotations[BackendModeAnnotation] == string(PodMode) {
-		return PodMode
-	}
-	if svc.Spec.AllocateLoadBalancerNodePorts != nil && !*svc.Spec.AllocateLoadBalancerNodePorts {
 		return PodMode
 	}
 	for _, p := range svc.Spec.Ports {

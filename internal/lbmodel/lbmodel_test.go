@@ -260,7 +260,17 @@ func TestModeOf(t *testing.T) {
 		want BackendMode
 	}{
 		{"node ports", service(), NodeMode},
-		{"node ports off", service(func(s *corev1.Service) { s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false) }), PodMode},
+		{"node ports off and removed", service(func(s *corev1.Service) {
+			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+			s.Spec.Ports[0].NodePort = 0
+		}), PodMode},
+		// KEP-1864 keeps existing node ports when the field turns false.
+		{"node ports off but kept", service(func(s *corev1.Service) { s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false) }), NodeMode},
+		{"one port's node port removed", service(func(s *corev1.Service) {
+			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "b", Port: 81, NodePort: 30081})
+			s.Spec.Ports[0].NodePort = 0
+		}), PodMode},
 		{"node ports not allocated yet", service(func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 0 }), PodMode},
 		{"annotation", service(func(s *corev1.Service) { s.Annotations = map[string]string{BackendModeAnnotation: "pod"} }), PodMode},
 	}

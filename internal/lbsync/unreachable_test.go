@@ -20,7 +20,7 @@ import (
 func TestUnreachablePodBackendsAreReportedOnce(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
 	r := newUnreachableReporter(rec)
-	podSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "direct"}, Spec: corev1.ServiceSpec{AllocateLoadBalancerNodePorts: ptr.To(false)}}
+	podSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "direct"}, Spec: corev1.ServiceSpec{AllocateLoadBalancerNodePorts: ptr.To(false), Ports: []corev1.ServicePort{{Port: 80}}}}
 	nodeSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "nodes"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{NodePort: 30080}}}}
 	tcp := &dataplane.HealthCheck{Protocol: dataplane.ProbeTCP}
 	cfg := dataplane.Config{Frontends: []dataplane.Frontend{

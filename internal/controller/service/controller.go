@@ -47,6 +47,10 @@ const (
 	// ReasonAddressPortCollision: a Service that shares its address
 	// changed its ports to one another sharer uses.
 	ReasonAddressPortCollision = "AddressPortCollision"
+	// ReasonNodePortsKept: allocateLoadBalancerNodePorts is false but the
+	// Service keeps its node ports (KEP-1864 keeps them on purpose), so
+	// traffic still goes through them until they are removed.
+	ReasonNodePortsKept = "NodePortsKept"
 	retryAfterBadRequest       = 30 * time.Second
 )
 
@@ -227,6 +231,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	}
 	if len(collisions) > 0 {
 		event.Publish(r.Recorder, portCollision(svc, collisions))
+	}
+	if keepsNodePorts(svc) {
+		event.Publish(r.Recorder, nodePortsKept(svc))
 	}
 	want := ingressFor(svc, addrs)
 	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {

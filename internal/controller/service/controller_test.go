@@ -318,3 +318,32 @@ func TestAnEditThatCollidesOnASharedAddressIsReported(t *testing.T) {
 		t.Errorf("warnings %q, want one %s naming port TCP/80 and ns/web", warnings, ReasonAddressPortCollision)
 	}
 }
+
+// KEP-1864 keeps a Service's node ports when allocateLoadBalancerNodePorts
+// turns false; ebb keeps serving through them and says so, once they are
+// gone it says nothing.
+func TestKeptNodePortsAreSaid(t *testing.T) {
+	off := func(nodePort int32) func(*corev1.Service) {
+		return func(s *corev1.Service) {
+			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+			s.Spec.Ports[0].NodePort = nodePort
+		}
+	}
+	tests := []struct {
+		name string
+		svc  *corev1.Service
+		want bool
+	}{
+		{"off, node ports kept", lbSvc("kept", off(30080)), true},
+		{"off, node ports removed", lbSvc("removed", off(0)), false},
+		{"on", lbSvc("on", func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 30080 }), false},
+	}
+	for _, tt := range tests {
+		r, rec := newReconciler(t, tt.svc)
+		reconcile(t, r, tt.svc.Name)
+		said := slices.ContainsFunc(eventstest.Recorded(rec), func(e string) bool { return strings.HasPrefix(e, "Normal "+ReasonNodePortsKept) })
+		if said != tt.want {
+			t.Errorf("%s: %s said %t, want %t", tt.name, ReasonNodePortsKept, said, tt.want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ebbdev/ebb/internal/event"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 func syncFailed(svc *corev1.Service, err error) event.Event {
@@ -37,4 +38,17 @@ func deleted(svc *corev1.Service) event.Event {
 func portCollision(svc *corev1.Service, collisions []string) event.Event {
 	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonAddressPortCollision, Action: "Ensure",
 		Note: fmt.Sprintf("This Service shares its address, and %s: each port is served for the Service that had it first; change the port, or the lb.ebb.dev/allow-shared-ip key of one Service", strings.Join(collisions, "; "))}
+}
+
+func nodePortsKept(svc *corev1.Service) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonNodePortsKept, Action: "Ensure",
+		Note: "allocateLoadBalancerNodePorts is false, but the Service keeps its node ports, so traffic still goes through them (node mode); remove every port's nodePort to send it straight to the pods (pod mode)"}
+}
+
+// keepsNodePorts reports whether svc turned allocateLoadBalancerNodePorts
+// off but keeps its node ports, which KEP-1864 does not release by itself:
+// ebb goes on serving it in node mode, and says so.
+func keepsNodePorts(svc *corev1.Service) bool {
+	off := svc.Spec.AllocateLoadBalancerNodePorts != nil && !*svc.Spec.AllocateLoadBalancerNodePorts
+	return off && lbmodel.ModeOf(svc) == lbmodel.NodeMode
 }

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -102,8 +103,9 @@ func TestTCPAndUDPWithSessionAffinity(t *testing.T) {
 	e2eutil.ExpectUDPEcho(t, ctx, net.JoinHostPort(ip, "81"))
 }
 
-// Switching a Service between pod mode and node mode at runtime
-// (allocateLoadBalancerNodePorts false <-> true) drops no request.
+// Switching a Service between pod mode and node mode at runtime drops no
+// request: node ports turned on, then off but kept (node mode stays, as
+// KEP-1864 keeps them), then removed.
 func TestBackendModeSwitchWithoutDowntime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -147,13 +149,21 @@ func TestBackendModeSwitchWithoutDowntime(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	setNodePorts := func(on bool) {
+	// setNodePorts sets allocateLoadBalancerNodePorts and, with remove,
+	// takes the node ports away, as KEP-1864 asks a user to do: the field
+	// alone keeps them.
+	setNodePorts := func(on, remove bool) {
 		t.Helper()
 		cur, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "switch", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		cur.Spec.AllocateLoadBalancerNodePorts = ptr.To(on)
+		for i := range cur.Spec.Ports {
+			if remove {
+				cur.Spec.Ports[i].NodePort = 0
+			}
+		}
 		if _, err := cluster.Client.CoreV1().Services(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -167,19 +177,32 @@ func TestBackendModeSwitchWithoutDowntime(t *testing.T) {
 		return false
 	}
 	time.Sleep(300 * time.Millisecond)
-	setNodePorts(true)
+	setNodePorts(true, false)
 	eventually(t, ctx, 10*time.Second, "node backends after node ports were turned on", func(context.Context) (bool, string) {
 		return nodeBackends(), "still pod backends"
 	})
 	time.Sleep(500 * time.Millisecond)
-	setNodePorts(false)
-	eventually(t, ctx, 10*time.Second, "pod backends after node ports were turned off", func(context.Context) (bool, string) {
+
+	// Turned off, the node ports stay (KEP-1864), and so does node mode;
+	// the controller says why.
+	setNodePorts(false, false)
+	eventually(t, ctx, 30*time.Second, "a "+service.ReasonNodePortsKept+" event", func(ctx context.Context) (bool, string) {
+		kept := serviceEvents(t, ctx, ns, "switch", service.ReasonNodePortsKept)
+		return len(kept) > 0, "no event yet"
+	})
+	time.Sleep(2 * time.Second) // what ebb lb did with the same edit
+	if !nodeBackends() {
+		t.Errorf("turning allocateLoadBalancerNodePorts off with the node ports kept switched to pod mode")
+	}
+
+	setNodePorts(false, true)
+	eventually(t, ctx, 10*time.Second, "pod backends after the node ports were removed", func(context.Context) (bool, string) {
 		return !nodeBackends(), "still node backends"
 	})
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
 	<-done
-	t.Logf("%d requests across two switches, %d failed", sent, failed)
+	t.Logf("%d requests across three edits, %d failed", sent, failed)
 	if failed != 0 {
 		t.Errorf("%d of %d requests failed while switching modes; first: %v", failed, sent, firstErr)
 	}
