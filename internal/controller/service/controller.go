@@ -50,8 +50,8 @@ const (
 	// ReasonNodePortsKept: allocateLoadBalancerNodePorts is false but the
 	// Service keeps its node ports (KEP-1864 keeps them on purpose), so
 	// traffic still goes through them until they are removed.
-	ReasonNodePortsKept = "NodePortsKept"
-	retryAfterBadRequest       = 30 * time.Second
+	ReasonNodePortsKept  = "NodePortsKept"
+	retryAfterBadRequest = 30 * time.Second
 )
 
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;patch
