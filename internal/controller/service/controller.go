@@ -50,9 +50,15 @@ const (
 	// ReasonNodePortsKept: allocateLoadBalancerNodePorts is false but the
 	// Service keeps its node ports (KEP-1864 keeps them on purpose), so
 	// traffic still goes through them until they are removed.
-	ReasonNodePortsKept  = "NodePortsKept"
-	retryAfterBadRequest = 30 * time.Second
+	ReasonNodePortsKept = "NodePortsKept"
+	// ReasonAddressFamilyUnavailable: a PreferDualStack Service is served
+	// in fewer IP families than it has, for want of an address.
+	ReasonAddressFamilyUnavailable = "AddressFamilyUnavailable"
 )
+
+// retryAfterBadRequest is when a Service whose request failed is looked at
+// again: the cause (a pool full, an address taken) may clear.
+const retryAfterBadRequest = 30 * time.Second
 
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=services/status,verbs=get;patch
@@ -77,17 +83,17 @@ type Reconciler struct {
 	initErr  error
 }
 
-// SetupWithManager registers the controller.
 // SetupWithManager registers the controller. A change of the address
-// pools wakes the Services that have no address yet: the pool they wait
-// for may have appeared or grown.
+// pools wakes the Services that have no address yet, or not one of each
+// family: the pool they wait for may have appeared or grown.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("service-lb").For(&corev1.Service{}).
 		Watches(&lbv1alpha1.AddressPool{}, handler.EnqueueRequestsFromMapFunc(r.waitingServices)).
 		Complete(r)
 }
 
-// waitingServices are the Services we should serve that have no address.
+// waitingServices are the Services we should serve that have no address,
+// or fewer than their IP families (PreferDualStack served in one).
 func (r *Reconciler) waitingServices(ctx context.Context, _ client.Object) []ctrlreconcile.Request {
 	var list corev1.ServiceList
 	if err := r.Client.List(ctx, &list); err != nil {
@@ -96,7 +102,7 @@ func (r *Reconciler) waitingServices(ctx context.Context, _ client.Object) []ctr
 	var out []ctrlreconcile.Request
 	for i := range list.Items {
 		svc := &list.Items[i]
-		if r.wants(svc) && len(svc.Status.LoadBalancer.Ingress) == 0 {
+		if r.wants(svc) && len(svc.Status.LoadBalancer.Ingress) < len(familiesOf(svc)) {
 			out = append(out, ctrlreconcile.Request{NamespacedName: client.ObjectKeyFromObject(svc)})
 		}
 	}
@@ -217,7 +223,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	addrs, err := r.allocate(svc, holder)
+	addrs, skipped, err := r.allocate(svc, holder)
 	if err != nil {
 		event.Publish(r.Recorder, allocationFailed(svc, err))
 		logger.Info("Cannot allocate an address", "err", err.Error())
@@ -231,6 +237,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	}
 	if len(collisions) > 0 {
 		event.Publish(r.Recorder, portCollision(svc, collisions))
+	}
+	if skipped != "" {
+		event.Publish(r.Recorder, familyUnavailable(svc, skipped))
 	}
 	if keepsNodePorts(svc) {
 		event.Publish(r.Recorder, nodePortsKept(svc))
@@ -280,40 +289,112 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 }
 
 // allocate returns the Service's addresses: the ones it asks for, or the
-// ones it holds, or new ones, one per IP family it uses.
-func (r *Reconciler) allocate(svc *corev1.Service, holder Holder) ([]netip.Addr, error) {
-	key := client.ObjectKeyFromObject(svc)
+// ones it holds, or new ones, one per IP family it uses, as its
+// spec.ipFamilyPolicy allows. skipped says, for a PreferDualStack Service
+// served in fewer families than it has, which family got no address and
+// why. On an error the Service holds what it held before and nothing new.
+func (r *Reconciler) allocate(svc *corev1.Service, holder Holder) (addrs []netip.Addr, skipped string, err error) {
+	held := r.IPAM.Owned(client.ObjectKeyFromObject(svc))
+	defer func() {
+		if err != nil {
+			r.releaseExcept(holder, held)
+		}
+	}()
 	requested, err := requestedAddrs(svc)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if len(requested) > 0 {
+		if err := requestFitsFamilies(svc, requested); err != nil {
+			return nil, "", err
+		}
 		for _, addr := range requested {
 			if err := r.IPAM.Claim(addr, holder); err != nil {
-				return nil, fmt.Errorf("%w; ask for a free address of the pools or remove the request", err)
+				return nil, "", fmt.Errorf("%w; ask for a free address of the pools or remove the request", err)
 			}
 		}
 		r.releaseExcept(holder, requested)
-		return requested, nil
+		return requested, "", nil
 	}
-	var out []netip.Addr
-	for _, ipv6 := range families(svc) {
-		var have netip.Addr
-		for _, a := range r.IPAM.Owned(key) {
-			if a.Is6() == ipv6 {
-				have = a
-				break
+	var missing []string
+	for _, fam := range familiesOf(svc) {
+		addr, err := r.familyAddr(holder, held, fam == corev1.IPv6Protocol)
+		if err != nil {
+			if !preferDualStack(svc) {
+				return nil, "", familyError(svc, fam, err)
 			}
+			missing = append(missing, fmt.Sprintf("no %s address (%v)", fam, err))
+			continue
 		}
-		if !have.IsValid() {
-			if have, err = r.IPAM.Allocate(holder, ipv6); err != nil {
-				return nil, fmt.Errorf("%w: add an AddressPool (lb.ebb.dev) that takes the Service, or free an address", err)
-			}
-		}
-		out = append(out, have)
+		addrs = append(addrs, addr)
 	}
-	r.releaseExcept(holder, out)
-	return out, nil
+	if len(addrs) == 0 {
+		return nil, "", fmt.Errorf("PreferDualStack, but %s: add an AddressPool (lb.ebb.dev) that takes the Service, or free an address", strings.Join(missing, "; "))
+	}
+	r.releaseExcept(holder, addrs)
+	if len(missing) > 0 {
+		skipped = fmt.Sprintf("PreferDualStack: %s, so the load balancer serves %s only; add an AddressPool (lb.ebb.dev) of the missing family that takes the Service to serve both", strings.Join(missing, "; "), familyOf(addrs[0]))
+	}
+	return addrs, skipped, nil
+}
+
+// familyAddr is the Service's address of one family: the one it holds, or
+// a new one.
+func (r *Reconciler) familyAddr(holder Holder, held []netip.Addr, ipv6 bool) (netip.Addr, error) {
+	for _, a := range held {
+		if a.Is6() == ipv6 {
+			return a, nil
+		}
+	}
+	return r.IPAM.Allocate(holder, ipv6)
+}
+
+// familiesOf lists the Service's IP families, its primary first (IPv4 when
+// none is set, which an API server never leaves so).
+func familiesOf(svc *corev1.Service) []corev1.IPFamily {
+	if len(svc.Spec.IPFamilies) == 0 {
+		return []corev1.IPFamily{corev1.IPv4Protocol}
+	}
+	return svc.Spec.IPFamilies
+}
+
+func preferDualStack(svc *corev1.Service) bool {
+	return svc.Spec.IPFamilyPolicy != nil && *svc.Spec.IPFamilyPolicy == corev1.IPFamilyPolicyPreferDualStack
+}
+
+func familyError(svc *corev1.Service, fam corev1.IPFamily, err error) error {
+	policy := corev1.IPFamilyPolicySingleStack
+	if svc.Spec.IPFamilyPolicy != nil {
+		policy = *svc.Spec.IPFamilyPolicy
+	}
+	return fmt.Errorf("%s needs an %s address: %w: add an AddressPool (lb.ebb.dev) of %s that takes the Service, or free an address", policy, fam, err, fam)
+}
+
+// requestFitsFamilies refuses a requested address of a family the Service
+// does not use (nobody could reach it: the Service's endpoints and node
+// ports are of its families), and, for RequireDualStack, a request that
+// leaves a family out.
+func requestFitsFamilies(svc *corev1.Service, requested []netip.Addr) error {
+	fams := familiesOf(svc)
+	covered := map[corev1.IPFamily]bool{}
+	for _, addr := range requested {
+		fam := familyOf(addr)
+		if !slices.Contains(fams, fam) {
+			return fmt.Errorf("requested address %s is %s, but the Service's spec.ipFamilies are %v: ask for an address of its families, or change spec.ipFamilyPolicy", addr, fam, fams)
+		}
+		covered[fam] = true
+	}
+	if p := svc.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicyRequireDualStack && len(covered) < len(fams) {
+		return fmt.Errorf("RequireDualStack needs an address of each of %v, and the requested addresses are %s only: ask for one of each family, or change spec.ipFamilyPolicy", fams, familyOf(requested[0]))
+	}
+	return nil
+}
+
+func familyOf(addr netip.Addr) corev1.IPFamily {
+	if addr.Is6() {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
 }
 
 // releaseExcept frees the Service's addresses that it no longer uses, and
@@ -370,18 +451,6 @@ func requestedAddrs(svc *corev1.Service) ([]netip.Addr, error) {
 		out = append(out, addr.Unmap())
 	}
 	return out, nil
-}
-
-// families lists the IP families of a Service (IPv4 first by default).
-func families(svc *corev1.Service) []bool {
-	if len(svc.Spec.IPFamilies) == 0 {
-		return []bool{false}
-	}
-	var out []bool
-	for _, f := range svc.Spec.IPFamilies {
-		out = append(out, f == corev1.IPv6Protocol)
-	}
-	return out
 }
 
 func unsupportedPorts(svc *corev1.Service) error {

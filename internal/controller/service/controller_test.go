@@ -347,3 +347,70 @@ func TestKeptNodePortsAreSaid(t *testing.T) {
 		}
 	}
 }
+
+// spec.ipFamilyPolicy decides what a Service gets when a family has no
+// address: PreferDualStack gets the families that have one, RequireDualStack
+// and SingleStack get nothing and a Warning that says which family is
+// missing; nothing is held for a Service that got no address. A requested
+// address of a family the Service does not use is refused.
+func TestIPFamilyPolicyIsFollowed(t *testing.T) {
+	v4, v6 := corev1.IPv4Protocol, corev1.IPv6Protocol
+	policy := func(p corev1.IPFamilyPolicy, fams ...corev1.IPFamily) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Spec.IPFamilyPolicy, s.Spec.IPFamilies = &p, fams }
+	}
+	requested := func(addrs string) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Annotations = map[string]string{RequestedIPsAnnotation: addrs} }
+	}
+	tests := []struct {
+		name    string
+		pools   []string
+		svc     *corev1.Service
+		want    []string
+		event   string // the prefix of an event that must be recorded
+		mention string // and a word it must contain
+	}{
+		{name: "prefer, IPv4 pools only", pools: []string{"10.96.255.0/24"},
+			svc:  lbSvc("s", policy(corev1.IPFamilyPolicyPreferDualStack, v4, v6)),
+			want: []string{"10.96.255.1"}, event: "Normal " + ReasonAddressFamilyUnavailable, mention: "IPv6"},
+		{name: "prefer, IPv6 first, IPv6 pools only", pools: []string{"fd00:96::/120"},
+			svc:  lbSvc("s", policy(corev1.IPFamilyPolicyPreferDualStack, v6, v4)),
+			want: []string{"fd00:96::"}, event: "Normal " + ReasonAddressFamilyUnavailable, mention: "IPv4"},
+		{name: "prefer, both pools", pools: []string{"10.96.255.0/24", "fd00:96::/120"},
+			svc:  lbSvc("s", policy(corev1.IPFamilyPolicyPreferDualStack, v4, v6)),
+			want: []string{"10.96.255.1", "fd00:96::"}},
+		{name: "require, IPv4 pools only", pools: []string{"10.96.255.0/24"},
+			svc:   lbSvc("s", policy(corev1.IPFamilyPolicyRequireDualStack, v4, v6)),
+			event: "Warning " + ReasonSyncFailed, mention: "RequireDualStack"},
+		{name: "single IPv6, IPv4 pools only", pools: []string{"10.96.255.0/24"},
+			svc:   lbSvc("s", policy(corev1.IPFamilyPolicySingleStack, v6)),
+			event: "Warning " + ReasonSyncFailed, mention: "IPv6"},
+		{name: "requested IPv6 on an IPv4 Service", pools: []string{"10.96.255.0/24", "fd00:96::/120"},
+			svc:   lbSvc("s", policy(corev1.IPFamilyPolicySingleStack, v4), requested("fd00:96::5")),
+			event: "Warning " + ReasonSyncFailed, mention: "fd00:96::5 is IPv6"},
+		{name: "require, requested IPv4 only", pools: []string{"10.96.255.0/24", "fd00:96::/120"},
+			svc:   lbSvc("s", policy(corev1.IPFamilyPolicyRequireDualStack, v4, v6), requested("10.96.255.9")),
+			event: "Warning " + ReasonSyncFailed, mention: "RequireDualStack"},
+		{name: "prefer, requested IPv4 only", pools: []string{"10.96.255.0/24", "fd00:96::/120"},
+			svc:  lbSvc("s", policy(corev1.IPFamilyPolicyPreferDualStack, v4, v6), requested("10.96.255.9")),
+			want: []string{"10.96.255.9"}},
+	}
+	for _, tt := range tests {
+		r, rec := newReconciler(t, tt.svc)
+		r.IPAM, _ = NewAllocator(tt.pools)
+		_, svc := reconcile(t, r, "s")
+		var got []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			got = append(got, in.IP)
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: addresses %v, want %v", tt.name, got, tt.want)
+		}
+		if held := r.IPAM.InUse(); held != len(tt.want) {
+			t.Errorf("%s: %d addresses held, want %d", tt.name, held, len(tt.want))
+		}
+		evs := eventstest.Recorded(rec)
+		if tt.event != "" && !slices.ContainsFunc(evs, func(e string) bool { return strings.HasPrefix(e, tt.event) && strings.Contains(e, tt.mention) }) {
+			t.Errorf("%s: events %q, want %s mentioning %q", tt.name, evs, tt.event, tt.mention)
+		}
+	}
+}

@@ -52,3 +52,7 @@ func keepsNodePorts(svc *corev1.Service) bool {
 	off := svc.Spec.AllocateLoadBalancerNodePorts != nil && !*svc.Spec.AllocateLoadBalancerNodePorts
 	return off && lbmodel.ModeOf(svc) == lbmodel.NodeMode
 }
+
+func familyUnavailable(svc *corev1.Service, why string) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonAddressFamilyUnavailable, Action: "Ensure", Note: why}
+}

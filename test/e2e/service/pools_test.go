@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -103,4 +104,87 @@ func TestAddressPoolsDecideWhoGetsWhichAddress(t *testing.T) {
 		t.Fatalf("the waiting Service got %s, want the freed 10.96.250.1", ip)
 	}
 	waitServes(t, ctx, "http://10.96.250.1/")
+}
+
+// spec.ipFamilyPolicy decides what a Service gets from a pool that has one
+// family only (issue 50 item 11): PreferDualStack gets the IPv4 address and
+// serves, with a Normal event naming the missing IPv6; RequireDualStack gets
+// nothing, holds nothing, and a Warning says why. Once the pool has an IPv6
+// range too, both get an address of each family.
+func TestIPFamilyPolicyDecidesWhatAServiceGets(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := e2eutil.APIClient(t, cluster)
+	amber := &lbv1alpha1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "amber"}, Spec: lbv1alpha1.AddressPoolSpec{
+		Addresses: []string{"10.96.249.1-10.96.249.2"}, AutoAssign: ptr.To(false)}}
+	if err := c.Create(ctx, amber); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), amber) })
+
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 2)
+	create := func(name string, policy corev1.IPFamilyPolicy) {
+		t.Helper()
+		svc := lbService(ns, name, ebbClass)
+		svc.Spec.Selector = map[string]string{"app": "web"}
+		svc.Spec.IPFamilyPolicy = &policy
+		svc.Annotations = map[string]string{lbv1alpha1.PoolAnnotation: "amber"}
+		created, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(created.Spec.IPFamilies) != 2 {
+			t.Fatalf("the dual-stack cluster gave %s Service %s the families %v", policy, name, created.Spec.IPFamilies)
+		}
+	}
+	create("prefer", corev1.IPFamilyPolicyPreferDualStack)
+	create("require", corev1.IPFamilyPolicyRequireDualStack)
+	if ip := waitAddress(t, ctx, ns, "prefer"); ip != "10.96.249.1" {
+		t.Fatalf("the PreferDualStack Service got %s, want 10.96.249.1", ip)
+	}
+	waitServes(t, ctx, "http://10.96.249.1/")
+	eventually(t, ctx, 30*time.Second, "a Normal event naming the missing IPv6 address", func(ctx context.Context) (bool, string) {
+		evs := serviceEvents(t, ctx, ns, "prefer", service.ReasonAddressFamilyUnavailable)
+		return len(evs) > 0 && strings.Contains(evs[0], "no IPv6 address"), fmt.Sprint(evs)
+	})
+	eventually(t, ctx, 30*time.Second, "a Warning that RequireDualStack needs an IPv6 address", func(ctx context.Context) (bool, string) {
+		evs := serviceEvents(t, ctx, ns, "require", service.ReasonSyncFailed)
+		return len(evs) > 0 && strings.Contains(evs[0], "RequireDualStack needs an IPv6 address"), fmt.Sprint(evs)
+	})
+	eventually(t, ctx, 30*time.Second, "pool amber counting only the PreferDualStack Service's address", func(ctx context.Context) (bool, string) {
+		p := &lbv1alpha1.AddressPool{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "amber"}, p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.AssignedIPv4 == 1, fmt.Sprintf("%+v", p.Status)
+	})
+	if svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "require", metav1.GetOptions{}); err != nil || len(svc.Status.LoadBalancer.Ingress) != 0 {
+		t.Fatalf("the RequireDualStack Service: %v, status %+v, want no address", err, svc.Status.LoadBalancer)
+	}
+
+	// An IPv6 range added to the pool: both get one address of each family.
+	if err := c.Get(ctx, client.ObjectKey{Name: "amber"}, amber); err != nil {
+		t.Fatal(err)
+	}
+	amber.Spec.Addresses = append(amber.Spec.Addresses, "fd00:96:240::ff00/127")
+	if err := c.Update(ctx, amber); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"prefer", "require"} {
+		var ipv6 string
+		eventually(t, ctx, 30*time.Second, name+" with an IPv4 and an IPv6 address", func(ctx context.Context) (bool, string) {
+			svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			in := svc.Status.LoadBalancer.Ingress
+			if len(in) != 2 || !strings.HasPrefix(in[0].IP, "10.96.249.") || !strings.HasPrefix(in[1].IP, "fd00:96:240::ff0") {
+				return false, fmt.Sprintf("%+v", in)
+			}
+			ipv6 = in[1].IP
+			return true, ""
+		})
+		waitServes(t, ctx, "http://["+ipv6+"]/")
+	}
 }
