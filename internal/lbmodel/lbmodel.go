@@ -38,6 +38,15 @@ const (
 	// BackendModeAnnotation set to "pod" sends traffic straight to the
 	// endpoints even when the Service has node ports.
 	BackendModeAnnotation = "lb.ebb.dev/backend-mode"
+	// ProxyProtocolAnnotation set to ProxyProtocolV2 starts each TCP
+	// connection to a backend with a PROXY protocol v2 header that carries
+	// the client's address: the only way backends learn it, since every
+	// engine proxies or masquerades (externalTrafficPolicy: Local included).
+	// Only the proxy engine sends it; the kernel engines refuse such a
+	// frontend with the reason.
+	ProxyProtocolAnnotation = "lb.ebb.dev/proxy-protocol"
+	// ProxyProtocolV2 is the one value of ProxyProtocolAnnotation.
+	ProxyProtocolV2 = "v2"
 	// DefaultNodeHealthPort is kube-proxy's /healthz port (KEP-3836).
 	DefaultNodeHealthPort = 10256
 )
@@ -270,6 +279,9 @@ func frontendFor(svc *corev1.Service, vip netip.Addr, port corev1.ServicePort) d
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		fe.Balancing = dataplane.ClientIP
 	}
+	// PROXY protocol v2 over UDP exists but no backend in common use reads
+	// it, and the data plane sends it over TCP only.
+	fe.ProxyProtocol = proto == dataplane.TCP && svc.Annotations[ProxyProtocolAnnotation] == ProxyProtocolV2
 	return fe
 }
 

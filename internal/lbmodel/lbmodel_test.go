@@ -233,6 +233,33 @@ func TestFrontendSettings(t *testing.T) {
 	}
 }
 
+// lb.ebb.dev/proxy-protocol: v2 asks for a PROXY protocol v2 header on
+// each TCP port's connections (the UDP port has none), and the data plane
+// takes the frontends; any other value asks for nothing.
+func TestProxyProtocolAnnotation(t *testing.T) {
+	tests := []struct {
+		value   string
+		wantTCP bool
+	}{{"v2", true}, {"v1", false}, {"", false}}
+	for _, tt := range tests {
+		svc := service(func(s *corev1.Service) {
+			s.Annotations = map[string]string{ProxyProtocolAnnotation: tt.value}
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "dns", Port: 53, NodePort: 30053, Protocol: corev1.ProtocolUDP})
+		})
+		fes, err := Frontends(svc, nil, []*corev1.Node{node("n1", "10.0.0.1")}, Options{})
+		if err != nil || len(fes) != 2 {
+			t.Fatalf("%q: frontends %+v, err %v", tt.value, fes, err)
+		}
+		udp, tcp := fes[0], fes[1]
+		if tcp.ProxyProtocol != tt.wantTCP || udp.ProxyProtocol {
+			t.Errorf("%q: PROXY protocol on TCP %t, on UDP %t; want %t, false", tt.value, tcp.ProxyProtocol, udp.ProxyProtocol, tt.wantTCP)
+		}
+		if _, err := (dataplane.Config{Frontends: fes}).Validate(); err != nil {
+			t.Errorf("%q: the data plane rejects the frontends: %v", tt.value, err)
+		}
+	}
+}
+
 func TestUnsupportedProtocol(t *testing.T) {
 	svc := service(func(s *corev1.Service) {
 		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "sig", Port: 3868, NodePort: 30868, Protocol: corev1.ProtocolSCTP})

@@ -54,6 +54,9 @@ const (
 	// ReasonAddressFamilyUnavailable: a PreferDualStack Service is served
 	// in fewer IP families than it has, for want of an address.
 	ReasonAddressFamilyUnavailable = "AddressFamilyUnavailable"
+	// ReasonClientAddressNotPreserved: an externalTrafficPolicy Local
+	// Service whose backends will not see the client's address.
+	ReasonClientAddressNotPreserved = "ClientAddressNotPreserved"
 )
 
 // retryAfterBadRequest is when a Service whose request failed is looked at
@@ -243,6 +246,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	}
 	if keepsNodePorts(svc) {
 		event.Publish(r.Recorder, nodePortsKept(svc))
+	}
+	switch pp, ok := svc.Annotations[lbmodel.ProxyProtocolAnnotation]; {
+	case ok && pp != lbmodel.ProxyProtocolV2:
+		event.Publish(r.Recorder, badProxyProtocol(svc, pp))
+	case !ok && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal:
+		event.Publish(r.Recorder, clientAddressNotPreserved(svc))
 	}
 	want := ingressFor(svc, addrs)
 	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {

@@ -414,3 +414,36 @@ func TestIPFamilyPolicyIsFollowed(t *testing.T) {
 		}
 	}
 }
+
+// An externalTrafficPolicy Local Service is told that its backends will not
+// see the client's address unless it asks for PROXY protocol v2; a value of
+// the annotation ebb does not know gets a Warning.
+func TestClientAddressEvents(t *testing.T) {
+	local := func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+	proxyProtocol := func(v string) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Annotations = map[string]string{lbmodel.ProxyProtocolAnnotation: v} }
+	}
+	tests := []struct {
+		name string
+		svc  *corev1.Service
+		want string // the event's type and reason, or none
+	}{
+		{"Local", lbSvc("s", local), "Normal " + ReasonClientAddressNotPreserved},
+		{"Local with PROXY protocol v2", lbSvc("s", local, proxyProtocol("v2")), ""},
+		{"Cluster", lbSvc("s"), ""},
+		{"an unknown PROXY protocol version", lbSvc("s", proxyProtocol("v1")), "Warning " + ReasonSyncFailed},
+	}
+	for _, tt := range tests {
+		r, rec := newReconciler(t, tt.svc)
+		reconcile(t, r, "s")
+		var got []string
+		for _, e := range eventstest.Recorded(rec) {
+			if strings.Contains(e, ReasonClientAddressNotPreserved) || strings.Contains(e, lbmodel.ProxyProtocolAnnotation) {
+				got = append(got, e)
+			}
+		}
+		if tt.want == "" && len(got) > 0 || tt.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tt.want)) {
+			t.Errorf("%s: events %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}

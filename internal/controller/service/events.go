@@ -56,3 +56,13 @@ func keepsNodePorts(svc *corev1.Service) bool {
 func familyUnavailable(svc *corev1.Service, why string) event.Event {
 	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonAddressFamilyUnavailable, Action: "Ensure", Note: why}
 }
+
+func clientAddressNotPreserved(svc *corev1.Service) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonClientAddressNotPreserved, Action: "Ensure",
+		Note: "externalTrafficPolicy is Local, but ebb's load balancer proxies or masquerades each connection, so the backends see a load-balancer host's address, not the client's; annotate the Service " + lbmodel.ProxyProtocolAnnotation + ": " + lbmodel.ProxyProtocolV2 + " if they read a PROXY protocol v2 header (TCP ports, proxy engine)"}
+}
+
+func badProxyProtocol(svc *corev1.Service, value string) event.Event {
+	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonSyncFailed, Action: "Ensure",
+		Note: fmt.Sprintf("annotation %s is %q, and the one value ebb knows is %s: no PROXY header is sent until it is %s or removed", lbmodel.ProxyProtocolAnnotation, value, lbmodel.ProxyProtocolV2, lbmodel.ProxyProtocolV2)}
+}

@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/pires/go-proxyproto"
 )
 
 // Identity is what a pod's HTTP echo answers with, so a client can tell
@@ -103,13 +106,42 @@ func echo(conn net.Conn, br *bufio.Reader) {
 	}
 }
 
-// peekedConn is a connection whose first bytes were read into a buffer.
+// peekedConn is a connection whose first bytes were read into a buffer,
+// from the client at remote (the PROXY header's, when one came first).
 type peekedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r      *bufio.Reader
+	remote net.Addr
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *peekedConn) RemoteAddr() net.Addr { return c.remote }
+
+// readProxyHeader reads a PROXY protocol v2 header if the connection starts
+// with one (as ebb's proxy engine sends it for a Service annotated
+// lb.ebb.dev/proxy-protocol: v2) and returns the client it names, or peer.
+// The echo reads one without being asked, as a test server may: a real
+// backend must trust the header only from its load balancers. Only a first
+// byte '\r' is looked at further, so that a raw echo client's short message
+// is never held waiting for more bytes.
+func readProxyHeader(br *bufio.Reader, peer net.Addr) (net.Addr, error) {
+	first, err := br.Peek(1)
+	if err != nil || first[0] != proxyproto.SIGV2[0] {
+		return peer, nil // an empty connection is isHTTP's to see
+	}
+	h, err := proxyproto.Read(br)
+	switch {
+	case errors.Is(err, proxyproto.ErrNoProxyProtocol):
+		return peer, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading a PROXY protocol header: %w", err)
+	}
+	if src, _, ok := h.TCPAddrs(); ok {
+		return src, nil
+	}
+	return peer, nil // a LOCAL command (a health check) names no client
+}
 
 // connListener hands connections already accepted elsewhere to an
 // http.Server.

@@ -348,12 +348,17 @@ func (p *podServer) acceptLoop(ln net.Listener, httpLn *connListener) {
 		}
 		go func() {
 			br := bufio.NewReader(conn)
+			client, err := readProxyHeader(br, conn.RemoteAddr())
+			if err != nil {
+				p.untrack(conn)
+				return
+			}
 			isHTTPConn, err := isHTTP(br)
 			switch {
 			case err != nil:
 				p.untrack(conn)
 			case isHTTPConn:
-				if !httpLn.offer(&peekedConn{Conn: conn, r: br}) {
+				if !httpLn.offer(&peekedConn{Conn: conn, r: br, remote: client}) {
 					p.untrack(conn)
 				}
 			default:

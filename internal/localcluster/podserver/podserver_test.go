@@ -1,15 +1,18 @@
 package podserver
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/pires/go-proxyproto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -59,6 +62,45 @@ func TestHTTPEchoNamesThePod(t *testing.T) {
 	}
 	if id.Pod != "web-1" || id.Namespace != "ns" || id.Node != "node-1" || id.Path != "/hello" || resp.Header.Get("X-Pod-Name") != "web-1" {
 		t.Errorf("identity %+v, header %q", id, resp.Header.Get("X-Pod-Name"))
+	}
+}
+
+// A connection that starts with a PROXY protocol v2 header (ebb's proxy
+// engine, lb.ebb.dev/proxy-protocol: v2) is answered with the client the
+// header names; one without a header, with its peer.
+func TestHTTPEchoReadsAProxyProtocolHeader(t *testing.T) {
+	_, addr := startTestPod(t)
+	client := &net.TCPAddr{IP: net.ParseIP("198.51.100.7"), Port: 40123}
+	for _, tt := range []struct {
+		name   string
+		header bool
+		want   string
+	}{{"with a header", true, client.String()}, {"without", false, "127.0.0.1:"}} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tt.header {
+			dst, _ := net.ResolveTCPAddr("tcp", addr)
+			if _, err := proxyproto.HeaderProxyFromAddrs(2, client, dst).WriteTo(conn); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id Identity
+		if err := json.NewDecoder(resp.Body).Decode(&id); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		if !strings.HasPrefix(id.Client, tt.want) {
+			t.Errorf("%s: client %q, want %q", tt.name, id.Client, tt.want)
+		}
 	}
 }
 

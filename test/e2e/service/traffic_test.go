@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/controller/service"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -58,6 +60,63 @@ func TestExternalTrafficPolicy(t *testing.T) {
 		if id.Node != onlyNode.Name {
 			t.Fatalf("answered on %s, want %s", id.Node, onlyNode.Name)
 		}
+	}
+}
+
+// No engine keeps the client's address on the way to the backends, Local
+// or not; an externalTrafficPolicy Local Service is told so (issue 50 item
+// 17), and one annotated lb.ebb.dev/proxy-protocol: v2 hands the address
+// to its backends in a PROXY protocol v2 header (the echo reads it).
+func TestClientAddressReachesTheBackendsByProxyProtocol(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 2)
+	for _, name := range []string{"plain", "proxied"} {
+		svc := lbService(ns, name, ebbClass)
+		svc.Spec.Selector = map[string]string{"app": "web"}
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		if name == "proxied" {
+			svc.Annotations = map[string]string{lbmodel.ProxyProtocolAnnotation: lbmodel.ProxyProtocolV2}
+		}
+		if _, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clientSeen := func(name string) (seen, client string) {
+		t.Helper()
+		url := "http://" + net.JoinHostPort(waitAddress(t, ctx, ns, name), "80") + "/"
+		waitServes(t, ctx, url)
+		var local string
+		via := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err == nil {
+					local = c.LocalAddr().String()
+				}
+				return c, err
+			}}}
+		id, err := getVia(ctx, via, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id.Client, local
+	}
+	seen, client := clientSeen("proxied")
+	t.Logf("with PROXY protocol v2 the backend saw %s; the client was %s", seen, client)
+	if seen != client {
+		t.Errorf("with PROXY protocol v2 the backend saw %s, want the client's %s", seen, client)
+	}
+	seen, client = clientSeen("plain")
+	t.Logf("without it the backend saw %s; the client was %s", seen, client)
+	if seen == client {
+		t.Errorf("without PROXY protocol the backend saw the client's %s: the event and docs say it cannot", client)
+	}
+	eventually(t, ctx, 30*time.Second, "a "+service.ReasonClientAddressNotPreserved+" event on the Service without it", func(ctx context.Context) (bool, string) {
+		return len(serviceEvents(t, ctx, ns, "plain", service.ReasonClientAddressNotPreserved)) > 0, "none yet"
+	})
+	if evs := serviceEvents(t, ctx, ns, "proxied", service.ReasonClientAddressNotPreserved); len(evs) > 0 {
+		t.Errorf("the Service with PROXY protocol was told its client address is lost: %q", evs)
 	}
 }
 
