@@ -148,6 +148,13 @@ type NodeMaintenanceNodeStatus struct {
 	// node, the least advanced targets among them apply.
 	// +optional
 	DrainTargets []DrainPlanEntry `json:"drainTargets,omitempty"`
+	// DrainPlanIndex is the entry of spec.drainPlan this node has reached
+	// (ebb's addition): the maintenance's own, or less for a node that
+	// joined the drain late and is catching up from the first entry.
+	// Absent on a status written before ebb recorded it: the
+	// maintenance's.
+	// +optional
+	DrainPlanIndex *int32 `json:"drainPlanIndex,omitempty"`
 	// DrainMessage says how the drain of this node goes and why the
 	// targets are what they are.
 	// +optional

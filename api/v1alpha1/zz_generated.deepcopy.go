@@ -365,6 +365,11 @@ func (in *NodeMaintenanceNodeStatus) DeepCopyInto(out *NodeMaintenanceNodeStatus
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.DrainPlanIndex != nil {
+		in, out := &in.DrainPlanIndex, &out.DrainPlanIndex
+		*out = new(int32)
+		**out = **in
+	}
 	if in.TrafficDrainStartTime != nil {
 		in, out := &in.TrafficDrainStartTime, &out.TrafficDrainStartTime
 		*out = (*in).DeepCopy()

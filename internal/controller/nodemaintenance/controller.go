@@ -307,11 +307,22 @@ func drainStates(w *world) []*drainState {
 		s := &drainState{
 			Name: nm.Name, Created: nm.CreationTimestamp.Time, Plan: plan,
 			Index: min(int(nm.Status.DrainPlanIndex), len(plan)-1), Nodes: w.selected[nm.Name],
-			Recorded: map[string][]v1alpha1.DrainPlanEntry{},
+			Recorded: map[string][]v1alpha1.DrainPlanEntry{}, Behind: map[string]int{},
 		}
 		for _, ns := range nm.Status.NodeStatuses {
 			if len(ns.DrainTargets) > 0 {
 				s.Recorded[ns.NodeRef.Name] = ns.DrainTargets
+			}
+			if ns.DrainPlanIndex != nil && int(*ns.DrainPlanIndex) < s.Index {
+				s.Behind[ns.NodeRef.Name] = int(*ns.DrainPlanIndex)
+			}
+		}
+		// A node the drain never targeted joined late: it starts at the
+		// first entry. (A node of a status written before ebb recorded
+		// each node's entry has targets, and is at the maintenance's.)
+		for _, node := range s.Nodes {
+			if _, targeted := s.Recorded[node]; !targeted && s.Index > 0 {
+				s.Behind[node] = 0
 			}
 		}
 		out = append(out, s)

@@ -497,3 +497,61 @@ func TestAdoptedEvacuationIsReleasedOnComplete(t *testing.T) {
 		t.Errorf("after Complete: finalizers %v, want only the other instigator's", e.Finalizers)
 	}
 }
+
+// Issue 41 item 3, through the controller: a node that the selector takes
+// in after the drain reached the DaemonSet entry starts at the plan's first
+// entry (recorded in its status as drainPlanIndex 0), so its DaemonSet pod
+// (a CNI agent, say) gets no Evacuation while the node's other pods are
+// still there; the node already drained keeps its entry.
+func TestANodeJoiningMidDrainStartsFromTheFirstEntry(t *testing.T) {
+	pool := map[string]string{"pool": "a"}
+	one := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "one", Labels: pool}}
+	two := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "two"}}
+	pod := func(name, node string, priority int32, daemonSet bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)},
+			Spec: corev1.PodSpec{NodeName: node, Priority: &priority}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if daemonSet {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "cni", UID: "ds", Controller: ptr.To(true)}}
+		}
+		return p
+	}
+	nm := &v1alpha1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Name: "upgrade", Finalizers: []string{v1alpha1.MaintenanceCompletionFinalizer}},
+		Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "OS upgrade", DrainPlan: drainplan.Defaults(),
+			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}},
+			}}}},
+	}
+	r, cl, _ := newFakeReconciler(t, one, two, pod("cni-one", "one", 2000, true), pod("cni-two", "two", 2000, true), pod("web", "two", 1000, false), nm)
+	ctx := context.Background()
+	got := reconcileMaintenance(t, r, cl, nm)
+	got = reconcileMaintenance(t, r, cl, got)
+	reached := got.Status.DrainPlanIndex
+	if got.Spec.DrainPlan[reached].PodType != v1alpha1.DaemonSet {
+		t.Fatalf("the drain of node one reached entry %d (%v), want the DaemonSet entry", reached, got.Spec.DrainPlan)
+	}
+
+	two.Labels = pool
+	if err := cl.Update(ctx, two); err != nil {
+		t.Fatal(err)
+	}
+	got = reconcileMaintenance(t, r, cl, got)
+	got = reconcileMaintenance(t, r, cl, got)
+	if ns := oldNodeStatus(got, "two"); ns == nil || ns.DrainPlanIndex == nil || *ns.DrainPlanIndex != 0 || drainplan.LevelOf(ns.DrainTargets) != drainplan.LevelAt(got.Spec.DrainPlan, 0) {
+		t.Errorf("node two joined with status %+v, want drainPlanIndex 0 and the first entry's targets", ns)
+	}
+	if ns := oldNodeStatus(got, "one"); ns == nil || ns.DrainPlanIndex == nil || *ns.DrainPlanIndex != reached {
+		t.Errorf("node one: status %+v, want drainPlanIndex %d", ns, reached)
+	}
+	var evs v1alpha1.EvacuationList
+	if err := cl.List(ctx, &evs); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range evs.Items {
+		names = append(names, e.Name)
+	}
+	if !slices.Contains(names, "uid-web-web") || slices.Contains(names, "uid-cni-two-cni-two") {
+		t.Errorf("Evacuations %v, want web's and not node two's DaemonSet pod's", names)
+	}
+}

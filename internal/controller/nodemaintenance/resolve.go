@@ -17,6 +17,13 @@ type drainState struct {
 	Plan    []v1alpha1.DrainPlanEntry
 	// Index is the plan entry reached.
 	Index int
+	// Behind holds the nodes that joined the drain after it had passed
+	// the first entry, and have not caught up yet: the entry each has
+	// reached. A joining node starts at the first entry and moves up with
+	// its own progress, so that the pods that others depend on (a
+	// DaemonSet's: CNI, CSI, logs) do not leave with them at once. Every
+	// other node is at Index.
+	Behind map[string]int
 	// Nodes it selects, sorted.
 	Nodes []string
 	// Recorded is the drain targets its status shows per node: targets
@@ -28,6 +35,41 @@ type drainState struct {
 func (d *drainState) own() []v1alpha1.DrainPlanEntry { return drainplan.TargetsAt(d.Plan, d.Index) }
 func (d *drainState) level() drainplan.Level         { return drainplan.LevelAt(d.Plan, d.Index) }
 func (d *drainState) last() bool                     { return d.Index >= len(d.Plan)-1 }
+
+// at is the plan entry node has reached in d: Index, or less for a node
+// that joined late.
+func (d *drainState) at(node string) int {
+	if i, ok := d.Behind[node]; ok && i < d.Index {
+		return i
+	}
+	return d.Index
+}
+
+func (d *drainState) behind(node string) bool { return d.at(node) < d.Index }
+func (d *drainState) ownOn(node string) []v1alpha1.DrainPlanEntry {
+	return drainplan.TargetsAt(d.Plan, d.at(node))
+}
+func (d *drainState) levelOn(node string) drainplan.Level { return drainplan.LevelAt(d.Plan, d.at(node)) }
+func (d *drainState) lastOn(node string) bool             { return d.at(node) >= len(d.Plan)-1 }
+
+// catchUp moves each node of d that joined late one entry up when the
+// pods of its own entry are gone, and reports whether one moved.
+func (r *resolution) catchUp(d *drainState) bool {
+	moved := false
+	for _, node := range d.Nodes {
+		if !d.behind(node) {
+			continue
+		}
+		if t := r.nodes[node]; !t.Level.Less(d.levelOn(node)) && r.count(node, d.ownOn(node)) == 0 {
+			d.Behind[node]++
+			if d.Behind[node] >= d.Index {
+				delete(d.Behind, node)
+			}
+			moved = true
+		}
+	}
+	return moved
+}
 
 // older orders maintenances by age, then name.
 func older(a, b *drainState) bool {
@@ -78,6 +120,10 @@ func resolve(states []*drainState, remaining remainingFunc) *resolution {
 		r.computeNodes(remaining)
 		moved := false
 		for _, s := range r.sorted() {
+			if r.catchUp(s) {
+				moved = true
+				continue // the targets changed: look again before advancing
+			}
 			if !s.last() && r.finished(s) {
 				s.Index++
 				moved = true
@@ -136,16 +182,16 @@ func (r *resolution) least(node string) nodeTargets {
 	var t nodeTargets
 	found := false
 	for _, c := range r.covering(node) {
-		if l := c.level(); !c.last() && (!found || l.Less(t.Level)) {
-			t, found = nodeTargets{Targets: c.own(), Level: l, From: c.Name}, true
+		if l := c.levelOn(node); !c.lastOn(node) && (!found || l.Less(t.Level)) {
+			t, found = nodeTargets{Targets: c.ownOn(node), Level: l, From: c.Name}, true
 		}
 	}
 	if found {
 		return t
 	}
 	for i, c := range r.covering(node) {
-		if l := c.level(); i == 0 || t.Level.Less(l) {
-			t = nodeTargets{Targets: c.own(), Level: l, From: c.Name}
+		if l := c.levelOn(node); i == 0 || t.Level.Less(l) {
+			t = nodeTargets{Targets: c.ownOn(node), Level: l, From: c.Name}
 		}
 	}
 	return t
@@ -158,14 +204,15 @@ func (r *resolution) finished(s *drainState) bool {
 }
 
 // blocker returns the first node of s that keeps it from its next entry:
-// one whose targets do not reach s's own entry yet, or that still has pods
-// s's own targets select. (A node fast-forwarded beyond s's entry only
-// needs the pods of s's entry gone.)
+// one that joined late and has not caught up, one whose targets do not
+// reach s's own entry yet, or one that still has pods s's own targets
+// select. (A node fast-forwarded beyond s's entry only needs the pods of
+// s's entry gone.)
 func (r *resolution) blocker(s *drainState) string {
 	own := s.own()
 	for _, node := range s.Nodes {
 		t := r.nodes[node]
-		if t.Level.Less(s.level()) || r.count(node, own) > 0 {
+		if s.behind(node) || t.Level.Less(s.level()) || r.count(node, own) > 0 {
 			return node
 		}
 	}
@@ -180,7 +227,9 @@ func (r *resolution) drained(s *drainState) bool { return s.last() && r.finished
 func (r *resolution) message(s *drainState, node string) string {
 	t := r.nodes[node]
 	if r.remaining[node] > 0 {
-		switch own := s.level(); {
+		switch own := s.levelOn(node); {
+		case s.behind(node) && !t.Level.Less(own):
+			return fmt.Sprintf("Evacuating (joined the drain late: from the plan's first entry, now at entry %d of %d)", s.at(node)+1, len(s.Plan))
 		case t.Level.Less(own):
 			return fmt.Sprintf("Evacuating (limited by %s)", r.limiter(node, t))
 		case own.Less(t.Level):
@@ -212,7 +261,7 @@ func (r *resolution) message(s *drainState, node string) string {
 // oldest one on it whose own entry is at the node's level.
 func (r *resolution) limiter(node string, t nodeTargets) string {
 	for _, c := range r.covering(node) {
-		if c.level() == t.Level {
+		if c.levelOn(node) == t.Level {
 			return c.Name
 		}
 	}
@@ -250,7 +299,7 @@ func (r *resolution) holder(s *drainState, seen map[string]bool) (held, by strin
 		return "", s.Name
 	}
 	t := r.nodes[b]
-	if r.remaining[b] > 0 || !t.Level.Less(s.level()) {
+	if r.remaining[b] > 0 || s.behind(b) || !t.Level.Less(s.level()) {
 		return b, s.Name
 	}
 	other := r.maintenances[r.limiter(b, t)]

@@ -146,9 +146,52 @@ func TestResolveFollowsTheKEPExample(t *testing.T) {
 	}
 }
 
+// Issue 41 item 3: a node that joins a maintenance after its drain passed
+// the first entry starts at the first entry and moves up with its own
+// progress (it used to get the maintenance's current targets at once, so
+// a CNI or log DaemonSet left together with the pods that need it). The
+// maintenance waits for it before its next entry; its other nodes keep
+// their targets (they never move back).
+func TestANodeJoiningMidDrainStartsAtTheFirstEntry(t *testing.T) {
+	a := &drainState{Name: "a", Plan: plan(100, v1alpha1.Default, 200, v1alpha1.Default, 300, v1alpha1.Default, 400, v1alpha1.Default), Nodes: []string{"n1"}}
+	pods := cluster{"n1": {300}, "n2": {50, 150, 250}}
+	resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 2 {
+		t.Fatalf("index %d, want 2 (nothing at or below 200 on n1)", a.Index)
+	}
+	a.Nodes, a.Behind = []string{"n1", "n2"}, map[string]int{"n2": 0} // n2 joins
+	r := resolve([]*drainState{a}, pods.remaining)
+	check(t, "joined", r, []want{
+		{"a", "n1", 300, "Evacuating"},
+		{"a", "n2", 100, "Evacuating (joined the drain late: from the plan's first entry, now at entry 1 of 4)"},
+	})
+	pods["n1"] = nil // n1 is done with its entry, but a waits for n2
+	r = resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 2 {
+		t.Fatalf("a moved on to entry %d while n2 had not caught up", a.Index+1)
+	}
+	check(t, "n1 empty", r, []want{{"a", "n2", 100, "Evacuating (joined the drain late: from the plan's first entry, now at entry 1 of 4)"}})
+	if got := r.message(a, "n1"); got != "Waiting for node n2." {
+		t.Errorf("n1 says %q", got)
+	}
+	pods["n2"] = []int32{150, 250}
+	r = resolve([]*drainState{a}, pods.remaining)
+	check(t, "n2 one step up", r, []want{{"a", "n2", 200, "Evacuating (joined the drain late: from the plan's first entry, now at entry 2 of 4)"}})
+	pods["n2"] = []int32{250}
+	r = resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 2 || len(a.Behind) != 0 {
+		t.Fatalf("index %d, behind %v: n2 caught up with entry 3 and still has a pod there", a.Index, a.Behind)
+	}
+	check(t, "caught up", r, []want{{"a", "n1", 300, "Waiting for node n2."}, {"a", "n2", 300, "Evacuating"}})
+	pods["n2"] = nil
+	resolve([]*drainState{a}, pods.remaining)
+	if a.Index != 3 {
+		t.Errorf("index %d, want 3 once both nodes are done with entry 3", a.Index)
+	}
+}
+
 // Targets never move backwards: a pod appearing later that an earlier
-// step selected is targeted again without the index going back; and a
-// node joining an advanced maintenance starts at the maintenance's level.
+// step selected is targeted again without the index going back.
 func TestResolveNeverBacktracks(t *testing.T) {
 	a := &drainState{Name: "a", Plan: plan(100, v1alpha1.Default, 200, v1alpha1.Default, 300, v1alpha1.Default), Nodes: []string{"n1"}}
 	pods := cluster{"n1": {100, 300}, "n2": {50, 250}}

@@ -10,6 +10,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/event"
@@ -78,6 +79,7 @@ func (r *Reconciler) nodeStatuses(nm, orig *v1alpha1.NodeMaintenance, w *world, 
 		if drain != nil && drain.self != nil {
 			d := drain.nodes[name]
 			ns.DrainTargets = drain.res.nodes[name].Targets
+			ns.DrainPlanIndex = ptr.To(int32(drain.self.at(name)))
 			ns.DrainMessage = drain.res.message(drain.self, name)
 			ns.PodsPendingEvacuation, ns.PodsEvacuating = int32(d.pending), int32(d.evacuating)
 			ns.PodsTotal = ns.PodsPendingEvacuation + ns.PodsEvacuating
