@@ -49,8 +49,10 @@ func (d *drainState) behind(node string) bool { return d.at(node) < d.Index }
 func (d *drainState) ownOn(node string) []v1alpha1.DrainPlanEntry {
 	return drainplan.TargetsAt(d.Plan, d.at(node))
 }
-func (d *drainState) levelOn(node string) drainplan.Level { return drainplan.LevelAt(d.Plan, d.at(node)) }
-func (d *drainState) lastOn(node string) bool             { return d.at(node) >= len(d.Plan)-1 }
+func (d *drainState) levelOn(node string) drainplan.Level {
+	return drainplan.LevelAt(d.Plan, d.at(node))
+}
+func (d *drainState) lastOn(node string) bool { return d.at(node) >= len(d.Plan)-1 }
 
 // catchUp moves each node of d that joined late one entry up when the
 // pods of its own entry are gone, and reports whether one moved.
