@@ -3,6 +3,7 @@ package maintenance_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -120,4 +122,105 @@ func TestDrainOrderByPodType(t *testing.T) {
 	if n := agentOn(ctx); n != 0 {
 		t.Errorf("the DaemonSet controller put %d pod(s) back on the draining node", n)
 	}
+}
+
+// A node that joins a drain under way (issue 41 item 3), here by a label
+// the maintenance's selector takes, starts at the plan's first entry: its
+// ordinary pod is evacuated first and its DaemonSet pod (say, the CNI
+// agent the ordinary pod needs) only after, although the drain of the
+// first node had reached the DaemonSet entry.
+func TestANodeJoiningADrainStartsFromTheFirstEntry(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	admin, _ := newClient(t, "")
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	first, joining := cluster.Nodes[1].Name, cluster.Nodes[2].Name
+	const label = "e2e.ebb.dev/join"
+	setLabel := func(node, value string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, label, value)
+		if _, err := cluster.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, n := range []string{first, joining} {
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, label)
+			_, _ = cluster.Client.CoreV1().Nodes().Patch(context.Background(), n, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		}
+	})
+
+	tmpl := cluster.AppDeployment(ns, "agent", 1).Spec.Template
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
+		Spec:       appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}}, Template: tmpl},
+	}
+	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agentOn := func(ctx context.Context, node string) string {
+		for _, p := range appPods(t, ctx, ns, "agent") {
+			if p.Spec.NodeName == node && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				return p.Name
+			}
+		}
+		return ""
+	}
+	for _, n := range []string{first, joining} {
+		eventually(t, ctx, time.Minute, "the DaemonSet's pod on "+n, func(ctx context.Context) (bool, string) {
+			return agentOn(ctx, n) != "", "none running"
+		})
+	}
+	firstAgent, joiningAgent := agentOn(ctx, first), agentOn(ctx, joining)
+	pinnedApp(t, ctx, ns, "web", joining, "", 1)
+	webPod := appPods(t, ctx, ns, "web")[0].Name
+
+	setLabel(first, strconv.Quote(ns))
+	create(t, ctx, admin, maintenance("joining", v1alpha1.Drain, &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: label, Operator: corev1.NodeSelectorOpIn, Values: []string{ns}}},
+	}}}))
+	eventually(t, ctx, time.Minute, "the drain of "+first+" at its DaemonSet pod", func(ctx context.Context) (bool, string) {
+		_, ok := evacuations(t, ctx, ns)[firstAgent]
+		return ok, fmt.Sprintf("Evacuations %v", evacuationNames(t, ctx, ns))
+	})
+
+	// The budget holds the ordinary pod on the joining node (ebb's
+	// Evacuation controller would evict it at once), so that what the
+	// drain does meanwhile can be seen.
+	removeBudget := pdb(t, ctx, ns, "web", 1)
+	setLabel(joining, strconv.Quote(ns))
+	eventually(t, ctx, 30*time.Second, joining+" joining at the first entry, its ordinary pod evacuated", func(ctx context.Context) (bool, string) {
+		st := nodeStatus(getNM(t, ctx, "joining"), joining)
+		_, web := evacuations(t, ctx, ns)[webPod]
+		return web && st.DrainPlanIndex != nil && *st.DrainPlanIndex == 0 && strings.Contains(st.DrainMessage, "joined the drain late"),
+			fmt.Sprintf("status %+v, Evacuations %v", st, evacuationNames(t, ctx, ns))
+	})
+	time.Sleep(2 * time.Second) // what the controller does next with the same pods
+	if _, ok := evacuations(t, ctx, ns)[joiningAgent]; ok {
+		t.Fatalf("the DaemonSet pod on the joining node %s was evacuated while its ordinary pod was still there", joining)
+	}
+
+	// The budget gone, the ordinary pod leaves, and only then the
+	// DaemonSet pod's Evacuation comes.
+	removeBudget()
+	evacuate(t, ctx, ns)
+	eventually(t, ctx, time.Minute, "the joining node's DaemonSet pod evacuated after its ordinary pod left", func(ctx context.Context) (bool, string) {
+		if _, ok := evacuations(t, ctx, ns)[joiningAgent]; !ok {
+			return false, fmt.Sprintf("Evacuations %v, status %+v", evacuationNames(t, ctx, ns), nodeStatus(getNM(t, ctx, "joining"), joining))
+		}
+		for _, p := range appPods(t, ctx, ns, "web") {
+			if p.Name == webPod {
+				t.Fatalf("the DaemonSet pod on %s was evacuated while its ordinary pod %s was still there (%s)", joining, webPod, p.Status.Phase)
+			}
+		}
+		return true, ""
+	})
+}
+
+func evacuationNames(t *testing.T, ctx context.Context, ns string) []string {
+	var out []string
+	for name := range evacuations(t, ctx, ns) {
+		out = append(out, name)
+	}
+	return out
 }
