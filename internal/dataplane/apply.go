@@ -28,6 +28,9 @@ const (
 	// SkipKernelFailed: the kernel engine's nftables table could not be
 	// installed (no CAP_NET_ADMIN, no nf_tables in the kernel, ...).
 	SkipKernelFailed SkipReason = "KernelFailed"
+	// SkipKernelFull: the kernel engine's eBPF path has no room left in
+	// its fixed-size maps for the frontend (the others are served).
+	SkipKernelFull SkipReason = "KernelFull"
 )
 
 // SkippedFrontend is a frontend that Apply could not serve.

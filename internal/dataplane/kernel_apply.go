@@ -23,9 +23,11 @@ func (d *DataPlane) removeEngineSwitches(admitted []Frontend) {
 // frontends, if there are any or the tables hold some. Without prepare,
 // the entries prepared for the nodes' next changes are brought up to date
 // a little later (see kernelEngine.sync), so that an admin-state or probe
-// change takes effect at once. When the tables cannot be installed, every
-// kernel frontend is taken out and returned as skipped (the previous
-// tables, if any, stay in the kernel). d.mu is held.
+// change takes effect at once. A frontend the path has no room for is
+// taken out and returned as skipped, the others are served. When the
+// tables cannot be installed, every kernel frontend is taken out and
+// returned as skipped (the previous tables, if any, stay in the kernel).
+// d.mu is held.
 func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	if d.handedOver {
 		return nil // the tables are the successor's now
@@ -35,15 +37,24 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	if len(kernel) == 0 && !d.kernelInstalled {
 		return nil
 	}
-	stale, err := d.kernel.sync(kernel, d.m, prepare)
-	if err == nil {
-		d.kernelInstalled = len(kernel) > 0
-		if stale {
-			d.prepareKernelLater()
-		}
-		return nil
-	}
 	var skipped []SkippedFrontend
+	fits, full, err := d.kernel.fit(kernel)
+	if err == nil {
+		for f, why := range full {
+			skipped = append(skipped, SkippedFrontend{Name: f.set.Load().cfg.Name, Reason: SkipKernelFull, Err: fmt.Errorf("kernel engine: %s", why)})
+			f.remove()
+			delete(d.frontends, f.key)
+		}
+		kernel = fits
+		var stale bool
+		if stale, err = d.kernel.sync(kernel, d.m, prepare); err == nil {
+			d.kernelInstalled = len(kernel) > 0
+			if stale {
+				d.prepareKernelLater()
+			}
+			return skipped
+		}
+	}
 	for _, f := range kernel {
 		name := f.set.Load().cfg.Name
 		skipped = append(skipped, SkippedFrontend{Name: name, Reason: SkipKernelFailed, Err: fmt.Errorf("kernel engine: %w", err)})

@@ -65,6 +65,9 @@ type ebpfPath struct {
 	idle atomic.Pointer[map[bpfFrontendKey]time.Duration]
 	// stopWorkers stops the sweeper and the interface watcher.
 	stopWorkers chan struct{}
+	// capacity, if set, replaces the maps' sizes in fit (tests: a full
+	// map without writing a million elements).
+	capacity map[string]int
 }
 
 func newEBPFPath(opts Options) *ebpfPath {
@@ -265,6 +268,7 @@ func (e *ebpfPath) sync(frontends []*frontend, m *metrics, prepare bool) (stale 
 		return false, fmt.Errorf("writing the eBPF kernel path's maps: %w", err)
 	}
 	e.contents = contents
+	e.observeMaps(m)
 	e.record(want, families, prepared)
 	m.kernelSyncs.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 	return stale, nil

@@ -33,6 +33,9 @@ type kernelPath interface {
 	// undone, and says with stale whether a sync with prepare should
 	// follow.
 	sync(frontends []*frontend, m *metrics, prepare bool) (stale bool, err error)
+	// fit picks the frontends the path has room for, and says for each
+	// of the others why not.
+	fit(frontends []*frontend) (fits []*frontend, full map[*frontend]string, err error)
 	// flipOwner applies one owner's admin-state change on a fast path if
 	// it can, and reports whether it did; sync does it otherwise.
 	flipOwner(frontends []*frontend, owner string, m *metrics) (bool, error)
@@ -79,6 +82,11 @@ func newKernelPath(opts Options) (kernelPath, error) {
 
 // unsupported: the nftables path serves whatever the kernel engine can.
 func (k *kernelEngine) unsupported(*Frontend) string { return "" }
+
+// fit: the nftables path's sets and maps grow as needed.
+func (k *kernelEngine) fit(frontends []*frontend) ([]*frontend, map[*frontend]string, error) {
+	return frontends, nil, nil
+}
 
 // kernelUnsupported says why the kernel engine, on this data plane's
 // kernel path, cannot serve a frontend, or "".

@@ -22,6 +22,8 @@ type metrics struct {
 	kernelFailures   prometheus.Counter
 	kernelReused     prometheus.Counter
 	inheritedSockets prometheus.Counter
+	bpfElements      *prometheus.GaugeVec
+	bpfSize          *prometheus.GaugeVec
 }
 
 var backendLabels = []string{"frontend", "backend", "owner"}
@@ -62,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ebb_dataplane_frontend_skipped",
-			Help: "1 for each frontend the last apply could not serve; reason is Invalid, AddressConflict, ListenFailed or KernelFailed.",
+			Help: "1 for each frontend the last apply could not serve; reason is Invalid, AddressConflict, ListenFailed, KernelFailed or KernelFull.",
 		}, []string{"frontend", "reason"}),
 		engines: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ebb_dataplane_frontend_engine",
@@ -82,8 +84,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		inheritedSockets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ebb_dataplane_inherited_sockets_total", Help: "Frontend sockets served that a predecessor process handed over, instead of opened anew.",
 		}),
+		bpfElements: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_bpf_map_elements", Help: "Elements the eBPF kernel path's fixed-size maps hold after its last sync (frontends, homes, backends, ranges, owners); compare with ebb_dataplane_bpf_map_size.",
+		}, []string{"map"}),
+		bpfSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_bpf_map_size", Help: "The most elements each of the eBPF kernel path's maps holds; a frontend that does not fit is not served (ebb_dataplane_frontend_skipped reason KernelFull).",
+		}, []string{"map"}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets, m.bpfElements, m.bpfSize} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
