@@ -62,7 +62,7 @@ func (r *resolution) catchUp(d *drainState) bool {
 		if !d.behind(node) {
 			continue
 		}
-		if t := r.nodes[node]; !t.Level.Less(d.levelOn(node)) && r.count(node, d.ownOn(node)) == 0 {
+		if t := r.nodes[node]; drainplan.Covers(t.Targets, d.ownOn(node)) && r.count(node, d.ownOn(node)) == 0 {
 			d.Behind[node]++
 			if d.Behind[node] >= d.Index {
 				delete(d.Behind, node)
@@ -166,11 +166,15 @@ func (r *resolution) computeNodes(remaining remainingFunc) {
 			}
 			t := r.least(node)
 			for _, c := range r.covering(node) {
-				rec, ok := c.Recorded[node]
-				if l := drainplan.LevelOf(rec); ok && t.Level.Less(l) {
-					t = nodeTargets{Targets: rec, Level: l, From: c.Name, Floor: true}
+				// Targets never move backwards: every pod a status has
+				// published as targeted stays targeted. Compared as the
+				// pods they select, not by level: targets with selectors
+				// may each select pods the other does not.
+				if rec, ok := c.Recorded[node]; ok && !drainplan.Covers(t.Targets, rec) {
+					t = nodeTargets{Targets: drainplan.Union(t.Targets, rec), From: c.Name, Floor: true}
 				}
 			}
+			t.Level = drainplan.LevelOf(t.Targets)
 			r.nodes[node] = t
 			r.remaining[node] = remaining(node, t.Targets)
 		}
@@ -214,7 +218,7 @@ func (r *resolution) blocker(s *drainState) string {
 	own := s.own()
 	for _, node := range s.Nodes {
 		t := r.nodes[node]
-		if s.behind(node) || t.Level.Less(s.level()) || r.count(node, own) > 0 {
+		if s.behind(node) || !drainplan.Covers(t.Targets, own) || r.count(node, own) > 0 {
 			return node
 		}
 	}
@@ -229,12 +233,12 @@ func (r *resolution) drained(s *drainState) bool { return s.last() && r.finished
 func (r *resolution) message(s *drainState, node string) string {
 	t := r.nodes[node]
 	if r.remaining[node] > 0 {
-		switch own := s.levelOn(node); {
-		case s.behind(node) && !t.Level.Less(own):
+		switch own := s.ownOn(node); {
+		case s.behind(node) && drainplan.Covers(t.Targets, own):
 			return fmt.Sprintf("Evacuating (joined the drain late: from the plan's first entry, now at entry %d of %d)", s.at(node)+1, len(s.Plan))
-		case t.Level.Less(own):
-			return fmt.Sprintf("Evacuating (limited by %s)", r.limiter(node, t))
-		case own.Less(t.Level):
+		case !drainplan.Covers(t.Targets, own):
+			return fmt.Sprintf("Evacuating (limited by %s)", r.limitedBy(node, own, t))
+		case !drainplan.Covers(own, t.Targets):
 			by := r.limiter(node, t)
 			switch o := r.maintenances[by]; {
 			case by == s.Name:
@@ -270,6 +274,18 @@ func (r *resolution) limiter(node string, t nodeTargets) string {
 	return t.From
 }
 
+// limitedBy names the maintenance that keeps a node's targets from
+// selecting every pod of own: the oldest one on it, not at its last entry,
+// whose own targets there do not.
+func (r *resolution) limitedBy(node string, own []v1alpha1.DrainPlanEntry, t nodeTargets) string {
+	for _, c := range r.covering(node) {
+		if !c.lastOn(node) && !drainplan.Covers(c.ownOn(node), own) {
+			return c.Name
+		}
+	}
+	return r.limiter(node, t)
+}
+
 // waiting says which node, of which maintenance, s is waiting for.
 func (r *resolution) waiting(s *drainState, node string) string {
 	if r.blocker(s) == "" {
@@ -301,10 +317,10 @@ func (r *resolution) holder(s *drainState, seen map[string]bool) (held, by strin
 		return "", s.Name
 	}
 	t := r.nodes[b]
-	if r.remaining[b] > 0 || s.behind(b) || !t.Level.Less(s.level()) {
+	if r.remaining[b] > 0 || s.behind(b) || drainplan.Covers(t.Targets, s.own()) {
 		return b, s.Name
 	}
-	other := r.maintenances[r.limiter(b, t)]
+	other := r.maintenances[r.limitedBy(b, s.own(), t)]
 	if other == nil || seen[other.Name] {
 		return b, s.Name
 	}
