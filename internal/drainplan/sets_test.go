@@ -11,7 +11,9 @@ import (
 
 func TestCoversAndUnionCompareTheSelectedPods(t *testing.T) {
 	pg := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "postgres"}}
-	d := func(prio int32) v1alpha1.DrainPlanEntry { return v1alpha1.DrainPlanEntry{PodType: v1alpha1.Default, PodPriority: prio} }
+	d := func(prio int32) v1alpha1.DrainPlanEntry {
+		return v1alpha1.DrainPlanEntry{PodType: v1alpha1.Default, PodPriority: prio}
+	}
 	sel := func(prio int32) v1alpha1.DrainPlanEntry {
 		return v1alpha1.DrainPlanEntry{PodType: v1alpha1.Default, PodPriority: prio, PodSelector: pg}
 	}
