@@ -33,7 +33,6 @@ type drainState struct {
 }
 
 func (d *drainState) own() []v1alpha1.DrainPlanEntry { return drainplan.TargetsAt(d.Plan, d.Index) }
-func (d *drainState) level() drainplan.Level         { return drainplan.LevelAt(d.Plan, d.Index) }
 func (d *drainState) last() bool                     { return d.Index >= len(d.Plan)-1 }
 
 // at is the plan entry node has reached in d: Index, or less for a node
