@@ -57,6 +57,10 @@ const (
 	// ReasonClientAddressNotPreserved: an externalTrafficPolicy Local
 	// Service whose backends will not see the client's address.
 	ReasonClientAddressNotPreserved = "ClientAddressNotPreserved"
+	// ReasonAddressConflict: the Service's status shows an address other
+	// Services hold (two leaders gave it out at once, or someone wrote the
+	// status): it gets another.
+	ReasonAddressConflict = "AddressConflict"
 )
 
 // retryAfterBadRequest is when a Service whose request failed is looked at
@@ -183,6 +187,15 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 			r.initErr = fmt.Errorf("listing services to rebuild address allocations: %w", err)
 			return
 		}
+		// Oldest first: of two Services that show one address and may not
+		// share it, the older keeps it (Adopt), and the other gets a new
+		// one at its reconcile, with a Warning.
+		slices.SortFunc(list.Items, func(a, b corev1.Service) int {
+			if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+				return c
+			}
+			return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		})
 		for i := range list.Items {
 			svc := &list.Items[i]
 			if !r.served(svc) {
@@ -190,7 +203,7 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 			}
 			for _, ing := range svc.Status.LoadBalancer.Ingress {
 				if addr, err := netip.ParseAddr(ing.IP); err == nil {
-					r.IPAM.Record(addr, holderOf(svc, nil))
+					r.IPAM.Adopt(addr, holderOf(svc, nil))
 				}
 			}
 		}
@@ -226,6 +239,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	r.reportConflicts(svc, holder)
 	addrs, skipped, err := r.allocate(svc, holder)
 	if err != nil {
 		event.Publish(r.Recorder, allocationFailed(svc, err))
@@ -404,6 +418,22 @@ func familyOf(addr netip.Addr) corev1.IPFamily {
 		return corev1.IPv6Protocol
 	}
 	return corev1.IPv4Protocol
+}
+
+// reportConflicts warns about each address in svc's status that other
+// Services hold and svc may not share: svc is given another (allocate), and
+// says why its address changes.
+func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) {
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		addr, err := netip.ParseAddr(ing.IP)
+		if err != nil {
+			continue
+		}
+		if others := r.IPAM.Conflicting(addr, holder); len(others) > 0 {
+			event.Publish(r.Recorder, addressConflict(svc, addr, others))
+			r.Metrics.failed("address_conflict")
+		}
+	}
 }
 
 // releaseExcept frees the Service's addresses that it no longer uses, and

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -445,5 +446,52 @@ func TestClientAddressEvents(t *testing.T) {
 		if tt.want == "" && len(got) > 0 || tt.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tt.want)) {
 			t.Errorf("%s: events %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// Issue 42 item 7: two leaders in a split brain can each give one free
+// address to a different Service. After a restart the older Service keeps
+// it, the younger gets another address and a Warning naming the older;
+// before, both kept it (start-up recorded both silently), and two Services
+// were served at one address.
+func TestASplitBrainsDuplicateAddressIsUndone(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC))
+	older := lbSvc("older", withStatus("10.96.255.7"), func(s *corev1.Service) { s.CreationTimestamp = t0 })
+	younger := lbSvc("younger", withStatus("10.96.255.7"), func(s *corev1.Service) { s.CreationTimestamp = metav1.NewTime(t0.Add(time.Minute)) })
+	sharing := func(name string, created metav1.Time) *corev1.Service {
+		return lbSvc(name, withStatus("10.96.255.8"), func(s *corev1.Service) {
+			s.CreationTimestamp = created
+			s.Annotations = map[string]string{ShareAnnotation: "k"}
+			s.Spec.Ports[0].Port = 80 + int32(len(name))
+		})
+	}
+	r, rec := newReconciler(t, younger, older, sharing("one", t0), sharing("three", t0))
+	for _, name := range []string{"younger", "older", "one", "three"} {
+		reconcile(t, r, name)
+	}
+	get := func(name string) string {
+		svc := &corev1.Service{}
+		if err := r.Client.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, svc); err != nil {
+			t.Fatal(err)
+		}
+		return svc.Status.LoadBalancer.Ingress[0].IP
+	}
+	if got := get("older"); got != "10.96.255.7" {
+		t.Errorf("the older Service has %s, want it to keep 10.96.255.7", got)
+	}
+	if got := get("younger"); got == "10.96.255.7" {
+		t.Errorf("the younger Service kept 10.96.255.7, which the older holds")
+	}
+	if get("one") != "10.96.255.8" || get("three") != "10.96.255.8" {
+		t.Errorf("Services sharing an address by key lost it: %s, %s", get("one"), get("three"))
+	}
+	var warnings []string
+	for _, e := range eventstest.Recorded(rec) {
+		if strings.HasPrefix(e, "Warning "+ReasonAddressConflict) {
+			warnings = append(warnings, e)
+		}
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "also ns/older's") {
+		t.Errorf("warnings %q, want one %s naming ns/older", warnings, ReasonAddressConflict)
 	}
 }

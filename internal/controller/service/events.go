@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -65,4 +66,13 @@ func clientAddressNotPreserved(svc *corev1.Service) event.Event {
 func badProxyProtocol(svc *corev1.Service, value string) event.Event {
 	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonSyncFailed, Action: "Ensure",
 		Note: fmt.Sprintf("annotation %s is %q, and the one value ebb knows is %s: no PROXY header is sent until it is %s or removed", lbmodel.ProxyProtocolAnnotation, value, lbmodel.ProxyProtocolV2, lbmodel.ProxyProtocolV2)}
+}
+
+func addressConflict(svc *corev1.Service, addr netip.Addr, others []types.NamespacedName) event.Event {
+	names := make([]string, len(others))
+	for i, o := range others {
+		names[i] = o.String()
+	}
+	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonAddressConflict, Action: "Ensure",
+		Note: fmt.Sprintf("The address %s in this Service's status is also %s's, which may not share it (two controllers gave it out at once, or someone wrote the status): the Service gets another address; the older Service keeps %s", addr, strings.Join(names, ", "), addr)}
 }

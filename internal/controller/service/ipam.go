@@ -188,8 +188,48 @@ func admittingPool(pools []Pool, addr netip.Addr, h Holder) (Pool, error) {
 	return Pool{}, fmt.Errorf("%s: %w (%s)", addr, ErrNoPool, strings.Join(refusals, "; "))
 }
 
-// Record notes that h holds addr, in a pool or not: what a Service's status
-// says when the controller starts.
+// Adopt notes that h holds addr, in a pool or not, as a Service's status
+// says when the controller starts, unless Services adopted before hold it
+// and h may not share it with them: then h does not hold it (Conflicting
+// names them). Two Services with one address in their status come from
+// two leaders that each gave it out (a split brain), or from a status
+// someone else wrote; the first adopted keeps it.
+func (a *Allocator) Adopt(addr netip.Addr, h Holder) {
+	addr = addr.Unmap()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.conflictingLocked(addr, h)) > 0 {
+		return
+	}
+	a.holdLocked(addr, h)
+}
+
+// Conflicting names the Services that hold addr, which h (not one of its
+// holders) may not share with them: h must not serve it.
+func (a *Allocator) Conflicting(addr netip.Addr, h Holder) []types.NamespacedName {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conflictingLocked(addr.Unmap(), h)
+}
+
+func (a *Allocator) conflictingLocked(addr netip.Addr, h Holder) []types.NamespacedName {
+	hs := a.holders[addr]
+	if slices.ContainsFunc(hs, func(o Holder) bool { return o.Service == h.Service }) {
+		return nil
+	}
+	var out []types.NamespacedName
+	for _, o := range hs {
+		// Sharers by key were allowed when they took it (the pools may
+		// have changed since): only a Service that shares by no key, or
+		// by another, conflicts.
+		if h.ShareKey == "" || o.ShareKey != h.ShareKey {
+			out = append(out, o.Service)
+		}
+	}
+	return out
+}
+
+// Record notes that h holds addr, in a pool or not.
 func (a *Allocator) Record(addr netip.Addr, h Holder) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -19,7 +19,7 @@ func NewMetrics(reg prometheus.Registerer, ipam *Allocator) (*Metrics, error) {
 	}, func() float64 { return float64(ipam.InUse()) })
 	m := &Metrics{syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ebb_service_lb_sync_failures_total",
-		Help: "Failed attempts to give a Service its load balancer; reason is unsupported_protocol or allocation.",
+		Help: "Failed attempts to give a Service its load balancer; reason is unsupported_protocol, allocation or address_conflict.",
 	}, []string{"reason"})}
 	for _, c := range []prometheus.Collector{allocated, m.syncFailures} {
 		if err := reg.Register(c); err != nil {

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/vipaddr"
@@ -216,4 +217,63 @@ func TestAnAddressOutsideThePoolsIsNotServed(t *testing.T) {
 	if slices.Contains(addrs, forged) {
 		t.Errorf("ebb lb made %s local on its host (and announces it), an address of no pool", forged)
 	}
+}
+
+// Issue 42 item 7: two leaders in a split brain can each give one free
+// address to a different Service. Here the two statuses are written with
+// the controller stopped, as the two leaders would have left them; when
+// it starts, the older Service keeps the address, the younger gets
+// another with a Warning naming the older, and both serve.
+func TestTwoServicesWithOneAddressAreParted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	deployApp(t, ctx, ns, "web", 2)
+	if err := ebbrun.ScaleController(ctx, cluster, 0); err != nil {
+		t.Fatal(err)
+	}
+	scaledBack := false
+	t.Cleanup(func() {
+		if !scaledBack {
+			if err := ebbrun.ScaleController(context.Background(), cluster, 2); err != nil {
+				t.Errorf("scaling the controller back: %v", err)
+			}
+		}
+	})
+	const both = "10.96.247.251"
+	for _, name := range []string{"older", "younger"} {
+		svc := lbService(ns, name, ebbClass)
+		svc.Spec.Selector = map[string]string{"app": "web"}
+		created, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: both, IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}
+		if _, err := cluster.Client.CoreV1().Services(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond) // creation times a second apart
+	}
+	if err := ebbrun.ScaleController(ctx, cluster, 2); err != nil {
+		t.Fatal(err)
+	}
+	scaledBack = true
+	var moved string
+	eventually(t, ctx, time.Minute, "the younger Service at another address", func(ctx context.Context) (bool, string) {
+		svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "younger", metav1.GetOptions{})
+		if err != nil || len(svc.Status.LoadBalancer.Ingress) != 1 {
+			return false, fmt.Sprint(err)
+		}
+		moved = svc.Status.LoadBalancer.Ingress[0].IP
+		return moved != both, "still " + moved
+	})
+	if got := waitAddress(t, ctx, ns, "older"); got != both {
+		t.Errorf("the older Service has %s, want it to keep %s", got, both)
+	}
+	eventually(t, ctx, 30*time.Second, "a Warning naming the older Service", func(ctx context.Context) (bool, string) {
+		evs := serviceEvents(t, ctx, ns, "younger", service.ReasonAddressConflict)
+		return len(evs) > 0 && strings.Contains(evs[0], "also "+ns+"/older's"), fmt.Sprint(evs)
+	})
+	waitServes(t, ctx, "http://"+both+"/")
+	waitServes(t, ctx, "http://"+moved+"/")
 }
