@@ -127,6 +127,15 @@ func run(o options) error {
 	fmt.Fprintf(os.Stderr, "draining %d nodes under %d maintenances took %s: %.0f writes/min, %.0f reconciles/min (nodemaintenance), %.0f (evacuation)\n",
 		o.maintenances*o.nodesEach, o.maintenances, drainTime.Round(time.Second), draining.writes, draining.nodeMaintenanceReconciles, draining.evacuationReconciles)
 
+	// Overlapping maintenances of every other stage on the drained nodes
+	// (issue 41: two maintenances on a node used to flip its conditions
+	// forever): a Cordon over two of them, an Idle over a third, and a
+	// Drain with a plan of its own over a fourth and a fifth.
+	overlaps, err := overlap(ctx, cl, names, o.nodesEach, nodes)
+	if err != nil {
+		return err
+	}
+
 	// Steady state: the maintenances are drained; elsewhere a Deployment
 	// scales up and down.
 	time.Sleep(5 * time.Second) // the last writes of the drain and their echoes
@@ -140,8 +149,8 @@ func run(o options) error {
 		return err
 	}
 	steady = steady.perMinute(o.steadyWindow)
-	fmt.Fprintf(os.Stderr, "steady state over %s (%d scale changes of 10 pods elsewhere): %.1f writes/min, %.1f reconciles/min (nodemaintenance), %.1f (evacuation)\n",
-		o.steadyWindow, churned, steady.writes, steady.nodeMaintenanceReconciles, steady.evacuationReconciles)
+	fmt.Fprintf(os.Stderr, "steady state over %s (%d scale changes of 10 pods elsewhere, %d overlapping maintenances in Cordon, Idle and Drain): %.1f writes/min, %.1f reconciles/min (nodemaintenance), %.1f (evacuation)\n",
+		o.steadyWindow, churned, overlaps, steady.writes, steady.nodeMaintenanceReconciles, steady.evacuationReconciles)
 
 	return report.WriteSummary(o.out, map[string]any{
 		"date":                           time.Now().UTC().Format(time.RFC3339),
@@ -157,6 +166,7 @@ func run(o options) error {
 		"steady_reconciles_per_minute":              steady.nodeMaintenanceReconciles,
 		"steady_evacuation_reconciles_per_minute":   steady.evacuationReconciles,
 		"steady_scale_changes":                      churned,
+		"steady_overlapping_maintenances":           overlaps,
 		"leader_lease_writes_per_minute":            steady.leaseWrites,
 	})
 }
@@ -186,6 +196,31 @@ func byName(names ...string) *corev1.NodeSelector {
 		}}})
 	}
 	return sel
+}
+
+// overlap adds maintenances in Cordon, Idle and Drain (with a plan of its
+// own) over the nodes the drained ones hold, waits for the new Drain to be
+// Drained, and returns how many it added.
+func overlap(ctx context.Context, cl client.Client, drained []string, nodesEach int, nodes []string) (int, error) {
+	if len(drained) < 5 {
+		return 0, nil
+	}
+	of := func(i int) []string { return nodes[i*nodesEach : (i+1)*nodesEach] }
+	extra := []*v1alpha1.NodeMaintenance{
+		{ObjectMeta: metav1.ObjectMeta{Name: "overlap-cordon"}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Cordon, Reason: "bench-maintenance overlap",
+			NodeSelector: byName(append(of(0), of(1)...)...)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "overlap-idle"}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Idle, Reason: "bench-maintenance overlap",
+			NodeSelector: byName(of(2)...)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "overlap-drain"}, Spec: v1alpha1.NodeMaintenanceSpec{Stage: v1alpha1.Drain, Reason: "bench-maintenance overlap",
+			DrainPlan:    []v1alpha1.DrainPlanEntry{{PodType: v1alpha1.Default, PodPriority: 5000}},
+			NodeSelector: byName(append(of(3), of(4)...)...)}},
+	}
+	for _, nm := range extra {
+		if err := cl.Create(ctx, nm); err != nil {
+			return 0, fmt.Errorf("creating NodeMaintenance %s: %w", nm.Name, err)
+		}
+	}
+	return len(extra), waitDrained(ctx, cl, []string{"overlap-drain"}, 5*time.Minute)
 }
 
 func waitDrained(ctx context.Context, cl client.Client, names []string, timeout time.Duration) error {
