@@ -39,7 +39,9 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	}
 	var skipped []SkippedFrontend
 	fits, full, err := d.kernel.fit(kernel)
-	if err == nil {
+	if err != nil {
+		d.m.kernelFailures.Inc() // the path could not be loaded
+	} else {
 		for f, why := range full {
 			skipped = append(skipped, SkippedFrontend{Name: f.set.Load().cfg.Name, Reason: SkipKernelFull, Err: fmt.Errorf("kernel engine: %s", why)})
 			f.remove()

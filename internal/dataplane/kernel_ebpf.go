@@ -68,6 +68,8 @@ type ebpfPath struct {
 	// capacity, if set, replaces the maps' sizes in fit (tests: a full
 	// map without writing a million elements).
 	capacity map[string]int
+	// loaded: load ran since the last sync, which counts as a rebuild.
+	loaded bool
 }
 
 func newEBPFPath(opts Options) *ebpfPath {
@@ -180,6 +182,7 @@ func (e *ebpfPath) load() error {
 	e.use.Lock()
 	e.coll, e.links, e.contents = coll, links, contents
 	e.use.Unlock()
+	e.loaded = true
 	e.slotState = slotState{}
 	e.stopWorkers = make(chan struct{})
 	go e.sweepEvery(bpfSweepInterval, e.stopWorkers)
@@ -227,13 +230,17 @@ func (e *ebpfPath) sync(frontends []*frontend, m *metrics, prepare bool) (stale 
 	start := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	kind := "entries"
-	if e.coll == nil {
-		kind = "rebuild"
-	}
 	if err := e.load(); err != nil {
 		m.kernelFailures.Inc()
 		return false, err
+	}
+	kind := "entries"
+	if e.loaded {
+		// The first sync since the path was loaded (by fit, usually): a
+		// rebuild, unless it takes over a predecessor's maps as they
+		// are (no element written: below).
+		kind = "rebuild"
+		e.loaded = false
 	}
 	owners, err := e.ownerTable(frontends)
 	if err != nil {
@@ -254,7 +261,7 @@ func (e *ebpfPath) sync(frontends []*frontend, m *metrics, prepare bool) (stale 
 	_, stale, prepared := e.planAll(want, families, prepare)
 	contents := e.render(want, owners)
 	changed, err := e.write(contents)
-	if changed == 0 && kind != "rebuild" {
+	if changed == 0 {
 		kind = "owners"
 	}
 	if err != nil {

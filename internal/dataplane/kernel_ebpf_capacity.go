@@ -159,9 +159,12 @@ func (r bpfRoom) lacks(need bpfNeed) string {
 	case need.id > r.ids || need.frontends > r.frontends:
 		return fmt.Sprintf("the eBPF kernel path's frontends map is full (%d frontends at most, counting those removed a moment ago): %s", r.maxFrontends, advice)
 	case need.homes > r.homes || need.backends > r.backends:
-		return fmt.Sprintf("the eBPF kernel path's slot maps are full: this frontend needs %d more elements of the backends map and %d of the homes map, and %d and %d are left: %s", need.backends, need.homes, max(0, r.backends), max(0, r.homes), advice)
+		// The room left is not in the message: it moves with every
+		// other frontend, and each new message is a new event
+		// (ebb_dataplane_bpf_map_elements has it).
+		return fmt.Sprintf("the eBPF kernel path's slot maps are full: this frontend needs %d more elements of the backends map and %d of the homes map than are left: %s", need.backends, need.homes, advice)
 	case need.ranges > r.ranges:
-		return fmt.Sprintf("the eBPF kernel path's source ranges map is full: this frontend needs %d more ranges and %d are left: %s", need.ranges, max(0, r.ranges), advice)
+		return fmt.Sprintf("the eBPF kernel path's source ranges map is full: this frontend needs %d more ranges than are left: %s", need.ranges, advice)
 	}
 	return ""
 }

@@ -103,7 +103,7 @@ func TestEBPFPathRefusesWhatTheSlotMapsCannotHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	if full := skippedFor(res, SkipKernelFull); len(res.Skipped) != 1 || len(full) != 1 || full[0] != "fe-00002" ||
-		!strings.Contains(res.Skipped[0].Err.Error(), "slot maps are full: this frontend needs 16 more elements of the backends map and 8 of the homes map, and 8 and 4 are left") {
+		!strings.Contains(res.Skipped[0].Err.Error(), "slot maps are full: this frontend needs 16 more elements of the backends map and 8 of the homes map than are left") {
 		t.Fatalf("skipped %v, want fe-00002 for want of slots", res.Err())
 	}
 	cfg.Frontends = cfg.Frontends[1:] // fe-00000 goes

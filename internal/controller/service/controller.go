@@ -239,12 +239,18 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	r.reportConflicts(svc, holder)
+	conflicts := r.reportConflicts(svc, holder)
 	addrs, skipped, err := r.allocate(svc, holder)
 	if err != nil {
 		event.Publish(r.Recorder, allocationFailed(svc, err))
 		logger.Info("Cannot allocate an address", "err", err.Error())
 		r.Metrics.failed("allocation")
+		// An address another Service holds leaves the status now, with or
+		// without another to take its place: two Services must not be
+		// served at one address while this one waits.
+		if err := r.dropFromStatus(ctx, svc, conflicts); err != nil {
+			return ctrl.Result{}, err
+		}
 		// The cause (a pool full, an address taken) may clear.
 		return ctrl.Result{RequeueAfter: retryAfterBadRequest}, nil
 	}
@@ -421,9 +427,10 @@ func familyOf(addr netip.Addr) corev1.IPFamily {
 }
 
 // reportConflicts warns about each address in svc's status that other
-// Services hold and svc may not share: svc is given another (allocate), and
-// says why its address changes.
-func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) {
+// Services hold and svc may not share, and returns them: svc gives them up
+// (allocate gives it others, or dropFromStatus takes them away).
+func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) []netip.Addr {
+	var out []netip.Addr
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
 		addr, err := netip.ParseAddr(ing.IP)
 		if err != nil {
@@ -432,8 +439,26 @@ func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) {
 		if others := r.IPAM.Conflicting(addr, holder); len(others) > 0 {
 			event.Publish(r.Recorder, addressConflict(svc, addr, others))
 			r.Metrics.failed("address_conflict")
+			out = append(out, addr.Unmap())
 		}
 	}
+	return out
+}
+
+// dropFromStatus takes addrs out of svc's status.
+func (r *Reconciler) dropFromStatus(ctx context.Context, svc *corev1.Service, addrs []netip.Addr) error {
+	if len(addrs) == 0 {
+		return nil
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	svc.Status.LoadBalancer.Ingress = slices.DeleteFunc(slices.Clone(svc.Status.LoadBalancer.Ingress), func(in corev1.LoadBalancerIngress) bool {
+		addr, err := netip.ParseAddr(in.IP)
+		return err == nil && slices.Contains(addrs, addr.Unmap())
+	})
+	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
+		return fmt.Errorf("taking the addresses another Service holds out of the status of %s: %w", klog.KObj(svc), err)
+	}
+	return nil
 }
 
 // releaseExcept frees the Service's addresses that it no longer uses, and

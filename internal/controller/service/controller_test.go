@@ -453,45 +453,65 @@ func TestClientAddressEvents(t *testing.T) {
 // address to a different Service. After a restart the older Service keeps
 // it, the younger gets another address and a Warning naming the older;
 // before, both kept it (start-up recorded both silently), and two Services
-// were served at one address.
+// were served at one address. The names sort against the ages, as the
+// API lists by name. A younger one that asked for the address itself
+// cannot have it and has it taken out of its status. Services that share
+// an address by a key keep it, also when one's key was edited since.
 func TestASplitBrainsDuplicateAddressIsUndone(t *testing.T) {
 	t0 := metav1.NewTime(time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC))
-	older := lbSvc("older", withStatus("10.96.255.7"), func(s *corev1.Service) { s.CreationTimestamp = t0 })
-	younger := lbSvc("younger", withStatus("10.96.255.7"), func(s *corev1.Service) { s.CreationTimestamp = metav1.NewTime(t0.Add(time.Minute)) })
-	sharing := func(name string, created metav1.Time) *corev1.Service {
-		return lbSvc(name, withStatus("10.96.255.8"), func(s *corev1.Service) {
-			s.CreationTimestamp = created
-			s.Annotations = map[string]string{ShareAnnotation: "k"}
+	at := func(d time.Duration) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.CreationTimestamp = metav1.NewTime(t0.Add(d)) }
+	}
+	older := lbSvc("z-older", withStatus("10.96.255.7"), at(0))
+	younger := lbSvc("a-younger", withStatus("10.96.255.7"), at(time.Minute))
+	asking := lbSvc("b-asking", withStatus("10.96.255.7"), at(2*time.Minute), func(s *corev1.Service) {
+		s.Annotations = map[string]string{RequestedIPsAnnotation: "10.96.255.7"}
+	})
+	sharing := func(name, key string, d time.Duration) *corev1.Service {
+		return lbSvc(name, withStatus("10.96.255.8"), at(d), func(s *corev1.Service) {
+			s.Annotations = map[string]string{ShareAnnotation: key}
 			s.Spec.Ports[0].Port = 80 + int32(len(name))
 		})
 	}
-	r, rec := newReconciler(t, younger, older, sharing("one", t0), sharing("three", t0))
-	for _, name := range []string{"younger", "older", "one", "three"} {
+	// "edited" shared by key k when it got the address, and its key was
+	// changed since.
+	r, rec := newReconciler(t, younger, older, asking, sharing("one", "k", 0), sharing("edited", "other", time.Minute))
+	for _, name := range []string{"a-younger", "z-older", "b-asking", "one", "edited"} {
 		reconcile(t, r, name)
 	}
-	get := func(name string) string {
+	get := func(name string) []string {
 		svc := &corev1.Service{}
 		if err := r.Client.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, svc); err != nil {
 			t.Fatal(err)
 		}
-		return svc.Status.LoadBalancer.Ingress[0].IP
+		var out []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			out = append(out, in.IP)
+		}
+		return out
 	}
-	if got := get("older"); got != "10.96.255.7" {
-		t.Errorf("the older Service has %s, want it to keep 10.96.255.7", got)
+	if got := get("z-older"); !slices.Equal(got, []string{"10.96.255.7"}) {
+		t.Errorf("the older Service has %v, want it to keep 10.96.255.7", got)
 	}
-	if got := get("younger"); got == "10.96.255.7" {
-		t.Errorf("the younger Service kept 10.96.255.7, which the older holds")
+	if got := get("a-younger"); len(got) != 1 || got[0] == "10.96.255.7" {
+		t.Errorf("the younger Service has %v, want another address", got)
 	}
-	if get("one") != "10.96.255.8" || get("three") != "10.96.255.8" {
-		t.Errorf("Services sharing an address by key lost it: %s, %s", get("one"), get("three"))
+	if got := get("b-asking"); len(got) != 0 {
+		t.Errorf("the younger Service that asked for the older's address has %v in its status, want none", got)
 	}
-	var warnings []string
+	if one, edited := get("one"), get("edited"); !slices.Equal(one, []string{"10.96.255.8"}) || !slices.Equal(edited, []string{"10.96.255.8"}) {
+		t.Errorf("Services sharing an address by key lost it at the restart: %v, %v", one, edited)
+	}
+	var warned []string
 	for _, e := range eventstest.Recorded(rec) {
 		if strings.HasPrefix(e, "Warning "+ReasonAddressConflict) {
-			warnings = append(warnings, e)
+			if !strings.Contains(e, "also ns/z-older's") {
+				t.Errorf("a Warning that does not name the older Service: %s", e)
+			}
+			warned = append(warned, e)
 		}
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], "also ns/older's") {
-		t.Errorf("warnings %q, want one %s naming ns/older", warnings, ReasonAddressConflict)
+	if len(warned) != 2 {
+		t.Errorf("warnings %q, want one %s for each younger Service", warned, ReasonAddressConflict)
 	}
 }

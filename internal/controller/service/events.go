@@ -60,7 +60,7 @@ func familyUnavailable(svc *corev1.Service, why string) event.Event {
 
 func clientAddressNotPreserved(svc *corev1.Service) event.Event {
 	return event.Event{Regarding: svc, Type: corev1.EventTypeNormal, Reason: ReasonClientAddressNotPreserved, Action: "Ensure",
-		Note: "externalTrafficPolicy is Local, but ebb's load balancer proxies or masquerades each connection, so the backends see a load-balancer host's address, not the client's; annotate the Service " + lbmodel.ProxyProtocolAnnotation + ": " + lbmodel.ProxyProtocolV2 + " if they read a PROXY protocol v2 header (TCP ports, proxy engine)"}
+		Note: "externalTrafficPolicy is Local, but ebb's load balancer proxies or masquerades connections, so the backends see a load-balancer host's address rather than the client's (docs/service-lb.md, \"The client's address\"); annotate the Service " + lbmodel.ProxyProtocolAnnotation + ": " + lbmodel.ProxyProtocolV2 + " if they read a PROXY protocol v2 header (TCP ports, proxy engine)"}
 }
 
 func badProxyProtocol(svc *corev1.Service, value string) event.Event {
@@ -74,5 +74,5 @@ func addressConflict(svc *corev1.Service, addr netip.Addr, others []types.Namesp
 		names[i] = o.String()
 	}
 	return event.Event{Regarding: svc, Type: corev1.EventTypeWarning, Reason: ReasonAddressConflict, Action: "Ensure",
-		Note: fmt.Sprintf("The address %s in this Service's status is also %s's, which may not share it (two controllers gave it out at once, or someone wrote the status): the Service gets another address; the older Service keeps %s", addr, strings.Join(names, ", "), addr)}
+		Note: fmt.Sprintf("The address %s in this Service's status is also %s's, which may not share it (two controllers gave it out at once, or someone wrote the status): this Service gives it up for another address, or for none until one is free", addr, strings.Join(names, ", "))}
 }

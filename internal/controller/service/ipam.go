@@ -189,17 +189,23 @@ func admittingPool(pools []Pool, addr netip.Addr, h Holder) (Pool, error) {
 }
 
 // Adopt notes that h holds addr, in a pool or not, as a Service's status
-// says when the controller starts, unless Services adopted before hold it
-// and h may not share it with them: then h does not hold it (Conflicting
-// names them). Two Services with one address in their status come from
+// says when the controller starts, unless a Service adopted before holds
+// it and neither shares by a key: then h does not hold it (Conflicting
+// names the holder). Two Services with one address in their status come from
 // two leaders that each gave it out (a split brain), or from a status
 // someone else wrote; the first adopted keeps it.
 func (a *Allocator) Adopt(addr netip.Addr, h Holder) {
 	addr = addr.Unmap()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.conflictingLocked(addr, h)) > 0 {
-		return
+	// Only two Services that share by no key at all conflict here: a
+	// Service keeps an address it shares while its key is edited (it
+	// holds what it holds), so keys that differ now may have matched when
+	// the address was given, and a restart must not move it.
+	for _, o := range a.holders[addr] {
+		if o.Service != h.Service && h.ShareKey == "" && o.ShareKey == "" {
+			return
+		}
 	}
 	a.holdLocked(addr, h)
 }

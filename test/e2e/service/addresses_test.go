@@ -223,7 +223,8 @@ func TestAnAddressOutsideThePoolsIsNotServed(t *testing.T) {
 // address to a different Service. Here the two statuses are written with
 // the controller stopped, as the two leaders would have left them; when
 // it starts, the older Service keeps the address, the younger gets
-// another with a Warning naming the older, and both serve.
+// another with a Warning naming the older, and both serve. (The names
+// sort against the ages: the API lists by name.)
 func TestTwoServicesWithOneAddressAreParted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -241,7 +242,7 @@ func TestTwoServicesWithOneAddressAreParted(t *testing.T) {
 		}
 	})
 	const both = "10.96.247.251"
-	for _, name := range []string{"older", "younger"} {
+	for _, name := range []string{"z-older", "a-younger"} {
 		svc := lbService(ns, name, ebbClass)
 		svc.Spec.Selector = map[string]string{"app": "web"}
 		created, err := cluster.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
@@ -260,19 +261,19 @@ func TestTwoServicesWithOneAddressAreParted(t *testing.T) {
 	scaledBack = true
 	var moved string
 	eventually(t, ctx, time.Minute, "the younger Service at another address", func(ctx context.Context) (bool, string) {
-		svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "younger", metav1.GetOptions{})
+		svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "a-younger", metav1.GetOptions{})
 		if err != nil || len(svc.Status.LoadBalancer.Ingress) != 1 {
 			return false, fmt.Sprint(err)
 		}
 		moved = svc.Status.LoadBalancer.Ingress[0].IP
 		return moved != both, "still " + moved
 	})
-	if got := waitAddress(t, ctx, ns, "older"); got != both {
+	if got := waitAddress(t, ctx, ns, "z-older"); got != both {
 		t.Errorf("the older Service has %s, want it to keep %s", got, both)
 	}
 	eventually(t, ctx, 30*time.Second, "a Warning naming the older Service", func(ctx context.Context) (bool, string) {
-		evs := serviceEvents(t, ctx, ns, "younger", service.ReasonAddressConflict)
-		return len(evs) > 0 && strings.Contains(evs[0], "also "+ns+"/older's"), fmt.Sprint(evs)
+		evs := serviceEvents(t, ctx, ns, "a-younger", service.ReasonAddressConflict)
+		return len(evs) > 0 && strings.Contains(evs[0], "also "+ns+"/z-older's"), fmt.Sprint(evs)
 	})
 	waitServes(t, ctx, "http://"+both+"/")
 	waitServes(t, ctx, "http://"+moved+"/")
