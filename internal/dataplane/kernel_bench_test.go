@@ -24,23 +24,30 @@ func fiftyByTen(frontend func(f int) Frontend) Config {
 	return cfg
 }
 
-// kernelBenchPlane is a kernel-engine data plane on path in a network
-// namespace of its own, serving fiftyByTen.
-func kernelBenchPlane(b *testing.B, path KernelPath) (*DataPlane, Config) {
-	host, err := network.NewHost("bench")
+// kernelPlane is a kernel-engine data plane on path in a network
+// namespace of its own, named name; the eBPF path's pins go with the test.
+func kernelPlane(tb testing.TB, name string, path KernelPath) *DataPlane {
+	tb.Helper()
+	host, err := network.NewHost(name)
 	if err != nil {
-		b.Fatalf("making a network namespace: %v", err)
+		tb.Fatalf("making a network namespace: %v", err)
 	}
-	b.Cleanup(host.Close)
+	tb.Cleanup(host.Close)
 	opts := Options{Engine: EngineKernel, KernelPath: path, NetNS: host.NetNS()}
 	if path == KernelPathEBPF {
-		b.Cleanup(func() { _ = newEBPFPath(opts).remove() })
+		tb.Cleanup(func() { _ = newEBPFPath(opts).remove() })
 	}
 	d, err := New(opts)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { _ = d.Close() })
+	tb.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// kernelBenchPlane is kernelPlane serving fiftyByTen.
+func kernelBenchPlane(b *testing.B, path KernelPath) (*DataPlane, Config) {
+	d := kernelPlane(b, "bench", path)
 	cfg := fiftyByTen(func(f int) Frontend {
 		return Frontend{Name: fmt.Sprintf("fe-%d", f), Address: "10.9.0.1", Port: uint16(1000 + f)}
 	})

@@ -83,18 +83,13 @@ func (e *ebpfPath) room() bpfRoom {
 		}
 		return int(m[name].MaxEntries())
 	}
-	live, homes, backends := 0, 0, 0
+	live := 0
 	for _, fe := range have.frontends {
 		if fe.ID != 0 {
 			live++
 		}
 	}
-	for _, slots := range have.slots {
-		homes += len(slots)
-		for _, s := range slots {
-			backends += bpfEntries(s)
-		}
-	}
+	homes, backends := slotElements(have.slots)
 	return bpfRoom{
 		maxFrontends: size("frontends") - 1,
 		ids:          size("frontends") - 1 - live,
@@ -127,12 +122,8 @@ func (e *ebpfPath) need(f *frontend) bpfNeed {
 		}
 		return n
 	}
-	old := have.slots[fe.ID]
-	oldBackends := 0
-	for _, s := range old {
-		oldBackends += bpfEntries(s)
-	}
-	n := bpfNeed{homes: max(0, slots-len(old)), backends: max(0, 2*slots-oldBackends)}
+	oldHomes, oldBackends := slotElements(map[uint32][]bpfSlot{fe.ID: have.slots[fe.ID]})
+	n := bpfNeed{homes: max(0, slots-oldHomes), backends: max(0, 2*slots-oldBackends)}
 	for _, p := range ranges {
 		if _, ok := have.ranges[bpfRangeKey{Prefixlen: 32 + uint32(p.Bits()), Frontend: fe.ID, Addr: p.Addr().As4()}]; !ok {
 			n.ranges++
@@ -141,15 +132,21 @@ func (e *ebpfPath) need(f *frontend) bpfNeed {
 	return n
 }
 
-// bpfEntries counts a slot's elements in the backends map.
-func bpfEntries(s bpfSlot) int {
-	n := 0
-	for _, has := range s.has {
-		if has {
-			n++
+// slotElements counts the elements of the homes map (one per slot) and
+// of the backends map (one per state of a slot's home owner that has a
+// backend) that slots take.
+func slotElements(slots map[uint32][]bpfSlot) (homes, backends int) {
+	for _, ss := range slots {
+		homes += len(ss)
+		for _, s := range ss {
+			for _, has := range s.has {
+				if has {
+					backends++
+				}
+			}
 		}
 	}
-	return n
+	return homes, backends
 }
 
 // lacks says which map has no room for need, or "".
@@ -179,13 +176,7 @@ func (r *bpfRoom) take(need bpfNeed) {
 
 // observeMaps publishes how full the bounded maps are. e.mu is held.
 func (e *ebpfPath) observeMaps(m *metrics) {
-	homes, backends := 0, 0
-	for _, slots := range e.contents.slots {
-		homes += len(slots)
-		for _, s := range slots {
-			backends += bpfEntries(s)
-		}
-	}
+	homes, backends := slotElements(e.contents.slots)
 	for name, n := range map[string]int{"frontends": len(e.contents.frontends), "homes": homes, "backends": backends,
 		"ranges": len(e.contents.ranges), "owners": len(e.contents.ownerNames)} {
 		m.bpfElements.WithLabelValues(name).Set(float64(n))

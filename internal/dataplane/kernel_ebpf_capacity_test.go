@@ -7,25 +7,10 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
 
-// ebpfPlane is a kernel-engine data plane on the eBPF path in a network
-// namespace of its own.
-func ebpfPlane(t *testing.T, name string) *DataPlane {
-	t.Helper()
-	host, err := network.NewHost(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(host.Close)
-	opts := Options{Engine: EngineKernel, KernelPath: KernelPathEBPF, NetNS: host.NetNS()}
-	t.Cleanup(func() { _ = newEBPFPath(opts).remove() })
-	return newDataPlane(t, opts)
-}
-
-// frontendsOf makes n frontends of one backend each on distinct ports.
+// frontendsOf makes n frontends on distinct ports, each with backends
+// backends.
 func frontendsOf(n int, backends int) Config {
 	var cfg Config
 	for f := range n {
@@ -54,7 +39,7 @@ func skippedFor(res ApplyResult, reason SkipReason) []string {
 // the 4,095 others are served. Before, the sync failed as a whole and took
 // every kernel frontend out, at every apply.
 func TestEBPFPathServesTheFrontendsThatFit(t *testing.T) {
-	d := ebpfPlane(t, "ebpf-full")
+	d := kernelPlane(t, "ebpf-full", KernelPathEBPF)
 	cfg := frontendsOf(4096, 1)
 	res, err := d.Apply(cfg)
 	if err != nil {
@@ -93,7 +78,7 @@ func TestEBPFPathServesTheFrontendsThatFit(t *testing.T) {
 // that deletes its slots (a sync writes the new before it deletes the
 // old, so that every lookup stays consistent).
 func TestEBPFPathRefusesWhatTheSlotMapsCannotHold(t *testing.T) {
-	d := ebpfPlane(t, "ebpf-slots")
+	d := kernelPlane(t, "ebpf-slots", KernelPathEBPF)
 	e := d.kernel.(*ebpfPath)
 	// Two backends are 8 slots, 8 homes and 16 backends elements.
 	e.capacity = map[string]int{"frontends": 4096, "homes": 20, "backends": 40, "ranges": 100}
