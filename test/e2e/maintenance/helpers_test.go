@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -32,6 +33,21 @@ func pinnedApp(t *testing.T, ctx context.Context, ns, name, node, priorityClass 
 	if err := cluster.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// agentDaemonSet creates the DaemonSet "agent" of the test app (a pod on
+// every node, app=agent) and returns it.
+func agentDaemonSet(t *testing.T, ctx context.Context, ns string) *appsv1.DaemonSet {
+	t.Helper()
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}},
+			Template: cluster.AppDeployment(ns, "agent", 1).Spec.Template},
+	}
+	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ds
 }
 
 // priorityClass creates a PriorityClass for the test.

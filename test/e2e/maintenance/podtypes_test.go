@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,14 +29,7 @@ func TestDrainOrderByPodType(t *testing.T) {
 	node := cluster.Nodes[1].Name
 	pinnedApp(t, ctx, ns, "web", node, "", 1)
 
-	tmpl := cluster.AppDeployment(ns, "agent", 1).Spec.Template
-	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
-		Spec:       appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}}, Template: tmpl},
-	}
-	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ds := agentDaemonSet(t, ctx, ns)
 	// A DaemonSet that tolerates every taint would come straight back:
 	// reported, not fought.
 	tolerant := ds.DeepCopy()
@@ -150,14 +142,7 @@ func TestANodeJoiningADrainStartsFromTheFirstEntry(t *testing.T) {
 		}
 	})
 
-	tmpl := cluster.AppDeployment(ns, "agent", 1).Spec.Template
-	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"},
-		Spec:       appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}}, Template: tmpl},
-	}
-	if _, err := cluster.Client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	agentDaemonSet(t, ctx, ns)
 	agentOn := func(ctx context.Context, node string) string {
 		for _, p := range appPods(t, ctx, ns, "agent") {
 			if p.Spec.NodeName == node && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
