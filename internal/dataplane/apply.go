@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -214,6 +215,32 @@ func (d *DataPlane) Addresses() []netip.Addr {
 		}
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+// ServedPort is where a frontend takes traffic: its address and port, and
+// its protocol.
+type ServedPort struct {
+	Protocol Protocol
+	AddrPort netip.AddrPort
+}
+
+// Ports returns where the frontends being served take traffic, sorted:
+// what must reach the host on its load-balancer addresses (the rest need
+// not, see internal/vipguard).
+func (d *DataPlane) Ports() []ServedPort {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]ServedPort, 0, len(d.frontends))
+	for k := range d.frontends {
+		out = append(out, ServedPort{Protocol: k.protocol, AddrPort: k.addr})
+	}
+	slices.SortFunc(out, func(a, b ServedPort) int {
+		if c := a.AddrPort.Compare(b.AddrPort); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.Protocol), string(b.Protocol))
+	})
 	return out
 }
 

@@ -21,6 +21,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/announce/l2"
+	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/lbsync"
 	"github.com/ebbdev/ebb/internal/vipaddr"
 )
@@ -30,7 +31,7 @@ import (
 // --bgp-asn, or once a BGPPeer chooses this host: setBGPPeers) and the L2
 // announcer (with --l2-interface). With deferBGP the speaker opens no
 // session until connectBGP: a predecessor on this host still holds them.
-func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP bool) (*addressSinks, error) {
+func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
 	sinks := &addressSinks{}
 	if o.LocalRoutes {
 		t, err := vipaddr.New()
@@ -38,8 +39,18 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 			return nil, fmt.Errorf("opening the local routing table (--local-routes=false to manage the addresses yourself): %w", err)
 		}
 		sinks.local = t
+		if o.GuardAddresses {
+			sinks.guard = newAddressGuard(log, ports)
+			if err := reg.Register(sinks.guard); err != nil {
+				sinks.close(log)
+				return nil, fmt.Errorf("registering the guard's metrics: %w", err)
+			}
+			go sinks.guard.repairLoop(ctx, guardRepairEvery)
+		} else {
+			log.Info("Not guarding the load balancer's addresses (--guard-addresses=false): every service of this host that listens on all addresses is reachable on them")
+		}
 	} else {
-		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host")
+		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host, and keep this host's own services off them")
 	}
 	sinks.bgpDeferred = deferBGP
 	sinks.newSpeaker = func(ctx context.Context, peers []bgp.Peer, deferPeers bool) (*bgp.Speaker, error) {
@@ -187,6 +198,9 @@ type addressSinks struct {
 	// flows forwards the segments of flows the routers move here (nil:
 	// off); it follows the addresses and the withdrawn state.
 	flows *movedFlows
+	// guard keeps the host's own services off the addresses the local
+	// routes cover (nil: off, or no local routes).
+	guard *addressGuard
 	// withdrawAfter delays the withdrawal when the host starts leaving, so
 	// the other LB hosts forward this host's flows before the routers move
 	// them; withdrawTimer is that pending withdrawal.
@@ -211,10 +225,27 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 	}
 	if a.local != nil {
 		errs = append(errs, a.local.Sync(want))
+		errs = append(errs, a.syncGuardLocked())
 	}
 	a.flows.setAddresses(want)
 	errs = append(errs, a.announceLocked())
 	return errors.Join(errs...)
+}
+
+// syncGuardLocked guards the addresses ebb's local routes cover (not those
+// the host had of its own: they are someone else's to guard).
+func (a *addressSinks) syncGuardLocked() error {
+	if a.guard == nil {
+		return nil
+	}
+	owned, err := a.local.Addresses()
+	if err != nil {
+		return fmt.Errorf("guarding the load balancer's addresses: %w", err)
+	}
+	if err := a.guard.sync(owned); err != nil {
+		return fmt.Errorf("guarding the load balancer's addresses (--guard-addresses=false to do without): %w", err)
+	}
+	return nil
 }
 
 // announceLocked announces the wanted addresses as the plan says, or none
@@ -362,6 +393,7 @@ func (a *addressSinks) retire() {
 	defer a.mu.Unlock()
 	a.retired = true
 	a.flows.retire()
+	a.guard.retire()
 	if a.bgp != nil {
 		a.bgp.StopForSuccessor()
 		a.bgp = nil
@@ -391,6 +423,7 @@ func (a *addressSinks) close(log logr.Logger) {
 		a.local.Close()
 		a.local = nil
 	}
+	a.guard.close()
 	// After the routes: the kernel rules keep it from answering ARP for
 	// addresses still local.
 	if a.l2 != nil {

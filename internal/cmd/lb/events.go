@@ -30,3 +30,10 @@ func takeOverFailed(node, pod string, pid, predecessor int, err error) event.Eve
 	return event.Event{Regarding: nodeRef(node), Type: corev1.EventTypeWarning, Reason: lbsync.ReasonLoadBalancerTakeOverFailed, Action: "HandOff",
 		Note: fmt.Sprintf("ebb lb %s (pid %d) took the listening sockets of the ebb lb before it on this node (pid %d), which did not confirm the hand-off (%v): this process serves anyway; the other may still accept connections until it stops", pod, pid, predecessor, err)}
 }
+
+// guardRepaired is the Event of a guard table written again after someone
+// else removed or changed it.
+func guardRepaired(node string) event.Event {
+	return event.Event{Regarding: nodeRef(node), Type: corev1.EventTypeWarning, Reason: lbsync.ReasonAddressGuardRepaired, Action: "Guard",
+		Note: "Something on this node (a firewall reload, nft flush ruleset) removed or changed nftables table inet ebb-guard, which keeps the node's own services off the load-balancer addresses; ebb lb wrote it again. Until then, every service of this node listening on all addresses was reachable on them: make the firewall leave the table alone"}
+}

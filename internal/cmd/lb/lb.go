@@ -61,6 +61,9 @@ type Options struct {
 	// LocalRoutes adds a local route per served address (vipaddr), so the
 	// host accepts the addresses' traffic without configuring them.
 	LocalRoutes bool
+	// GuardAddresses drops what reaches those addresses on a protocol and
+	// port that no frontend serves (guard.go).
+	GuardAddresses bool
 	// BGP announces the served addresses to BGP peers when BGP.ASN is set.
 	BGP      bgp.Config
 	BGPPeers []string
@@ -159,6 +162,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
 	cmd.Flags().StringVar(&o.ReportName, "report-name", defaultReportName(), "name of this replica's LoadBalancerReport (per-node admin state and connections, read by NodeMaintenance); empty: no report")
 	cmd.Flags().BoolVar(&o.LocalRoutes, "local-routes", true, "add a local route (table local, proto 235) for every address served, so this host accepts its traffic without the address configured on an interface; needs CAP_NET_ADMIN (false: configure the addresses yourself)")
+	cmd.Flags().BoolVar(&o.GuardAddresses, "guard-addresses", true, "drop every packet to an address the local routes cover whose protocol and port no frontend serves (nftables table inet ebb-guard; ICMP, the host's own traffic and tracked connections pass), so this host's own services (sshd, the kubelet) are not reachable on the load balancer's addresses; needs CAP_NET_ADMIN")
 	cmd.Flags().Uint32Var(&o.BGP.ASN, "bgp-asn", 0, "this host's AS number: announce every address served to the --bgp-peer routers (0: no BGP unless a BGPPeer object chooses this host, whose myASN is then used)")
 	cmd.Flags().StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "a BGP peer as ADDRESS:ASN, e.g. 10.0.0.253:64500 (repeatable)")
 	cmd.Flags().TextVar(&o.BGP.RouterID, "bgp-router-id", routerIDFromEnv(), "BGP identifier and next hop of the announced routes: an IPv4 address of this host the peers reach (default: $NODE_IP)")
@@ -224,7 +228,7 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}
 	defer dp.Close()
-	addrs, err := o.addresses(ctx, log, reg, taken != nil)
+	addrs, err := o.addresses(ctx, log, reg, taken != nil, dp.Ports)
 	if err != nil {
 		return err
 	}
@@ -349,6 +353,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	defer stop()
 	h.onHandOver = append(h.onHandOver, stop)
 	if o.NodeName != "" {
+		addrs.guard.setOnRepair(func() { event.Publish(syncer.Recorder, guardRepaired(o.NodeName)) })
 		h.onTookOver = func(predecessor, sockets int, err error) {
 			if err != nil {
 				event.Publish(syncer.Recorder, takeOverFailed(o.NodeName, o.ReportName, os.Getpid(), predecessor, err))

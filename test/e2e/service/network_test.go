@@ -11,6 +11,7 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
 // A user's client sits on another subnet: it reaches a LoadBalancer
@@ -54,5 +55,53 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 	}
 	if _, err := fromClient(ctx); err != nil {
 		t.Fatalf("the client cannot reach %s once the route is back: %v", vip, err)
+	}
+}
+
+// A load-balancer address is a Service's, not the LB host's: a service of
+// the host listening on all addresses (sshd, the kubelet) answers on the
+// host's own address, never through the address ebb announces; the
+// Service's port still does.
+func TestTheLBHostsOwnServicesAreNotReachableOnAServiceAddress(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	vip := exposeApp(t, ctx, ns, "web", 1)
+	waitServes(t, ctx, fmt.Sprintf("http://%s/", net.JoinHostPort(vip, "80")))
+
+	ln, err := lbNode.Host.Listen("tcp", "0.0.0.0:2222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	reaches := func(address string) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		c, err := cluster.ExternalClient.DialContext(ctx, "tcp", address)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	}
+	if err := reaches(net.JoinHostPort(lbNode.IP, "2222")); err != nil {
+		t.Fatalf("the LB host's own service on its own address %s: %v", lbNode.IP, err)
+	}
+	if err := reaches(net.JoinHostPort(vip, "2222")); err == nil {
+		t.Fatalf("the LB host's own service (port 2222) answered on the Service's address %s", vip)
+	}
+	if err := reaches(net.JoinHostPort(vip, "80")); err != nil {
+		t.Fatalf("the Service's own port on %s: %v", vip, err)
+	}
+	if got := e2eutil.Sum(lbMetrics(t), "ebb_lb_guard_dropped_packets_total"); got == 0 {
+		t.Error("ebb_lb_guard_dropped_packets_total is 0 after a connection to port 2222 of a Service's address")
 	}
 }

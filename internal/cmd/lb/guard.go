@@ -1,0 +1,160 @@
+package lb
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/dataplane"
+	"github.com/ebbdev/ebb/internal/vipguard"
+)
+
+// guardRepairEvery is how often the guard's table is checked, and written
+// again if a firewall reload removed it.
+const guardRepairEvery = 5 * time.Second
+
+// addressGuard keeps this host's own services off the addresses it serves
+// (internal/vipguard): the addresses ebb's local routes made local pass
+// only their frontends' ports. It follows every sync of the addresses, and
+// repairs its table when something else removed it.
+type addressGuard struct {
+	log   logr.Logger
+	guard *vipguard.Guard
+	// ports are the frontends being served (DataPlane.Ports).
+	ports func() []dataplane.ServedPort
+	// onRepair is told each repair (cluster mode: an Event on the Node).
+	onRepair func()
+	repairs  prometheus.Counter
+
+	mu sync.Mutex
+	// retired: a successor owns the table now (the hand-off).
+	retired bool
+}
+
+func newAddressGuard(log logr.Logger, ports func() []dataplane.ServedPort) *addressGuard {
+	return &addressGuard{
+		log:   log.WithName("guard"),
+		guard: vipguard.New(vipguard.DefaultTable, 0),
+		ports: ports,
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ebb_lb_guard_repairs_total",
+			Help: "Times the nftables table that keeps this host's own services off the load-balancer addresses (inet ebb-guard) was found changed by someone else (a firewall reload, nft flush ruleset) and written again."}),
+	}
+}
+
+// sync guards the addresses (those ebb's local routes cover), letting
+// their frontends through.
+func (g *addressGuard) sync(addresses []netip.Addr) error {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.retired {
+		return nil
+	}
+	return g.guard.Sync(guardState(addresses, g.ports()))
+}
+
+func guardState(addresses []netip.Addr, ports []dataplane.ServedPort) vipguard.State {
+	s := vipguard.State{Addresses: addresses}
+	for _, p := range ports {
+		proto := uint8(unix.IPPROTO_TCP)
+		if p.Protocol == dataplane.UDP {
+			proto = unix.IPPROTO_UDP
+		}
+		s.Ports = append(s.Ports, vipguard.Port{Addr: p.AddrPort.Addr(), Protocol: proto, Port: p.AddrPort.Port()})
+	}
+	return s
+}
+
+// repairLoop checks the table every period until ctx is done.
+func (g *addressGuard) repairLoop(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g.repair()
+	}
+}
+
+func (g *addressGuard) repair() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.retired {
+		return
+	}
+	repaired, err := g.guard.Repair()
+	if repaired {
+		g.repairs.Inc()
+	}
+	switch {
+	case err != nil:
+		g.log.Error(err, "Checking the table that keeps this host's own services off the load-balancer addresses")
+	case repaired:
+		g.log.Info("The table that keeps this host's own services off the load-balancer addresses was changed by someone else (a firewall reload?): wrote it again", "table", "inet "+vipguard.DefaultTable)
+		if g.onRepair != nil {
+			g.onRepair()
+		}
+	}
+}
+
+// setOnRepair makes f told each repair.
+func (g *addressGuard) setOnRepair(f func()) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.onRepair = f
+}
+
+// retire leaves the table to a successor.
+func (g *addressGuard) retire() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.retired = true
+}
+
+// close removes the table, unless a successor owns it. It runs after the
+// local routes are gone: the addresses are no longer the host's.
+func (g *addressGuard) close() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.retired {
+		return
+	}
+	if err := g.guard.Remove(); err != nil {
+		g.log.Error(err, "Removing the table that keeps this host's own services off the load-balancer addresses")
+	}
+}
+
+// Describe and Collect expose the packets dropped and the repairs.
+func (g *addressGuard) Describe(ch chan<- *prometheus.Desc) {
+	ch <- guardDroppedDesc
+	g.repairs.Describe(ch)
+}
+
+var guardDroppedDesc = prometheus.NewDesc("ebb_lb_guard_dropped_packets_total",
+	"Packets to a load-balancer address served here on a protocol and port that no frontend serves (the host's own services, scans), dropped since the guard's table was last written whole.", nil, nil)
+
+func (g *addressGuard) Collect(ch chan<- prometheus.Metric) {
+	if n, err := g.guard.Dropped(); err == nil {
+		ch <- prometheus.MustNewConstMetric(guardDroppedDesc, prometheus.CounterValue, float64(n))
+	}
+	g.repairs.Collect(ch)
+}
