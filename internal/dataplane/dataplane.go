@@ -15,6 +15,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -60,6 +61,9 @@ type Options struct {
 	// nftables the kernel engine programs and from which the event loop
 	// connects to backends (tests); default: this process's.
 	NetNS int
+	// UDPFlows bounds the proxy engine's UDP flows (zero fields: the
+	// defaults).
+	UDPFlows UDPLimits
 	// Inherited are listening sockets a predecessor handed over (see
 	// Sockets and HandOver): a frontend whose protocol, address and port
 	// match serves on one instead of opening its own. The data plane owns
@@ -85,6 +89,14 @@ type DataPlane struct {
 
 	conns     *connTable
 	stopSweep chan struct{}
+	// udpLimits bound the UDP flows; udpFlows counts them, on every
+	// frontend; udpBuffers hold the datagrams read from backends.
+	udpLimits  UDPLimits
+	udpFlows   atomic.Int64
+	udpBuffers *sync.Pool
+	// udpUnansweredIdle: the idle timeout of a flow its backend never
+	// answered (tests shorten it).
+	udpUnansweredIdle time.Duration
 	// loop moves the proxy engine's TCP connections; nil with
 	// Options.GoroutineProxy.
 	loop *eventLoop
@@ -150,6 +162,7 @@ func New(opts Options) (*DataPlane, error) {
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),
+		udpLimits: opts.UDPFlows.withDefaults(), udpBuffers: newUDPBuffers(), udpUnansweredIdle: udpUnansweredIdle,
 		engine: opts.Engine, kernel: kernel, kernelPathName: opts.KernelPath, otherKernel: otherKernelPath(opts), kernelDirty: make(chan struct{}, 1),
 		frontends: map[frontendKey]*frontend{}, probers: map[probeKey]*prober{}, inherited: map[frontendKey]*os.File{},
 	}

@@ -27,10 +27,12 @@ type frontend struct {
 
 	flowsMu sync.Mutex
 	flows   map[netip.AddrPort]*udpFlow
+	// flowsBySource counts the flows of each client address (UDPLimits).
+	flowsBySource map[netip.Addr]int
 }
 
 func newFrontend(d *DataPlane, k frontendKey, listener any) *frontend {
-	f := &frontend{d: d, key: k, backends: map[netip.AddrPort]*backend{}, flows: map[netip.AddrPort]*udpFlow{}}
+	f := &frontend{d: d, key: k, backends: map[netip.AddrPort]*backend{}, flows: map[netip.AddrPort]*udpFlow{}, flowsBySource: map[netip.Addr]int{}}
 	switch l := listener.(type) {
 	case nil:
 		f.kernel = true

@@ -15,6 +15,7 @@ type metrics struct {
 	probeUp          *prometheus.GaugeVec
 	probeTransitions *prometheus.CounterVec
 	udpMigrations    *prometheus.CounterVec
+	udpFlows         prometheus.Gauge
 	applySeconds     prometheus.Histogram
 	skipped          *prometheus.GaugeVec
 	engines          *prometheus.GaugeVec
@@ -43,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ebb_dataplane_dial_errors_total", Help: "Failed connection attempts to each backend.",
 		}, backendLabels),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ebb_dataplane_refused_total", Help: "Client connections refused by a frontend; reason is no_backend or source_range.",
+			Name: "ebb_dataplane_refused_total", Help: "Client connections (UDP: new flows) refused by a frontend; reason is no_backend, source_range, or a limit of UDP flows: udp_flows_total, udp_flows_frontend, udp_flows_source.",
 		}, []string{"frontend", "reason"}),
 		adminState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ebb_dataplane_backend_admin_state", Help: "1 for the backend's current admin state (None, Down, Up).",
@@ -57,6 +58,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		udpMigrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ebb_dataplane_udp_flow_migrations_total", Help: "UDP flows moved off a backend that became ineligible.",
 		}, []string{"frontend"}),
+		udpFlows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_udp_flows", Help: "UDP flows the proxy engine holds, on every frontend (bounded by ebb lb --udp-flows).",
+		}),
 		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ebb_dataplane_apply_duration_seconds",
 			Help:    "Time from a configuration apply to its taking effect for new connections.",
@@ -91,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ebb_dataplane_bpf_map_size", Help: "The most elements each of the eBPF kernel path's maps holds; a frontend that does not fit is not served (ebb_dataplane_frontend_skipped reason KernelFull).",
 		}, []string{"map"}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets, m.bpfElements, m.bpfSize} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.udpFlows, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets, m.bpfElements, m.bpfSize} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -95,6 +95,9 @@ type Options struct {
 	BPFInterfaces []string
 	// ProxyGoroutines: dataplane.Options.GoroutineProxy.
 	ProxyGoroutines bool
+	// UDPFlows bounds the proxy engine's UDP flows
+	// (dataplane.Options.UDPFlows).
+	UDPFlows dataplane.UDPLimits
 	// NodeName is the node this replica runs on: when it gets a leaving
 	// taint, the replica drains itself.
 	NodeName string
@@ -178,6 +181,9 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().BoolVar(&o.ProxyGoroutines, "proxy-goroutines", false, "move the proxy engine's TCP connections with two goroutines each over Go's net package instead of on its event loop (the way back while the event loop is new)")
 	cmd.Flags().StringVar(&o.KernelTable, "kernel-table", dataplane.DefaultKernelTable, "nftables tables (families ip and ip6) of the kernel engine; they are left in place at exit, so that the kernel keeps forwarding until the next ebb lb replaces it")
 	cmd.Flags().StringVar(&o.KernelPath, "kernel-path", string(dataplane.KernelPathNftables), "how the kernel engine forwards: nftables (DNAT and conntrack; TCP and UDP, IPv4 and IPv6, clients on this host too) or ebpf (a tc program with its own flow table, no conntrack: about half the CPU per new connection; IPv4 TCP from other hosts only; needs CAP_BPF, CAP_NET_ADMIN and a bpffs, mounted at /sys/fs/bpf if missing)")
+	cmd.Flags().IntVar(&o.UDPFlows.Total, "udp-flows", dataplane.DefaultUDPFlows, "most UDP flows the proxy engine holds on all frontends together (each a socket and about 6 KiB); a datagram that would start one more is dropped and counted (ebb_dataplane_refused_total{reason=\"udp_flows_total\"})")
+	cmd.Flags().IntVar(&o.UDPFlows.PerFrontend, "udp-flows-per-frontend", dataplane.DefaultUDPFlowsPerFrontend, "most UDP flows of one frontend, so that a flood of one leaves room for the others")
+	cmd.Flags().IntVar(&o.UDPFlows.PerSource, "udp-flows-per-source", dataplane.DefaultUDPFlowsPerSource, "most UDP flows of one client address on one frontend (a client cycling source ports); clients behind one NAT address share it")
 	cmd.Flags().StringVar(&o.BPFPinDir, "bpf-pin-dir", dataplane.DefaultBPFPinDir, "where --kernel-path=ebpf pins its maps and attachments: they stay at exit, so that the kernel keeps forwarding and the next ebb lb takes them over (on a hostPath in a pod)")
 	cmd.Flags().StringArrayVar(&o.BPFInterfaces, "bpf-interface", nil, "an interface --kernel-path=ebpf forwards from, where clients' packets and backends' replies arrive (repeatable; default: every interface but lo, followed as interfaces come and go)")
 	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
@@ -215,7 +221,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if taken != nil {
 		inherited = taken.Files
 	}
-	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, KernelPath: dataplane.KernelPath(o.KernelPath), BPFPinDir: o.BPFPinDir, BPFInterfaces: o.BPFInterfaces, GoroutineProxy: o.ProxyGoroutines, Inherited: inherited})
+	dp, err := dataplane.New(dataplane.Options{Registerer: reg, Logger: log.WithName("dataplane"), Engine: dataplane.Engine(o.Engine), KernelTable: o.KernelTable, KernelPath: dataplane.KernelPath(o.KernelPath), BPFPinDir: o.BPFPinDir, BPFInterfaces: o.BPFInterfaces, GoroutineProxy: o.ProxyGoroutines, UDPFlows: o.UDPFlows, Inherited: inherited})
 	if err != nil {
 		if taken != nil {
 			taken.Abort()
