@@ -143,7 +143,7 @@ func NewCommand() *cobra.Command {
 	f.StringSliceVar(&o.VIPPools, "vip-pool", nil, "deprecated (use AddressPool objects, group lb.ebb.dev): CIDR of load-balancer addresses to allocate from after the AddressPools, to every Service; creates nothing in the API (repeatable; IPv4 and IPv6)")
 	f.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader so that only one replica acts")
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
-	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":8080", "address serving /metrics (0 turns it off)")
+	f.StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:8080", "address serving /metrics, unauthenticated (0 turns it off); the default is reachable from this host only")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
 	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added (value spot-eviction) to a node on its first PreemptScheduled event (default with --cloud azure: cloudprovider.azure.microsoft.com/draining, as cloud-provider-azure's design says); empty turns this off")
 	f.StringSliceVar(&o.SpotEventSources, "spot-event-sources", spot.DefaultTrustedSources, "emitters (an Event's source.component or reportingController) whose PreemptScheduled Events about a Node are acted on; the Event must also be in namespace default or kube-system and name the Node without a namespace, which a namespace user cannot write")

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"testing"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -57,5 +58,14 @@ func TestWebhookServerRefusesHTTP2(t *testing.T) {
 	defer func() { _ = conn.Close() }()
 	if p := conn.ConnectionState().NegotiatedProtocol; p == "h2" {
 		t.Errorf("negotiated %q, want HTTP/1.1 only", p)
+	}
+}
+
+// The metrics are unauthenticated: by default only this host reaches them
+// (before: every address, ":8080").
+func TestMetricsListenOnTheLoopbackByDefault(t *testing.T) {
+	def := NewCommand().Flags().Lookup("metrics-bind-address").DefValue
+	if ap, err := netip.ParseAddrPort(def); err != nil || !ap.Addr().IsLoopback() {
+		t.Errorf("--metrics-bind-address defaults to %q, want a loopback address", def)
 	}
 }

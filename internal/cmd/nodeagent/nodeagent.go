@@ -66,7 +66,7 @@ cannot be read.`,
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node to answer for (default $NODE_NAME)")
 	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.AgentPort), "address serving /healthz and /livez")
-	f.StringVar(&o.MetricsAddress, "metrics-bind-address", ":9465", "address serving /metrics (empty: off)")
+	f.StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9465", "address serving /metrics, unauthenticated (empty: off); the default is reachable from this host only")
 	f.StringVar(&o.StateFile, "state-file", "", "file that keeps the node's last known state across restarts, so that an agent restarted while the API server is unreachable answers as it did (empty: start as eligible until the node is read)")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -123,9 +123,9 @@ func (o *Options) Run(ctx context.Context) error {
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 
-	servers := []*http.Server{{Addr: o.BindAddress, Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}}
+	servers := []*http.Server{newServer(o.BindAddress, srv.Handler(), idleTimeout)}
 	if o.MetricsAddress != "" {
-		servers = append(servers, &http.Server{Addr: o.MetricsAddress, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second})
+		servers = append(servers, newServer(o.MetricsAddress, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), idleTimeout))
 	}
 	errs := make(chan error, len(servers))
 	for _, s := range servers {
@@ -163,4 +163,17 @@ func (o *Options) restoreState(log logr.Logger, srv *nodehealth.Server) {
 		srv.Restore(st)
 		log.Info("Answering /healthz from the state saved before the restart until the node is read", "node", o.NodeName, "eligible", st.Eligible, "seen", st.LastUpdated)
 	}
+}
+
+// idleTimeout closes a keep-alive connection that sends no next request:
+// every LB host polls the agent, and an idle connection must not be held
+// forever (net/http has no idle timeout unless one is set).
+const idleTimeout = 30 * time.Second
+
+// newServer bounds what one client can hold: the time to send a request's
+// headers and body, to read the answer, and to stay connected idle.
+func newServer(addr string, h http.Handler, idle time.Duration) *http.Server {
+	return &http.Server{Addr: addr, Handler: h,
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: idle, MaxHeaderBytes: 16 << 10}
 }
