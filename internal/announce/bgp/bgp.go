@@ -226,7 +226,9 @@ func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(max(gracefulRestart/time.Second, 1))}
 	}
 	for _, afi := range afis {
-		as := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}}
+		family := &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}
+		as := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: family, Enabled: true},
+			PrefixLimits: &api.PrefixLimit{Family: family, MaxPrefixes: MaxReceivedPrefixes, ShutdownThresholdPct: 80}}
 		if gracefulRestart > 0 {
 			as.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
 		}
@@ -234,6 +236,15 @@ func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 	}
 	return peer
 }
+
+// MaxReceivedPrefixes bounds the routes a peer may send in each family.
+// ebb announces and learns nothing, but GoBGP keeps every route received
+// (Adj-RIB-In): a router that sends a full table (a million routes) would
+// run ebb lb out of memory on every host peering with it. Past the limit
+// the session is closed with a notification (Cease, maximum number of
+// prefixes reached) and opened again later, as a router's maximum-prefix
+// does; GoBGP logs a warning at 80 %.
+const MaxReceivedPrefixes = 1000
 
 // Sync announces exactly the addresses of want: new ones are announced,
 // ones no longer wanted are withdrawn. IPv6 addresses need an IPv6 next hop

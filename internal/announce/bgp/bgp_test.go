@@ -230,3 +230,56 @@ func waitForState(t *testing.T, sp *Speaker, state string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A router that sends far more routes than ebb could need (a full table by
+// mistake) does not fill the speaker's memory: past MaxReceivedPrefixes the
+// session is closed, and the routes received go with it (before: every
+// route was kept).
+func TestARouterSendingAFullTableIsCutOff(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the test router listens on port 179 (make test runs as root)")
+	}
+	const sent = 5000
+	router := startRouter(t, "")
+	var paths []*apiutil.Path
+	for i := range sent {
+		nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(i>>16), byte(i >> 8), byte(i)}), 32))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nextHop, err := bgp.NewPathAttributeNextHop(netip.MustParseAddr(routerAddr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri,
+			Attrs: []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP), nextHop}})
+	}
+	if _, err := router.AddPath(apiutil.AddPathRequest{Paths: paths}); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := Start(context.Background(), slog.New(slog.DiscardHandler), Config{ASN: 64512, RouterID: netip.MustParseAddr("10.0.0.1"),
+		Peers: []Peer{{Address: netip.MustParseAddr(routerAddr), ASN: 64500, HoldTime: 3 * time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Stop()
+	most, established := 0, false
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		n := 0
+		err := sp.s.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_ADJ_IN, Name: routerAddr, Family: bgp.RF_IPv4_UC},
+			func(bgp.NLRI, []*apiutil.Path) { n++ })
+		if err == nil {
+			most = max(most, n)
+		}
+		if peers, err := sp.Peers(context.Background()); err == nil && len(peers) == 1 && peers[0].Established {
+			established = true
+		}
+	}
+	if !established {
+		t.Fatal("the session with the router never came up")
+	}
+	if most >= sent {
+		t.Errorf("the speaker held all %d routes the router sent, want the session cut off past %d", most, MaxReceivedPrefixes)
+	}
+	t.Logf("at most %d routes received before the session was closed", most)
+}
