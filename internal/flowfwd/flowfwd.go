@@ -9,9 +9,11 @@
 // destination stays the load-balancer address, which is local there too),
 // and one of them still has the connection. A draining host drops such
 // segments instead of resetting them, since the flow may be another
-// draining host's. Segments of this host's own flows, and new connections,
-// are never touched. It is what GitHub's GLB calls a second chance, done
-// with one nftables rule (`dup to` each draining host, then `drop`).
+// draining host's, and so does every host with a segment another host
+// forwarded to it (marked with DSCP 7). Segments of this host's own flows,
+// new connections, and segments to a port that is no TCP frontend's are
+// never touched. It is what GitHub's GLB calls a second chance, done with
+// two nftables rules (mark, `dup to` each draining host, then `drop`).
 //
 // It needs connection tracking on the host (kube-proxy's rules and the
 // rule itself turn it on): a flow established before that would look
@@ -37,9 +39,10 @@ const DefaultTable = "ebb-flows"
 
 // State is what the rule does.
 type State struct {
-	// Addresses are the load-balancer addresses served here (IPv4; IPv6
-	// addresses are ignored for now).
-	Addresses []netip.Addr
+	// Frontends are the TCP frontends served here: their addresses and
+	// ports (IPv4; IPv6 ones are ignored for now). Segments to any other
+	// port are left alone.
+	Frontends []netip.AddrPort
 	// Draining: this host is leaving; foreign segments are dropped.
 	Draining bool
 	// Peers are the other LB hosts that are draining (their addresses on
@@ -111,25 +114,37 @@ func (f *Forwarder) Sync(s State) error {
 		return fmt.Errorf("opening nftables: %w", err)
 	}
 	defer c.CloseLasting()
-	t := c.AddTable(&nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4})
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	if f.last == nil {
+		// This process's first write replaces the table whole, whoever
+		// wrote it (a predecessor, an earlier version with other sets):
+		// added, deleted and added again in the one transaction, so
+		// nothing is left unforwarded in between.
+		c.AddTable(t)
+		c.DelTable(t)
+	}
+	c.AddTable(t)
 	chain := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
-	set := &nftables.Set{Name: "addresses", Table: t, KeyType: nftables.TypeIPAddr}
+	key, _ := nftables.ConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+	set := &nftables.Set{Name: "frontends", Table: t, KeyType: key, Concatenation: true}
 	if err := c.AddSet(set, nil); err != nil {
-		return fmt.Errorf("adding the addresses set: %w", err)
+		return fmt.Errorf("adding the frontends set: %w", err)
 	}
 	c.FlushSet(set)
 	var elems []nftables.SetElement
-	for _, a := range s.Addresses {
-		elems = append(elems, nftables.SetElement{Key: a.AsSlice()})
+	for _, fe := range s.Frontends {
+		elems = append(elems, nftables.SetElement{Key: append(fe.Addr().AsSlice(), byte(fe.Port()>>8), byte(fe.Port()), 0, 0)})
 	}
 	if len(elems) > 0 {
 		if err := c.SetAddElements(set, elems); err != nil {
-			return fmt.Errorf("adding the addresses: %w", err)
+			return fmt.Errorf("adding the frontends: %w", err)
 		}
 	}
 	c.FlushChain(chain)
-	c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: ruleExprs(set, s)})
+	for _, exprs := range ruleExprs(set, s) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("installing nftables table ip %s: %w", f.table, err)
 	}
@@ -137,26 +152,64 @@ func (f *Forwarder) Sync(s State) error {
 	return nil
 }
 
-// ruleExprs is: ip daddr @addresses, TTL above 1, TCP, not a SYN, no
-// tracked connection (new or invalid), counted; then dup to each peer and
-// drop, or drop, or nothing (pass).
+// forwardedDSCP marks the segments a host forwards (DSCP 7, from the pool
+// RFC 2474 leaves for local use), so that the host receiving one never
+// forwards it again.
+const forwardedDSCP = 7
+
+// ruleExprs are the chain's rules. Each matches a foreign segment: to a
+// frontend (ip daddr . tcp dport @frontends), TTL above 1, TCP, not a SYN,
+// no tracked connection (new or invalid); each counts what it matches.
+// A segment that another host forwarded (marked) is dropped: this host
+// does not have its connection, and another host it was sent to may. The
+// others are, while forwarding, marked, sent to each peer (dup) and
+// dropped; while draining, dropped; else passed (the usual reset).
 //
-// The TTL bounds a loop. Two hosts may forward to each other for a while
-// (one joining while the other still counts it draining), and a segment
-// neither knows then goes back and forth. nf_dup lowers the TTL of each
+// The mark keeps two hosts that forward to each other for a while (one
+// joining while the other still counts it draining) from bouncing a
+// segment neither knows: each forwards it once. The TTL still bounds a
+// longer loop (three hosts that disagree). nf_dup lowers the TTL of each
 // copy it sends from prerouting, but does not stop at 0: without the
-// check a TTL of 0 went round to 255, and the segment bounced at line rate
-// until the two agreed. With it, a segment stops after about 64 hops, in
-// the host's stack, as a routed packet would.
-func ruleExprs(set *nftables.Set, s State) []expr.Any {
-	exprs := []expr.Any{
+// check a TTL of 0 went round to 255.
+func ruleExprs(set *nftables.Set, s State) [][]expr.Any {
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	switch s.mode() {
+	case ModeForward:
+		forward := append(foreignExprs(set), marked(false)...)
+		forward = append(forward, &expr.Counter{})
+		forward = append(forward, markForwarded()...)
+		for _, p := range s.Peers {
+			forward = append(forward,
+				&expr.Immediate{Register: 1, Data: p.AsSlice()},
+				&expr.Dup{RegAddr: 1})
+		}
+		forward = append(forward, drop)
+		return [][]expr.Any{
+			append(append(foreignExprs(set), marked(true)...), &expr.Counter{}, drop),
+			forward,
+		}
+	case ModeDrop:
+		return [][]expr.Any{append(foreignExprs(set), &expr.Counter{}, drop)}
+	}
+	return [][]expr.Any{
+		append(append(foreignExprs(set), marked(true)...), &expr.Counter{}, drop),
+		append(foreignExprs(set), &expr.Counter{}),
+	}
+}
+
+// foreignExprs match a segment of a flow this host does not know, to a
+// frontend.
+func foreignExprs(set *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		// ip daddr . tcp dport @frontends
 		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4, DestRegister: 1},
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2, DestRegister: 9},
 		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
 		// ip ttl > 1
 		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 1, DestRegister: 1},
 		&expr.Cmp{Op: expr.CmpOpGt, Register: 1, Data: []byte{1}},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 		// tcp flags & syn == 0
 		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1, DestRegister: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x02}, Xor: []byte{0}},
@@ -165,20 +218,31 @@ func ruleExprs(set *nftables.Set, s State) []expr.Any {
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: u32(expr.CtStateBitNEW | expr.CtStateBitINVALID), Xor: u32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: u32(0)},
-		&expr.Counter{},
 	}
-	switch s.mode() {
-	case ModeForward:
-		for _, p := range s.Peers {
-			exprs = append(exprs,
-				&expr.Immediate{Register: 1, Data: p.AsSlice()},
-				&expr.Dup{RegAddr: 1})
-		}
-		exprs = append(exprs, &expr.Verdict{Kind: expr.VerdictDrop})
-	case ModeDrop:
-		exprs = append(exprs, &expr.Verdict{Kind: expr.VerdictDrop})
+}
+
+// marked matches a segment whose DSCP is (or is not) forwardedDSCP.
+func marked(is bool) []expr.Any {
+	op := expr.CmpOpEq
+	if !is {
+		op = expr.CmpOpNeq
 	}
-	return exprs
+	return []expr.Any{
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 1, Len: 1, DestRegister: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0xfc}, Xor: []byte{0}},
+		&expr.Cmp{Op: op, Register: 1, Data: []byte{forwardedDSCP << 2}},
+	}
+}
+
+// markForwarded sets the segment's DSCP to forwardedDSCP, keeping its ECN
+// bits, and updates the header checksum (ip dscp set 7).
+func markForwarded() []expr.Any {
+	return []expr.Any{
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 1, Len: 1, DestRegister: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x03}, Xor: []byte{forwardedDSCP << 2}},
+		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 1, Len: 1,
+			CsumType: expr.CsumTypeInet, CsumOffset: 10},
+	}
 }
 
 // Segments returns how many foreign segments the current rule has seen,
@@ -199,14 +263,20 @@ func (f *Forwarder) Segments() (uint64, Mode, error) {
 	if err != nil {
 		return 0, "", fmt.Errorf("reading table ip %s: %w", f.table, err)
 	}
+	var segs uint64
+	counters := 0
 	for _, r := range rules {
 		for _, e := range r.Exprs {
 			if ctr, ok := e.(*expr.Counter); ok {
-				return ctr.Packets, f.last.mode(), nil
+				segs += ctr.Packets
+				counters++
 			}
 		}
 	}
-	return 0, f.last.mode(), errors.New("the rule has no counter")
+	if counters == 0 {
+		return 0, f.last.mode(), errors.New("the rules have no counter")
+	}
+	return segs, f.last.mode(), nil
 }
 
 // Remove deletes the table: nothing forwards any more.
@@ -228,9 +298,9 @@ func (f *Forwarder) Remove() error {
 
 func normalise(s State) State {
 	out := State{Draining: s.Draining}
-	for _, a := range s.Addresses {
-		if a = a.Unmap(); a.Is4() {
-			out.Addresses = append(out.Addresses, a)
+	for _, fe := range s.Frontends {
+		if a := fe.Addr().Unmap(); a.Is4() {
+			out.Frontends = append(out.Frontends, netip.AddrPortFrom(a, fe.Port()))
 		}
 	}
 	for _, p := range s.Peers {
@@ -239,15 +309,15 @@ func normalise(s State) State {
 		}
 	}
 	cmp := func(a, b netip.Addr) int { return a.Compare(b) }
-	slices.SortFunc(out.Addresses, cmp)
+	slices.SortFunc(out.Frontends, netip.AddrPort.Compare)
 	slices.SortFunc(out.Peers, cmp)
-	out.Addresses = slices.Compact(out.Addresses)
+	out.Frontends = slices.Compact(out.Frontends)
 	out.Peers = slices.Compact(out.Peers)
 	return out
 }
 
 func equal(a, b State) bool {
-	return a.Draining == b.Draining && slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.Peers, b.Peers)
+	return a.Draining == b.Draining && slices.Equal(a.Frontends, b.Frontends) && slices.Equal(a.Peers, b.Peers)
 }
 
 func u32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }

@@ -32,7 +32,7 @@ import (
 // announcer (with --l2-interface). With deferBGP the speaker opens no
 // session until connectBGP: a predecessor on this host still holds them.
 func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
-	sinks := &addressSinks{}
+	sinks := &addressSinks{ports: ports}
 	if o.LocalRoutes {
 		t, err := vipaddr.New()
 		if err != nil {
@@ -201,6 +201,9 @@ type addressSinks struct {
 	// guard keeps the host's own services off the addresses the local
 	// routes cover (nil: off, or no local routes).
 	guard *addressGuard
+	// ports are the frontends served (DataPlane.Ports), which the guard
+	// and the forwarding of moved flows follow.
+	ports func() []dataplane.ServedPort
 	// withdrawAfter delays the withdrawal when the host starts leaving, so
 	// the other LB hosts forward this host's flows before the routers move
 	// them; withdrawTimer is that pending withdrawal.
@@ -227,7 +230,9 @@ func (a *addressSinks) Sync(want []netip.Addr) error {
 		errs = append(errs, a.local.Sync(want))
 		errs = append(errs, a.syncGuardLocked())
 	}
-	a.flows.setAddresses(want)
+	if a.ports != nil {
+		a.flows.setFrontends(tcpFrontends(a.ports()))
+	}
 	errs = append(errs, a.announceLocked())
 	return errors.Join(errs...)
 }

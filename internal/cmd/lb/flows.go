@@ -15,6 +15,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/flowfwd"
 	"github.com/ebbdev/ebb/internal/lbsync"
 )
@@ -70,8 +71,20 @@ func (m *movedFlows) update(change func(*flowfwd.State)) {
 	}
 }
 
-func (m *movedFlows) setAddresses(a []netip.Addr) {
-	m.update(func(s *flowfwd.State) { s.Addresses = a })
+func (m *movedFlows) setFrontends(fes []netip.AddrPort) {
+	m.update(func(s *flowfwd.State) { s.Frontends = fes })
+}
+
+// tcpFrontends are the addresses and ports of the TCP frontends among
+// ports: the only flows that can move.
+func tcpFrontends(ports []dataplane.ServedPort) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, p := range ports {
+		if p.Protocol == dataplane.TCP {
+			out = append(out, p.AddrPort)
+		}
+	}
+	return out
 }
 
 func (m *movedFlows) setDraining(on bool) {
@@ -137,7 +150,7 @@ type flowsCollector struct{ m *movedFlows }
 
 var (
 	foreignSegmentsDesc = prometheus.NewDesc("ebb_lb_moved_flow_segments_total",
-		"TCP segments of flows this host does not know (moved here by the routers) since the forwarding rule was last rewritten; mode is pass (answered with a reset), forward (sent to the draining LB hosts) or drop (this host drains).",
+		"TCP segments to a frontend, of flows this host does not know (moved here by the routers, or forwarded by another LB host), since the forwarding rules were last rewritten; mode is pass (answered with a reset, unless another host forwarded it: dropped), forward (sent to the draining LB hosts) or drop (this host drains).",
 		[]string{"mode"}, nil)
 	drainingPeersDesc = prometheus.NewDesc("ebb_lb_moved_flow_targets",
 		"Other LB hosts to which this host forwards the segments of moved flows: the draining ones, and the steady ones while this host joins.", nil, nil)
