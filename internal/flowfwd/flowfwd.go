@@ -109,6 +109,11 @@ func (f *Forwarder) Sync(s State) error {
 	if f.last != nil && equal(*f.last, s) {
 		return nil
 	}
+	return f.syncLocked(s)
+}
+
+// syncLocked writes s; f.mu is held.
+func (f *Forwarder) syncLocked(s State) error {
 	c, err := f.conn()
 	if err != nil {
 		return fmt.Errorf("opening nftables: %w", err)
@@ -126,8 +131,7 @@ func (f *Forwarder) Sync(s State) error {
 	c.AddTable(t)
 	chain := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
-	key, _ := nftables.ConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
-	set := &nftables.Set{Name: "frontends", Table: t, KeyType: key, Concatenation: true}
+	set := frontendsSet(t)
 	if err := c.AddSet(set, nil); err != nil {
 		return fmt.Errorf("adding the frontends set: %w", err)
 	}
@@ -150,6 +154,12 @@ func (f *Forwarder) Sync(s State) error {
 	}
 	f.last = &s
 	return nil
+}
+
+// frontendsSet is the set of the TCP frontends: address . port.
+func frontendsSet(t *nftables.Table) *nftables.Set {
+	key, _ := nftables.ConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+	return &nftables.Set{Name: "frontends", Table: t, KeyType: key, Concatenation: true}
 }
 
 // forwardedDSCP marks the segments a host forwards (DSCP 7, from the pool
@@ -277,6 +287,59 @@ func (f *Forwarder) Segments() (uint64, Mode, error) {
 		return 0, f.last.mode(), errors.New("the rules have no counter")
 	}
 	return segs, f.last.mode(), nil
+}
+
+// Repair writes the table whole again if it is not as Sync left it (a
+// firewall reload ran `nft flush ruleset`, someone deleted the table or a
+// rule), and reports whether it had to. Before the first Sync it does
+// nothing. Connections established while the table was gone look foreign
+// to no one: conntrack kept tracking them (kube-proxy's rules need it).
+func (f *Forwarder) Repair() (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.last == nil {
+		return false, nil
+	}
+	ok, err := f.intact(*f.last)
+	if err != nil || ok {
+		return false, err
+	}
+	last := *f.last
+	f.last = nil // the next write replaces the table whole
+	if err := f.syncLocked(last); err != nil {
+		f.last = &last
+		return true, fmt.Errorf("repairing: %w", err)
+	}
+	return true, nil
+}
+
+// intact reports whether the table holds s's rules and frontends.
+func (f *Forwarder) intact(s State) (bool, error) {
+	c, err := f.conn()
+	if err != nil {
+		return false, fmt.Errorf("opening nftables: %w", err)
+	}
+	defer c.CloseLasting()
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	rules, err := c.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("reading table ip %s: %w", f.table, err)
+	}
+	set := frontendsSet(t)
+	if len(rules) != len(ruleExprs(set, s)) {
+		return false, nil
+	}
+	elems, err := c.GetSetElements(set)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("reading set frontends of table ip %s: %w", f.table, err)
+	}
+	return len(elems) == len(s.Frontends), nil
 }
 
 // Remove deletes the table: nothing forwards any more.

@@ -272,3 +272,39 @@ func TestAForwardedSegmentIsNeverReset(t *testing.T) {
 		t.Errorf("the passing host counted %d foreign segments (%v), want the forwarded ones", segs, err)
 	}
 }
+
+// A firewall reload that flushes the ruleset, or a rule or the frontends
+// emptied by hand, is repaired: moved connections are forwarded again. An
+// intact table is left alone.
+func TestRepairRestoresAFlushedTable(t *testing.T) {
+	n := newTestNet(t)
+	f := New("", n.serving.NetNS())
+	t.Cleanup(func() { _ = f.Remove() })
+	if err := f.Sync(State{Frontends: []netip.AddrPort{vipPort}, Peers: []netip.Addr{addr("10.3.0.2")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"flush", "ruleset"},
+		{"flush", "set", "ip", DefaultTable, "frontends"},
+		{"flush", "chain", "ip", DefaultTable, "prerouting"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			if repaired, err := f.Repair(); err != nil || repaired {
+				t.Fatalf("Repair() of an intact table = %v, %v; want false, nil", repaired, err)
+			}
+			if err := n.serving.Do(func() error { return exec.Command("nft", args...).Run() }); err != nil {
+				t.Fatal(err)
+			}
+			if repaired, err := f.Repair(); err != nil || !repaired {
+				t.Fatalf("Repair() = %v, %v; want true, nil", repaired, err)
+			}
+			echo(t, n.draining)
+			n.moveTo(t, "10.2.0.2")
+			c := n.connect(t)
+			n.moveTo(t, "10.1.0.2")
+			if err := roundTrip(c, "moved"); err != nil {
+				t.Errorf("a moved connection after the repair: %v", err)
+			}
+		})
+	}
+}

@@ -49,10 +49,10 @@ const (
 	// confirm the hand-off; both may have served new connections for a
 	// while.
 	ReasonLoadBalancerTakeOverFailed = "LoadBalancerTakeOverFailed"
-	// ReasonAddressGuardRepaired: something else on the host (a firewall
-	// reload) removed the nftables table that keeps the host's own
-	// services off the load-balancer addresses; ebb lb wrote it again.
-	ReasonAddressGuardRepaired = "AddressGuardRepaired"
+	// ReasonKernelStateRepaired: something else on the host (a firewall
+	// reload) removed or changed ebb lb's nftables tables; ebb lb wrote
+	// them again.
+	ReasonKernelStateRepaired = "KernelStateRepaired"
 )
 
 func hostDraining(node *corev1.Node, reason string, connections int) event.Event {

@@ -135,6 +135,54 @@ func (k *kernelARP) sync(addrs []netip.Addr) error {
 	return nil
 }
 
+// repair writes the table again if it is not as sync left it (a firewall
+// reload ran `nft flush ruleset`, which leaves every LB host answering ARP
+// for every address), and reports whether it had to.
+func (k *kernelARP) repair() (bool, error) {
+	if !k.synced {
+		return false, nil
+	}
+	ok, err := k.intact()
+	if err != nil || ok {
+		return false, err
+	}
+	k.synced = false
+	if err := k.sync(k.last); err != nil {
+		return true, fmt.Errorf("repairing nftables table arp %s: %w", k.table, err)
+	}
+	return true, nil
+}
+
+// intact reports whether the table has its rules and its addresses.
+func (k *kernelARP) intact() (bool, error) {
+	c, err := k.conn()
+	if err != nil {
+		return false, fmt.Errorf("opening nftables: %w", err)
+	}
+	defer c.CloseLasting()
+	t := &nftables.Table{Name: k.table, Family: nftables.TableFamilyARP}
+	for chain, want := range map[string]int{"input": 1, "output": len(k.ifaces)} {
+		rules, err := c.GetRules(t, &nftables.Chain{Name: chain, Table: t})
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("reading table arp %s: %w", k.table, err)
+		}
+		if len(rules) != want {
+			return false, nil
+		}
+	}
+	elems, err := c.GetSetElements(&nftables.Set{Name: "addresses", Table: t, KeyType: nftables.TypeIPAddr})
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading set addresses of table arp %s: %w", k.table, err)
+	}
+	return len(elems) == len(k.last), nil
+}
+
 // remove deletes the table, if it is there.
 func (k *kernelARP) remove() error {
 	c, err := k.conn()

@@ -393,6 +393,18 @@ func (a *Announcer) SetLocal(addrs []netip.Addr) error {
 	return a.karp.sync(local)
 }
 
+// Repair writes the rules that keep the kernel from answering ARP for the
+// addresses again if something else removed them (a firewall reload), and
+// reports whether it had to.
+func (a *Announcer) Repair() (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return false, nil
+	}
+	return a.karp.repair()
+}
+
 // Owned returns the addresses this replica owns now.
 func (a *Announcer) Owned() []netip.Addr {
 	var out []netip.Addr

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -466,4 +467,32 @@ func TestNDPStartsOnceTheInterfaceHasALinkLocalAddress(t *testing.T) {
 	}
 	took := s.waitServedBy(t, vip6, "lb-a")
 	t.Logf("%s answered for by lb-a %s after IPv6 came back on %s", vip6, took.Round(time.Millisecond), dev)
+}
+
+// A firewall reload on a host that does not own the address (`nft flush
+// ruleset`) removes the rules that keep its kernel from answering ARP for
+// it: both hosts answer, and neighbours may point the address at the wrong
+// one. Repair writes them again, and the owner alone answers; an intact
+// table is left alone.
+func TestRepairRestoresTheKernelsSilence(t *testing.T) {
+	s := newSegment(t)
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	o := owner(t, vip4, as)
+	s.waitServedBy(t, vip4, o)
+	other := map[string]string{"lb-a": "lb-b", "lb-b": "lb-a"}[o]
+	if repaired, err := as[other].Repair(); err != nil || repaired {
+		t.Fatalf("Repair() of intact rules = %v, %v; want false, nil", repaired, err)
+	}
+	if err := s.lbs[other].Do(func() error { return exec.Command("nft", "flush", "ruleset").Run() }); err != nil {
+		t.Fatal(err)
+	}
+	if macs := s.arpReplies(t); len(macs) != 2 {
+		t.Fatalf("ARP replies for %s from %v after the flush, want both hosts' (the test shows nothing otherwise)", vip4, macs)
+	}
+	if repaired, err := as[other].Repair(); err != nil || !repaired {
+		t.Fatalf("Repair() after the flush = %v, %v; want true, nil", repaired, err)
+	}
+	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o].String()}) {
+		t.Fatalf("ARP replies for %s from %v after the repair, want only the owner %s (%s)", vip4, macs, o, s.macs[o])
+	}
 }

@@ -45,7 +45,6 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 				sinks.close(log)
 				return nil, fmt.Errorf("registering the guard's metrics: %w", err)
 			}
-			go sinks.guard.repairLoop(ctx, guardRepairEvery)
 		} else {
 			log.Info("Not guarding the load balancer's addresses (--guard-addresses=false): every service of this host that listens on all addresses is reachable on them")
 		}
@@ -251,6 +250,21 @@ func (a *addressSinks) syncGuardLocked() error {
 		return fmt.Errorf("guarding the load balancer's addresses (--guard-addresses=false to do without): %w", err)
 	}
 	return nil
+}
+
+// repairParts are the kernel state of the addresses that someone else
+// may take out (a firewall reload runs `nft flush ruleset`): the guard,
+// the forwarding of moved flows and the rules that keep the kernel from
+// answering ARP for the addresses. Once retired, they are the successor's
+// to repair (each part checks).
+func (a *addressSinks) repairParts() []repairPart {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	parts := []repairPart{{"guard", a.guard.repair}, {"flows", a.flows.repair}}
+	if a.l2 != nil && !a.retired {
+		parts = append(parts, repairPart{"arp", a.l2.Repair})
+	}
+	return parts
 }
 
 // announceLocked announces the wanted addresses as the plan says, or none

@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,9 +32,9 @@ func takeOverFailed(node, pod string, pid, predecessor int, err error) event.Eve
 		Note: fmt.Sprintf("ebb lb %s (pid %d) took the listening sockets of the ebb lb before it on this node (pid %d), which did not confirm the hand-off (%v): this process serves anyway; the other may still accept connections until it stops", pod, pid, predecessor, err)}
 }
 
-// guardRepaired is the Event of a guard table written again after someone
-// else removed or changed it.
-func guardRepaired(node string) event.Event {
-	return event.Event{Regarding: nodeRef(node), Type: corev1.EventTypeWarning, Reason: lbsync.ReasonAddressGuardRepaired, Action: "Guard",
-		Note: "Something on this node (a firewall reload, nft flush ruleset) removed or changed nftables table inet ebb-guard, which keeps the node's own services off the load-balancer addresses; ebb lb wrote it again. Until then, every service of this node listening on all addresses was reachable on them: make the firewall leave the table alone"}
+// kernelStateRepaired is the Event of ebb lb's kernel state written
+// again after someone else removed or changed it.
+func kernelStateRepaired(node string, parts []string) event.Event {
+	return event.Event{Regarding: nodeRef(node), Type: corev1.EventTypeWarning, Reason: lbsync.ReasonKernelStateRepaired, Action: "Repair",
+		Note: fmt.Sprintf("Something on this node (a firewall reload, nft flush ruleset) removed or changed ebb lb's nftables state (%s); ebb lb wrote it again within %s. Meanwhile the node's own services may have been reachable on the load-balancer addresses (guard), moved connections reset (flows), ARP answered by every LB host (arp) or kernel-engine frontends refused (kernel): make the firewall leave ebb's tables alone", strings.Join(parts, ", "), repairEvery)}
 }

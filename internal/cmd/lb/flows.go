@@ -118,6 +118,19 @@ func forwardTargets(draining []netip.Addr, serving []lbsync.Peer, self lbsync.Pe
 	return out
 }
 
+// repair writes the table again if someone else removed or changed it.
+func (m *movedFlows) repair() (bool, error) {
+	if m == nil {
+		return false, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.retired {
+		return false, nil
+	}
+	return m.fwd.Repair()
+}
+
 // retire leaves the table to a successor.
 func (m *movedFlows) retire() {
 	if m == nil {

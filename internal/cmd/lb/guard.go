@@ -1,10 +1,8 @@
 package lb
 
 import (
-	"context"
 	"net/netip"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,22 +12,14 @@ import (
 	"github.com/ebbdev/ebb/internal/vipguard"
 )
 
-// guardRepairEvery is how often the guard's table is checked, and written
-// again if a firewall reload removed it.
-const guardRepairEvery = 5 * time.Second
-
 // addressGuard keeps this host's own services off the addresses it serves
 // (internal/vipguard): the addresses ebb's local routes made local pass
-// only their frontends' ports. It follows every sync of the addresses, and
-// repairs its table when something else removed it.
+// only their frontends' ports. It follows every sync of the addresses.
 type addressGuard struct {
 	log   logr.Logger
 	guard *vipguard.Guard
 	// ports are the frontends being served (DataPlane.Ports).
 	ports func() []dataplane.ServedPort
-	// onRepair is told each repair (cluster mode: an Event on the Node).
-	onRepair func()
-	repairs  prometheus.Counter
 
 	mu sync.Mutex
 	// retired: a successor owns the table now (the hand-off).
@@ -41,8 +31,6 @@ func newAddressGuard(log logr.Logger, ports func() []dataplane.ServedPort) *addr
 		log:   log.WithName("guard"),
 		guard: vipguard.New(vipguard.DefaultTable, 0),
 		ports: ports,
-		repairs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ebb_lb_guard_repairs_total",
-			Help: "Times the nftables table that keeps this host's own services off the load-balancer addresses (inet ebb-guard) was found changed by someone else (a firewall reload, nft flush ruleset) and written again."}),
 	}
 }
 
@@ -72,49 +60,17 @@ func guardState(addresses []netip.Addr, ports []dataplane.ServedPort) vipguard.S
 	return s
 }
 
-// repairLoop checks the table every period until ctx is done.
-func (g *addressGuard) repairLoop(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		g.repair()
+// repair writes the table again if someone else removed or changed it.
+func (g *addressGuard) repair() (bool, error) {
+	if g == nil {
+		return false, nil
 	}
-}
-
-func (g *addressGuard) repair() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.retired {
-		return
+		return false, nil
 	}
-	repaired, err := g.guard.Repair()
-	if repaired {
-		g.repairs.Inc()
-	}
-	switch {
-	case err != nil:
-		g.log.Error(err, "Checking the table that keeps this host's own services off the load-balancer addresses")
-	case repaired:
-		g.log.Info("The table that keeps this host's own services off the load-balancer addresses was changed by someone else (a firewall reload?): wrote it again", "table", "inet "+vipguard.DefaultTable)
-		if g.onRepair != nil {
-			g.onRepair()
-		}
-	}
-}
-
-// setOnRepair makes f told each repair.
-func (g *addressGuard) setOnRepair(f func()) {
-	if g == nil {
-		return
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.onRepair = f
+	return g.guard.Repair()
 }
 
 // retire leaves the table to a successor.
@@ -143,10 +99,9 @@ func (g *addressGuard) close() {
 	}
 }
 
-// Describe and Collect expose the packets dropped and the repairs.
+// Describe and Collect expose the packets dropped.
 func (g *addressGuard) Describe(ch chan<- *prometheus.Desc) {
 	ch <- guardDroppedDesc
-	g.repairs.Describe(ch)
 }
 
 var guardDroppedDesc = prometheus.NewDesc("ebb_lb_guard_dropped_packets_total",
@@ -156,5 +111,4 @@ func (g *addressGuard) Collect(ch chan<- prometheus.Metric) {
 	if n, err := g.guard.Dropped(); err == nil {
 		ch <- prometheus.MustNewConstMetric(guardDroppedDesc, prometheus.CounterValue, float64(n))
 	}
-	g.repairs.Collect(ch)
 }

@@ -242,6 +242,13 @@ func (o *Options) Run(ctx context.Context) error {
 	// accepting the addresses (after the graceful stop, s.stop); one that
 	// handed over leaves both to its successor.
 	defer addrs.close(log)
+	repair, err := newKernelRepair(log, reg, func() ([]string, error) {
+		return repairParts(append(addrs.repairParts(), repairPart{"kernel", dp.RepairKernel}))
+	})
+	if err != nil {
+		return err
+	}
+	go repair.run(ctx, repairEvery)
 	h, err := newHandover(o.HandoffSocket, log, dp, addrs, taken, reg)
 	if err != nil {
 		return err
@@ -260,7 +267,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.ConfigFile != "" {
 		err = o.runFile(ctx, log, reg, dp, addrs, h, s)
 	} else {
-		err = o.runCluster(ctx, log, reg, dp, addrs, h, s)
+		err = o.runCluster(ctx, log, reg, dp, addrs, h, s, repair)
 	}
 	if h.handedOver() && !o.ExitAfterHandoff {
 		log.Info("Handed over to a successor and served the established connections; waiting to be stopped")
@@ -304,7 +311,7 @@ func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.
 
 // runCluster serves the cluster's Services until ctx is done or a
 // successor takes over, then stops gracefully.
-func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *prometheus.Registry, dp *dataplane.DataPlane, addrs *addressSinks, h *handover, s *stopper) error {
+func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *prometheus.Registry, dp *dataplane.DataPlane, addrs *addressSinks, h *handover, s *stopper, repair *kernelRepair) error {
 	syncer, err := o.syncer(dp)
 	if err != nil {
 		return err
@@ -359,7 +366,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	defer stop()
 	h.onHandOver = append(h.onHandOver, stop)
 	if o.NodeName != "" {
-		addrs.guard.setOnRepair(func() { event.Publish(syncer.Recorder, guardRepaired(o.NodeName)) })
+		repair.setOnRepair(func(parts []string) { event.Publish(syncer.Recorder, kernelStateRepaired(o.NodeName, parts)) })
 		h.onTookOver = func(predecessor, sockets int, err error) {
 			if err != nil {
 				event.Publish(syncer.Recorder, takeOverFailed(o.NodeName, o.ReportName, os.Getpid(), predecessor, err))

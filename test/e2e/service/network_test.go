@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -104,4 +105,26 @@ func TestTheLBHostsOwnServicesAreNotReachableOnAServiceAddress(t *testing.T) {
 	if got := e2eutil.Sum(lbMetrics(t), "ebb_lb_guard_dropped_packets_total"); got == 0 {
 		t.Error("ebb_lb_guard_dropped_packets_total is 0 after a connection to port 2222 of a Service's address")
 	}
+
+	// A firewall reload removes the guard's table (here only ebb's, so
+	// that kube-proxy's rules on the node stay): ebb lb writes it again
+	// within its repair period and says so on the node.
+	repairs := e2eutil.Sum(lbMetrics(t), "ebb_lb_kernel_state_repairs_total")
+	if err := lbNode.Host.Do(func() error { return exec.Command("nft", "delete", "table", "inet", "ebb-guard").Run() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := reaches(net.JoinHostPort(vip, "2222")); err != nil {
+		t.Fatalf("with the guard's table deleted, the LB host's own service is still unreachable on %s (%v): the test shows nothing", vip, err)
+	}
+	eventually(t, ctx, 15*time.Second, "the guard's table repaired", func(context.Context) (bool, string) {
+		err := reaches(net.JoinHostPort(vip, "2222"))
+		return err != nil, "port 2222 of the Service's address still reaches the LB host's own service"
+	})
+	if got := e2eutil.Sum(lbMetrics(t), "ebb_lb_kernel_state_repairs_total"); got <= repairs {
+		t.Errorf("ebb_lb_kernel_state_repairs_total = %v after the repair, want more than %v", got, repairs)
+	}
+	eventually(t, ctx, 15*time.Second, "a KernelStateRepaired event on "+lbNode.Name, func(ctx context.Context) (bool, string) {
+		n := nodeEvents(t, ctx, lbNode.Name, "KernelStateRepaired")
+		return n > 0, "none"
+	})
 }

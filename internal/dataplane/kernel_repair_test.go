@@ -1,0 +1,45 @@
+package dataplane
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// A firewall reload that flushes the ruleset, or the kernel engine's
+// services chain flushed by hand, takes every kernel frontend's new flows
+// away; RepairKernel installs the tables again. Intact tables are left
+// alone, and a data plane without kernel frontends has nothing to repair.
+func TestRepairKernelReinstallsFlushedTables(t *testing.T) {
+	n := newEngineNet(t, EngineKernel, "IPv4")
+	if repaired, err := n.d.RepairKernel(); err != nil || repaired {
+		t.Fatalf("RepairKernel() with no kernel frontend = %v, %v; want false, nil", repaired, err)
+	}
+	a, _ := n.echo(t, 8080)
+	n.apply(t, n.frontendOn(80, a))
+	for _, args := range [][]string{
+		{"flush", "ruleset"},
+		{"flush", "chain", "ip", DefaultKernelTable, "services"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("a new connection before: %v", err)
+			}
+			if repaired, err := n.d.RepairKernel(); err != nil || repaired {
+				t.Fatalf("RepairKernel() of intact tables = %v, %v; want false, nil", repaired, err)
+			}
+			if err := n.lb.Do(func() error { return exec.Command("nft", args...).Run() }); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := n.dialWithin(t, 80, 300); err == nil {
+				t.Fatal("a new connection went through with the tables gone: the test shows nothing")
+			}
+			if repaired, err := n.d.RepairKernel(); err != nil || !repaired {
+				t.Fatalf("RepairKernel() = %v, %v; want true, nil", repaired, err)
+			}
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("a new connection after the repair: %v", err)
+			}
+		})
+	}
+}
