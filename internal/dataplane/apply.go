@@ -71,6 +71,7 @@ func (d *DataPlane) admit(cfg Config) ([]Frontend, []SkippedFrontend) {
 		}
 		named := nf.Engine
 		nf.Engine = d.engineFor(&nf)
+		nf.auto = nf.Engine == EngineKernel && (named == EngineAuto || named == "" && d.engine == EngineAuto)
 		if nf.Engine == EngineKernel {
 			if why := d.kernelUnsupported(&nf); why != "" {
 				which := "engine Kernel"
@@ -118,7 +119,7 @@ func (d *DataPlane) engineFor(f *Frontend) Engine {
 		e = d.engine
 	}
 	if e == EngineAuto {
-		if d.kernelUnsupported(f) == "" {
+		if d.autoKernelFailed == nil && d.kernelUnsupported(f) == "" {
 			return EngineKernel
 		}
 		return EngineProxy

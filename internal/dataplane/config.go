@@ -89,6 +89,9 @@ type Frontend struct {
 	// plane's default (Options.Engine, `ebb lb --engine`).
 	Engine   Engine    `json:"engine,omitempty"`
 	Backends []Backend `json:"backends"`
+
+	// auto: engine Auto gave the frontend to the kernel (set by admit).
+	auto bool
 }
 
 // Backend is one destination of a frontend.

@@ -119,6 +119,12 @@ type DataPlane struct {
 	// kernelPrepareDue: a change left the kernel's prepared entries to a
 	// later sync, which is scheduled.
 	kernelPrepareDue bool
+	// autoKernelFailed is why the kernel path failed under a frontend
+	// that engine Auto gave it; from then on Auto gives every frontend to
+	// the proxy. kernelFailing: the kernel path's last sync failed under
+	// a frontend that names the kernel engine (KernelFailing).
+	autoKernelFailed error
+	kernelFailing    bool
 
 	mu        sync.Mutex // serialises Apply and Close
 	frontends map[frontendKey]*frontend
@@ -196,6 +202,20 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	if d.handedOver {
 		return ApplyResult{}, errors.New("data plane handed its sockets over to a successor")
 	}
+	fellBack := d.autoKernelFailed != nil
+	res := d.applyLocked(cfg, start)
+	if !fellBack && d.autoKernelFailed != nil {
+		// The kernel path failed under frontends that Auto gave it: Auto
+		// gives them to the proxy now (engineFor), at once.
+		d.log.Error(d.autoKernelFailed, "The kernel engine failed: engine Auto serves every frontend with the proxy until ebb lb restarts")
+		d.m.autoFallback.Set(1)
+		res = d.applyLocked(cfg, start)
+	}
+	return res, nil
+}
+
+// applyLocked applies cfg; d.mu is held.
+func (d *DataPlane) applyLocked(cfg Config, start time.Time) ApplyResult {
 	admitted, skipped := d.admit(cfg)
 	d.removeEngineSwitches(admitted)
 	opened, failed := d.openListeners(admitted)
@@ -244,7 +264,7 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	d.probers = probers
 	d.m.setSkipped(skipped)
 	d.m.setEngines(frontends, skipped, d.kernelPathName)
-	return ApplyResult{Skipped: skipped}, nil
+	return ApplyResult{Skipped: skipped}
 }
 
 // startProbers returns the probers cfg needs, reusing running ones so that

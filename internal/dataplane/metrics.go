@@ -16,6 +16,7 @@ type metrics struct {
 	probeTransitions *prometheus.CounterVec
 	udpMigrations    *prometheus.CounterVec
 	udpFlows         prometheus.Gauge
+	autoFallback     prometheus.Gauge
 	applySeconds     prometheus.Histogram
 	skipped          *prometheus.GaugeVec
 	engines          *prometheus.GaugeVec
@@ -58,6 +59,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		udpMigrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ebb_dataplane_udp_flow_migrations_total", Help: "UDP flows moved off a backend that became ineligible.",
 		}, []string{"frontend"}),
+		autoFallback: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ebb_dataplane_kernel_auto_fallback", Help: "1 once the kernel path failed under a frontend of engine Auto: Auto gives every frontend to the proxy until ebb lb restarts.",
+		}),
 		udpFlows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ebb_dataplane_udp_flows", Help: "UDP flows the proxy engine holds, on every frontend (bounded by ebb lb --udp-flows).",
 		}),
@@ -95,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ebb_dataplane_bpf_map_size", Help: "The most elements each of the eBPF kernel path's maps holds; a frontend that does not fit is not served (ebb_dataplane_frontend_skipped reason KernelFull).",
 		}, []string{"map"}),
 	}
-	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.udpFlows, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets, m.bpfElements, m.bpfSize} {
+	for _, c := range []prometheus.Collector{m.connsActive, m.connsTotal, m.bytes, m.dialErrors, m.refused, m.adminState, m.probeUp, m.probeTransitions, m.udpMigrations, m.udpFlows, m.autoFallback, m.applySeconds, m.skipped, m.engines, m.kernelSyncs, m.kernelFailures, m.kernelReused, m.inheritedSockets, m.bpfElements, m.bpfSize} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -57,7 +57,7 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready fu
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 			if !ready() {
-				http.Error(w, "not serving: caches not synced, no configuration applied yet, taking over from or handed over to another ebb lb on this host, or stopping", http.StatusServiceUnavailable)
+				http.Error(w, "not serving: caches not synced, no configuration applied yet, the kernel engine failing under a frontend that names it (ebb_dataplane_frontend_skipped{reason=\"KernelFailed\"}), taking over from or handed over to another ebb lb on this host, or stopping", http.StatusServiceUnavailable)
 				return
 			}
 			_, _ = w.Write([]byte("ok\n"))

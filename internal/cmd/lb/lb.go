@@ -294,7 +294,7 @@ func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.
 	}
 	reloads.WithLabelValues("success").Inc()
 	log.Info("Serving", "config", o.ConfigFile)
-	stop, err := o.serveDebug(log, reg, s.ready(h.ready))
+	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && !dp.KernelFailing() }))
 	if err != nil {
 		return err
 	}
@@ -359,7 +359,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 			reporter.SetDraining(leaving)
 		}
 	}
-	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() }))
+	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() && !dp.KernelFailing() }))
 	if err != nil {
 		return err
 	}
