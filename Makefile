@@ -15,7 +15,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover clean
+.PHONY: all build image release tools test unit e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse clean
 
 all: build
 
@@ -132,6 +132,12 @@ bench-lb-lifecycle: tools build release
 bench-failover: tools build release
 	$(GO) build -o bin/bench-failover ./bench/failover
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist
+
+## bench-abuse: hostile input against a standalone ebb lb: what a UDP flood from one source costs in memory and in legitimate new connections, and the time to repair after nft flush ruleset (needs root; about 2 min)
+bench-abuse: build
+	command -v nft >/dev/null || { apt-get update && apt-get install -y nftables; }
+	$(GO) build -o bin/bench-abuse ./bench/abuse
+	bin/bench-abuse -ebb bin/ebb
 
 clean:
 	rm -rf bin dist

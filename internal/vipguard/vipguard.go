@@ -31,7 +31,9 @@
 // The priority is after connection tracking (-200, which also reassembles
 // fragments, so every packet has its ports) and before mangle (-150) and
 // destination NAT (-100). Changing what is guarded changes only the sets'
-// elements, in one transaction.
+// elements, in one transaction. With no address to guard there is no
+// table, so that its connection-tracking rule turns conntrack on in no
+// namespace for nothing.
 package vipguard
 
 import (
@@ -115,7 +117,16 @@ func (g *Guard) Sync(s State) error {
 	if g.last != nil && equal(*g.last, s) {
 		return nil
 	}
-	if err := g.write(s, g.last == nil); err != nil {
+	if len(s.Addresses) == 0 {
+		// Nothing to guard: no table (its connection-tracking rule would
+		// turn conntrack on in the namespace for nothing).
+		if err := g.removeLocked(); err != nil {
+			return err
+		}
+		g.last = &s
+		return nil
+	}
+	if err := g.write(s, g.last == nil || len(g.last.Addresses) == 0); err != nil {
 		return err
 	}
 	g.last = &s
@@ -176,7 +187,7 @@ func (g *Guard) write(s State, whole bool) error {
 func (g *Guard) Repair() (bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.last == nil {
+	if g.last == nil || len(g.last.Addresses) == 0 {
 		return false, nil
 	}
 	ok, err := g.intact()
@@ -229,7 +240,7 @@ func (g *Guard) intact() (bool, error) {
 func (g *Guard) Dropped() (uint64, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.last == nil {
+	if g.last == nil || len(g.last.Addresses) == 0 {
 		return 0, nil
 	}
 	c, err := g.conn()
@@ -257,6 +268,15 @@ func (g *Guard) Dropped() (uint64, error) {
 func (g *Guard) Remove() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if err := g.removeLocked(); err != nil {
+		return err
+	}
+	g.last = nil
+	return nil
+}
+
+// removeLocked deletes the table if it is there; g.mu is held.
+func (g *Guard) removeLocked() error {
 	c, err := g.conn()
 	if err != nil {
 		return fmt.Errorf("opening nftables: %w", err)
@@ -266,7 +286,6 @@ func (g *Guard) Remove() error {
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("removing table inet %s: %w", g.table, err)
 	}
-	g.last = nil
 	return nil
 }
 

@@ -244,6 +244,17 @@ func TestOnlyFrontendsReachAGuardedAddress(t *testing.T) {
 	if !reaches(n.client, "tcp", "10.99.0.1:2222") {
 		t.Error("an address no longer guarded is still guarded")
 	}
+	// Nothing to guard: no table; then guarded again.
+	if err := g.Sync(State{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.lb.Do(func() error { return exec.Command("nft", "list", "table", "inet", DefaultTable).Run() }); err == nil {
+		t.Error("the table is there with nothing to guard")
+	}
+	if err := g.Sync(state()); err != nil {
+		t.Fatal(err)
+	}
+	n.expect(t, true)
 
 	if err := g.Remove(); err != nil {
 		t.Fatal(err)
