@@ -112,8 +112,9 @@ func legitRate(ctx context.Context, client *network.Host, d time.Duration) float
 
 // floodResult is what the UDP flood cost.
 type floodResult struct {
-	legitRate, maxRSS float64
-	sent              int64
+	// cpu is ebb lb's CPU (cores) while legitimate clients connected.
+	legitRate, maxRSS, cpu float64
+	sent                   int64
 }
 
 // udpFlood sends rate datagrams a second to the UDP frontend for d, each
@@ -156,7 +157,9 @@ func udpFlood(ctx context.Context, h *hosts, pid, rate int, d time.Duration) (fl
 	// The flows pile up for the idle timeout: the legitimate rate is
 	// measured over the flood's second half, when they are most.
 	time.Sleep(d / 2)
+	cpu := cpuSeconds(pid)
 	res.legitRate = legitRate(ctx, h.client, d/2)
+	res.cpu = (cpuSeconds(pid) - cpu) / (d / 2).Seconds()
 	close(stop)
 	wg.Wait()
 	res.maxRSS, res.sent = rss, sent.Load()
@@ -211,6 +214,23 @@ func rssMiB(pid int) float64 {
 		}
 	}
 	return 0
+}
+
+// cpuSeconds is the CPU time (user and system) the process used so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's closing parenthesis: utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second).
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(fields) < 13 {
+		return 0
+	}
+	user, _ := strconv.ParseFloat(fields[11], 64)
+	sys, _ := strconv.ParseFloat(fields[12], 64)
+	return (user + sys) / 100
 }
 
 // lbMetrics reads ebb lb's metrics on its host's loopback.

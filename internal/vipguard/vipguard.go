@@ -8,9 +8,10 @@
 // The guard is one nftables table (family inet, so IPv4 and IPv6 alike)
 // with one chain at the prerouting hook, before any NAT: a packet to a
 // guarded address passes only if its protocol and port are a frontend's,
-// if it belongs to a connection the host already tracks, if it is ICMP
-// (ping, and the errors path MTU discovery needs), or if it comes from the
-// host itself (the loopback). Everything else to a guarded address is
+// if it is ICMP (ping, and the errors path MTU discovery needs), if it
+// comes from the host itself (the loopback), or if it is a later fragment
+// (which has no ports: its first fragment was checked). Everything else
+// to a guarded address is
 // counted and dropped, without an answer, as a firewall would. Because it
 // runs before NAT, node ports that a proxy in iptables mode exposes on
 // every local address are closed on the guarded addresses too.
@@ -19,7 +20,8 @@
 //	  chain prerouting {
 //	    type filter hook prerouting priority -160; policy accept;
 //	    iifname "lo" accept
-//	    ct state established,related accept
+//	    ip frag-off & 0x1fff != 0 accept
+//	    exthdr frag frag-off != 0 accept
 //	    ip daddr . meta l4proto . th dport @ports4 accept
 //	    ip6 daddr . meta l4proto . th dport @ports6 accept
 //	    meta l4proto { icmp, ipv6-icmp } accept
@@ -28,12 +30,16 @@
 //	  }
 //	}
 //
-// The priority is after connection tracking (-200, which also reassembles
-// fragments, so every packet has its ports) and before mangle (-150) and
-// destination NAT (-100). Changing what is guarded changes only the sets'
-// elements, in one transaction. With no address to guard there is no
-// table, so that its connection-tracking rule turns conntrack on in no
-// namespace for nothing.
+// The priority is after connection tracking (-200) and before mangle
+// (-150) and destination NAT (-100). The guard itself tracks nothing: a
+// connection-tracking rule here would turn conntrack on in the namespace,
+// and a flood of new source ports would then fill its table (and the
+// kernel drop new connections, legitimate ones too). Nothing needs it:
+// the host opens no connection from a guarded address to another host
+// (the proxy and the kernel paths reach backends from the host's own
+// address), its own traffic comes in on the loopback, and ICMP errors
+// pass. Changing what is guarded changes only the sets' elements, in one
+// transaction. With no address to guard there is no table.
 package vipguard
 
 import (
@@ -44,7 +50,6 @@ import (
 	"sync"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -324,5 +329,3 @@ func comparePorts(a, b Port) int {
 func equal(a, b State) bool {
 	return slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.Ports, b.Ports)
 }
-
-func u32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }

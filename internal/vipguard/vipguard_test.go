@@ -142,6 +142,12 @@ func reaches(h *network.Host, network, address string) bool {
 // the wildcard address answers from the host's own address, not from the
 // one it was sent to, yet it did receive the datagram.
 func reachesUDP(h *network.Host, address string) bool {
+	return reachesUDPWith(h, address, []byte("ping"))
+}
+
+// reachesUDPWith sends msg: one larger than the link's MTU goes in
+// fragments.
+func reachesUDPWith(h *network.Host, address string, msg []byte) bool {
 	to, err := net.ResolveUDPAddr("udp", address)
 	if err != nil {
 		return false
@@ -152,7 +158,7 @@ func reachesUDP(h *network.Host, address string) bool {
 	}
 	defer pc.Close()
 	_ = pc.SetDeadline(time.Now().Add(700 * time.Millisecond))
-	if _, err := pc.WriteTo([]byte("ping"), to); err != nil {
+	if _, err := pc.WriteTo(msg, to); err != nil {
 		return false
 	}
 	buf := make([]byte, 4)
@@ -217,6 +223,14 @@ func TestOnlyFrontendsReachAGuardedAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.expect(t, true)
+	// A datagram in fragments reaches a frontend: its later fragments
+	// have no ports to check.
+	if !reachesUDPWith(n.client, "10.99.0.1:53", make([]byte, 4000)) {
+		t.Error("a fragmented datagram to a UDP frontend did not reach it")
+	}
+	if !reachesUDPWith(n.client, "[fd00:99::1]:53", make([]byte, 4000)) {
+		t.Error("a fragmented IPv6 datagram to a UDP frontend did not reach it")
+	}
 	dropped, err := g.Dropped()
 	if err != nil {
 		t.Fatal(err)
