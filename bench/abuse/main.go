@@ -42,7 +42,6 @@ var (
 	lbFront     = netip.MustParsePrefix("10.78.1.1/24")
 	lbBack      = netip.MustParsePrefix("10.78.2.1/24")
 	backendAddr = netip.MustParsePrefix("10.78.2.2/24")
-	vip         = netip.MustParseAddr("10.78.9.1")
 )
 
 func main() {
