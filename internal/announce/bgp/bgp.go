@@ -90,12 +90,19 @@ type Config struct {
 	// (a successor waits until its predecessor on the host closed its own,
 	// since a router keeps one session per neighbour address).
 	DeferPeers bool
+	// ReopenAfter is how long a session closed for sending more than
+	// MaxReceivedPrefixes routes stays closed before it is opened again.
+	// Default: 30 s.
+	ReopenAfter time.Duration
 }
 
 // Speaker is a BGP speaker that announces a set of addresses.
 type Speaker struct {
 	s   *server.BgpServer
 	cfg Config
+	// stopped ends the reopening of cut-off sessions.
+	stopped chan struct{}
+	stop    sync.Once
 
 	mu        sync.Mutex
 	connected bool
@@ -123,7 +130,10 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	level.Set(slog.LevelWarn)
 	s := server.NewBgpServer(server.LoggerOption(log, level))
 	go s.Serve()
-	sp := &Speaker{s: s, cfg: cfg, sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]string{}}
+	if cfg.ReopenAfter <= 0 {
+		cfg.ReopenAfter = 30 * time.Second
+	}
+	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]string{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -137,7 +147,36 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 			return nil, err
 		}
 	}
+	go sp.reopenCutOff(log)
 	return sp, nil
+}
+
+// reopenCutOff opens again, every ReopenAfter, the sessions GoBGP closed
+// for their peer's sending more than MaxReceivedPrefixes routes: GoBGP
+// keeps such a peer administratively down (PFX_CT) for good, which would
+// take this host's routes off that router until ebb lb restarted.
+func (sp *Speaker) reopenCutOff(log *slog.Logger) {
+	t := time.NewTicker(sp.cfg.ReopenAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-sp.stopped:
+			return
+		case <-t.C:
+		}
+		var cut []string
+		_ = sp.s.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+			if p.GetState().GetAdminState() == api.PeerState_ADMIN_STATE_PFX_CT {
+				cut = append(cut, p.GetConf().GetNeighborAddress())
+			}
+		})
+		for _, addr := range cut {
+			log.Warn("BGP: opening again a session closed for the peer's sending more routes than ebb accepts", "peer", addr, "max", MaxReceivedPrefixes)
+			if err := sp.s.EnablePeer(context.Background(), &api.EnablePeerRequest{Address: addr}); err != nil {
+				log.Warn("BGP: opening a cut-off session again", "peer", addr, "err", err)
+			}
+		}
+	}
 }
 
 // Connect opens the sessions with the peers (see Config.DeferPeers); the
@@ -242,8 +281,9 @@ func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 // (Adj-RIB-In): a router that sends a full table (a million routes) would
 // run ebb lb out of memory on every host peering with it. Past the limit
 // the session is closed with a notification (Cease, maximum number of
-// prefixes reached) and opened again later, as a router's maximum-prefix
-// does; GoBGP logs a warning at 80 %.
+// prefixes reached) and opened again after Config.ReopenAfter (30 s), as
+// a router's maximum-prefix with a restart timer does; GoBGP logs a
+// warning at 80 %.
 const MaxReceivedPrefixes = 1000
 
 // Sync announces exactly the addresses of want: new ones are announced,
@@ -374,6 +414,7 @@ func (sp *Speaker) Peers(ctx context.Context) ([]PeerState, error) {
 // Stop closes the sessions with a notification (the peers drop every
 // route at once, as on a withdrawal) and stops the speaker.
 func (sp *Speaker) Stop() {
+	sp.stop.Do(func() { close(sp.stopped) })
 	_ = sp.s.StopBgp(context.Background(), &api.StopBgpRequest{})
 	sp.s.Stop()
 }
@@ -383,6 +424,7 @@ func (sp *Speaker) Stop() {
 // successor's speaker re-announces them (or the restart time passes); it
 // is Stop without graceful restart.
 func (sp *Speaker) StopForSuccessor() {
+	sp.stop.Do(func() { close(sp.stopped) })
 	_ = sp.s.StopBgp(context.Background(), &api.StopBgpRequest{AllowGracefulRestart: true})
 	sp.s.Stop()
 }

@@ -258,25 +258,33 @@ func TestARouterSendingAFullTableIsCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	sp, err := Start(context.Background(), slog.New(slog.DiscardHandler), Config{ASN: 64512, RouterID: netip.MustParseAddr("10.0.0.1"),
-		Peers: []Peer{{Address: netip.MustParseAddr(routerAddr), ASN: 64500, HoldTime: 3 * time.Second}}})
+		Peers: []Peer{{Address: netip.MustParseAddr(routerAddr), ASN: 64500, HoldTime: 3 * time.Second}}, ReopenAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sp.Stop()
-	most, established := 0, false
-	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	// The session is opened again after ReopenAfter and GoBGP's idle hold
+	// time (5 s), and cut off again, since the router keeps sending them:
+	// it comes up more than once.
+	most, ups, wasUp := 0, 0, false
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		n := 0
 		err := sp.s.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_ADJ_IN, Name: routerAddr, Family: bgp.RF_IPv4_UC},
 			func(bgp.NLRI, []*apiutil.Path) { n++ })
 		if err == nil {
 			most = max(most, n)
 		}
+		up := false
 		if peers, err := sp.Peers(context.Background()); err == nil && len(peers) == 1 && peers[0].Established {
-			established = true
+			up = true
 		}
+		if up && !wasUp {
+			ups++
+		}
+		wasUp = up
 	}
-	if !established {
-		t.Fatal("the session with the router never came up")
+	if ups < 2 {
+		t.Fatalf("the session with the router came up %d time(s) in 15 s, want it opened again after each cut-off (ReopenAfter 1 s)", ups)
 	}
 	if most >= sent {
 		t.Errorf("the speaker held all %d routes the router sent, want the session cut off past %d", most, MaxReceivedPrefixes)
