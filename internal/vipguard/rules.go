@@ -79,11 +79,11 @@ func portKey(p Port) []byte {
 	return append(key, append(binaryutil.BigEndian.PutUint16(p.Port), 0, 0)...)
 }
 
-// rules are the chain's rules, in order (see the package comment).
-func (s guardSets) rules() [][]expr.Any {
+// rules are the chain's rules for st, in order (see the package comment).
+func (s guardSets) rules(st State) [][]expr.Any {
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
 	drop := &expr.Verdict{Kind: expr.VerdictDrop}
-	return [][]expr.Any{
+	rules := [][]expr.Any{
 		{
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
@@ -111,19 +111,41 @@ func (s guardSets) rules() [][]expr.Any {
 		},
 		append(s.v4.matchPort(), accept),
 		append(s.v6.matchPort(), accept),
+		// socket wildcard 0: the packet belongs to an established
+		// connection of this very address (one of a frontend just
+		// removed, draining), never to a listener on every address
+		// (sshd's 0.0.0.0:22). (A listener bound to the address itself
+		// is not found by this lookup: frontends pass by the ports set.)
 		{
+			&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0}},
+			accept,
+		},
+	}
+	if st.Tracked {
+		// ct state established,related: the kernel engine's flows of a
+		// frontend just removed, which drain in conntrack.
+		rules = append(rules, []expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: []byte{0, 0, 0, 0}},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+			accept,
+		})
+	}
+	return append(rules,
+		[]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMP}},
 			accept,
 		},
-		{
+		[]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
 			accept,
 		},
 		append(s.v4.matchAddress(), &expr.Counter{}, drop),
 		append(s.v6.matchAddress(), &expr.Counter{}, drop),
-	}
+	)
 }
 
 // matchPort: the family's packets whose destination, protocol and port

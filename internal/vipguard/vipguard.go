@@ -7,14 +7,19 @@
 //
 // The guard is one nftables table (family inet, so IPv4 and IPv6 alike)
 // with one chain at the prerouting hook, before any NAT: a packet to a
-// guarded address passes only if its protocol and port are a frontend's,
-// if it is ICMP (ping, and the errors path MTU discovery needs), if it
-// comes from the host itself (the loopback), or if it is a later fragment
-// (which has no ports: its first fragment was checked). Everything else
-// to a guarded address is
-// counted and dropped, without an answer, as a firewall would. Because it
-// runs before NAT, node ports that a proxy in iptables mode exposes on
-// every local address are closed on the guarded addresses too.
+// guarded address passes only if it comes from the host itself (the
+// loopback), if it is a later fragment (no ports: its first fragment was
+// checked), if its protocol and port are a frontend's, if it belongs to an
+// established connection of that very address (one still draining on a
+// frontend just removed; never a listener on every address such as
+// sshd's), if it is ICMP (ping, and the errors
+// path MTU discovery needs), or, where the kernel engine's nftables path
+// runs conntrack anyway (State.Tracked), if conntrack tracks its
+// connection (that path's flows of a removed frontend drain). Everything
+// else to a guarded address is counted and dropped, without an answer, as
+// a firewall would. Because it runs before NAT, node ports that a proxy in
+// iptables mode exposes on every local address are closed on the guarded
+// addresses too.
 //
 //	table inet ebb-guard {
 //	  chain prerouting {
@@ -24,6 +29,8 @@
 //	    exthdr frag frag-off != 0 accept
 //	    ip daddr . meta l4proto . th dport @ports4 accept
 //	    ip6 daddr . meta l4proto . th dport @ports6 accept
+//	    socket wildcard 0 accept
+//	    ct state established,related accept   # only with State.Tracked
 //	    meta l4proto { icmp, ipv6-icmp } accept
 //	    ip daddr @addresses4 counter drop
 //	    ip6 daddr @addresses6 counter drop
@@ -31,14 +38,11 @@
 //	}
 //
 // The priority is after connection tracking (-200) and before mangle
-// (-150) and destination NAT (-100). The guard itself tracks nothing: a
-// connection-tracking rule here would turn conntrack on in the namespace,
-// and a flood of new source ports would then fill its table (and the
-// kernel drop new connections, legitimate ones too). Nothing needs it:
-// the host opens no connection from a guarded address to another host
-// (the proxy and the kernel paths reach backends from the host's own
-// address), its own traffic comes in on the loopback, and ICMP errors
-// pass. Changing what is guarded changes only the sets' elements, in one
+// (-150) and destination NAT (-100). The guard never turns conntrack on by
+// itself (its ct rule is there only where conntrack runs anyway): in a
+// namespace without it, a flood of forged source ports would fill its
+// table, and the kernel would drop new connections, legitimate ones too.
+// Changing what is guarded changes only the sets' elements, in one
 // transaction. With no address to guard there is no table.
 package vipguard
 
@@ -82,6 +86,12 @@ type State struct {
 	Addresses []netip.Addr
 	// Ports are the frontends; those on unguarded addresses change nothing.
 	Ports []Port
+	// Tracked lets the connections conntrack tracks pass too: set where
+	// conntrack runs anyway (the kernel engine's nftables path), so that
+	// the flows of a frontend just removed drain. The guard never turns
+	// conntrack on by itself: a flood of forged source ports would fill
+	// its table.
+	Tracked bool
 }
 
 // Guard owns the table.
@@ -131,7 +141,7 @@ func (g *Guard) Sync(s State) error {
 		g.last = &s
 		return nil
 	}
-	if err := g.write(s, g.last == nil || len(g.last.Addresses) == 0); err != nil {
+	if err := g.write(s, g.last == nil || len(g.last.Addresses) == 0 || g.last.Tracked != s.Tracked); err != nil {
 		return err
 	}
 	g.last = &s
@@ -160,7 +170,7 @@ func (g *Guard) write(s State, whole bool) error {
 		}
 		chain := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(priority)})
-		for _, exprs := range sets.rules() {
+		for _, exprs := range sets.rules(s) {
 			c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
 		}
 	} else {
@@ -222,7 +232,7 @@ func (g *Guard) intact() (bool, error) {
 		return false, fmt.Errorf("reading table inet %s: %w", g.table, err)
 	}
 	sets := newSets(t)
-	if len(rules) != len(sets.rules()) {
+	if len(rules) != len(sets.rules(*g.last)) {
 		return false, nil
 	}
 	for set, want := range sets.elements(*g.last) {
@@ -295,7 +305,7 @@ func (g *Guard) removeLocked() error {
 }
 
 func normalise(s State) State {
-	out := State{}
+	out := State{Tracked: s.Tracked}
 	guarded := map[netip.Addr]bool{}
 	for _, a := range s.Addresses {
 		a = a.Unmap()
@@ -327,5 +337,5 @@ func comparePorts(a, b Port) int {
 }
 
 func equal(a, b State) bool {
-	return slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.Ports, b.Ports)
+	return a.Tracked == b.Tracked && slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.Ports, b.Ports)
 }

@@ -337,3 +337,51 @@ func TestNormaliseKeepsOnlyThePortsOfGuardedAddresses(t *testing.T) {
 		t.Errorf("normalise(%v) = %v, want %v", in, got, want)
 	}
 }
+
+// A connection established to a frontend goes on after the frontend is
+// removed (its port leaves the set) while it drains: its socket is bound
+// to the address itself. Before, the guard dropped it mid-drain.
+func TestAConnectionOfARemovedFrontendDrains(t *testing.T) {
+	n := newTestNet(t)
+	g := New("", n.lb.NetNS())
+	t.Cleanup(func() { _ = g.Remove() })
+	if err := g.Sync(state()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := n.client.DialContext(ctx, "tcp", "10.99.0.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo := func(msg string) error {
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := io.WriteString(c, msg); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, make([]byte, len(msg)))
+		return err
+	}
+	if err := echo("before"); err != nil {
+		t.Fatal(err)
+	}
+	s := state()
+	s.Ports = s.Ports[1:] // 10.99.0.1 TCP 80 removed
+	for _, tracked := range []bool{false, true} {
+		s.Tracked = tracked
+		if err := g.Sync(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := echo("draining"); err != nil {
+			t.Fatalf("the established connection of the removed frontend (tracked=%v): %v", tracked, err)
+		}
+		if repaired, err := g.Repair(); err != nil || repaired {
+			t.Errorf("Repair() right after Sync(tracked=%v) = %v, %v; want false, nil", tracked, repaired, err)
+		}
+		// The host's own services stay off the address.
+		if reaches(n.client, "tcp", "10.99.0.1:2222") || reaches(n.client, "udp", "10.99.0.1:2223") {
+			t.Errorf("the host's own service reached on the guarded address (tracked=%v)", tracked)
+		}
+	}
+}

@@ -40,7 +40,11 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 		}
 		sinks.local = t
 		if o.GuardAddresses {
-			sinks.guard = newAddressGuard(log, ports)
+			// Conntrack runs anyway where the kernel engine's nftables
+			// path may serve a frontend: its flows of a removed frontend
+			// drain through the guard there.
+			tracked := o.Engine != string(dataplane.EngineProxy) && o.KernelPath != string(dataplane.KernelPathEBPF)
+			sinks.guard = newAddressGuard(log, ports, tracked)
 			if err := reg.Register(sinks.guard); err != nil {
 				sinks.close(log)
 				return nil, fmt.Errorf("registering the guard's metrics: %w", err)

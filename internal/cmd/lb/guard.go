@@ -20,17 +20,22 @@ type addressGuard struct {
 	guard *vipguard.Guard
 	// ports are the frontends being served (DataPlane.Ports).
 	ports func() []dataplane.ServedPort
+	// tracked: the kernel engine's nftables path may serve here, so
+	// conntrack runs anyway and the guard lets tracked connections pass
+	// (vipguard.State.Tracked).
+	tracked bool
 
 	mu sync.Mutex
 	// retired: a successor owns the table now (the hand-off).
 	retired bool
 }
 
-func newAddressGuard(log logr.Logger, ports func() []dataplane.ServedPort) *addressGuard {
+func newAddressGuard(log logr.Logger, ports func() []dataplane.ServedPort, tracked bool) *addressGuard {
 	return &addressGuard{
-		log:   log.WithName("guard"),
-		guard: vipguard.New(vipguard.DefaultTable, 0),
-		ports: ports,
+		log:     log.WithName("guard"),
+		guard:   vipguard.New(vipguard.DefaultTable, 0),
+		ports:   ports,
+		tracked: tracked,
 	}
 }
 
@@ -45,11 +50,11 @@ func (g *addressGuard) sync(addresses []netip.Addr) error {
 	if g.retired {
 		return nil
 	}
-	return g.guard.Sync(guardState(addresses, g.ports()))
+	return g.guard.Sync(guardState(addresses, g.ports(), g.tracked))
 }
 
-func guardState(addresses []netip.Addr, ports []dataplane.ServedPort) vipguard.State {
-	s := vipguard.State{Addresses: addresses}
+func guardState(addresses []netip.Addr, ports []dataplane.ServedPort, tracked bool) vipguard.State {
+	s := vipguard.State{Addresses: addresses, Tracked: tracked}
 	for _, p := range ports {
 		proto := uint8(unix.IPPROTO_TCP)
 		if p.Protocol == dataplane.UDP {
