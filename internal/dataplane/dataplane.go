@@ -125,6 +125,11 @@ type DataPlane struct {
 	// a frontend that names the kernel engine (KernelFailing).
 	autoKernelFailed error
 	kernelFailing    bool
+	// lastConfig is the configuration of the last Apply, applied again
+	// when the kernel path fails between applies; applying: an Apply
+	// runs (it deals with such a failure itself).
+	lastConfig Config
+	applying   bool
 
 	mu        sync.Mutex // serialises Apply and Close
 	frontends map[frontendKey]*frontend
@@ -202,14 +207,18 @@ func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	if d.handedOver {
 		return ApplyResult{}, errors.New("data plane handed its sockets over to a successor")
 	}
+	d.lastConfig, d.applying = cfg, true
+	defer func() { d.applying = false }()
 	fellBack := d.autoKernelFailed != nil
 	res := d.applyLocked(cfg, start)
 	if !fellBack && d.autoKernelFailed != nil {
 		// The kernel path failed under frontends that Auto gave it: Auto
 		// gives them to the proxy now (engineFor), at once.
-		d.log.Error(d.autoKernelFailed, "The kernel engine failed: engine Auto serves every frontend with the proxy until ebb lb restarts")
-		d.m.autoFallback.Set(1)
 		res = d.applyLocked(cfg, start)
+	}
+	d.kernelFailing = false
+	for _, s := range res.Skipped {
+		d.kernelFailing = d.kernelFailing || s.Reason == SkipKernelFailed
 	}
 	return res, nil
 }

@@ -35,7 +35,6 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 	d.settleKernelLocked()
 	kernel := d.kernelFrontendsLocked()
 	if len(kernel) == 0 && !d.kernelInstalled {
-		d.kernelFailing = false // no frontend wants the kernel any more
 		return nil
 	}
 	var skipped []SkippedFrontend
@@ -52,37 +51,22 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 		var stale bool
 		if stale, err = d.kernel.sync(kernel, d.m, prepare); err == nil {
 			d.kernelInstalled = len(kernel) > 0
-			d.kernelFailing = false
 			if stale {
 				d.prepareKernelLater()
 			}
 			return skipped
 		}
 	}
-	d.kernelFailing = false
+	auto, named := false, false
 	for _, f := range kernel {
 		cfg := &f.set.Load().cfg
 		skipped = append(skipped, SkippedFrontend{Name: cfg.Name, Reason: SkipKernelFailed, Err: fmt.Errorf("kernel engine: %w", err)})
 		f.remove()
 		delete(d.frontends, f.key)
-		if cfg.auto {
-			d.autoKernelFailed = fmt.Errorf("kernel engine: %w", err)
-		} else {
-			d.kernelFailing = true
-		}
+		auto, named = auto || cfg.auto, named || !cfg.auto
 	}
+	d.kernelFailedLocked(fmt.Errorf("kernel engine: %w", err), auto, named)
 	return skipped
-}
-
-// KernelFailing reports whether the kernel path's last sync failed under a
-// frontend that names the kernel engine (which is then not served): ebb
-// lb's readiness, so that a rolling update that breaks the kernel path
-// (an older kernel, a program the verifier refuses) stops at the first
-// host. Frontends of engine Auto are given to the proxy instead.
-func (d *DataPlane) KernelFailing() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.kernelFailing
 }
 
 // settleKernelLocked deals, once, with what predecessors left in the

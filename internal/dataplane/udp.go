@@ -27,9 +27,9 @@ const (
 	// timeout: a scan or a flood's flows go quickly, a conversation's
 	// stay.
 	udpUnansweredIdle = 5 * time.Second
-	// udpMaxDatagram is the largest UDP payload (IPv4; IPv6 jumbograms
-	// aside).
-	udpMaxDatagram = 65507
+	// udpMaxDatagram is the largest UDP payload a read can return (IPv6's
+	// 65,527 bytes; jumbograms aside).
+	udpMaxDatagram = 65535
 )
 
 // UDPLimits bound the proxy engine's UDP flows. A datagram that would start
@@ -180,24 +180,33 @@ func (f *frontend) udpReplies(flow *udpFlow, idleTimeout time.Duration) {
 			idle = min(idle, f.d.udpUnansweredIdle)
 		}
 		_ = flow.conn.SetReadDeadline(time.Now().Add(idle))
-		var readErr error
+		var (
+			buf     *[]byte
+			n       int
+			readErr error
+		)
 		err := raw.Read(func(fd uintptr) bool {
-			buf := f.d.udpBuffers.Get().(*[]byte)
-			defer f.d.udpBuffers.Put(buf)
-			n, err := unix.Read(int(fd), *buf)
-			if errors.Is(err, unix.EAGAIN) {
+			buf = f.d.udpBuffers.Get().(*[]byte)
+			n, readErr = unix.Read(int(fd), *buf)
+			if errors.Is(readErr, unix.EAGAIN) {
+				f.d.udpBuffers.Put(buf)
+				buf = nil
 				return false // wait until readable
-			}
-			if err != nil {
-				readErr = err
-				return true
-			}
-			flow.answered.Store(true)
-			if _, err := f.udp.WriteToUDPAddrPort((*buf)[:n], flow.client); err == nil {
-				flow.backend.m.toClient.Add(float64(n))
 			}
 			return true
 		})
+		if buf != nil {
+			// Sent outside the read, which holds the flow's socket: a
+			// send that waits for room must not keep endFlowLocked's
+			// Close (under flowsMu) waiting.
+			if readErr == nil {
+				flow.answered.Store(true)
+				if _, err := f.udp.WriteToUDPAddrPort((*buf)[:n], flow.client); err == nil {
+					flow.backend.m.toClient.Add(float64(n))
+				}
+			}
+			f.d.udpBuffers.Put(buf)
+		}
 		if err == nil && readErr == nil {
 			continue
 		}

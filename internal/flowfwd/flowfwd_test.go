@@ -237,9 +237,10 @@ func TestForwardingBetweenTwoHostsEnds(t *testing.T) {
 		t.Logf("%s forwarded %d segments", name, segs)
 		total += segs
 	}
-	// A handful of transmissions (the first and a retransmission or two),
-	// each seen by both hosts once.
-	if total == 0 || total > 12 {
+	// A handful of transmissions (the first, retransmissions and tail
+	// loss probes over 1.5 s: about 4 to 10), each seen by both hosts
+	// once; bouncing, each transmission was seen some 64 times.
+	if total == 0 || total > 30 {
 		t.Errorf("the two hosts saw %d foreign segments between them; want some, and each transmission only once on each host", total)
 	}
 }
