@@ -161,6 +161,11 @@ func (h *handover) takeOver(ctx context.Context, serving func() bool) bool {
 	if err := h.addrs.Sync(h.dp.Addresses()); err != nil {
 		h.log.Error(err, "Making the load balancer's addresses local to this host after the hand-off")
 	}
+	// So may it have removed the guard and the other tables, which this
+	// process's Sync, having written them already, would not write again.
+	if parts, err := repairParts(h.addrs.repairParts()); err != nil || len(parts) > 0 {
+		h.log.Info("Wrote again the kernel state the predecessor removed", "parts", parts, "err", err)
+	}
 	if err := h.addrs.connectBGP(ctx); err != nil {
 		h.log.Error(err, "Opening the BGP sessions")
 	}
