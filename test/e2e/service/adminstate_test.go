@@ -67,6 +67,9 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	node := cluster.Nodes[0].Name
 	downEvents, noneEvents := nodeEvents(t, ctx, node, "LoadBalancerAdminStateDown"), nodeEvents(t, ctx, node, "LoadBalancerAdminStateNone")
 	setTaint(t, ctx, node, true)
+	// A failure below must not leave the taint to the tests after this
+	// one (removing it twice is harmless).
+	defer setTaint(t, context.Background(), node, false)
 	eventually(t, ctx, 10*time.Second, "the node's backends to turn admin Down", func(context.Context) (bool, string) {
 		return adminDown(t, node), "not Down yet"
 	})
