@@ -79,7 +79,12 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	start := nodeConnections(t, node)
 	for i := range 30 {
 		if _, err := get(ctx, url); err != nil {
-			t.Fatalf("request %d while %s drains: %v", i, node, err)
+			// What the load balancer knew then: why it refused, and which
+			// backends it took for healthy.
+			page := lbMetrics(t)
+			t.Fatalf("request %d while %s drains: %v\n%s\n%s\n%s", i, node, err,
+				e2eutil.GrepLines(page, "ebb_dataplane_refused_total{"), e2eutil.GrepLines(page, "ebb_dataplane_probe_up{"),
+				e2eutil.GrepLines(page, "ebb_dataplane_backend_admin_state{"))
 		}
 	}
 	if got := nodeConnections(t, node) - start; got != 0 {
