@@ -5,7 +5,8 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
-	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/nftstate"
 )
 
 // repairablePath is a kernel path that can tell when something else took
@@ -62,17 +63,13 @@ func (k *kernelEngine) intact() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for fam, n := range want {
-		t := &nftables.Table{Name: k.table, Family: fam}
-		rules, err := c.GetRules(t, &nftables.Chain{Name: "services", Table: t})
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
+	for fam, want := range want {
+		n, err := nftstate.Rules(c, &nftables.Table{Name: k.table, Family: fam}, "services")
 		if err != nil {
 			k.dropConn()
-			return false, fmt.Errorf("reading the kernel engine's table %s: %w", k.table, err)
+			return false, fmt.Errorf("the kernel engine's tables: %w", err)
 		}
-		if len(rules) != n {
+		if n != want {
 			return false, nil
 		}
 	}

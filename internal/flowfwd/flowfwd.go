@@ -32,6 +32,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/nftstate"
 )
 
 // DefaultTable names the nftables table (family ip).
@@ -92,12 +94,7 @@ func New(table string, netns int) *Forwarder {
 	return &Forwarder{table: table, netns: netns}
 }
 
-func (f *Forwarder) conn() (*nftables.Conn, error) {
-	if f.netns != 0 {
-		return nftables.New(nftables.WithNetNSFd(f.netns))
-	}
-	return nftables.New()
-}
+func (f *Forwarder) conn() (*nftables.Conn, error) { return nftstate.Conn(f.netns) }
 
 // Sync makes the table do what s says, in one transaction (the previous
 // rule stays until the new one replaces it). An unchanged state is not
@@ -321,25 +318,12 @@ func (f *Forwarder) intact(s State) (bool, error) {
 	}
 	defer c.CloseLasting()
 	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
-	rules, err := c.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("reading table ip %s: %w", f.table, err)
-	}
 	set := frontendsSet(t)
-	if len(rules) != len(ruleExprs(set, s)) {
-		return false, nil
+	if n, err := nftstate.Rules(c, t, "prerouting"); err != nil || n != len(ruleExprs(set, s)) {
+		return false, err
 	}
-	elems, err := c.GetSetElements(set)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("reading set frontends of table ip %s: %w", f.table, err)
-	}
-	return len(elems) == len(s.Frontends), nil
+	n, err := nftstate.Elements(c, set)
+	return err == nil && n == len(s.Frontends), err
 }
 
 // Remove deletes the table: nothing forwards any more.

@@ -56,6 +56,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/nftstate"
 )
 
 // DefaultTable names the nftables table (family inet).
@@ -114,12 +116,7 @@ func New(table string, netns int) *Guard {
 	return &Guard{table: table, netns: netns}
 }
 
-func (g *Guard) conn() (*nftables.Conn, error) {
-	if g.netns != 0 {
-		return nftables.New(nftables.WithNetNSFd(g.netns))
-	}
-	return nftables.New()
-}
+func (g *Guard) conn() (*nftables.Conn, error) { return nftstate.Conn(g.netns) }
 
 // Sync makes the table guard s in one transaction. The first Sync of a
 // Guard (and the first after Repair finds the table gone) replaces the
@@ -224,27 +221,13 @@ func (g *Guard) intact() (bool, error) {
 	}
 	defer c.CloseLasting()
 	t := &nftables.Table{Name: g.table, Family: nftables.TableFamilyINet}
-	rules, err := c.GetRules(t, &nftables.Chain{Name: "prerouting", Table: t})
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("reading table inet %s: %w", g.table, err)
-	}
 	sets := newSets(t)
-	if len(rules) != len(sets.rules(*g.last)) {
-		return false, nil
+	if n, err := nftstate.Rules(c, t, "prerouting"); err != nil || n != len(sets.rules(*g.last)) {
+		return false, err
 	}
 	for set, want := range sets.elements(*g.last) {
-		have, err := c.GetSetElements(set)
-		if err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return false, nil
-			}
-			return false, fmt.Errorf("reading set %s of table inet %s: %w", set.Name, g.table, err)
-		}
-		if len(have) != len(want) {
-			return false, nil
+		if n, err := nftstate.Elements(c, set); err != nil || n != len(want) {
+			return false, err
 		}
 	}
 	return true, nil

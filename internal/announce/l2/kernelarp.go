@@ -10,6 +10,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebbdev/ebb/internal/nftstate"
 )
 
 // DefaultKernelTable names the nftables table (family arp) that keeps the
@@ -59,12 +61,7 @@ type ifaceAddr struct {
 	addr  netip.Addr
 }
 
-func (k *kernelARP) conn() (*nftables.Conn, error) {
-	if k.netns != 0 {
-		return nftables.New(nftables.WithNetNSFd(k.netns))
-	}
-	return nftables.New()
-}
+func (k *kernelARP) conn() (*nftables.Conn, error) { return nftstate.Conn(k.netns) }
 
 // sync installs the rules for the IPv4 addresses of addrs in one
 // transaction.
@@ -162,25 +159,12 @@ func (k *kernelARP) intact() (bool, error) {
 	defer c.CloseLasting()
 	t := &nftables.Table{Name: k.table, Family: nftables.TableFamilyARP}
 	for chain, want := range map[string]int{"input": 1, "output": len(k.ifaces)} {
-		rules, err := c.GetRules(t, &nftables.Chain{Name: chain, Table: t})
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("reading table arp %s: %w", k.table, err)
-		}
-		if len(rules) != want {
-			return false, nil
+		if n, err := nftstate.Rules(c, t, chain); err != nil || n != want {
+			return false, err
 		}
 	}
-	elems, err := c.GetSetElements(&nftables.Set{Name: "addresses", Table: t, KeyType: nftables.TypeIPAddr})
-	if errors.Is(err, unix.ENOENT) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading set addresses of table arp %s: %w", k.table, err)
-	}
-	return len(elems) == len(k.last), nil
+	n, err := nftstate.Elements(c, &nftables.Set{Name: "addresses", Table: t, KeyType: nftables.TypeIPAddr})
+	return err == nil && n == len(k.last), err
 }
 
 // remove deletes the table, if it is there.
