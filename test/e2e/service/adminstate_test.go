@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -76,18 +77,13 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	if !strings.Contains(lbMetrics(t), `ebb_lb_admin_state_transitions_total{state="Down"}`) {
 		t.Error("the admin-state fast path recorded no transition to Down")
 	}
-	start := nodeConnections(t, node)
+	start := frontendConnections(t, ns, "drain", node)
 	for i := range 30 {
 		if _, err := get(ctx, url); err != nil {
-			// What the load balancer knew then: why it refused, and which
-			// backends it took for healthy.
-			page := lbMetrics(t)
-			t.Fatalf("request %d while %s drains: %v\n%s\n%s\n%s", i, node, err,
-				e2eutil.GrepLines(page, "ebb_dataplane_refused_total{"), e2eutil.GrepLines(page, "ebb_dataplane_probe_up{"),
-				e2eutil.GrepLines(page, "ebb_dataplane_backend_admin_state{"))
+			t.Fatalf("request %d while %s drains: %v\n%s", i, node, err, lbState(t))
 		}
 	}
-	if got := nodeConnections(t, node) - start; got != 0 {
+	if got := frontendConnections(t, ns, "drain", node) - start; got != 0 {
 		t.Errorf("%.0f new connections went to draining node %s", got, node)
 	}
 	if err := echo("during the drain"); err != nil {
@@ -105,11 +101,11 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 		return n == noneEvents+1, fmt.Sprintf("%d new events", n-noneEvents)
 	})
 	eventually(t, ctx, 10*time.Second, "the node to take new connections again", func(ctx context.Context) (bool, string) {
-		n := nodeConnections(t, node)
+		n := frontendConnections(t, ns, "drain", node)
 		for range 10 {
 			_, _ = get(ctx, url)
 		}
-		return nodeConnections(t, node) > n, "no new connection to the node"
+		return frontendConnections(t, ns, "drain", node) > n, "no new connection to the node"
 	})
 
 	// Cordon is not a trigger.
@@ -176,18 +172,22 @@ func lbMetrics(t *testing.T) string {
 	return page
 }
 
-// nodeConnections sums the connections the load balancer sent to a node's
-// backends, over every frontend.
-func nodeConnections(t *testing.T, node string) float64 {
+// lbState is what the load balancer knew when a request failed: why it
+// refused, which backends it took for healthy and in which admin state,
+// and the end of its log.
+func lbState(t *testing.T) string {
 	t.Helper()
-	total := 0.0
-	for _, l := range strings.Split(lbMetrics(t), "\n") {
-		if strings.HasPrefix(l, "ebb_dataplane_connections_total{") && strings.Contains(l, `owner="`+node+`"`) {
-			v, _ := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
-			total += v
-		}
+	page := lbMetrics(t)
+	var logs []string
+	files, _ := filepath.Glob(filepath.Join(cluster.Dir(), "logs", "pods", "ebb-system_*lb*.log"))
+	for _, f := range files {
+		logs = append(logs, f+":\n"+localcluster.LogTail(f, 40))
 	}
-	return total
+	return strings.Join(append([]string{
+		e2eutil.GrepLines(page, "ebb_dataplane_refused_total{"), e2eutil.GrepLines(page, "ebb_dataplane_probe_up{"),
+		e2eutil.GrepLines(page, "ebb_dataplane_backend_admin_state{"), e2eutil.GrepLines(page, "ebb_dataplane_dial_errors_total{"),
+		e2eutil.GrepLines(page, "ebb_lb_kernel_state_repairs_total{"), e2eutil.GrepLines(page, "ebb_lb_guard_dropped_packets_total"),
+	}, logs...), "\n")
 }
 
 // adminDown reports whether every backend of the node is admin Down.

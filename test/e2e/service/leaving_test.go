@@ -26,7 +26,7 @@ func TestLeavingNodeAcrossServiceShapes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ns := newNamespace(t, ctx)
-	deployApp(t, ctx, ns, "shapes", 3)
+	deploySpreadApp(t, ctx, ns, "shapes", 3)
 	node := nodeWithPod(t, ctx, ns, "shapes")
 
 	shapes := []struct {
@@ -74,7 +74,7 @@ func TestLeavingNodeAcrossServiceShapes(t *testing.T) {
 		url := "http://" + net.JoinHostPort(addrs[s.name], "80") + "/"
 		for i := range 20 {
 			if _, err := get(ctx, url); err != nil {
-				t.Fatalf("%s: request %d while %s drains: %v", s.name, i, node, err)
+				t.Fatalf("%s: request %d while %s drains: %v\n%s", s.name, i, node, err, lbState(t))
 			}
 		}
 		if got := frontendConnections(t, ns, s.name, node) - before; got != 0 {

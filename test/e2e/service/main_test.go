@@ -85,7 +85,28 @@ func deployApp(t *testing.T, ctx context.Context, ns, name string, replicas int3
 	}
 }
 
-// waitAddress waits for the Service's load-balancer address.
+// deploySpreadApp is deployApp with at most one pod more on any node than
+// on another (a hard topology spread over the nodes that take pods), so
+// that a test that drains one node knows others hold pods too: with
+// externalTrafficPolicy Local only they can serve. The scheduler's default
+// spreading is a preference, and it put every pod on one node when the
+// others were busy removing the pods of earlier tests.
+func deploySpreadApp(t *testing.T, ctx context.Context, ns, name string, replicas int32) {
+	t.Helper()
+	d := localcluster.EchoDeployment(ns, name, replicas)
+	d.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+		MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
+		LabelSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+		NodeTaintsPolicy: ptr.To(corev1.NodeInclusionPolicyHonor),
+	}}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // exposeApp deploys the echo app with replicas behind a LoadBalancer
 // Service of ebb's class, both named name, and returns the Service's
 // address once it has one.
@@ -98,6 +119,7 @@ func exposeApp(t *testing.T, ctx context.Context, ns, name string, replicas int3
 	return waitAddress(t, ctx, ns, name)
 }
 
+// waitAddress waits for the Service's load-balancer address.
 func waitAddress(t *testing.T, ctx context.Context, ns, name string) string {
 	t.Helper()
 	var ip string
