@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -19,7 +20,9 @@ const EtherType = 0x88B5
 // heartbeatMagic starts every heartbeat, with its version.
 var heartbeatMagic = [4]byte{'e', 'b', 'L', '2'}
 
-const heartbeatVersion = 1
+// heartbeatVersion 2 is signed (keys.go); version 1 was not, and is
+// refused.
+const heartbeatVersion = 2
 
 // maxPayload is what one heartbeat may carry: an Ethernet frame's payload.
 const maxPayload = 1500
@@ -38,6 +41,9 @@ type heartbeat struct {
 	// started, in Unix nanoseconds): the later one speaks for the node,
 	// and its counts start afresh.
 	Incarnation uint64
+	// Seq counts the frames of one incarnation: a frame whose Seq is not
+	// above the last one heard from it is a replay, and refused.
+	Seq uint64
 	// Gen changes whenever the offered set changes.
 	Gen uint32
 	// Part counts from 0 to Parts-1.
@@ -47,13 +53,18 @@ type heartbeat struct {
 	Owned []bool
 }
 
-func (h heartbeat) marshal() []byte {
+// marshal returns the frame signed with keys' signing key.
+func (h heartbeat) marshal(keys *Keys) []byte {
+	id := keys.SigningID()
 	b := append([]byte{}, heartbeatMagic[:]...)
-	b = append(b, heartbeatVersion, byte(len(h.Group)))
+	b = append(b, heartbeatVersion, byte(len(id)))
+	b = append(b, id...)
+	b = append(b, byte(len(h.Group)))
 	b = append(b, h.Group...)
 	b = append(b, byte(len(h.Node)))
 	b = append(b, h.Node...)
 	b = binary.BigEndian.AppendUint64(b, h.Incarnation)
+	b = binary.BigEndian.AppendUint64(b, h.Seq)
 	b = binary.BigEndian.AppendUint32(b, h.Gen)
 	b = append(b, h.Part, h.Parts)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Addrs)))
@@ -68,26 +79,65 @@ func (h heartbeat) marshal() []byte {
 		b = append(b, family)
 		b = append(b, a.AsSlice()...)
 	}
-	return b
+	return keys.sign(b)
 }
 
 // ownedBit marks an owned address in its family byte.
 const ownedBit = 0x80
 
+// Why a frame was refused (the reason label of
+// ebb_lb_l2_heartbeats_refused_total).
+const (
+	refusedMalformed    = "malformed"
+	refusedUnsigned     = "unauthenticated"
+	refusedReplayed     = "replayed"
+	refusedTooManyPeers = "too_many_peers"
+)
+
+// frameError is why a frame was refused.
+type frameError struct {
+	reason string
+	err    error
+}
+
+func (e *frameError) Error() string { return e.err.Error() }
+
+func refused(reason string, err error) error { return &frameError{reason: reason, err: err} }
+
+// refusedReason is the reason label of err (malformed when it says none).
+func refusedReason(err error) string {
+	var fe *frameError
+	if errors.As(err, &fe) {
+		return fe.reason
+	}
+	return refusedMalformed
+}
+
 var errNotHeartbeat = errors.New("not an ebb L2 heartbeat")
 
-func parseHeartbeat(b []byte) (heartbeat, error) {
+// parseHeartbeat checks a frame's signature against keys, then reads it.
+// Nothing of an unsigned frame is read past the key ID.
+func parseHeartbeat(b []byte, keys *Keys) (heartbeat, error) {
 	var h heartbeat
 	if len(b) < 6 || [4]byte(b[:4]) != heartbeatMagic {
-		return h, errNotHeartbeat
+		return h, refused(refusedMalformed, errNotHeartbeat)
 	}
 	if b[4] != heartbeatVersion {
-		return h, fmt.Errorf("heartbeat version %d, want %d", b[4], heartbeatVersion)
+		return h, refused(refusedUnsigned, fmt.Errorf("heartbeat version %d, want %d (version 1 is not signed)", b[4], heartbeatVersion))
 	}
-	r := reader{b: b[5:]}
+	if len(b) < 6+int(b[5])+macLen {
+		return h, refused(refusedMalformed, errors.New("heartbeat: truncated"))
+	}
+	id := string(b[6 : 6+int(b[5])])
+	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
+	if keys == nil || !keys.verify(id, body, mac) {
+		return h, refused(refusedUnsigned, fmt.Errorf("heartbeat signed with key %q: no such key, or the signature does not match", id))
+	}
+	r := reader{b: body[6+len(id):]}
 	h.Group = string(r.next(int(r.byte())))
 	h.Node = string(r.next(int(r.byte())))
 	h.Incarnation = binary.BigEndian.Uint64(r.next(8))
+	h.Seq = binary.BigEndian.Uint64(r.next(8))
 	h.Gen = binary.BigEndian.Uint32(r.next(4))
 	h.Part, h.Parts = r.byte(), r.byte()
 	n := int(binary.BigEndian.Uint16(r.next(2)))
@@ -108,11 +158,14 @@ func parseHeartbeat(b []byte) (heartbeat, error) {
 		h.Addrs = append(h.Addrs, a)
 		h.Owned = append(h.Owned, family&ownedBit != 0)
 	}
+	if r.err == nil && len(r.b) != 0 {
+		r.err = errors.New("bytes after the addresses")
+	}
 	if r.err != nil {
-		return heartbeat{}, fmt.Errorf("heartbeat: %w", r.err)
+		return heartbeat{}, refused(refusedMalformed, fmt.Errorf("heartbeat: %w", r.err))
 	}
 	if h.Node == "" || h.Parts == 0 || h.Part >= h.Parts {
-		return heartbeat{}, errors.New("heartbeat: no node, or part out of range")
+		return heartbeat{}, refused(refusedMalformed, errors.New("heartbeat: no node, or part out of range"))
 	}
 	return h, nil
 }
@@ -137,8 +190,9 @@ func (r *reader) next(n int) []byte {
 func (r *reader) byte() byte { return r.next(1)[0] }
 
 // heartbeats splits one replica's offer into frames that each fit in
-// maxPayload; owned marks the addresses it owns.
-func heartbeats(group, node string, incarnation uint64, gen uint32, addrs []netip.Addr, owned map[netip.Addr]bool) [][]byte {
+// maxPayload, signed with keys; owned marks the addresses it owns; seq
+// numbers the frames from next on.
+func heartbeats(keys *Keys, group, node string, incarnation uint64, seq *uint64, gen uint32, addrs []netip.Addr, owned map[netip.Addr]bool) [][]byte {
 	room := addressRoom(group, node)
 	parts := max(1, (len(addrs)+room-1)/room)
 	var frames [][]byte
@@ -148,25 +202,35 @@ func heartbeats(group, node string, incarnation uint64, gen uint32, addrs []neti
 		for i, a := range chunk {
 			flags[i] = owned[a]
 		}
-		frames = append(frames, heartbeat{Group: group, Node: node, Incarnation: incarnation, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk, Owned: flags}.marshal())
+		*seq++
+		frames = append(frames, heartbeat{Group: group, Node: node, Incarnation: incarnation, Seq: *seq, Gen: gen, Part: uint8(p), Parts: uint8(parts), Addrs: chunk, Owned: flags}.marshal(keys))
 	}
 	return frames
 }
 
 // addressRoom is how many addresses fit in one frame: the header is the
-// magic, the version, two lengths and names, the incarnation, gen, part,
-// parts and count; an address takes at most 17 bytes.
+// magic, the version, the key ID, two lengths and names, the incarnation,
+// seq, gen, part, parts and count, and the MAC ends it; an address takes
+// at most 17 bytes.
 func addressRoom(group, node string) int {
-	return (maxPayload - (4 + 1 + 1 + len(group) + 1 + len(node) + 8 + 4 + 2 + 2)) / 17
+	return (maxPayload - (4 + 1 + 1 + maxKeyID + 1 + len(group) + 1 + len(node) + 8 + 8 + 4 + 2 + 2 + macLen)) / 17
 }
 
 // maxAddresses is the most one replica can offer: 255 parts.
 func maxAddresses(group, node string) int { return 255 * addressRoom(group, node) }
 
-// members is what a replica has heard from the others.
+// maxPeers bounds the replicas a replica keeps track of on a segment;
+// a frame from one more is refused until a known one falls silent. Only a
+// holder of a key can add one, and each holds at most 255 parts pending.
+const maxPeers = 256
+
+// members is what a replica has heard from the others. Its own lock keeps
+// the readers of the segment from waiting on an election.
 type members struct {
 	deadAfter time.Duration
-	peers     map[string]*member
+
+	mu    sync.Mutex
+	peers map[string]*member
 	// released are the addresses a peer stopped owning since the last
 	// takeReleased: a neighbour may still send them to it.
 	released map[netip.Addr]bool
@@ -175,6 +239,7 @@ type members struct {
 type member struct {
 	seen        time.Time
 	incarnation uint64
+	seq         uint64
 	gen         uint32
 	offered     []netip.Addr
 	owned       map[netip.Addr]bool
@@ -187,14 +252,20 @@ func newMembers(deadAfter time.Duration) *members {
 	return &members{deadAfter: deadAfter, peers: map[string]*member{}, released: map[netip.Addr]bool{}}
 }
 
-// observe records a heartbeat heard at now. A peer's offer changes once
-// every part of a new generation has arrived; until then the previous one
-// stands.
-func (m *members) observe(now time.Time, h heartbeat) {
+// observe records a heartbeat heard at now, or says why it refused it. A
+// peer's offer changes once every part of a new generation has arrived;
+// until then the previous one stands.
+func (m *members) observe(now time.Time, h heartbeat) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	p := m.peers[h.Node]
 	switch {
 	case p != nil && h.Incarnation < p.incarnation:
-		return // an older process of the node, on its way out
+		return nil // an older process of the node, on its way out
+	case p != nil && h.Incarnation == p.incarnation && h.Seq == p.seq:
+		return nil // the same frame again: heard on two interfaces
+	case p != nil && h.Incarnation == p.incarnation && h.Seq < p.seq:
+		return refused(refusedReplayed, fmt.Errorf("heartbeat %d of %s, after %d", h.Seq, h.Node, p.seq))
 	case p != nil && h.Incarnation > p.incarnation:
 		// A new process speaks for the node: what the old one owned, it
 		// no longer does.
@@ -204,23 +275,29 @@ func (m *members) observe(now time.Time, h heartbeat) {
 		p = nil
 	}
 	if p == nil {
+		if m.peers[h.Node] == nil && len(m.peers) >= maxPeers {
+			return refused(refusedTooManyPeers, fmt.Errorf("heartbeat of %s: already %d peers on the segment", h.Node, len(m.peers)))
+		}
 		p = &member{incarnation: h.Incarnation}
 		m.peers[h.Node] = p
 	}
-	p.seen = now
+	p.seen, p.seq = now, h.Seq
 	if h.Gen == p.gen && p.offered != nil {
-		return
+		return nil
 	}
 	if p.pending == nil || p.pendingGen != h.Gen {
 		p.pendingGen, p.pending = h.Gen, map[uint8]heartbeat{}
 	}
 	p.pending[h.Part] = h
 	if len(p.pending) < int(h.Parts) {
-		return
+		return nil
 	}
 	offered, owned := []netip.Addr{}, map[netip.Addr]bool{}
 	for i := range h.Parts {
-		part := p.pending[i]
+		part, ok := p.pending[i]
+		if !ok || part.Parts != h.Parts {
+			return nil // parts of one generation that disagree on their count
+		}
 		offered = append(offered, part.Addrs...)
 		for j, a := range part.Addrs {
 			if j < len(part.Owned) && part.Owned[j] {
@@ -235,11 +312,14 @@ func (m *members) observe(now time.Time, h heartbeat) {
 		}
 	}
 	p.gen, p.offered, p.owned, p.pending = h.Gen, offered, owned, nil
+	return nil
 }
 
 // takeReleased returns the addresses peers stopped owning since the last
 // call.
 func (m *members) takeReleased() map[netip.Addr]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	r := m.released
 	m.released = map[netip.Addr]bool{}
 	return r
@@ -248,6 +328,8 @@ func (m *members) takeReleased() map[netip.Addr]bool {
 // live returns the offers of the peers heard within deadAfter of now, and
 // forgets the others.
 func (m *members) live(now time.Time) map[string][]netip.Addr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	out := map[string][]netip.Addr{}
 	for node, p := range m.peers {
 		if now.Sub(p.seen) > m.deadAfter {

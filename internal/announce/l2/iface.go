@@ -168,12 +168,13 @@ func (a *Announcer) readHeartbeats(ifc *iface) {
 			}
 			return
 		}
-		h, err := parseHeartbeat(buf[:n])
-		if err != nil {
-			a.log.V(4).Info("Ignoring a frame", "interface", ifc.ifi.Name, "error", err.Error())
-			continue
+		h, err := parseHeartbeat(buf[:n], a.keys.Load())
+		if err == nil {
+			err = a.observe(h)
 		}
-		a.observe(h)
+		if err != nil {
+			a.refusedFrame(ifc, err)
+		}
 	}
 }
 

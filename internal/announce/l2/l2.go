@@ -80,10 +80,18 @@ type Announcer struct {
 	// in it is announced on every one.
 	only atomic.Pointer[map[netip.Addr]map[string]bool]
 
+	// keys sign and check heartbeats; nil until SetKeys.
+	keys atomic.Pointer[Keys]
+	// refused counts the frames refused, by reason.
+	refusedMu sync.Mutex
+	refused   map[string]uint64
+
 	mu      sync.Mutex
 	members *members
-	offer   []netip.Addr
-	gen     uint32
+	// seq numbers this process's frames (heartbeat.Seq).
+	seq   uint64
+	offer []netip.Addr
+	gen   uint32
 	// gratuitous counts the announcements still to send for each address
 	// taken over (a few, in case one is lost).
 	gratuitous map[netip.Addr]int
@@ -151,7 +159,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), gratuitous: map[netip.Addr]int{}, later: map[netip.Addr][]time.Time{},
+	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), refused: map[string]uint64{}, gratuitous: map[netip.Addr]int{}, later: map[netip.Addr][]time.Time{},
 		karp: &kernelARP{table: cfg.KernelTable, netns: cfg.NetNS}}
 	a.mine.Store(&map[netip.Addr]bool{})
 	a.only.Store(&map[netip.Addr]map[string]bool{})
@@ -498,7 +506,9 @@ func (a *Announcer) electLocked(now time.Time) {
 	}
 	a.live = names
 	var mine []netip.Addr
-	if now.Sub(a.started) >= a.cfg.DeadAfter {
+	// Without a key the replica has heard no one (every frame is refused
+	// then), and once it has one it listens for DeadAfter again.
+	if a.keys.Load() != nil && now.Sub(a.started) >= a.cfg.DeadAfter {
 		mine = owned(a.cfg.Node, a.offer, live)
 	}
 	prev := *a.mine.Load()
@@ -570,7 +580,11 @@ func (a *Announcer) heartbeatLocked() {
 	if !a.synced {
 		return
 	}
-	for _, frame := range heartbeats(a.cfg.Group, a.cfg.Node, a.incarnation, a.gen, a.offer, *a.mine.Load()) {
+	keys := a.keys.Load()
+	if keys == nil {
+		return // no key yet: see SetKeys
+	}
+	for _, frame := range heartbeats(keys, a.cfg.Group, a.cfg.Node, a.incarnation, &a.seq, a.gen, a.offer, *a.mine.Load()) {
 		for _, ifc := range a.ifaces {
 			if err := ifc.broadcast(frame); err != nil {
 				a.log.V(1).Info("Heartbeat failed", "interface", ifc.ifi.Name, "error", err.Error())
@@ -592,14 +606,46 @@ func (a *Announcer) joinLocked(addr netip.Addr, join bool) {
 	}
 }
 
-// observe records a peer's heartbeat.
-func (a *Announcer) observe(h heartbeat) {
+// observe records a peer's heartbeat, or says why it refused it. It
+// takes the members' lock only, never the announcer's: an election in
+// progress does not hold up the readers.
+func (a *Announcer) observe(h heartbeat) error {
 	if h.Group != a.cfg.Group || h.Node == a.cfg.Node {
-		return
+		return nil
+	}
+	return a.members.observe(a.cfg.Clock.Now(), h)
+}
+
+// refusedFrame counts a refused frame, and logs the first of each reason
+// (a host on the segment may send any number).
+func (a *Announcer) refusedFrame(ifc *iface, err error) {
+	reason := refusedReason(err)
+	a.refusedMu.Lock()
+	a.refused[reason]++
+	first := a.refused[reason] == 1
+	a.refusedMu.Unlock()
+	if first {
+		a.log.Info("Refusing a heartbeat frame on the segment (later ones for this reason are only counted in ebb_lb_l2_heartbeats_refused_total)", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())
+	} else {
+		a.log.V(4).Info("Refusing a heartbeat frame", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())
+	}
+}
+
+// SetKeys sets the keys heartbeats are signed and checked with
+// (ParseKeys). Until the first call the replica sends no heartbeat and
+// accepts none, and so owns no address: an unauthenticated election would
+// let any host on the segment take the addresses.
+func (a *Announcer) SetKeys(k *Keys) {
+	prev := a.keys.Swap(k)
+	if prev == nil || prev.SigningID() != k.SigningID() || !slices.Equal(prev.IDs(), k.IDs()) {
+		a.log.Info("Heartbeat keys", "signing", k.SigningID(), "accepted", k.IDs())
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.members.observe(a.cfg.Clock.Now(), h)
+	if prev == nil && !a.closed {
+		a.started = a.cfg.Clock.Now()
+		a.heartbeatLocked()
+	}
 }
 
 // Stop stops answering and heartbeating, and gives the kernel back its

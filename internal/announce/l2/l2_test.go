@@ -116,6 +116,7 @@ func (s *segment) start(t *testing.T, name string) *Announcer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Stop() })
+	a.SetKeys(testKeys(t))
 	if err := a.SetLocal([]netip.Addr{vip4, vip6}); err != nil {
 		t.Fatal(err)
 	}
@@ -494,5 +495,68 @@ func TestRepairRestoresTheKernelsSilence(t *testing.T) {
 	}
 	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o].String()}) {
 		t.Fatalf("ARP replies for %s from %v after the repair, want only the owner %s (%s)", vip4, macs, o, s.macs[o])
+	}
+}
+
+// A host on the segment with NET_RAW but no key sends heartbeats as a
+// replica whose name ranks first for both addresses, unsigned (as version
+// 1 was) and signed with a key of its own: it takes nothing, the owner
+// keeps answering, and every frame is counted as refused. Before
+// heartbeats were signed, one frame took the addresses.
+func TestForgedHeartbeatsTakeNothing(t *testing.T) {
+	s := newSegment(t)
+	as := map[string]*Announcer{"lb-a": s.start(t, "lb-a"), "lb-b": s.start(t, "lb-b")}
+	o := owner(t, vip4, as)
+	s.waitServedBy(t, vip4, o)
+	// A name that wins both addresses against the two replicas.
+	offers := map[string][]netip.Addr{"lb-a": {vip4, vip6}, "lb-b": {vip4, vip6}}
+	forger := ""
+	for i := 0; forger == ""; i++ {
+		if n := fmt.Sprintf("forger-%d", i); len(owned(n, []netip.Addr{vip4, vip6}, offers)) == 2 {
+			forger = n
+		}
+	}
+	ownKey, err := ParseKeys(map[string][]byte{"k1": []byte("the forger's own key, 32 bytes..")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Version 1's frame: no key ID, no seq, no MAC.
+	v1 := append(append([]byte{}, heartbeatMagic[:]...), 1, byte(len("test")))
+	v1 = append(append(v1, "test"...), byte(len(forger)))
+	v1 = append(append(v1, forger...), 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 1, 0, 1, 0, 2, 4)
+	v1 = append(append(append(v1, vip4.AsSlice()...), 6), vip6.AsSlice()...)
+	var ifc *iface
+	if err := s.client.Do(func() (err error) { ifc, err = openInterface("eth0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ifc.close()
+	forged := &sender{keys: ownKey}
+	for range 40 {
+		frames := append(forged.frames("test", forger, 9, 1, []netip.Addr{vip4, vip6}, nil), v1)
+		for _, f := range frames {
+			if err := ifc.broadcast(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	for name, a := range as {
+		if got := a.members.live(time.Now()); len(got) != 1 {
+			t.Errorf("%s counts %d peers, want only the other replica: %v", name, len(got), got)
+		}
+	}
+	if got := owner(t, vip4, as); got != o {
+		t.Fatalf("%s moved from %s to %s", vip4, o, got)
+	}
+	if macs := s.arpReplies(t); !slices.Equal(macs, []string{s.macs[o].String()}) {
+		t.Fatalf("ARP replies for %s from %v, want only the owner %s", vip4, macs, o)
+	}
+	for name, a := range as {
+		a.refusedMu.Lock()
+		n := a.refused[refusedUnsigned]
+		a.refusedMu.Unlock()
+		if n < 80 {
+			t.Errorf("%s refused %d unauthenticated frames, want the 80 sent", name, n)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package l2
 
 import (
+	"maps"
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -13,6 +16,10 @@ var (
 		"Other replicas heard on the segment within the dead-after time.", nil, nil)
 	takeoversDesc = prometheus.NewDesc("ebb_lb_l2_takeovers_total",
 		"Addresses this replica took over (it then sends gratuitous ARP or unsolicited neighbour advertisements).", nil, nil)
+	refusedDesc = prometheus.NewDesc("ebb_lb_l2_heartbeats_refused_total",
+		"Heartbeat frames refused: unauthenticated (unsigned, or signed with a key this replica does not have), replayed, malformed, or too_many_peers.", []string{"reason"}, nil)
+	keyDesc = prometheus.NewDesc("ebb_lb_l2_heartbeat_key_info",
+		"The heartbeat keys this replica accepts (1 each), and which one it signs with: check that every replica has a new key before signing with it.", []string{"id", "signing"}, nil)
 )
 
 // Collector returns a Prometheus collector of the announcer's state, read
@@ -22,7 +29,7 @@ func (a *Announcer) Collector() prometheus.Collector { return collector{a} }
 type collector struct{ a *Announcer }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{ownedDesc, offeredDesc, peersDesc, takeoversDesc} {
+	for _, d := range []*prometheus.Desc{ownedDesc, offeredDesc, peersDesc, takeoversDesc, refusedDesc, keyDesc} {
 		ch <- d
 	}
 }
@@ -35,4 +42,15 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(offeredDesc, prometheus.GaugeValue, float64(offered))
 	ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(peers))
 	ch <- prometheus.MustNewConstMetric(takeoversDesc, prometheus.CounterValue, float64(c.a.takeovers.Load()))
+	c.a.refusedMu.Lock()
+	refused := maps.Clone(c.a.refused)
+	c.a.refusedMu.Unlock()
+	for _, reason := range []string{refusedMalformed, refusedUnsigned, refusedReplayed, refusedTooManyPeers} {
+		ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(refused[reason]), reason)
+	}
+	if k := c.a.keys.Load(); k != nil {
+		for _, id := range k.IDs() {
+			ch <- prometheus.MustNewConstMetric(keyDesc, prometheus.GaugeValue, 1, id, strconv.FormatBool(id == k.SigningID()))
+		}
+	}
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/ebbdev/ebb/internal/controller/announcestatus"
 	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
 	"github.com/ebbdev/ebb/internal/controller/evacuation"
+	"github.com/ebbdev/ebb/internal/controller/l2key"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
@@ -65,6 +66,9 @@ type Options struct {
 	LeaderElectionNS    string
 	MetricsAddress      string
 	HealthAddress       string
+	// L2KeySecret (namespace/name) is created with a random key for ebb
+	// lb's L2 heartbeats when missing; empty: not managed.
+	L2KeySecret string
 	// SpotTaintKey is the draining taint a spot preemption adds; empty
 	// turns the spot controller off.
 	SpotTaintKey string
@@ -163,6 +167,7 @@ func NewCommand() *cobra.Command {
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
+	f.StringVar(&o.L2KeySecret, "l2-key-secret", "ebb-system/ebb-l2-key", "Secret (namespace/name) of the keys that sign ebb lb's L2 heartbeats: created with one random key when missing, never changed once there (docs/l2.md); empty: you provide it")
 	f.StringVar(&o.Webhook.CertSecret, "webhook-cert-secret", "ebb-system/ebb-webhook-cert", "Secret (namespace/name) in which ebb keeps a self-signed CA and serving certificate and injects the CA into the webhook configurations; empty when cert-manager (or you) put the certificate in --webhook-cert-dir")
 	f.StringSliceVar(&o.Webhook.DNSNames, "webhook-dns-name", []string{"ebb-webhook-service.ebb-system.svc", "ebb-webhook-service.ebb-system.svc.cluster.local"}, "DNS names of the self-signed serving certificate")
 	f.StringSliceVar(&o.Webhook.IPs, "webhook-ip-address", nil, "IP addresses of the self-signed serving certificate")
@@ -232,6 +237,9 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 			return err
 		}
 	}
+	if err := o.keepL2Key(cfg, scheme, mgr); err != nil {
+		return err
+	}
 	if err := o.setupLoadBalancing(ctx, mgr, ipam); err != nil {
 		return err
 	}
@@ -288,6 +296,26 @@ func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, sche
 	}
 	return certs, nil
 }
+
+// keepL2Key keeps the L2 heartbeat key Secret there (l2key).
+func (o *Options) keepL2Key(cfg *rest.Config, scheme *runtime.Scheme, mgr manager.Manager) error {
+	if o.L2KeySecret == "" {
+		return nil
+	}
+	ns, name, ok := strings.Cut(o.L2KeySecret, "/")
+	if !ok || ns == "" || name == "" {
+		return fmt.Errorf("--l2-key-secret %q: want namespace/name", o.L2KeySecret)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating a client for the L2 heartbeat key: %w", err)
+	}
+	return mgr.Add(l2key.Keeper{Client: c, Secret: client.ObjectKey{Namespace: ns, Name: name}, Period: l2KeyCheck})
+}
+
+// l2KeyCheck is how often the controller checks that the L2 heartbeat key
+// Secret is there.
+const l2KeyCheck = 5 * time.Minute
 
 // cloudDefaults applies what --cloud changes in other flags' defaults:
 // on Azure, a spot preemption is marked as seed 000 says,

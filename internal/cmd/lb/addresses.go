@@ -127,11 +127,26 @@ func (c *l2Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// setL2 makes a (nil: none) the L2 announcer.
+// setL2 makes a (nil: none) the L2 announcer; a.mu is held (or a is not
+// shared yet).
 func (a *addressSinks) setL2(l2a *l2.Announcer) {
 	a.l2 = l2a
+	if l2a != nil && a.l2Keys != nil {
+		l2a.SetKeys(a.l2Keys)
+	}
 	if a.l2Metrics != nil {
 		a.l2Metrics.current.Store(l2a)
+	}
+}
+
+// setL2Keys gives the L2 announcer, and every later one, the keys of its
+// heartbeats.
+func (a *addressSinks) setL2Keys(k *l2.Keys) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.l2Keys = k
+	if a.l2 != nil {
+		a.l2.SetKeys(k)
 	}
 }
 
@@ -198,6 +213,9 @@ type addressSinks struct {
 	newL2          func(interfaces []string) (*l2.Announcer, error)
 	flagInterfaces []string
 	l2Metrics      *l2Collector
+	// l2Keys sign and check the L2 heartbeats (setL2Keys); every L2
+	// announcer gets them.
+	l2Keys *l2.Keys
 	// flows forwards the segments of flows the routers move here (nil:
 	// off); it follows the addresses and the withdrawn state.
 	flows *movedFlows

@@ -46,6 +46,8 @@ func TestNothingIsAnnouncedBeforeTheFirstSync(t *testing.T) {
 		must(network.LinkHosts(sw, port, nil, h, dev, []netip.Prefix{netip.MustParsePrefix([]string{"10.6.0.1/24", "10.6.0.2/24"}[i])}))
 		must(sw.AttachToBridge(port, "br0"))
 	}
+	keys, err := l2.ParseKeys(map[string][]byte{"k1": []byte("0123456789abcdef0123456789abcdef")})
+	must(err)
 	start := func(h *network.Host, node, dev string) *l2.Announcer {
 		var ann *l2.Announcer
 		must(h.Do(func() (err error) {
@@ -54,6 +56,7 @@ func TestNothingIsAnnouncedBeforeTheFirstSync(t *testing.T) {
 			return err
 		}))
 		t.Cleanup(func() { ann.Stop() })
+		ann.SetKeys(keys)
 		return ann
 	}
 	observer := start(b, "node-b", "eo-b")

@@ -81,6 +81,10 @@ type Options struct {
 	// one replica owning each address, when any is given (Group and Node
 	// are filled in from the class and the node name).
 	L2 l2.Config
+	// L2KeySecret (namespace/name) holds the keys that sign the L2
+	// heartbeats; L2KeyDir, a directory laid out like a mounted Secret,
+	// replaces it (and is the only source without a cluster).
+	L2KeySecret, L2KeyDir string
 	// ShutdownDelay and ShutdownTimeout pace a graceful stop (see
 	// shutdown.go).
 	ShutdownDelay, ShutdownTimeout time.Duration
@@ -175,6 +179,8 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().StringSliceVar(&o.VIPPools, "vip-pool", nil, "deprecated, as the controller's: CIDRs whose addresses are served besides the AddressPools' (an address in a Service's status that lies in neither is not served; give the controller's --vip-pool values here too)")
 	cmd.Flags().StringVar(&o.BGPSecretNamespace, "bgp-secret-namespace", defaultSecretNamespace(), "namespace of the Secrets holding BGPPeers' passwords (default: $POD_NAMESPACE, else ebb-system)")
 	cmd.Flags().StringArrayVar(&o.L2.Interfaces, "l2-interface", nil, "announce every address served on this interface's segment by ARP and NDP, one ebb lb replica owning each address (repeatable; needs CAP_NET_RAW and CAP_NET_ADMIN; see docs/l2.md)")
+	cmd.Flags().StringVar(&o.L2KeySecret, "l2-key-secret", defaultL2KeySecret(), "Secret (namespace/name) of the keys that sign the L2 heartbeats, which the controller creates with one random key; without a key no L2 address is owned (docs/l2.md, \"Heartbeat keys\")")
+	cmd.Flags().StringVar(&o.L2KeyDir, "l2-key-dir", "", "directory of the L2 heartbeat keys laid out like a mounted Secret (a file per key, signing-key naming the one to sign with), read every 10 s; replaces --l2-key-secret")
 	cmd.Flags().DurationVar(&o.L2.Interval, "l2-heartbeat-interval", 100*time.Millisecond, "how often this replica tells the others on the --l2-interface segments that it is alive")
 	cmd.Flags().DurationVar(&o.L2.DeadAfter, "l2-dead-after", 500*time.Millisecond, "a replica not heard for this long loses its L2 addresses to the others (the failover time when an LB host dies)")
 	cmd.Flags().StringVar(&o.Engine, "engine", string(dataplane.EngineProxy), "data-plane engine of the frontends that name none: Proxy (user space, every feature), Kernel (in the kernel, by nftables or eBPF: see --kernel-path; needs CAP_NET_ADMIN and net.ipv4.ip_forward=1) or Auto (Kernel where the frontend needs no proxy feature)")
@@ -238,6 +244,11 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	go func() {
+		if err := o.followL2Keys(ctx, log, addrs); err != nil {
+			log.Error(err, "Following the L2 heartbeat keys: no L2 address is owned")
+		}
+	}()
 	// A host that stops serving withdraws its announcements, then stops
 	// accepting the addresses (after the graceful stop, s.stop); one that
 	// handed over leaves both to its successor.

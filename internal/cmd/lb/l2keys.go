@@ -1,0 +1,125 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/ebbdev/ebb/internal/announce/l2"
+	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+)
+
+// defaultL2KeySecret is the Secret of the L2 heartbeat keys: the
+// controller creates it with one random key (docs/l2.md).
+func defaultL2KeySecret() string { return defaultSecretNamespace() + "/ebb-l2-key" }
+
+// followL2Keys keeps the L2 heartbeat keys from --l2-key-dir (re-read
+// every l2KeyDirEvery) or else the --l2-key-secret Secret (watched), until
+// ctx is done. Keys that do not parse are reported and the last good ones
+// kept: an edit in progress must not silence every replica.
+func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addressSinks) error {
+	log = log.WithName("l2-keys")
+	var last string
+	use := func(from string, data map[string][]byte) {
+		k, err := l2.ParseKeys(data)
+		if err != nil {
+			if msg := err.Error(); msg != last {
+				last = msg
+				log.Error(err, "The L2 heartbeat keys are not usable: keeping the last good ones (none: no L2 address is owned)", "from", from)
+			}
+			return
+		}
+		last = ""
+		sinks.setL2Keys(k)
+	}
+	if o.L2KeyDir != "" {
+		for {
+			data, err := readKeyDir(o.L2KeyDir)
+			if err != nil {
+				data = nil
+				log.Error(err, "Reading the L2 heartbeat keys", "dir", o.L2KeyDir)
+			}
+			use(o.L2KeyDir, data)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(l2KeyDirEvery):
+			}
+		}
+	}
+	if o.ConfigFile != "" || o.L2KeySecret == "" {
+		return nil // no cluster: L2 needs --l2-key-dir
+	}
+	ns, name, ok := strings.Cut(o.L2KeySecret, "/")
+	if !ok || ns == "" || name == "" {
+		return fmt.Errorf("--l2-key-secret %q: want namespace/name", o.L2KeySecret)
+	}
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating a client for the L2 keys: %w", err)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	inf := f.Core().V1().Secrets().Informer()
+	from := "Secret " + o.L2KeySecret
+	onSecret := func(obj any) {
+		if s, ok := obj.(*corev1.Secret); ok {
+			use(from, s.Data)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onSecret,
+		UpdateFunc: func(_, obj any) { onSecret(obj) },
+		DeleteFunc: func(any) {
+			log.Info("The L2 heartbeat key Secret was deleted: keeping its keys until it is back", "secret", o.L2KeySecret)
+		},
+	}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	<-ctx.Done()
+	f.Shutdown()
+	return nil
+}
+
+// l2KeyDirEvery is how often --l2-key-dir is read again (a mounted Secret
+// changes under it).
+const l2KeyDirEvery = 10 * time.Second
+
+// readKeyDir reads a directory laid out as a mounted Secret: a file per
+// field, hidden entries (the kubelet's ..data links) skipped.
+func readKeyDir(dir string) (map[string][]byte, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	data := map[string][]byte{}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		data[e.Name()] = b
+	}
+	return data, nil
+}
