@@ -3,6 +3,8 @@ package l2_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -39,8 +41,10 @@ func TestL2HeartbeatKeyRotatesWithoutAMove(t *testing.T) {
 		t.Fatalf("the created Secret holds %d fields, want one 32-byte key-1", len(s.Data))
 	}
 	waitKeys(t, ctx, lbs, `id="key-1",signing="true"`)
-	e2eutil.Eventually(t, ctx, 30*time.Second, "an owner for "+vip.String(), func(context.Context) (bool, string) {
-		return routerOwner(macs, vip) != "", "none yet"
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+vip.String()+" through an owner", func(ctx context.Context) (bool, string) {
+		_, err := e2eutil.GetIdentity(ctx, client, "http://"+vip.String()+"/")
+		return err == nil && routerOwner(macs, vip) != "", fmt.Sprint(err)
 	})
 	owner := routerOwner(macs, vip)
 	refusedBefore, takeoversBefore := l2Sum(t, ctx, lbs, `ebb_lb_l2_heartbeats_refused_total{reason="unauthenticated"}`), l2Sum(t, ctx, lbs, "ebb_lb_l2_takeovers_total")
@@ -53,9 +57,11 @@ func TestL2HeartbeatKeyRotatesWithoutAMove(t *testing.T) {
 	// 1. The new key is accepted everywhere, the old one still signs.
 	editKeys(t, ctx, func(d map[string][]byte) { d["key-2"], d["signing-key"] = next, []byte("key-1") })
 	waitKeys(t, ctx, lbs, `id="key-2",signing="false"`)
+	time.Sleep(time.Second) // each state a while under load
 	// 2. Every replica signs with the new key.
 	editKeys(t, ctx, func(d map[string][]byte) { d["signing-key"] = []byte("key-2") })
 	waitKeys(t, ctx, lbs, `id="key-2",signing="true"`)
+	time.Sleep(time.Second)
 	// 3. The old key goes.
 	editKeys(t, ctx, func(d map[string][]byte) { delete(d, "key-1") })
 	e2eutil.Eventually(t, ctx, 30*time.Second, "every LB host dropping key-1", func(ctx context.Context) (bool, string) {
