@@ -133,7 +133,7 @@ bench-failover: tools build release
 	$(GO) build -o bin/bench-failover ./bench/failover
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist
 
-## bench-abuse: hostile input against a standalone ebb lb: what a UDP flood from one source costs in memory and in legitimate new connections, and the time to repair after nft flush ruleset (needs root; about 2 min)
+## bench-abuse: hostile input against a standalone ebb lb: what a UDP flood from one source costs in memory and in legitimate new connections, forged L2 heartbeats refused, and the time to repair after nft flush ruleset (needs root; about 2 min)
 bench-abuse: build
 	command -v nft >/dev/null || { apt-get update && apt-get install -y nftables; }
 	$(GO) build -o bin/bench-abuse ./bench/abuse

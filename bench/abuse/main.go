@@ -11,7 +11,10 @@
 // source ports at -rate datagrams a second for -duration (each a new flow
 // to the proxy), sampling ebb lb's resident memory; then the time ebb lb
 // takes to write its guard table again after `nft flush ruleset` (a
-// firewall reload). It prints a one-line JSON summary last and writes it
+// firewall reload). Before that, the client sends forged L2 heartbeats
+// for 5 s on the segment where ebb lb announces the address by L2
+// (unsigned, and with a MAC of random bytes), counting what ebb lb
+// refused and accepted and whether it still owns the address. It prints a one-line JSON summary last and writes it
 // to bench/results/abuse.json.
 package main
 
@@ -115,6 +118,9 @@ const config = `frontends:
 - {name: dns, address: 10.78.9.1, port: 53, protocol: UDP, backends: [{address: 10.78.2.2, port: 5353}]}
 `
 
+// forgeFor is how long forged heartbeats are sent.
+const forgeFor = 5 * time.Second
+
 func run(o options) error {
 	h, err := build()
 	if err != nil {
@@ -139,7 +145,13 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(ebb, "lb", "--config", file, "--metrics-bind-address", "127.0.0.1:9464", "--handoff-socket", "")
+	keys, err := writeKeyDir(dir)
+	if err != nil {
+		return err
+	}
+	// L2 on the client's segment, with a key: the forged heartbeats' target.
+	cmd := exec.Command(ebb, "lb", "--config", file, "--metrics-bind-address", "127.0.0.1:9464", "--handoff-socket", "",
+		"--l2-interface", "eth0", "--l2-key-dir", keys)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := h.lb.Start(cmd); err != nil {
 		return fmt.Errorf("starting ebb lb: %w", err)
@@ -182,6 +194,18 @@ func run(o options) error {
 	summary["udp_flows_at_end"] = metricSum(metrics, "ebb_dataplane_udp_flows")
 	summary["udp_flood_refused"] = metricSum(metrics, `ebb_dataplane_refused_total{frontend="dns"`)
 
+	fmt.Fprintf(os.Stderr, "bench-abuse: forged L2 heartbeats from the client for %s\n", forgeFor)
+	forged, err := forgeHeartbeats(h, cmd.Process.Pid, forgeFor)
+	if err != nil {
+		return err
+	}
+	summary["forged_heartbeats_sent"] = forged.sent
+	summary["forged_heartbeats_refused"] = forged.refused
+	summary["forged_heartbeats_accepted"] = forged.accepted
+	summary["forged_heartbeats_lb_cpu_cores"] = round3(forged.lbCPUCores)
+	summary["l2_owned_after_forgery"] = forged.owned
+	summary["l2_peers_after_forgery"] = forged.peers
+
 	// An ebb lb that does not repair (an earlier build, for comparison)
 	// gets null and the reason.
 	if repair, err := flushRepair(h.lb, 30*time.Second); err != nil {
@@ -192,7 +216,6 @@ func run(o options) error {
 	}
 	summary["not_measured"] = []string{
 		"syn_flood_legit_conn_rate_ratio: the eBPF path does not track the client's ACK yet (issue 43 item 4)",
-		"forged_heartbeats_accepted: L2 heartbeats are not authenticated yet (issue 43 item 2)",
 	}
 	return report.WriteSummary(o.out, summary)
 }

@@ -82,6 +82,9 @@ type Announcer struct {
 
 	// keys sign and check heartbeats; nil until SetKeys.
 	keys atomic.Pointer[Keys]
+	// accepted counts the peers' frames of this group that were not
+	// refused.
+	accepted atomic.Uint64
 	// refused counts the frames refused, by reason.
 	refusedMu sync.Mutex
 	refused   map[string]uint64
@@ -613,7 +616,11 @@ func (a *Announcer) observe(h heartbeat) error {
 	if h.Group != a.cfg.Group || h.Node == a.cfg.Node {
 		return nil
 	}
-	return a.members.observe(a.cfg.Clock.Now(), h)
+	if err := a.members.observe(a.cfg.Clock.Now(), h); err != nil {
+		return err
+	}
+	a.accepted.Add(1)
+	return nil
 }
 
 // refusedFrame counts a refused frame, and logs the first of each reason
@@ -626,8 +633,8 @@ func (a *Announcer) refusedFrame(ifc *iface, err error) {
 	a.refusedMu.Unlock()
 	if first {
 		a.log.Info("Refusing a heartbeat frame on the segment (later ones for this reason are only counted in ebb_lb_l2_heartbeats_refused_total)", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())
-	} else {
-		a.log.V(4).Info("Refusing a heartbeat frame", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())
+	} else if v := a.log.V(4); v.Enabled() {
+		v.Info("Refusing a heartbeat frame", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())
 	}
 }
 

@@ -18,6 +18,8 @@ var (
 		"Addresses this replica took over (it then sends gratuitous ARP or unsolicited neighbour advertisements).", nil, nil)
 	refusedDesc = prometheus.NewDesc("ebb_lb_l2_heartbeats_refused_total",
 		"Heartbeat frames refused: unauthenticated (unsigned, or signed with a key this replica does not have), replayed, malformed, or too_many_peers.", []string{"reason"}, nil)
+	acceptedDesc = prometheus.NewDesc("ebb_lb_l2_heartbeats_accepted_total",
+		"Heartbeat frames of other replicas of this class heard on the segment and accepted (signed with a known key, not replayed).", nil, nil)
 	keyDesc = prometheus.NewDesc("ebb_lb_l2_heartbeat_key_info",
 		"The heartbeat keys this replica accepts (1 each), and which one it signs with: check that every replica has a new key before signing with it.", []string{"id", "signing"}, nil)
 )
@@ -29,7 +31,7 @@ func (a *Announcer) Collector() prometheus.Collector { return collector{a} }
 type collector struct{ a *Announcer }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{ownedDesc, offeredDesc, peersDesc, takeoversDesc, refusedDesc, keyDesc} {
+	for _, d := range []*prometheus.Desc{ownedDesc, offeredDesc, peersDesc, takeoversDesc, acceptedDesc, refusedDesc, keyDesc} {
 		ch <- d
 	}
 }
@@ -42,6 +44,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(offeredDesc, prometheus.GaugeValue, float64(offered))
 	ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(peers))
 	ch <- prometheus.MustNewConstMetric(takeoversDesc, prometheus.CounterValue, float64(c.a.takeovers.Load()))
+	ch <- prometheus.MustNewConstMetric(acceptedDesc, prometheus.CounterValue, float64(c.a.accepted.Load()))
 	c.a.refusedMu.Lock()
 	refused := maps.Clone(c.a.refused)
 	c.a.refusedMu.Unlock()
