@@ -35,8 +35,11 @@ type forgeResult struct {
 	sent                     int
 	refused, accepted, owned float64
 	peers                    float64
-	lbCPUCores               float64
+	lbCPUCores, idleCPUCores float64
 }
+
+// idleFor is how long ebb lb's idle CPU is measured.
+const idleFor = 3 * time.Second
 
 // forgeHeartbeats sends forged heartbeats from the client's eth0 (on the
 // LB host's announcing segment) as fast as one socket can for d: by turns
@@ -46,8 +49,13 @@ type forgeResult struct {
 // returns what ebb lb's metrics say of them after.
 func forgeHeartbeats(h *hosts, pid int, d time.Duration) (forgeResult, error) {
 	var r forgeResult
-	before := lbMetrics(h.lb)
+	// ebb lb's CPU with nothing sent (the UDP flood's flows expire first).
+	time.Sleep(6 * time.Second)
 	cpu := cpuSeconds(pid)
+	time.Sleep(idleFor)
+	r.idleCPUCores = (cpuSeconds(pid) - cpu) / idleFor.Seconds()
+	before := lbMetrics(h.lb)
+	cpu = cpuSeconds(pid)
 	err := h.client.Do(func() error {
 		ifi, err := net.InterfaceByName("eth0")
 		if err != nil {

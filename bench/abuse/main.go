@@ -203,6 +203,7 @@ func run(o options) error {
 	summary["forged_heartbeats_refused"] = forged.refused
 	summary["forged_heartbeats_accepted"] = forged.accepted
 	summary["forged_heartbeats_lb_cpu_cores"] = round3(forged.lbCPUCores)
+	summary["lb_cpu_cores_idle"] = round3(forged.idleCPUCores)
 	summary["l2_owned_after_forgery"] = forged.owned
 	summary["l2_peers_after_forgery"] = forged.peers
 
