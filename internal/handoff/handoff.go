@@ -186,3 +186,8 @@ func noPredecessor(err error) bool {
 // exchangeTimeout bounds each step of the exchange but the wait for
 // serving, so that a stuck peer cannot hold the other for ever.
 const exchangeTimeout = 10 * time.Second
+
+// servingTimeout bounds the wait for a successor to serve (it reads its
+// whole configuration first): the predecessor then serves on and offers
+// to the next one.
+const servingTimeout = 5 * time.Minute

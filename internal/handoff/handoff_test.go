@@ -234,3 +234,54 @@ func TestManySockets(t *testing.T) {
 		_ = s.Release()
 	}
 }
+
+// A successor that takes the sockets and never says it serves holds the
+// offer for the serving timeout only: the next one takes over. Before the
+// timeout, one such client blocked every later upgrade.
+func TestASuccessorThatNeverServesDoesNotBlockTheNext(t *testing.T) {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	offer, err := Listen(testr.New(t), address(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offer.servingTimeout = 300 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	successors := make(chan *Successor, 1)
+	go func() {
+		s, _ := offer.Serve(ctx, listenerFiles(ln))
+		successors <- s
+	}()
+	stuck, err := Take(ctx, address(t))
+	if err != nil || stuck == nil {
+		t.Fatalf("Take: %v, %v", stuck, err)
+	}
+	defer stuck.Abort()
+	closeAll(stuck.Files)
+
+	next, err := Take(ctx, address(t))
+	if err != nil || next == nil {
+		t.Fatalf("the next successor: %v, %v", next, err)
+	}
+	closeAll(next.Files)
+	released := make(chan error, 1)
+	go func() { released <- next.Serving(ctx) }()
+	select {
+	case s := <-successors:
+		if s == nil {
+			t.Fatal("no successor")
+		}
+		if err := s.Release(); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the next successor was not served while the first never answered")
+	}
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -20,6 +20,8 @@ type Offer struct {
 	log     logr.Logger
 	// taking: a successor has asked and not yet served or given up.
 	taking atomic.Bool
+	// servingTimeout is servingTimeout (shorter in tests).
+	servingTimeout time.Duration
 }
 
 // Taking reports whether a successor is taking over now: it has asked
@@ -46,7 +48,7 @@ func Listen(log logr.Logger, address string) (*Offer, error) {
 	// The file is removed by Close, not when the listener closes (a
 	// successor listens on the same path by then).
 	ln.SetUnlinkOnClose(false)
-	return &Offer{address: address, ln: ln, log: log}, nil
+	return &Offer{address: address, ln: ln, log: log, servingTimeout: servingTimeout}, nil
 }
 
 // Close stops offering: a successor that comes now opens its own sockets.
@@ -141,8 +143,9 @@ func (o *Offer) handOver(ctx context.Context, c *net.UnixConn, sockets func() ([
 	}
 	o.log.Info("Handed the sockets to a successor; waiting for it to serve", "successor", m.PID, "sockets", len(files))
 	// The successor serves once it has its configuration (a cache sync
-	// for the cluster's Services): no deadline but ctx.
-	_ = c.SetDeadline(time.Time{})
+	// for the cluster's Services): a generous deadline, so that one that
+	// never answers does not hold every later successor off.
+	_ = c.SetDeadline(time.Now().Add(o.servingTimeout))
 	done, _, err := receive(c, 0)
 	if err != nil {
 		return nil, fmt.Errorf("waiting for successor %d to serve: %w", m.PID, err)

@@ -29,6 +29,9 @@ func Probe(ctx context.Context, address string) (int, error) {
 	}
 	c := conn.(*net.UnixConn)
 	defer c.Close()
+	if err := sameUser(c); err != nil {
+		return 0, fmt.Errorf("asking who offers at %s: %w", address, err)
+	}
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
 	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))

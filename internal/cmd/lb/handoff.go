@@ -2,6 +2,10 @@ package lb
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +37,12 @@ func (o *Options) takeSockets(ctx context.Context, log logr.Logger) *handoff.Tak
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	taken, err := handoff.Take(ctx, o.HandoffSocket)
+	if err == nil && taken == nil && o.LegacyHandoffSocket != "" && o.LegacyHandoffSocket != o.HandoffSocket {
+		// An earlier version offers there: the upgrade from it.
+		if taken, err = handoff.Take(ctx, o.LegacyHandoffSocket); taken != nil {
+			log.Info("Took the sockets from an ebb lb of an earlier version at the legacy hand-off socket", "socket", o.LegacyHandoffSocket)
+		}
+	}
 	if err != nil {
 		log.Error(err, "Could not take the sockets of the ebb lb running on this host; opening new ones")
 		return nil
@@ -41,6 +51,60 @@ func (o *Options) takeSockets(ctx context.Context, log logr.Logger) *handoff.Tak
 		log.Info("Took the listening sockets of the ebb lb running on this host", "predecessor", taken.PID, "sockets", len(taken.Files))
 	}
 	return taken
+}
+
+// resolveHandoffSocket turns --handoff-socket=auto into its path and
+// makes the socket's directory private; a failure turns hand-off off
+// (logged): the process then opens its own sockets, as a first one does.
+func (o *Options) resolveHandoffSocket(log logr.Logger) {
+	if o.HandoffSocket == DefaultHandoffSocket {
+		p, err := handoffSocketPath(handoffRunDir)
+		if err != nil {
+			log.Error(err, "Finding the hand-off socket: no hand-off")
+			o.HandoffSocket = ""
+			return
+		}
+		o.HandoffSocket = p
+	}
+	if o.HandoffSocket == "" {
+		return
+	}
+	if err := handoffDir(o.HandoffSocket); err != nil {
+		log.Error(err, "Preparing the hand-off socket's directory: no hand-off")
+		o.HandoffSocket = ""
+	}
+}
+
+// handoffSocketPath is --handoff-socket=auto's socket under dir: one per
+// network namespace, named by the namespace's inode, which every process
+// of the namespace sees alike.
+func handoffSocketPath(dir string) (string, error) {
+	link, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return "", fmt.Errorf("reading this process's network namespace: %w", err)
+	}
+	inode := strings.TrimSuffix(strings.TrimPrefix(link, "net:["), "]")
+	if inode == "" || strings.ContainsAny(inode, "/[]") {
+		return "", fmt.Errorf("unexpected network namespace link %q", link)
+	}
+	return filepath.Join(dir, "net-"+inode, "handoff.sock"), nil
+}
+
+// handoffDir makes a path socket's directory, and makes it 0700: only
+// this user (root, in a pod) may reach the socket. An abstract address has
+// none.
+func handoffDir(address string) error {
+	if strings.HasPrefix(address, "@") {
+		return nil
+	}
+	dir := filepath.Dir(address)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("making %s private: %w", dir, err)
+	}
+	return nil
 }
 
 // handover runs both sides of the hand-off for one process.

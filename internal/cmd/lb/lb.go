@@ -118,6 +118,10 @@ type Options struct {
 	// running on the host, and offers its own to the next (handoff.go);
 	// empty turns hand-off off.
 	HandoffSocket string
+	// LegacyHandoffSocket is where a predecessor of an earlier version
+	// offers (DefaultLegacyHandoffSocket): asked only when nobody offers
+	// at HandoffSocket; empty: never.
+	LegacyHandoffSocket string
 	// ExitAfterHandoff ends the process once it handed over and its
 	// connections ended; otherwise it waits to be stopped (in a pod, an
 	// exit would be restarted by the kubelet).
@@ -127,10 +131,23 @@ type Options struct {
 	incomplete bool
 }
 
-// DefaultHandoffSocket is --handoff-socket's default: an abstract Unix
-// socket, so it is scoped to the host's network namespace, which two
-// ebb lb pods of one host share (hostNetwork) and two hosts never do.
-const DefaultHandoffSocket = "@ebb-lb-handoff"
+// DefaultHandoffSocket is --handoff-socket's default: a path in a
+// directory that only ebb lb may enter (0700, made so at start; in a pod a
+// hostPath volume that only ebb lb's pods mount, config/lb), one per
+// network namespace (handoffSocketPath): the two processes of a host share
+// it, two hosts (or two network namespaces on one machine) never do. An
+// abstract socket, what earlier versions used, is open to every process of
+// the network namespace: a hostNetwork pod running as root could take
+// every listener.
+const DefaultHandoffSocket = "auto"
+
+// handoffRunDir holds the hand-off sockets of --handoff-socket=auto.
+const handoffRunDir = "/run/ebb-lb"
+
+// DefaultLegacyHandoffSocket is where versions before the path socket
+// offered their sockets: a successor asks there when nobody offers at
+// --handoff-socket, so that the upgrade from such a version hands over too.
+const DefaultLegacyHandoffSocket = "@ebb-lb-handoff"
 
 // NewCommand returns `ebb lb`.
 func NewCommand() *cobra.Command {
@@ -196,7 +213,8 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
 	cmd.Flags().DurationVar(&o.JoinForward, "join-forward", 5*time.Minute, "after this host starts announcing (first start, or its node no longer leaving), how long it sends the TCP segments of the other LB hosts' connections that the routers move to it back to them (connections older than that are reset when moved); 0: never")
 	cmd.Flags().DurationVar(&o.WithdrawDelay, "withdraw-delay", time.Second, "when this host starts leaving or stopping, how long to wait before withdrawing its announcements, for the other LB hosts to start forwarding its connections")
-	cmd.Flags().StringVar(&o.HandoffSocket, "handoff-socket", DefaultHandoffSocket, "Unix socket (a path, or @NAME in the network namespace's abstract namespace) where a new ebb lb takes the listening sockets of the one running on this host, so that a restart or an upgrade drops no connection; empty: off")
+	cmd.Flags().StringVar(&o.HandoffSocket, "handoff-socket", DefaultHandoffSocket, "Unix socket where a new ebb lb takes the listening sockets of the one running on this host, so that a restart or an upgrade drops no connection: a path, whose directory ebb lb makes 0700; auto: /run/ebb-lb/net-<inode of the network namespace>/handoff.sock; @NAME: in the network namespace's abstract namespace, open to every process there; empty: off")
+	cmd.Flags().StringVar(&o.LegacyHandoffSocket, "handoff-legacy-socket", DefaultLegacyHandoffSocket, "where an ebb lb of a version before the path socket offers its sockets: asked only when nobody offers at --handoff-socket (the upgrade from such a version); empty: never")
 	cmd.Flags().BoolVar(&o.ExitAfterHandoff, "exit-after-handoff", true, "exit once the sockets are handed to a successor and the established connections ended (false: wait for SIGTERM, as a pod must)")
 	cmd.Flags().DurationVar(&o.BGP.GracefulRestartTime, "bgp-graceful-restart-time", 15*time.Second, "negotiate BGP graceful restart: how long the routers keep this host's routes when its session ends without a withdrawal, so a successor on the host takes over without the routes moving (0: off; then a hand-off withdraws the routes for a moment)")
 	cmd.Flags().DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long to keep accepting new connections after withdrawing the announcements (BGP, L2), while the routers move new flows to other hosts (without announcements: none)")
@@ -222,6 +240,7 @@ func (o *Options) Run(ctx context.Context) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Before anything listens: the predecessor's sockets, if one runs.
+	o.resolveHandoffSocket(log)
 	taken := o.takeSockets(ctx, log)
 	var inherited []*os.File
 	if taken != nil {

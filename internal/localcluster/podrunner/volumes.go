@@ -34,6 +34,13 @@ func (m *volumeMaker) make(ctx context.Context, pod *corev1.Pod) (map[string]str
 	dirs := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
 		if v.HostPath != nil {
+			// As the kubelet does: DirectoryOrCreate makes the directory,
+			// 0755, owned by the kubelet's user.
+			if v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathDirectoryOrCreate {
+				if err := os.MkdirAll(v.HostPath.Path, 0o755); err != nil {
+					return nil, fmt.Errorf("creating hostPath volume %s: %w", v.Name, err)
+				}
+			}
 			dirs[v.Name] = v.HostPath.Path
 			continue
 		}
