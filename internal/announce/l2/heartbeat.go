@@ -224,6 +224,11 @@ func maxAddresses(group, node string) int { return 255 * addressRoom(group, node
 // holder of a key can add one, and each holds at most 255 parts pending.
 const maxPeers = 256
 
+// seqWindow is how far behind the latest frame of a peer a frame it has
+// not heard yet may come (heard on another interface, overtaken): it
+// counts as a sign of life, not as a replay.
+const seqWindow = 64
+
 // members is what a replica has heard from the others. Its own lock keeps
 // the readers of the segment from waiting on an election.
 type members struct {
@@ -231,41 +236,78 @@ type members struct {
 
 	mu    sync.Mutex
 	peers map[string]*member
+	// gone keeps the last frame heard from each peer that fell silent
+	// (at most maxPeers): replaying its frames must not bring it back.
+	gone map[string]lastFrame
 	// released are the addresses a peer stopped owning since the last
 	// takeReleased: a neighbour may still send them to it.
 	released map[netip.Addr]bool
+}
+
+// lastFrame is the latest frame heard from a peer, and when it fell
+// silent.
+type lastFrame struct {
+	incarnation, seq uint64
+	at               time.Time
+}
+
+// rememberGone is how long a silent peer's last frame is kept. Not for
+// ever: a process whose host's clock went back (a bad RTC corrected after
+// boot) starts with a lower incarnation than its predecessor, and is heard
+// again after this time.
+const rememberGone = 10 * time.Minute
+
+// before reports whether a frame of (incarnation, seq) is not newer than f.
+func (f lastFrame) before(incarnation, seq uint64) bool {
+	return incarnation < f.incarnation || (incarnation == f.incarnation && seq <= f.seq)
 }
 
 type member struct {
 	seen        time.Time
 	incarnation uint64
 	seq         uint64
-	gen         uint32
-	offered     []netip.Addr
-	owned       map[netip.Addr]bool
+	// window has bit i set when frame seq-1-i was heard.
+	window  uint64
+	gen     uint32
+	offered []netip.Addr
+	owned   map[netip.Addr]bool
 	// parts of a generation not yet complete
 	pendingGen uint32
 	pending    map[uint8]heartbeat
 }
 
 func newMembers(deadAfter time.Duration) *members {
-	return &members{deadAfter: deadAfter, peers: map[string]*member{}, released: map[netip.Addr]bool{}}
+	return &members{deadAfter: deadAfter, peers: map[string]*member{}, gone: map[string]lastFrame{}, released: map[netip.Addr]bool{}}
 }
 
-// observe records a heartbeat heard at now, or says why it refused it. A
-// peer's offer changes once every part of a new generation has arrived;
-// until then the previous one stands.
-func (m *members) observe(now time.Time, h heartbeat) error {
+// observe records a heartbeat heard at now, or says why it refused it;
+// fresh reports that it was a frame not heard before. A peer's offer
+// changes once every part of a new generation has arrived; until then the
+// previous one stands. A frame of the latest process that was overtaken
+// by a later one only says the peer is alive.
+func (m *members) observe(now time.Time, h heartbeat) (fresh bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := m.peers[h.Node]
+	if p == nil {
+		if last, ok := m.gone[h.Node]; ok && now.Sub(last.at) < rememberGone && last.before(h.Incarnation, h.Seq) {
+			return false, refused(refusedReplayed, fmt.Errorf("heartbeat %d of %s, which fell silent after %d", h.Seq, h.Node, last.seq))
+		}
+	}
 	switch {
 	case p != nil && h.Incarnation < p.incarnation:
-		return nil // an older process of the node, on its way out
-	case p != nil && h.Incarnation == p.incarnation && h.Seq == p.seq:
-		return nil // the same frame again: heard on two interfaces
-	case p != nil && h.Incarnation == p.incarnation && h.Seq < p.seq:
-		return refused(refusedReplayed, fmt.Errorf("heartbeat %d of %s, after %d", h.Seq, h.Node, p.seq))
+		return false, nil // an older process of the node, on its way out
+	case p != nil && h.Incarnation == p.incarnation && h.Seq <= p.seq:
+		behind := p.seq - h.Seq
+		switch {
+		case behind == 0 || (behind <= seqWindow && p.window&(1<<(behind-1)) != 0):
+			return false, nil // heard already (on another interface)
+		case behind > seqWindow:
+			return false, refused(refusedReplayed, fmt.Errorf("heartbeat %d of %s, after %d", h.Seq, h.Node, p.seq))
+		}
+		p.window |= 1 << (behind - 1)
+		p.seen = now
+		return true, nil
 	case p != nil && h.Incarnation > p.incarnation:
 		// A new process speaks for the node: what the old one owned, it
 		// no longer does.
@@ -276,27 +318,32 @@ func (m *members) observe(now time.Time, h heartbeat) error {
 	}
 	if p == nil {
 		if m.peers[h.Node] == nil && len(m.peers) >= maxPeers {
-			return refused(refusedTooManyPeers, fmt.Errorf("heartbeat of %s: already %d peers on the segment", h.Node, len(m.peers)))
+			return false, refused(refusedTooManyPeers, fmt.Errorf("heartbeat of %s: already %d peers on the segment", h.Node, len(m.peers)))
 		}
 		p = &member{incarnation: h.Incarnation}
 		m.peers[h.Node] = p
+		delete(m.gone, h.Node)
+	} else if ahead := h.Seq - p.seq; ahead > seqWindow {
+		p.window = 0
+	} else {
+		p.window = p.window<<ahead | 1<<(ahead-1)
 	}
 	p.seen, p.seq = now, h.Seq
 	if h.Gen == p.gen && p.offered != nil {
-		return nil
+		return true, nil
 	}
 	if p.pending == nil || p.pendingGen != h.Gen {
 		p.pendingGen, p.pending = h.Gen, map[uint8]heartbeat{}
 	}
 	p.pending[h.Part] = h
 	if len(p.pending) < int(h.Parts) {
-		return nil
+		return true, nil
 	}
 	offered, owned := []netip.Addr{}, map[netip.Addr]bool{}
 	for i := range h.Parts {
 		part, ok := p.pending[i]
 		if !ok || part.Parts != h.Parts {
-			return nil // parts of one generation that disagree on their count
+			return true, nil // parts of one generation that disagree on their count
 		}
 		offered = append(offered, part.Addrs...)
 		for j, a := range part.Addrs {
@@ -312,7 +359,7 @@ func (m *members) observe(now time.Time, h heartbeat) error {
 		}
 	}
 	p.gen, p.offered, p.owned, p.pending = h.Gen, offered, owned, nil
-	return nil
+	return true, nil
 }
 
 // takeReleased returns the addresses peers stopped owning since the last
@@ -338,6 +385,7 @@ func (m *members) live(now time.Time) map[string][]netip.Addr {
 				m.released[a] = true
 			}
 			delete(m.peers, node)
+			m.forget(node, lastFrame{incarnation: p.incarnation, seq: p.seq, at: now})
 			continue
 		}
 		if p.offered != nil {
@@ -345,4 +393,18 @@ func (m *members) live(now time.Time) map[string][]netip.Addr {
 		}
 	}
 	return out
+}
+
+// forget records the last frame of a peer that fell silent, making room
+// when maxPeers are recorded (any one goes: a replay of its frames then
+// costs an attacker the peer's dead-after time per round, as the peer
+// comes back and falls silent again).
+func (m *members) forget(node string, last lastFrame) {
+	if len(m.gone) >= maxPeers {
+		for n := range m.gone {
+			delete(m.gone, n)
+			break
+		}
+	}
+	m.gone[node] = last
 }

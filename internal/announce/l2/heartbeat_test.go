@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -48,7 +49,7 @@ func observeAll(t *testing.T, m *members, now time.Time, frames [][]byte, keys *
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := m.observe(now, h); err != nil {
+		if _, err := m.observe(now, h); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -161,10 +162,12 @@ func TestKeysRotate(t *testing.T) {
 func FuzzParseHeartbeat(f *testing.F) {
 	keys := testKeys(f)
 	for _, fr := range (&sender{keys: keys}).frames("ebb.dev/l4", "node-1", 1, 1, addrs(5), nil) {
-		f.Add(fr)
+		f.Add(fr[:len(fr)-macLen])
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := parseHeartbeat(b, keys)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		// Signed after the mutation, so that the parser behind the
+		// signature check is what is fuzzed.
+		h, err := parseHeartbeat(keys.sign(slices.Clone(body)), keys)
 		if err != nil {
 			return
 		}
@@ -176,28 +179,64 @@ func FuzzParseHeartbeat(f *testing.F) {
 	})
 }
 
-// A frame heard again is refused (a replay), unless it is the latest one
-// (heard on a second interface); a new process's frames count afresh.
+// A frame heard again is ignored; one far behind the latest is refused
+// (a replay), and so are the frames of a peer that fell silent; one
+// overtaken by a later frame (heard on another interface) is a sign of
+// life that changes no offer; a new process's frames count afresh.
 func TestMembersRefuseReplays(t *testing.T) {
 	keys := testKeys(t)
 	t0 := time.Unix(1000, 0)
 	m := newMembers(time.Second)
 	s := &sender{keys: keys}
 	first := s.frames("g", "peer", 1, 1, addrs(1), nil)
-	second := s.frames("g", "peer", 1, 2, addrs(2), nil)
 	observeAll(t, m, t0, first, keys)
-	observeAll(t, m, t0, second, keys)
-	observeAll(t, m, t0, second, keys) // the same frame on another interface
-	h, _ := parseHeartbeat(first[0], keys)
-	if err := m.observe(t0, h); refusedReason(err) != refusedReplayed {
-		t.Fatalf("an earlier frame heard again: %v, want refused as replayed", err)
+	var later [][]byte
+	for gen := range uint32(seqWindow + 1) {
+		later = s.frames("g", "peer", 1, 2+gen, addrs(2), nil)
+		observeAll(t, m, t0, later, keys)
+	}
+	h, _ := parseHeartbeat(later[0], keys)
+	if fresh, err := m.observe(t0, h); fresh || err != nil {
+		t.Fatalf("the latest frame heard again (another interface): fresh %v, %v", fresh, err)
+	}
+	h, _ = parseHeartbeat(first[0], keys)
+	if _, err := m.observe(t0, h); refusedReason(err) != refusedReplayed {
+		t.Fatalf("a frame %d behind the latest: %v, want refused as replayed", seqWindow+1, err)
 	}
 	if got := m.live(t0)["peer"]; len(got) != 2 {
 		t.Fatalf("the replay changed the offer to %v", got)
 	}
-	// The peer restarts: a new incarnation's seq starts again at 1.
-	observeAll(t, m, t0, (&sender{keys: keys}).frames("g", "peer", 2, 1, addrs(3), nil), keys)
-	if got := m.live(t0)["peer"]; len(got) != 3 {
+	// Overtaken: gen 100 (one address) sent before gen 101 (three), heard
+	// after it.
+	overtaken := s.frames("g", "peer", 1, 100, addrs(1), nil)
+	observeAll(t, m, t0, s.frames("g", "peer", 1, 101, addrs(3), nil), keys)
+	h, _ = parseHeartbeat(overtaken[0], keys)
+	if fresh, err := m.observe(t0.Add(900*time.Millisecond), h); !fresh || err != nil {
+		t.Fatalf("an overtaken frame: fresh %v, %v; want a sign of life", fresh, err)
+	}
+	if got := m.live(t0.Add(1500 * time.Millisecond))["peer"]; len(got) != 3 {
+		t.Fatalf("after the overtaken frame the offer is %v, want gen 101's 3 addresses (and alive)", got)
+	}
+	// Fallen silent: its frames replayed do not bring it back.
+	m.live(t0.Add(5 * time.Second))
+	if _, err := m.observe(t0.Add(5*time.Second), h); refusedReason(err) != refusedReplayed {
+		t.Fatalf("a silent peer's frame replayed: %v, want refused as replayed", err)
+	}
+	if got := m.live(t0.Add(5 * time.Second)); len(got) != 0 {
+		t.Fatalf("the silent peer is back: %v", got)
+	}
+	// Not for ever (a clock that went back gives a new process a lower
+	// incarnation).
+	if _, err := m.observe(t0.Add(5*time.Second+rememberGone), h); err != nil {
+		t.Fatalf("after %s: %v", rememberGone, err)
+	}
+	m.live(t0.Add(10*time.Second + 2*rememberGone))
+	// The same process, heard again with new frames (a cable plugged back),
+	// or a new process: counted again.
+	back := t0.Add(10*time.Second + 2*rememberGone)
+	observeAll(t, m, back, s.frames("g", "peer", 1, 102, addrs(1), nil), keys)
+	observeAll(t, m, back, (&sender{keys: keys}).frames("g", "peer", 2, 1, addrs(3), nil), keys)
+	if got := m.live(back)["peer"]; len(got) != 3 {
 		t.Fatalf("the new process's offer is %v, want 3 addresses", got)
 	}
 }
@@ -211,13 +250,13 @@ func TestMembersAreBounded(t *testing.T) {
 		observeAll(t, m, t0, (&sender{keys: keys}).frames("g", fmt.Sprintf("peer-%d", i), 1, 1, nil, nil), keys)
 	}
 	h, _ := parseHeartbeat((&sender{keys: keys}).frames("g", "one-more", 1, 1, nil, nil)[0], keys)
-	if err := m.observe(t0, h); refusedReason(err) != refusedTooManyPeers {
+	if _, err := m.observe(t0, h); refusedReason(err) != refusedTooManyPeers {
 		t.Fatalf("peer %d: %v, want refused as too_many_peers", maxPeers+1, err)
 	}
 	// A known peer is still heard.
 	observeAll(t, m, t0, (&sender{keys: keys, seq: 5}).frames("g", "peer-0", 1, 2, addrs(1), nil), keys)
 	m.live(t0.Add(2 * time.Second)) // all fall silent
-	if err := m.observe(t0.Add(2*time.Second), h); err != nil {
+	if _, err := m.observe(t0.Add(2*time.Second), h); err != nil {
 		t.Fatalf("once the others fell silent: %v", err)
 	}
 }

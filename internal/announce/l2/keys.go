@@ -3,6 +3,7 @@ package l2
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -81,6 +82,22 @@ func (k *Keys) IDs() []string {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// Fingerprints are the keys as "ID:fingerprint", sorted: the fingerprint
+// (the first 8 hex digits of the key's SHA-256) tells two keys of one ID
+// apart, e.g. a Secret deleted and created again with a new key-1.
+func (k *Keys) Fingerprints() []string {
+	out := make([]string, 0, len(k.byID))
+	for _, id := range k.IDs() {
+		out = append(out, id+":"+k.fingerprint(id))
+	}
+	return out
+}
+
+func (k *Keys) fingerprint(id string) string {
+	sum := sha256.Sum256(k.byID[id])
+	return hex.EncodeToString(sum[:4])
 }
 
 // sign appends the MAC of b under the signing key.

@@ -616,11 +616,11 @@ func (a *Announcer) observe(h heartbeat) error {
 	if h.Group != a.cfg.Group || h.Node == a.cfg.Node {
 		return nil
 	}
-	if err := a.members.observe(a.cfg.Clock.Now(), h); err != nil {
-		return err
+	fresh, err := a.members.observe(a.cfg.Clock.Now(), h)
+	if fresh {
+		a.accepted.Add(1)
 	}
-	a.accepted.Add(1)
-	return nil
+	return err
 }
 
 // refusedFrame counts a refused frame, and logs the first of each reason
@@ -643,17 +643,23 @@ func (a *Announcer) refusedFrame(ifc *iface, err error) {
 // accepts none, and so owns no address: an unauthenticated election would
 // let any host on the segment take the addresses.
 func (a *Announcer) SetKeys(k *Keys) {
-	prev := a.keys.Swap(k)
-	if prev == nil || prev.SigningID() != k.SigningID() || !slices.Equal(prev.IDs(), k.IDs()) {
-		a.log.Info("Heartbeat keys", "signing", k.SigningID(), "accepted", k.IDs())
-	}
+	// Under the lock: an election must not see the first keys with the
+	// start time from before them.
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	prev := a.keys.Swap(k)
+	if prev == nil || prev.SigningID() != k.SigningID() || !slices.Equal(prev.Fingerprints(), k.Fingerprints()) {
+		a.log.Info("Heartbeat keys", "signing", k.SigningID(), "accepted", k.Fingerprints())
+	}
 	if prev == nil && !a.closed {
 		a.started = a.cfg.Clock.Now()
 		a.heartbeatLocked()
 	}
 }
+
+// HasKeys reports whether SetKeys was called: until then the replica owns
+// nothing.
+func (a *Announcer) HasKeys() bool { return a.keys.Load() != nil }
 
 // Stop stops answering and heartbeating, and gives the kernel back its
 // ARP: the host stops serving the addresses.

@@ -21,7 +21,7 @@ var (
 	acceptedDesc = prometheus.NewDesc("ebb_lb_l2_heartbeats_accepted_total",
 		"Heartbeat frames of other replicas of this class heard on the segment and accepted (signed with a known key, not replayed).", nil, nil)
 	keyDesc = prometheus.NewDesc("ebb_lb_l2_heartbeat_key_info",
-		"The heartbeat keys this replica accepts (1 each), and which one it signs with: check that every replica has a new key before signing with it.", []string{"id", "signing"}, nil)
+		"The heartbeat keys this replica accepts (1 each; fingerprint: the first 8 hex digits of the key's SHA-256), and which one it signs with: check that every replica has a new key before signing with it.", []string{"id", "fingerprint", "signing"}, nil)
 )
 
 // Collector returns a Prometheus collector of the announcer's state, read
@@ -53,7 +53,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if k := c.a.keys.Load(); k != nil {
 		for _, id := range k.IDs() {
-			ch <- prometheus.MustNewConstMetric(keyDesc, prometheus.GaugeValue, 1, id, strconv.FormatBool(id == k.SigningID()))
+			ch <- prometheus.MustNewConstMetric(keyDesc, prometheus.GaugeValue, 1, id, k.fingerprint(id), strconv.FormatBool(id == k.SigningID()))
 		}
 	}
 }

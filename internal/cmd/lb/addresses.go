@@ -150,6 +150,14 @@ func (a *addressSinks) setL2Keys(k *l2.Keys) {
 	}
 }
 
+// l2Ready reports whether the L2 announcer, if any, has its heartbeat
+// keys.
+func (a *addressSinks) l2Ready() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.l2 == nil || a.l2.HasKeys()
+}
+
 // startL2 starts announcing by ARP and NDP on interfaces: the replicas of
 // one class elect an owner per address among themselves.
 func (o *Options) startL2(ctx context.Context, log logr.Logger, interfaces []string) (*l2.Announcer, error) {

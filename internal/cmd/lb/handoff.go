@@ -31,12 +31,16 @@ import (
 // there is none, hand-off is off, or it fails (logged: the successor then
 // opens its own sockets, as a first process does).
 func (o *Options) takeSockets(ctx context.Context, log logr.Logger) *handoff.Taken {
-	if o.HandoffSocket == "" {
+	if o.HandoffSocket == "" && o.LegacyHandoffSocket == "" {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	taken, err := handoff.Take(ctx, o.HandoffSocket)
+	var taken *handoff.Taken
+	var err error
+	if o.HandoffSocket != "" {
+		taken, err = handoff.Take(ctx, o.HandoffSocket)
+	}
 	if err == nil && taken == nil && o.LegacyHandoffSocket != "" && o.LegacyHandoffSocket != o.HandoffSocket {
 		// An earlier version offers there: the upgrade from it.
 		if taken, err = handoff.Take(ctx, o.LegacyHandoffSocket); taken != nil {
@@ -53,33 +57,51 @@ func (o *Options) takeSockets(ctx context.Context, log logr.Logger) *handoff.Tak
 	return taken
 }
 
-// resolveHandoffSocket turns --handoff-socket=auto into its path and
-// makes the socket's directory private; a failure turns hand-off off
-// (logged): the process then opens its own sockets, as a first one does.
+// resolveHandoffSocket turns --handoff-socket=auto into its path, in a
+// directory of its own made 0700: only this user (root, in a pod) may
+// reach the socket. A path given by hand is used as it is (its directory
+// made if missing, never changed: it may be /tmp). A failure turns the
+// path off (logged): the process then asks only the legacy socket, and
+// opens its own sockets when nobody offers there either.
 func (o *Options) resolveHandoffSocket(log logr.Logger) {
-	if o.HandoffSocket == DefaultHandoffSocket {
-		p, err := handoffSocketPath(handoffRunDir)
-		if err != nil {
-			log.Error(err, "Finding the hand-off socket: no hand-off")
-			o.HandoffSocket = ""
-			return
+	if o.HandoffSocket != DefaultHandoffSocket {
+		if o.HandoffSocket != "" && !strings.HasPrefix(o.HandoffSocket, "@") {
+			if err := os.MkdirAll(filepath.Dir(o.HandoffSocket), 0o700); err != nil {
+				log.Error(err, "Preparing the hand-off socket's directory: no hand-off at it", "socket", o.HandoffSocket)
+				o.HandoffSocket = ""
+			}
 		}
-		o.HandoffSocket = p
-	}
-	if o.HandoffSocket == "" {
 		return
 	}
-	if err := handoffDir(o.HandoffSocket); err != nil {
-		log.Error(err, "Preparing the hand-off socket's directory: no hand-off")
-		o.HandoffSocket = ""
+	p, err := handoffSocketPath(handoffRunDir)
+	if err == nil {
+		err = privateDir(filepath.Dir(p))
 	}
+	if err != nil {
+		log.Error(err, "Preparing the hand-off socket: no hand-off at it")
+		o.HandoffSocket = ""
+		return
+	}
+	o.HandoffSocket = p
+}
+
+// privateDir makes dir (the auto socket's own directory) if missing, and
+// 0700.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("making %s private: %w", dir, err)
+	}
+	return nil
 }
 
 // handoffSocketPath is --handoff-socket=auto's socket under dir: one per
 // network namespace, named by the namespace's inode, which every process
 // of the namespace sees alike.
 func handoffSocketPath(dir string) (string, error) {
-	link, err := os.Readlink("/proc/self/ns/net")
+	link, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
 		return "", fmt.Errorf("reading this process's network namespace: %w", err)
 	}
@@ -90,29 +112,14 @@ func handoffSocketPath(dir string) (string, error) {
 	return filepath.Join(dir, "net-"+inode, "handoff.sock"), nil
 }
 
-// handoffDir makes a path socket's directory, and makes it 0700: only
-// this user (root, in a pod) may reach the socket. An abstract address has
-// none.
-func handoffDir(address string) error {
-	if strings.HasPrefix(address, "@") {
-		return nil
-	}
-	dir := filepath.Dir(address)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("creating %s: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("making %s private: %w", dir, err)
-	}
-	return nil
-}
-
 // handover runs both sides of the hand-off for one process.
 type handover struct {
 	address string
-	log     logr.Logger
-	dp      *dataplane.DataPlane
-	addrs   *addressSinks
+	// legacy is where an earlier version offers (--handoff-legacy-socket).
+	legacy string
+	log    logr.Logger
+	dp     *dataplane.DataPlane
+	addrs  *addressSinks
 	// taken is what the predecessor handed over; nil without one.
 	taken *handoff.Taken
 	// onHandOver run once this process has handed over: the report then
@@ -282,14 +289,22 @@ func (h *handover) settle(log logr.Logger, timeout time.Duration) bool {
 // runs once with its PID. Nothing to look for after a hand-off: the
 // successor then owns everything already.
 func (h *handover) watchSuccessor(ctx context.Context, interval time.Duration, found func(pid int)) {
-	if h.address == "" || h.gave.Load() {
+	if (h.address == "" && h.legacy == "") || h.gave.Load() {
 		return
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		probe, cancel := context.WithTimeout(ctx, interval)
-		pid, err := handoff.Probe(probe, h.address)
+		var pid int
+		var err error
+		// At the path; at the legacy socket, an earlier version started
+		// beside this one (a rollback).
+		for _, addr := range []string{h.address, h.legacy} {
+			if addr != "" && pid == 0 {
+				pid, err = handoff.Probe(probe, addr)
+			}
+		}
 		cancel()
 		// This process's own offer is closed by now (settle returned), so
 		// whoever answers is another ebb lb.

@@ -42,11 +42,25 @@ func TestAutoHandoffSocketIsPrivateAndPerNetworkNamespace(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(here), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	o := &Options{HandoffSocket: here}
+	if err := privateDir(filepath.Dir(here)); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Dir(here)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the auto socket's directory: %v, %v", fi.Mode(), err)
+	}
+	// A path given by hand is used as it is: its directory (/tmp, say) is
+	// not made private.
+	shared := filepath.Join(dir, "shared")
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, os.ModePerm|os.ModeSticky); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	o := &Options{HandoffSocket: filepath.Join(shared, "handoff.sock")}
 	o.resolveHandoffSocket(testr.New(t))
-	fi, err := os.Stat(filepath.Dir(here))
-	if err != nil || fi.Mode().Perm() != 0o700 || o.HandoffSocket != here {
-		t.Fatalf("the socket's directory: %v, %v; socket %q", fi.Mode(), err, o.HandoffSocket)
+	if fi, err := os.Stat(shared); err != nil || fi.Mode()&(os.ModePerm|os.ModeSticky) != os.ModePerm|os.ModeSticky || o.HandoffSocket == "" {
+		t.Fatalf("a given socket's directory became %v (%v); socket %q", fi.Mode(), err, o.HandoffSocket)
 	}
 }
 

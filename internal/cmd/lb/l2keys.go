@@ -59,7 +59,11 @@ func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addr
 		}
 	}
 	if o.ConfigFile != "" || o.L2KeySecret == "" {
-		return nil // no cluster: L2 needs --l2-key-dir
+		if len(o.L2.Interfaces) > 0 {
+			// No cluster, or no Secret named: no key will come.
+			log.Error(nil, "L2 announcement without heartbeat keys owns no address: give --l2-key-dir (or, with a cluster, --l2-key-secret)")
+		}
+		return nil
 	}
 	ns, name, ok := strings.Cut(o.L2KeySecret, "/")
 	if !ok || ns == "" || name == "" {
@@ -94,6 +98,10 @@ func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addr
 		return err
 	}
 	f.Start(ctx.Done())
+	f.WaitForCacheSync(ctx.Done())
+	if len(inf.GetStore().List()) == 0 && ctx.Err() == nil {
+		log.Info("Waiting for the L2 heartbeat key Secret (the controller creates it): until then no L2 address is owned", "secret", o.L2KeySecret)
+	}
 	<-ctx.Done()
 	f.Shutdown()
 	return nil

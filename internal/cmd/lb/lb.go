@@ -283,6 +283,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	h.legacy = o.LegacyHandoffSocket
 	// Runs before addrs.close: a successor that serves beside this process
 	// without a hand-off keeps the routes and rules this one would remove.
 	defer func() {
@@ -413,7 +414,10 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	log.Info("Serving the cluster's Services", "class", o.LoadBalancerClass)
 	syncing, stopSyncing := context.WithCancel(ctx)
 	defer stopSyncing()
-	h.start(ctx, syncer.Ready, stopSyncing)
+	// Serving takes the L2 keys too: a successor that took over without
+	// them would say nothing on the segment, and the other replicas would
+	// take this host's addresses until the keys came.
+	h.start(ctx, func() bool { return syncer.Ready() && addrs.l2Ready() }, stopSyncing)
 	err = syncer.Run(syncing)
 	h.settle(log, o.ShutdownTimeout)
 	o.stopBeside(log, h, s, dp, addrs, stop)

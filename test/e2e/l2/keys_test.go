@@ -113,7 +113,16 @@ func waitKeys(t *testing.T, ctx context.Context, lbs []localcluster.Node, labels
 	t.Helper()
 	e2eutil.Eventually(t, ctx, 30*time.Second, "every LB host with key "+labels, func(ctx context.Context) (bool, string) {
 		for _, n := range lbs {
-			if page := lbPage(t, ctx, n); !strings.Contains(page, "ebb_lb_l2_heartbeat_key_info{"+labels+"} 1") {
+			page := lbPage(t, ctx, n)
+			found := false
+			for _, l := range strings.Split(e2eutil.GrepLines(page, "ebb_lb_l2_heartbeat_key_info{"), "\n") {
+				all := strings.HasSuffix(l, "} 1")
+				for _, label := range strings.Split(labels, ",") {
+					all = all && strings.Contains(l, label)
+				}
+				found = found || all
+			}
+			if !found {
 				return false, n.Name + ": " + e2eutil.GrepLines(page, "ebb_lb_l2_heartbeat_key_info")
 			}
 		}
