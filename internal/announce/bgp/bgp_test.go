@@ -266,26 +266,29 @@ func TestARouterSendingAFullTableIsCutOff(t *testing.T) {
 	defer sp.Stop()
 	// The session is opened again after ReopenAfter and GoBGP's idle hold
 	// time (5 s), and cut off again, since the router keeps sending them:
-	// it comes up more than once.
-	most, ups, wasUp := 0, 0, false
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	// it is cut off more than once. Each cut-off lasts ReopenAfter (GoBGP's
+	// PFX_CT admin state), which sampling cannot miss, where the session's
+	// being up between two can last less than one sample on a busy
+	// machine.
+	most, cuts, wasCut := 0, 0, false
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end) && cuts < 2; time.Sleep(20 * time.Millisecond) {
 		n := 0
 		err := sp.s.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_ADJ_IN, Name: routerAddr, Family: bgp.RF_IPv4_UC},
 			func(bgp.NLRI, []*apiutil.Path) { n++ })
 		if err == nil {
 			most = max(most, n)
 		}
-		up := false
-		if peers, err := sp.Peers(context.Background()); err == nil && len(peers) == 1 && peers[0].Established {
-			up = true
+		cut := false
+		_ = sp.s.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+			cut = cut || p.GetState().GetAdminState() == api.PeerState_ADMIN_STATE_PFX_CT
+		})
+		if cut && !wasCut {
+			cuts++
 		}
-		if up && !wasUp {
-			ups++
-		}
-		wasUp = up
+		wasCut = cut
 	}
-	if ups < 2 {
-		t.Fatalf("the session with the router came up %d time(s) in 15 s, want it opened again after each cut-off (ReopenAfter 1 s)", ups)
+	if cuts < 2 {
+		t.Fatalf("the session with the router was cut off %d time(s) in 30 s, want it opened again after each cut-off (ReopenAfter 1 s) and cut off again", cuts)
 	}
 	// How many get in before the cut-off depends on how fast the speaker
 	// reads compared with how fast it closes (all 5,000, under the race
