@@ -219,10 +219,15 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 			&corev1.Event{}: {Field: fields.OneTermEqualSelector("reason", lbmodel.ReasonPreemptScheduled)},
 		}},
 	}
+	// Not cached, for what runs before the caches start or reads one
+	// Secret by name: the webhook certificate and the L2 heartbeat key.
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating a client: %w", err)
+	}
 	var certs *ebbwebhook.SelfSignedCerts
 	if o.Webhook.Port != 0 {
-		var err error
-		if certs, err = o.ensureWebhookCerts(ctx, cfg, scheme); err != nil {
+		if certs, err = o.ensureWebhookCerts(ctx, direct); err != nil {
 			return err
 		}
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir,
@@ -237,7 +242,7 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 			return err
 		}
 	}
-	if err := o.keepL2Key(cfg, scheme, mgr); err != nil {
+	if err := o.keepL2Key(direct, mgr); err != nil {
 		return err
 	}
 	if err := o.setupLoadBalancing(ctx, mgr, ipam); err != nil {
@@ -267,13 +272,13 @@ const webhookCertCheck = time.Hour
 // ensureWebhookCerts provides the serving certificate in self-managed
 // mode and returns its manager, to keep it renewed (nil when another tool
 // provides it).
-func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) (*ebbwebhook.SelfSignedCerts, error) {
+func (o *Options) ensureWebhookCerts(ctx context.Context, c client.Client) (*ebbwebhook.SelfSignedCerts, error) {
 	if o.Webhook.CertSecret == "" {
 		return nil, nil
 	}
-	ns, name, ok := strings.Cut(o.Webhook.CertSecret, "/")
-	if !ok || ns == "" || name == "" {
-		return nil, fmt.Errorf("--webhook-cert-secret %q: want namespace/name", o.Webhook.CertSecret)
+	secret, err := objectKeyFlag("webhook-cert-secret", o.Webhook.CertSecret)
+	if err != nil {
+		return nil, err
 	}
 	var ips []net.IP
 	for _, s := range o.Webhook.IPs {
@@ -283,12 +288,8 @@ func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, sche
 		}
 		ips = append(ips, ip)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("creating a client for the webhook certificate: %w", err)
-	}
 	certs := &ebbwebhook.SelfSignedCerts{
-		Client: c, Secret: client.ObjectKey{Namespace: ns, Name: name}, DNSNames: o.Webhook.DNSNames, IPs: ips,
+		Client: c, Secret: secret, DNSNames: o.Webhook.DNSNames, IPs: ips,
 		CertDir: o.Webhook.CertDir, Mutating: o.Webhook.Mutating, Validating: o.Webhook.Validating,
 	}
 	if err := certs.Ensure(ctx); err != nil {
@@ -298,19 +299,24 @@ func (o *Options) ensureWebhookCerts(ctx context.Context, cfg *rest.Config, sche
 }
 
 // keepL2Key keeps the L2 heartbeat key Secret there (l2key).
-func (o *Options) keepL2Key(cfg *rest.Config, scheme *runtime.Scheme, mgr manager.Manager) error {
+func (o *Options) keepL2Key(c client.Client, mgr manager.Manager) error {
 	if o.L2KeySecret == "" {
 		return nil
 	}
-	ns, name, ok := strings.Cut(o.L2KeySecret, "/")
-	if !ok || ns == "" || name == "" {
-		return fmt.Errorf("--l2-key-secret %q: want namespace/name", o.L2KeySecret)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	secret, err := objectKeyFlag("l2-key-secret", o.L2KeySecret)
 	if err != nil {
-		return fmt.Errorf("creating a client for the L2 heartbeat key: %w", err)
+		return err
 	}
-	return mgr.Add(l2key.Keeper{Client: c, Secret: client.ObjectKey{Namespace: ns, Name: name}, Period: l2KeyCheck})
+	return mgr.Add(l2key.Keeper{Client: c, Secret: secret, Period: l2KeyCheck})
+}
+
+// objectKeyFlag parses the namespace/name value of a flag.
+func objectKeyFlag(flag, value string) (client.ObjectKey, error) {
+	ns, name, ok := strings.Cut(value, "/")
+	if !ok || ns == "" || name == "" {
+		return client.ObjectKey{}, fmt.Errorf("--%s %q: want namespace/name", flag, value)
+	}
+	return client.ObjectKey{Namespace: ns, Name: name}, nil
 }
 
 // l2KeyCheck is how often the controller checks that the L2 heartbeat key

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ebbdev/ebb/internal/announce/l2"
-	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 )
 
 // defaultL2KeySecret is the Secret of the L2 heartbeat keys: the
@@ -25,10 +24,11 @@ import (
 func defaultL2KeySecret() string { return defaultSecretNamespace() + "/ebb-l2-key" }
 
 // followL2Keys keeps the L2 heartbeat keys from --l2-key-dir (re-read
-// every l2KeyDirEvery) or else the --l2-key-secret Secret (watched), until
-// ctx is done. Keys that do not parse are reported and the last good ones
-// kept: an edit in progress must not silence every replica.
-func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addressSinks) error {
+// every l2KeyDirEvery) or else the --l2-key-secret Secret, watched through
+// client (nil without a cluster), until ctx is done. Keys that do not parse
+// are reported and the last good ones kept: an edit in progress must not
+// silence every replica.
+func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addressSinks, client kubernetes.Interface) error {
 	log = log.WithName("l2-keys")
 	var last string
 	use := func(from string, data map[string][]byte) {
@@ -58,7 +58,7 @@ func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addr
 			}
 		}
 	}
-	if o.ConfigFile != "" || o.L2KeySecret == "" {
+	if client == nil || o.L2KeySecret == "" {
 		if len(o.L2.Interfaces) > 0 {
 			// No cluster, or no Secret named: no key will come.
 			log.Error(nil, "L2 announcement without heartbeat keys owns no address: give --l2-key-dir (or, with a cluster, --l2-key-secret)")
@@ -68,14 +68,6 @@ func (o *Options) followL2Keys(ctx context.Context, log logr.Logger, sinks *addr
 	ns, name, ok := strings.Cut(o.L2KeySecret, "/")
 	if !ok || ns == "" || name == "" {
 		return fmt.Errorf("--l2-key-secret %q: want namespace/name", o.L2KeySecret)
-	}
-	cfg, err := kubeconfig.Load(o.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("creating a client for the L2 keys: %w", err)
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -130,4 +122,14 @@ func readKeyDir(dir string) (map[string][]byte, error) {
 		data[e.Name()] = b
 	}
 	return data, nil
+}
+
+// startL2Keys runs followL2Keys beside the caller (client: nil without a
+// cluster).
+func (o *Options) startL2Keys(ctx context.Context, log logr.Logger, sinks *addressSinks, client kubernetes.Interface) {
+	go func() {
+		if err := o.followL2Keys(ctx, log, sinks, client); err != nil {
+			log.Error(err, "Following the L2 heartbeat keys: no L2 address is owned")
+		}
+	}()
 }

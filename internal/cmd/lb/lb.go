@@ -263,11 +263,6 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		if err := o.followL2Keys(ctx, log, addrs); err != nil {
-			log.Error(err, "Following the L2 heartbeat keys: no L2 address is owned")
-		}
-	}()
 	// A host that stops serving withdraws its announcements, then stops
 	// accepting the addresses (after the graceful stop, s.stop); one that
 	// handed over leaves both to its successor.
@@ -319,6 +314,7 @@ func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	o.startL2Keys(ctx, log, addrs, nil)
 	data, err := o.load(log, dp, addrs)
 	if err != nil {
 		return err // the first configuration must be valid
@@ -349,6 +345,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	}
 	syncer.Registerer = reg
 	syncer.Addresses = addrs
+	o.startL2Keys(ctx, log, addrs, syncer.Client)
 	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: syncer.Client.EventsV1()})
 	broadcaster.StartRecordingToSink(ctx.Done())
 	defer broadcaster.Shutdown()
