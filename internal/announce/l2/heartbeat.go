@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -93,6 +94,18 @@ const (
 	refusedReplayed     = "replayed"
 	refusedTooManyPeers = "too_many_peers"
 )
+
+// refusedReasons are every reason a frame is refused for.
+var refusedReasons = []string{refusedMalformed, refusedUnsigned, refusedReplayed, refusedTooManyPeers}
+
+// newRefusedCounts returns a counter for each of refusedReasons.
+func newRefusedCounts() map[string]*atomic.Uint64 {
+	m := make(map[string]*atomic.Uint64, len(refusedReasons))
+	for _, r := range refusedReasons {
+		m[r] = new(atomic.Uint64)
+	}
+	return m
+}
 
 // frameError is why a frame was refused.
 type frameError struct {
@@ -329,21 +342,29 @@ func (m *members) observe(now time.Time, h heartbeat) (fresh bool, err error) {
 		p.window = p.window<<ahead | 1<<(ahead-1)
 	}
 	p.seen, p.seq = now, h.Seq
+	m.takeOffer(p, h)
+	return true, nil
+}
+
+// takeOffer records a part of p's offer; the offer changes once every
+// part of a new generation has arrived, and what p stopped owning then is
+// noted as released. m.mu is held.
+func (m *members) takeOffer(p *member, h heartbeat) {
 	if h.Gen == p.gen && p.offered != nil {
-		return true, nil
+		return
 	}
 	if p.pending == nil || p.pendingGen != h.Gen {
 		p.pendingGen, p.pending = h.Gen, map[uint8]heartbeat{}
 	}
 	p.pending[h.Part] = h
 	if len(p.pending) < int(h.Parts) {
-		return true, nil
+		return
 	}
 	offered, owned := []netip.Addr{}, map[netip.Addr]bool{}
 	for i := range h.Parts {
 		part, ok := p.pending[i]
 		if !ok || part.Parts != h.Parts {
-			return true, nil // parts of one generation that disagree on their count
+			return // parts of one generation that disagree on their count
 		}
 		offered = append(offered, part.Addrs...)
 		for j, a := range part.Addrs {
@@ -359,7 +380,6 @@ func (m *members) observe(now time.Time, h heartbeat) (fresh bool, err error) {
 		}
 	}
 	p.gen, p.offered, p.owned, p.pending = h.Gen, offered, owned, nil
-	return true, nil
 }
 
 // takeReleased returns the addresses peers stopped owning since the last

@@ -20,6 +20,8 @@ import (
 type Keys struct {
 	signing string
 	byID    map[string][]byte
+	// fingerprints are the first 8 hex digits of each key's SHA-256.
+	fingerprints map[string]string
 }
 
 // SigningKeyField is the Secret field that names the signing key; every
@@ -39,7 +41,7 @@ const macLen = sha256.Size
 // is a key named by its field, and SigningKeyField names the one to sign
 // with (optional when there is only one key).
 func ParseKeys(data map[string][]byte) (*Keys, error) {
-	k := &Keys{byID: map[string][]byte{}}
+	k := &Keys{byID: map[string][]byte{}, fingerprints: map[string]string{}}
 	for id, key := range data {
 		if id == SigningKeyField {
 			continue
@@ -51,6 +53,8 @@ func ParseKeys(data map[string][]byte) (*Keys, error) {
 			return nil, fmt.Errorf("key %q is %d bytes: want at least %d random bytes (head -c 32 /dev/urandom)", id, len(key), MinKeyLen)
 		}
 		k.byID[id] = slices.Clone(key)
+		sum := sha256.Sum256(key)
+		k.fingerprints[id] = hex.EncodeToString(sum[:4])
 	}
 	if len(k.byID) == 0 {
 		return nil, errors.New("no key: add a field of at least 16 random bytes")
@@ -95,10 +99,7 @@ func (k *Keys) Fingerprints() []string {
 	return out
 }
 
-func (k *Keys) fingerprint(id string) string {
-	sum := sha256.Sum256(k.byID[id])
-	return hex.EncodeToString(sum[:4])
-}
+func (k *Keys) fingerprint(id string) string { return k.fingerprints[id] }
 
 // sign appends the MAC of b under the signing key.
 func (k *Keys) sign(b []byte) []byte {

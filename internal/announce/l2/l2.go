@@ -85,9 +85,9 @@ type Announcer struct {
 	// accepted counts the peers' frames of this group that were not
 	// refused.
 	accepted atomic.Uint64
-	// refused counts the frames refused, by reason.
-	refusedMu sync.Mutex
-	refused   map[string]uint64
+	// refused counts the frames refused, by reason (refusedReasons; the
+	// map itself never changes).
+	refused map[string]*atomic.Uint64
 
 	mu      sync.Mutex
 	members *members
@@ -162,7 +162,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Announcer, error)
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), refused: map[string]uint64{}, gratuitous: map[netip.Addr]int{}, later: map[netip.Addr][]time.Time{},
+	a := &Announcer{cfg: cfg, log: log, members: newMembers(cfg.DeadAfter), refused: newRefusedCounts(), gratuitous: map[netip.Addr]int{}, later: map[netip.Addr][]time.Time{},
 		karp: &kernelARP{table: cfg.KernelTable, netns: cfg.NetNS}}
 	a.mine.Store(&map[netip.Addr]bool{})
 	a.only.Store(&map[netip.Addr]map[string]bool{})
@@ -627,11 +627,7 @@ func (a *Announcer) observe(h heartbeat) error {
 // (a host on the segment may send any number).
 func (a *Announcer) refusedFrame(ifc *iface, err error) {
 	reason := refusedReason(err)
-	a.refusedMu.Lock()
-	a.refused[reason]++
-	first := a.refused[reason] == 1
-	a.refusedMu.Unlock()
-	if first {
+	if a.refused[reason].Add(1) == 1 {
 		a.log.Info("Refusing a heartbeat frame on the segment (later ones for this reason are only counted in ebb_lb_l2_heartbeats_refused_total)", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())
 	} else if v := a.log.V(4); v.Enabled() {
 		v.Info("Refusing a heartbeat frame", "interface", ifc.ifi.Name, "reason", reason, "error", err.Error())

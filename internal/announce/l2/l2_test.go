@@ -552,9 +552,7 @@ func TestForgedHeartbeatsTakeNothing(t *testing.T) {
 		t.Fatalf("ARP replies for %s from %v, want only the owner %s", vip4, macs, o)
 	}
 	for name, a := range as {
-		a.refusedMu.Lock()
-		n := a.refused[refusedUnsigned]
-		a.refusedMu.Unlock()
+		n := a.refused[refusedUnsigned].Load()
 		if n < 80 {
 			t.Errorf("%s refused %d unauthenticated frames, want the 80 sent", name, n)
 		}

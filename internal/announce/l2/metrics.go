@@ -1,7 +1,6 @@
 package l2
 
 import (
-	"maps"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,11 +44,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(peers))
 	ch <- prometheus.MustNewConstMetric(takeoversDesc, prometheus.CounterValue, float64(c.a.takeovers.Load()))
 	ch <- prometheus.MustNewConstMetric(acceptedDesc, prometheus.CounterValue, float64(c.a.accepted.Load()))
-	c.a.refusedMu.Lock()
-	refused := maps.Clone(c.a.refused)
-	c.a.refusedMu.Unlock()
-	for _, reason := range []string{refusedMalformed, refusedUnsigned, refusedReplayed, refusedTooManyPeers} {
-		ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(refused[reason]), reason)
+	for _, reason := range refusedReasons {
+		ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(c.a.refused[reason].Load()), reason)
 	}
 	if k := c.a.keys.Load(); k != nil {
 		for _, id := range k.IDs() {

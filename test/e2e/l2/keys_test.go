@@ -130,17 +130,14 @@ func waitKeys(t *testing.T, ctx context.Context, lbs []localcluster.Node, labels
 	})
 }
 
-// l2Sum adds one metric up over the LB hosts.
+// l2Sum adds one metric up over the LB hosts: its samples whose line
+// holds metric (a name, or a name and some of its labels).
 func l2Sum(t *testing.T, ctx context.Context, lbs []localcluster.Node, metric string) float64 {
 	t.Helper()
+	name, _, _ := strings.Cut(metric, "{")
 	total := 0.0
 	for _, n := range lbs {
-		page := lbPage(t, ctx, n)
-		if name, labels, ok := strings.Cut(metric, "{"); ok {
-			total += e2eutil.Sum(e2eutil.GrepLines(page, name+"{"+labels), name)
-		} else {
-			total += e2eutil.Sum(page, metric)
-		}
+		total += e2eutil.Sum(e2eutil.GrepLines(lbPage(t, ctx, n), metric), name)
 	}
 	return total
 }
