@@ -29,8 +29,11 @@ type bench struct {
 	nodePort int32
 	load     *loadgen.Requests
 	// apiToApplied: from the start of each taint's API write to ebb lb's
-	// own timestamp of applying Down.
-	apiToApplied []time.Duration
+	// own timestamp of applying Down. Its parts: write, the API write
+	// itself (a GET and an UPDATE, until the response); observedToApplied,
+	// ebb lb's own time from its informer's event to Down in effect (the
+	// fast path's queue and the data plane). The rest is the watch.
+	apiToApplied, write, observedToApplied []time.Duration
 }
 
 // cutovers taints each node in turn with out-of-service and measures the
@@ -43,17 +46,23 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 		if err := b.waitServes(ctx, node, time.Now()); err != nil {
 			return nil, err
 		}
+		_, fastBefore, err := b.lbMetrics(ctx, node)
+		if err != nil {
+			return nil, err
+		}
 		t0 := time.Now()
 		if err := b.setTaint(ctx, node, &oos); err != nil {
 			return nil, err
 		}
+		b.write = append(b.write, time.Since(t0))
 		time.Sleep(time.Second)
 		cut := max(b.c.LastNewConnection(node, b.nodePort).Sub(t0), 0)
 		out = append(out, cut)
-		applied, err := b.appliedAt(ctx, node)
+		applied, fastAfter, err := b.lbMetrics(ctx, node)
 		if err != nil {
 			return nil, err
 		}
+		b.observedToApplied = append(b.observedToApplied, fastAfter-fastBefore)
 		if applied.Before(t0) {
 			return nil, fmt.Errorf("run %d: ebb lb did not apply Down to node %s within a second of the taint", i+1, node)
 		}
@@ -66,23 +75,24 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 	return out, nil
 }
 
-// appliedAt is when `ebb lb` last applied Down to node's backends, from
-// its own timestamp (same clock as the bench's: one machine).
-func (b *bench) appliedAt(ctx context.Context, node string) (time.Time, error) {
+// lbMetrics reads, from `ebb lb`'s metrics, when it last applied Down to
+// node's backends (its own timestamp; same clock as the bench's: one
+// machine), and the sum of its fast path's times from an informer event
+// to the change in effect (one more per change).
+func (b *bench) lbMetrics(ctx context.Context, node string) (time.Time, time.Duration, error) {
 	page, err := ebbrun.LBPage(ctx, b.c, b.lbNode, "/metrics")
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
 	f, err := scrape.Parse(page)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
-	const name = "ebb_lb_admin_state_applied_timestamp_seconds"
-	if _, ok := f[name]; !ok {
-		return time.Time{}, fmt.Errorf("ebb lb exports no %s", name)
-	}
-	sec := scrape.Sum(f, name, map[string][]string{"node": {node}, "state": {"Down"}})
-	return time.Unix(0, int64(sec*1e9)), nil
+	// Both are absent until the first change (a vector with no series).
+	const applied, fast = "ebb_lb_admin_state_applied_timestamp_seconds", "ebb_lb_admin_state_apply_seconds"
+	sec := scrape.Sum(f, applied, map[string][]string{"node": {node}, "state": {"Down"}})
+	fastSum := scrape.HistogramSum(f, fast)
+	return time.Unix(0, int64(sec*1e9)), time.Duration(fastSum * float64(time.Second)), nil
 }
 
 // spotRuns announces a spot eviction of each node in turn, kills its data

@@ -25,6 +25,10 @@ type adminStateTimes struct {
 	// out, so that the kernel engine has prepared its entries for the next
 	// change in between (as when nodes are tainted seconds apart).
 	spacedDownP99 float64
+	// resyncDownP99: the fast path's Down calls while whole-configuration
+	// Applies run back to back in another goroutine (a resync after every
+	// Service or EndpointSlice change on a busy cluster).
+	resyncDownP99 float64
 	// prepareMean: the mean time of the kernel engine's syncs that prepare
 	// the entries for the next change, which run after a change, off its
 	// path (from ebb_dataplane_kernel_sync_duration_seconds{kind="entries"}).
@@ -94,7 +98,12 @@ func applyToEffect(opts dataplane.Options) (adminStateTimes, error) {
 			spaced = append(spaced, time.Since(start))
 		}
 	}
+	resync, err := downUnderResync(dp, cfg)
+	if err != nil {
+		return out, err
+	}
 	out.applyP99 = us(stats.Percentile(times, 0.99))
+	out.resyncDownP99 = us(stats.Percentile(resync, 0.99))
 	out.ownerP99 = us(stats.Percentile(owner, 0.99))
 	out.ownerDownP99 = us(stats.Percentile(down, 0.99))
 	out.spacedDownP99 = us(stats.Percentile(spaced, 0.99))
@@ -104,6 +113,50 @@ func applyToEffect(opts dataplane.Options) (adminStateTimes, error) {
 		}
 	}
 	return out, nil
+}
+
+// resyncChanges and resyncSpacing: 200 changes 5 ms apart, while
+// Applies run back to back.
+const (
+	resyncChanges = 200
+	resyncSpacing = 5 * time.Millisecond
+)
+
+// downUnderResync times the fast path's Down calls while another goroutine
+// applies cfg back to back (cfg is left as it is: a resync's configuration
+// computed before the node changed).
+func downUnderResync(dp *dataplane.DataPlane, cfg dataplane.Config) ([]time.Duration, error) {
+	stop := make(chan struct{})
+	resyncErr := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				resyncErr <- nil
+				return
+			default:
+			}
+			if err := applyAll(dp, cfg); err != nil {
+				resyncErr <- err
+				return
+			}
+		}
+	}()
+	var down []time.Duration
+	for i := range resyncChanges {
+		time.Sleep(resyncSpacing)
+		state := alternate(i)
+		start := time.Now()
+		if _, err := dp.SetOwnerAdminState("node-4", state); err != nil {
+			close(stop)
+			return nil, err
+		}
+		if state == dataplane.AdminDown {
+			down = append(down, time.Since(start))
+		}
+	}
+	close(stop)
+	return down, <-resyncErr
 }
 
 // adminStateConfig is 50 frontends of 10 backends, each on a port of its

@@ -54,10 +54,7 @@ type ApplyResult struct {
 // between frontends that claim one socket. It returns the normalised
 // frontends that may be served, in cfg's order, and the others.
 func (d *DataPlane) admit(cfg Config) ([]Frontend, []SkippedFrontend) {
-	var (
-		out     []Frontend
-		skipped []SkippedFrontend
-	)
+	var skipped []SkippedFrontend
 	valid := make([]Frontend, 0, len(cfg.Frontends))
 	for i, f := range cfg.Frontends {
 		nf, err := f.validate()
@@ -85,13 +82,14 @@ func (d *DataPlane) admit(cfg Config) ([]Frontend, []SkippedFrontend) {
 		valid = append(valid, nf)
 	}
 	// A frontend already serving a socket keeps it.
-	owner := map[frontendKey]string{}
+	out := make([]Frontend, 0, len(valid))
+	owner := make(map[frontendKey]string, len(valid))
 	for _, f := range valid {
 		if running, ok := d.frontends[f.key()]; ok && running.set.Load().cfg.Name == f.Name {
 			owner[f.key()] = f.Name
 		}
 	}
-	names := map[string]bool{}
+	names := make(map[string]bool, len(valid))
 	for _, f := range valid {
 		k := f.key()
 		switch first, ok := owner[k]; {

@@ -54,15 +54,17 @@ type backend struct {
 	flowLabel flowLabel
 
 	m              backendMetrics
-	adminPublished bool // only Apply (under the data plane's lock) reads or writes it
+	adminPublished bool // read and written under the owners' lock (ownerAdmin.mu) only
 }
 
-func newBackend(b Backend, m backendMetrics) *backend {
+// newBackend returns a backend of b with admin state admin; the owners'
+// lock is held.
+func newBackend(b Backend, m backendMetrics, admin adminState) *backend {
 	ap := b.AddrPort()
 	be := &backend{key: ap, addr: net.JoinHostPort(ap.Addr().String(), strconv.Itoa(int(ap.Port()))), owner: b.Owner, m: m}
 	be.slotSeed = addrSeed(be.addr)
 	be.flowLabel = flowLabelOf(ap)
-	be.update(b)
+	be.update(b, admin)
 	return be
 }
 
@@ -73,14 +75,16 @@ func addrSeed(addr string) uint64 {
 	return h.Sum64()
 }
 
-// update applies a backend's changeable settings. A new admin state takes
-// effect for new connections at once; its metric follows.
-func (b *backend) update(cfg Backend) {
-	b.setAdminState(toAdminState(cfg.AdminState))
+// update applies a backend's changeable settings, with admin state admin
+// (the configuration's, or the node fast path's). A new admin state takes
+// effect for new connections at once; its metric follows. The owners'
+// lock is held.
+func (b *backend) update(cfg Backend, admin adminState) {
+	b.setAdminState(admin)
 	b.weight.Store(int32(cfg.Weight))
 }
 
-// setAdminState changes the admin state; the data plane's lock is held.
+// setAdminState changes the admin state; the owners' lock is held.
 func (b *backend) setAdminState(state adminState) {
 	if old := adminState(b.admin.Swap(int32(state))); old != state || !b.adminPublished {
 		b.m.setAdminState(state)

@@ -20,7 +20,7 @@ func testSet(t *testing.T, balancing Balancing, weights ...int) *backendSet {
 	for i, w := range weights {
 		b := Backend{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 30000, Weight: w}
 		cfg.Backends = append(cfg.Backends, b)
-		bs = append(bs, newBackend(b, m.forBackend("fe", b)))
+		bs = append(bs, newBackend(b, m.forBackend("fe", b), toAdminState(b.AdminState)))
 	}
 	return newBackendSet(cfg, bs, nil)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -281,21 +282,53 @@ func (f Frontend) validate() (Frontend, error) {
 		f.HealthCheck = &hc
 	}
 	backends := make([]Backend, len(f.Backends))
-	seen := make(map[netip.AddrPort]bool, len(f.Backends))
+	seen := newAddrSet(len(f.Backends))
 	for i, b := range f.Backends {
 		nb, err := b.validate()
 		if err != nil {
 			return f, fmt.Errorf("backends[%d]: %w", i, err)
 		}
 		ap := nb.AddrPort()
-		if seen[ap] {
+		if !seen.add(ap) {
 			return f, fmt.Errorf("backends[%d]: %s is listed twice", i, ap)
 		}
-		seen[ap] = true
 		backends[i] = nb
 	}
 	f.Backends = backends
 	return f, nil
+}
+
+// addrSet finds an address listed twice: by looking through a slice for
+// the few backends most frontends have (a map for each of them was a
+// third of what an Apply allocated), by a map past smallAddrSet.
+type addrSet struct {
+	few  []netip.AddrPort
+	many map[netip.AddrPort]bool
+}
+
+const smallAddrSet = 32
+
+func newAddrSet(n int) addrSet {
+	if n > smallAddrSet {
+		return addrSet{many: make(map[netip.AddrPort]bool, n)}
+	}
+	return addrSet{few: make([]netip.AddrPort, 0, n)}
+}
+
+// add adds ap and reports whether it was not there yet.
+func (s *addrSet) add(ap netip.AddrPort) bool {
+	if s.many != nil {
+		if s.many[ap] {
+			return false
+		}
+		s.many[ap] = true
+		return true
+	}
+	if slices.Contains(s.few, ap) {
+		return false
+	}
+	s.few = append(s.few, ap)
+	return true
 }
 
 func (b Backend) validate() (Backend, error) {

@@ -133,6 +133,10 @@ type DataPlane struct {
 
 	mu        sync.Mutex // serialises Apply and Close
 	frontends map[frontendKey]*frontend
+	// owners is the node fast path's state, under a lock of its own so
+	// that SetOwnerAdminState never waits for an Apply's slow parts
+	// (sockets, probes, the kernel sync).
+	owners ownerAdmin
 	probers   map[probeKey]*prober
 	closed    bool
 	// inherited are the predecessor's sockets no frontend took yet.
@@ -229,7 +233,7 @@ func (d *DataPlane) applyLocked(cfg Config, start time.Time) ApplyResult {
 	d.removeEngineSwitches(admitted)
 	opened, failed := d.openListeners(admitted)
 	skipped = append(skipped, failed...)
-	frontends := admitted[:0:0]
+	frontends := make([]Frontend, 0, len(admitted))
 	for _, fc := range admitted {
 		_, running := d.frontends[fc.key()]
 		if _, isNew := opened[fc.key()]; running || isNew {
@@ -237,8 +241,10 @@ func (d *DataPlane) applyLocked(cfg Config, start time.Time) ApplyResult {
 		}
 	}
 	probers := d.startProbers(frontends)
-	want := map[frontendKey]bool{}
+	want := make(map[frontendKey]bool, len(frontends))
+	applied := make([]*frontend, 0, len(frontends))
 	var started []*frontend
+	d.owners.mu.Lock()
 	for _, fc := range frontends {
 		k := fc.key()
 		want[k] = true
@@ -248,8 +254,11 @@ func (d *DataPlane) applyLocked(cfg Config, start time.Time) ApplyResult {
 			d.frontends[k] = f
 			started = append(started, f)
 		}
-		f.apply(fc, probers)
+		f.apply(fc, probers, d.owners.stateOf)
+		applied = append(applied, f)
 	}
+	d.owners.frontends = applied
+	d.owners.mu.Unlock()
 	// Removed frontends go before the kernel engine syncs, so that its
 	// tables take them out too (their established flows continue).
 	for k, f := range d.frontends {
@@ -418,9 +427,13 @@ func (d *DataPlane) Addr(name string) net.Addr {
 // (a node), in every frontend, at once, and returns how many backends it
 // set. It is the fast path for a node that starts or stops leaving: it
 // touches nothing else and takes effect for new connections before it
-// returns. The next Apply sets admin states from its configuration again,
-// so the caller's configuration must agree (lbmodel derives both from the
-// node's taints).
+// returns. It does not wait for an Apply that is running: the proxy's
+// frontends change at once, the kernel engine's as soon as its tables are
+// free. From the first call for an owner on, the owner's backends carry
+// the state it last set, in this and every later Apply, whatever the
+// configuration says (a configuration computed before the change must not
+// undo it); the caller's configuration should agree (lbmodel derives both
+// from the node's taints).
 func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, error) {
 	start := time.Now()
 	if owner == "" {
@@ -431,20 +444,13 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 	default:
 		return 0, fmt.Errorf("admin state %q is not supported: use None, Down or Up", state)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := 0
-	kernel := false
-	for _, f := range d.frontends {
-		for _, b := range f.backends {
-			if b.owner == owner {
-				b.setAdminState(toAdminState(state))
-				n++
-				kernel = kernel || f.kernel
-			}
-		}
-	}
+	n, kernel := d.owners.set(owner, toAdminState(state))
 	if kernel {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.closed {
+			return n, nil
+		}
 		if skipped := d.setKernelOwnerLocked(owner); len(skipped) > 0 {
 			return n, fmt.Errorf("setting %s's backends %s in the kernel engine: %w", owner, state, skipped[0].Err)
 		}

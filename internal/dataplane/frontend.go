@@ -48,12 +48,12 @@ func newFrontend(d *DataPlane, k frontendKey, listener any) *frontend {
 
 // apply installs a new configuration of this frontend: backends that stay
 // keep their runtime state, new ones are added, removed ones drain.
-func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
+func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober, admin func(Backend) adminState) {
 	if old := f.set.Load(); old != nil && sameShape(&old.cfg, &cfg) {
 		// Only admin states changed (the drain path): flip them in place,
 		// without rebuilding the set.
 		for i, bc := range cfg.Backends {
-			old.backends[i].update(bc)
+			old.backends[i].update(bc, admin(bc))
 		}
 		return
 	}
@@ -64,10 +64,10 @@ func (f *frontend) apply(cfg Frontend, probers map[probeKey]*prober) {
 		keep[ap] = true
 		b, ok := f.backends[ap]
 		if !ok {
-			b = newBackend(bc, f.d.m.forBackend(cfg.Name, bc))
+			b = newBackend(bc, f.d.m.forBackend(cfg.Name, bc), admin(bc))
 			f.backends[ap] = b
 		} else {
-			b.update(bc)
+			b.update(bc, admin(bc))
 		}
 		if cfg.HealthCheck != nil {
 			b.probe.Store(probers[probeKeyFor(cfg.HealthCheck, bc)])

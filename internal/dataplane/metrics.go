@@ -20,6 +20,9 @@ type metrics struct {
 	applySeconds     prometheus.Histogram
 	skipped          *prometheus.GaugeVec
 	engines          *prometheus.GaugeVec
+	// engineSeries is the series engines has, by frontend name (only
+	// Apply, under the data plane's lock, reads or writes it).
+	engineSeries map[string]engineSeries
 	kernelSyncs      *prometheus.HistogramVec
 	kernelFailures   prometheus.Counter
 	kernelReused     prometheus.Counter
@@ -172,20 +175,38 @@ func (m *metrics) setSkipped(skipped []SkippedFrontend) {
 
 // setEngines replaces the frontend-engine series with the frontends the
 // last apply serves (those not skipped), and how.
+// Only the series that change are touched: an apply that changes no
+// frontend's engine (most of them) allocates nothing here, and a scrape
+// never sees the series missing.
 func (m *metrics) setEngines(frontends []Frontend, skipped []SkippedFrontend, path KernelPath) {
-	m.engines.Reset()
-	out := map[string]bool{}
+	out := make(map[string]bool, len(skipped))
 	for _, s := range skipped {
 		out[s.Name] = true
 	}
+	want := make(map[string]engineSeries, len(frontends))
 	for _, f := range frontends {
 		if out[f.Name] {
 			continue
 		}
-		p := ""
+		e := engineSeries{engine: string(f.Engine)}
 		if f.Engine == EngineKernel {
-			p = string(path)
+			e.path = string(path)
 		}
-		m.engines.WithLabelValues(f.Name, string(f.Engine), p).Set(1)
+		want[f.Name] = e
 	}
+	for name, e := range m.engineSeries {
+		if want[name] != e {
+			m.engines.DeleteLabelValues(name, e.engine, e.path)
+		}
+	}
+	for name, e := range want {
+		if m.engineSeries[name] != e {
+			m.engines.WithLabelValues(name, e.engine, e.path).Set(1)
+		}
+	}
+	m.engineSeries = want
 }
+
+// engineSeries is the labels of a frontend's series of
+// ebb_dataplane_frontend_engine besides its name.
+type engineSeries struct{ engine, path string }

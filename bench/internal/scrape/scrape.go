@@ -38,6 +38,16 @@ func Sum(families map[string]*dto.MetricFamily, name string, want map[string][]s
 	return total
 }
 
+// HistogramSum adds the sample sums of every series of the histogram
+// family name.
+func HistogramSum(families map[string]*dto.MetricFamily, name string) float64 {
+	total := 0.0
+	for _, m := range families[name].GetMetric() {
+		total += m.GetHistogram().GetSampleSum()
+	}
+	return total
+}
+
 func matches(m *dto.Metric, want map[string][]string) bool {
 	have := map[string]string{}
 	for _, l := range m.GetLabel() {

@@ -1,0 +1,103 @@
+package dataplane
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// newConnectionsTo counts which of backends take n new connections
+// through at.
+func newConnectionsTo(t *testing.T, at string, n int, backends ...*testBackend) []int64 {
+	t.Helper()
+	before := make([]int64, len(backends))
+	for i, b := range backends {
+		before[i] = b.accepted.Load()
+	}
+	for i := range n {
+		if err := dialRoundTrip(at); err != nil {
+			t.Fatalf("new connection %d: %v", i, err)
+		}
+	}
+	took := make([]int64, len(backends))
+	for i, b := range backends {
+		took[i] = b.accepted.Load() - before[i]
+	}
+	return took
+}
+
+// A node that starts leaving while an Apply runs (sockets, probes and the
+// kernel sync all run under the data plane's lock; here the lock is held
+// by the test, as a long Apply would) is Down for new connections at once,
+// not after the Apply.
+func TestTheNodeFastPathDoesNotWaitForAnApply(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		d := newDataPlane(t, proxy)
+		a, b := newTestBackend(t), newTestBackend(t)
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("fe", at, a.backend(), b.backend()))
+
+		d.mu.Lock() // an Apply that runs
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.SetOwnerAdminState(a.backend().Owner, AdminDown)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				d.mu.Unlock()
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			d.mu.Unlock()
+			t.Fatal("SetOwnerAdminState waited for the Apply that held the data plane's lock")
+		}
+		took := newConnectionsTo(t, at.String(), 8, a, b)
+		d.mu.Unlock()
+		if took[0] != 0 || took[1] != 8 {
+			t.Errorf("with a's node Down during an Apply, new connections went %v to a and b, want [0 8]", took)
+		}
+	})
+}
+
+// A configuration computed before a node's change reached the fast path
+// (the full sync read its caches first) does not undo the change: the
+// owner keeps the state the fast path set until the fast path sets
+// another.
+func TestAnOlderConfigurationDoesNotUndoTheFastPath(t *testing.T) {
+	d := newDataPlane(t, Options{})
+	a, b := newTestBackend(t), newTestBackend(t)
+	at := freeAddr(t, "tcp")
+	stale := tcpFrontend("fe", at, a.backend(), b.backend())
+	mustApply(t, d, stale)
+	for _, step := range []struct {
+		state AdminState
+		cfg   Frontend
+		want  []int64
+	}{
+		{AdminDown, stale, []int64{0, 8}},
+		// The backends' set changes shape too (a new backend joins).
+		{AdminDown, tcpFrontend("fe", at, a.backend(), b.backend(), Backend{Address: "127.0.0.1", Port: 1, Owner: "node-gone", AdminState: AdminDown}), []int64{0, 8}},
+		{AdminNone, withOwnerState(stale, a.backend().Owner, AdminDown), []int64{4, 4}},
+	} {
+		if _, err := d.SetOwnerAdminState(a.backend().Owner, step.state); err != nil {
+			t.Fatal(err)
+		}
+		mustApply(t, d, step.cfg)
+		if took := newConnectionsTo(t, at.String(), 8, a, b); fmt.Sprint(took) != fmt.Sprint(step.want) {
+			t.Errorf("after the fast path set %s and an older configuration applied: new connections went %v to a and b, want %v", step.state, took, step.want)
+		}
+	}
+}
+
+// withOwnerState is fe with owner's backends in state.
+func withOwnerState(fe Frontend, owner string, state AdminState) Frontend {
+	fe.Backends = append([]Backend(nil), fe.Backends...)
+	for i := range fe.Backends {
+		if fe.Backends[i].Owner == owner {
+			fe.Backends[i].AdminState = state
+		}
+	}
+	return fe
+}
