@@ -70,7 +70,8 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 		if err := b.setTaint(ctx, node, nil); err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(os.Stderr, "cutover run %d (%s): last new connection %s, Down applied %s after the taint write began\n", i+1, node, cut, applied.Sub(t0))
+		fmt.Fprintf(os.Stderr, "cutover run %d (%s): last new connection %s, Down applied %s after the taint write began (the write took %s, ebb lb's informer event to Down %s)\n",
+			i+1, node, cut, applied.Sub(t0), b.write[i], b.observedToApplied[i])
 	}
 	return out, nil
 }

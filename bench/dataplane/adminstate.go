@@ -26,8 +26,8 @@ type adminStateTimes struct {
 	// change in between (as when nodes are tainted seconds apart).
 	spacedDownP99 float64
 	// resyncDownP99: the fast path's Down calls while whole-configuration
-	// Applies run back to back in another goroutine (a resync after every
-	// Service or EndpointSlice change on a busy cluster).
+	// Applies run again and again in another goroutine (resyncs after
+	// Service and EndpointSlice changes on a busy cluster).
 	resyncDownP99 float64
 	// prepareMean: the mean time of the kernel engine's syncs that prepare
 	// the entries for the next change, which run after a change, off its
@@ -115,16 +115,20 @@ func applyToEffect(opts dataplane.Options) (adminStateTimes, error) {
 	return out, nil
 }
 
-// resyncChanges and resyncSpacing: 200 changes 5 ms apart, while
-// Applies run back to back.
+// resyncChanges and resyncSpacing: 400 changes 7 ms apart, while a
+// whole-configuration Apply runs every resyncGap (each then waits that
+// long before the next): a busy cluster's Services and EndpointSlices
+// keep ebb lb resyncing, and a node's change lands in an Apply about as
+// often as Applies take time.
 const (
-	resyncChanges = 200
-	resyncSpacing = 5 * time.Millisecond
+	resyncChanges = 400
+	resyncSpacing = 7 * time.Millisecond
+	resyncGap     = 3 * time.Millisecond
 )
 
 // downUnderResync times the fast path's Down calls while another goroutine
-// applies cfg back to back (cfg is left as it is: a resync's configuration
-// computed before the node changed).
+// applies cfg again and again (cfg is left as it is: a resync's
+// configuration computed before the node changed).
 func downUnderResync(dp *dataplane.DataPlane, cfg dataplane.Config) ([]time.Duration, error) {
 	stop := make(chan struct{})
 	resyncErr := make(chan error, 1)
@@ -140,6 +144,7 @@ func downUnderResync(dp *dataplane.DataPlane, cfg dataplane.Config) ([]time.Dura
 				resyncErr <- err
 				return
 			}
+			time.Sleep(resyncGap)
 		}
 	}()
 	var down []time.Duration

@@ -118,7 +118,7 @@ type DataPlane struct {
 	kernelInstalled bool
 	// kernelPrepareDue: a change left the kernel's prepared entries to a
 	// later sync, which is scheduled.
-	kernelPrepareDue bool
+	kernelPrepareDue atomic.Bool
 	// autoKernelFailed is why the kernel path failed under a frontend
 	// that engine Auto gave it; from then on Auto gives every frontend to
 	// the proxy. kernelFailing: the kernel path's last sync failed under
@@ -136,9 +136,9 @@ type DataPlane struct {
 	// owners is the node fast path's state, under a lock of its own so
 	// that SetOwnerAdminState never waits for an Apply's slow parts
 	// (sockets, probes, the kernel sync).
-	owners ownerAdmin
-	probers   map[probeKey]*prober
-	closed    bool
+	owners  ownerAdmin
+	probers map[probeKey]*prober
+	closed  bool
 	// inherited are the predecessor's sockets no frontend took yet.
 	inherited map[frontendKey]*os.File
 	// handedOver: a successor serves on the sockets (HandOver).
@@ -316,6 +316,7 @@ func (d *DataPlane) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.owners.retire()
 	// The kernel engine's table stays: the kernel keeps forwarding the
 	// frontends' flows, established and new, until the next data plane
 	// replaces the table (a restart or an upgrade drops nothing), or
@@ -445,7 +446,7 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 		return 0, fmt.Errorf("admin state %q is not supported: use None, Down or Up", state)
 	}
 	n, kernel := d.owners.set(owner, toAdminState(state))
-	if kernel {
+	if kernel && !d.flipKernel(owner) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if d.closed {

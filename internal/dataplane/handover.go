@@ -60,6 +60,7 @@ func (d *DataPlane) HandOver() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.handedOver = true
+	d.owners.retire() // the kernel's tables are the successor's
 	for _, f := range d.frontends {
 		f.closeListener()
 		if f.udp != nil {

@@ -137,16 +137,15 @@ func (d *DataPlane) setKernelOwnerLocked(owner string) []SkippedFrontend {
 const kernelPrepareDelay = 100 * time.Millisecond
 
 // prepareKernelLater schedules a sync that prepares the kernel's entries
-// for the owners' next changes, unless one is scheduled. d.mu is held.
+// for the owners' next changes, unless one is scheduled.
 func (d *DataPlane) prepareKernelLater() {
-	if d.kernelPrepareDue {
+	if !d.kernelPrepareDue.CompareAndSwap(false, true) {
 		return
 	}
-	d.kernelPrepareDue = true
 	d.clock.AfterFunc(kernelPrepareDelay, func() {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		d.kernelPrepareDue = false
+		d.kernelPrepareDue.Store(false)
 		if d.closed {
 			return
 		}

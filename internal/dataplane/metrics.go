@@ -22,7 +22,7 @@ type metrics struct {
 	engines          *prometheus.GaugeVec
 	// engineSeries is the series engines has, by frontend name (only
 	// Apply, under the data plane's lock, reads or writes it).
-	engineSeries map[string]engineSeries
+	engineSeries     map[string]engineSeries
 	kernelSyncs      *prometheus.HistogramVec
 	kernelFailures   prometheus.Counter
 	kernelReused     prometheus.Counter

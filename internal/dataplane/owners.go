@@ -13,6 +13,13 @@ type ownerAdmin struct {
 	mu        sync.Mutex
 	states    map[string]adminState
 	frontends []*frontend
+
+	// flipMu serialises the kernel engine's fast path run outside the
+	// data plane's lock (flipKernel) with HandOver and Close, which set
+	// retired: from then on the tables are a successor's, or nobody's to
+	// change.
+	flipMu  sync.Mutex
+	retired bool
 }
 
 // stateOf is the admin state backend b takes: the fast path's for its
@@ -44,4 +51,48 @@ func (o *ownerAdmin) set(owner string, state adminState) (n int, kernel bool) {
 		}
 	}
 	return n, kernel
+}
+
+// kernelFrontends are the kernel engine's frontends of the last Apply.
+func (o *ownerAdmin) kernelFrontends() []*frontend {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []*frontend
+	for _, f := range o.frontends {
+		if f.kernel {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// retire stops the kernel engine's fast path for good, once any flip in
+// progress is done (HandOver, Close).
+func (o *ownerAdmin) retire() {
+	o.flipMu.Lock()
+	o.retired = true
+	o.flipMu.Unlock()
+}
+
+// flipKernel brings owner's change to the kernel engine on its fast path
+// without the data plane's lock, and reports whether it did. It waits only
+// for the kernel engine's own lock (a sync in progress). It does not when
+// the engine's installed entries were not prepared for this change, or the
+// frontends of the last Apply are not (or no longer) those installed: the
+// caller then takes the data plane's lock and syncs.
+func (d *DataPlane) flipKernel(owner string) bool {
+	d.owners.flipMu.Lock()
+	defer d.owners.flipMu.Unlock()
+	if d.owners.retired {
+		return false
+	}
+	ok, err := d.kernel.flipOwner(d.owners.kernelFrontends(), owner, d.m)
+	if err != nil {
+		d.log.Error(err, "Changing a node's state in the kernel engine; syncing its tables", "node", owner)
+		return false
+	}
+	if ok {
+		d.prepareKernelLater()
+	}
+	return ok
 }

@@ -101,3 +101,80 @@ func withOwnerState(fe Frontend, owner string, state AdminState) Frontend {
 	}
 	return fe
 }
+
+// The same on every engine: on the kernel paths, a change whose entries
+// were prepared goes into the kernel without the data plane's lock.
+func TestEnginesNodeFastPathDoesNotWaitForAnApply(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		a, sa := n.echo(t, 8080)
+		b, sb := n.echo(t, 8081)
+		n.apply(t, n.frontendOn(80, a, b))
+		d := n.d
+		d.mu.Lock()
+		skipped := d.syncKernelLocked(true) // the entries prepared, as 100 ms after the Apply
+		if len(skipped) > 0 {
+			d.mu.Unlock()
+			t.Fatalf("preparing the kernel's entries: %v", skipped[0].Err)
+		}
+		// From here the lock is held, as by an Apply that runs.
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.SetOwnerAdminState(a.Owner, AdminDown)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				d.mu.Unlock()
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			d.mu.Unlock()
+			t.Fatal("SetOwnerAdminState waited for the Apply that held the data plane's lock")
+		}
+		beforeA, beforeB := sa.accepted.Load(), sb.accepted.Load()
+		for i := range 6 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				d.mu.Unlock()
+				t.Fatalf("new connection %d with a's node Down: %v", i, err)
+			}
+		}
+		d.mu.Unlock()
+		if took := sa.accepted.Load() - beforeA; took != 0 {
+			t.Errorf("a's node Down during an Apply: a took %d of 6 new connections (b %d), want 0", took, sb.accepted.Load()-beforeB)
+		}
+	})
+}
+
+// Once a data plane has handed over to a successor, the kernel's tables
+// are the successor's: the fast path of the retired one changes nothing
+// in them.
+func TestEnginesFastPathOfARetiredDataPlaneLeavesTheKernelAlone(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, n *engineNet) {
+		if n.engine != EngineKernel {
+			return // the proxy's sockets are the successor's: nothing of this one serves
+		}
+		a, sa := n.echo(t, 8080)
+		b, _ := n.echo(t, 8081)
+		n.apply(t, n.frontendOn(80, a, b))
+		n.d.mu.Lock()
+		skipped := n.d.syncKernelLocked(true)
+		n.d.mu.Unlock()
+		if len(skipped) > 0 {
+			t.Fatalf("preparing the kernel's entries: %v", skipped[0].Err)
+		}
+		n.d.HandOver()
+		if _, err := n.d.SetOwnerAdminState(a.Owner, AdminDown); err != nil {
+			t.Fatal(err)
+		}
+		before := sa.accepted.Load()
+		for i := range 6 {
+			if err := n.roundTripNew(t, 80); err != nil {
+				t.Fatalf("new connection %d: %v", i, err)
+			}
+		}
+		if sa.accepted.Load() == before {
+			t.Error("a data plane that had handed over changed the kernel's tables: a took no new connection after its Down")
+		}
+	})
+}
