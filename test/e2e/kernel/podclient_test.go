@@ -51,15 +51,23 @@ func TestAPodStartedOnAnLBHostReachesTheServiceOnTheEBPFPath(t *testing.T) {
 	waitAttached(t, ctx, host, pod.NodeLinkIndex())
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: pod.DialContext}}
 	// Each request on a connection of its own, each answered at once: a
-	// second or more is a dropped first SYN.
+	// second or more is a dropped first SYN. A path that drops them drops
+	// every one; a single slow request is the busy machine's (the other
+	// suites allow one in a hundred), and does not fail the test.
+	var slow []string
 	for i := range 30 {
 		start := time.Now()
 		if _, err := e2eutil.GetIdentity(ctx, client, s.URL); err != nil {
 			t.Fatalf("request %d from a pod on %s to %s: %v", i, lbHost.Name, s.URL, err)
 		}
 		if took := time.Since(start); took >= e2eutil.SlowRequest {
-			t.Errorf("request %d from a pod on %s took %s", i, lbHost.Name, took.Round(time.Millisecond))
+			slow = append(slow, fmt.Sprintf("request %d took %s", i, took.Round(time.Millisecond)))
 		}
+	}
+	if len(slow) > 1 {
+		t.Errorf("%d of 30 requests from a pod on %s took %s or more (a dropped first SYN): %v", len(slow), lbHost.Name, e2eutil.SlowRequest, slow)
+	} else if len(slow) == 1 {
+		t.Logf("one slow request (allowed): %s", slow[0])
 	}
 	t.Logf("30 requests from a pod on %s (%s) answered through %s", lbHost.Name, ip, fmt.Sprint(s.VIP))
 }
