@@ -46,7 +46,9 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 		if err := b.waitServes(ctx, node, time.Now()); err != nil {
 			return nil, err
 		}
-		_, fastBefore, err := b.lbMetrics(ctx, node)
+		// The previous run's taint removal must be applied before the
+		// sum is read, or its time would count in this run's.
+		fastBefore, err := b.settled(ctx, 2*i)
 		if err != nil {
 			return nil, err
 		}
@@ -58,10 +60,14 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 		time.Sleep(time.Second)
 		cut := max(b.c.LastNewConnection(node, b.nodePort).Sub(t0), 0)
 		out = append(out, cut)
-		applied, fastAfter, err := b.lbMetrics(ctx, node)
+		m, err := b.lbMetrics(ctx, node)
 		if err != nil {
 			return nil, err
 		}
+		if !m.exported {
+			return nil, fmt.Errorf("run %d: ebb lb exports no ebb_lb_admin_state_applied_timestamp_seconds after the taint", i+1)
+		}
+		applied, fastAfter := m.applied, m.fastSum
 		b.observedToApplied = append(b.observedToApplied, fastAfter-fastBefore)
 		if applied.Before(t0) {
 			return nil, fmt.Errorf("run %d: ebb lb did not apply Down to node %s within a second of the taint", i+1, node)
@@ -76,24 +82,61 @@ func (b *bench) cutovers(ctx context.Context, runs int) ([]time.Duration, error)
 	return out, nil
 }
 
-// lbMetrics reads, from `ebb lb`'s metrics, when it last applied Down to
-// node's backends (its own timestamp; same clock as the bench's: one
-// machine), and the sum of its fast path's times from an informer event
-// to the change in effect (one more per change).
-func (b *bench) lbMetrics(ctx context.Context, node string) (time.Time, time.Duration, error) {
+// lbMetrics is what the benchmark reads from `ebb lb`'s metrics.
+type lbMetrics struct {
+	// applied is when ebb lb last applied Down to the node's backends (its
+	// own timestamp; same clock as the bench's: one machine); exported:
+	// the metric is there (absent until a first change).
+	applied  time.Time
+	exported bool
+	// fastSum is the sum of the fast path's times from an informer event
+	// to the change in effect (one more per change), and transitions how
+	// many changes it applied.
+	fastSum     time.Duration
+	transitions float64
+}
+
+func (b *bench) lbMetrics(ctx context.Context, node string) (lbMetrics, error) {
 	page, err := ebbrun.LBPage(ctx, b.c, b.lbNode, "/metrics")
 	if err != nil {
-		return time.Time{}, 0, err
+		return lbMetrics{}, err
 	}
 	f, err := scrape.Parse(page)
 	if err != nil {
-		return time.Time{}, 0, err
+		return lbMetrics{}, err
 	}
-	// Both are absent until the first change (a vector with no series).
-	const applied, fast = "ebb_lb_admin_state_applied_timestamp_seconds", "ebb_lb_admin_state_apply_seconds"
+	const applied = "ebb_lb_admin_state_applied_timestamp_seconds"
+	_, exported := f[applied]
 	sec := scrape.Sum(f, applied, map[string][]string{"node": {node}, "state": {"Down"}})
-	fastSum := scrape.HistogramSum(f, fast)
-	return time.Unix(0, int64(sec*1e9)), time.Duration(fastSum * float64(time.Second)), nil
+	return lbMetrics{
+		applied:     time.Unix(0, int64(sec*1e9)),
+		exported:    exported,
+		fastSum:     time.Duration(scrape.HistogramSum(f, "ebb_lb_admin_state_apply_seconds") * float64(time.Second)),
+		transitions: scrape.Sum(f, "ebb_lb_admin_state_transitions_total", nil),
+	}, nil
+}
+
+// settled waits until ebb lb has applied want node changes (each run
+// makes two: Down, then back), and returns its fast path's sum of times.
+func (b *bench) settled(ctx context.Context, want int) (time.Duration, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, err := b.lbMetrics(ctx, "")
+		if err != nil {
+			return 0, err
+		}
+		if m.transitions >= float64(want) {
+			return m.fastSum, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("ebb lb applied %.0f node changes, want %d: the last taint removal was not applied within 10 s", m.transitions, want)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // spotRuns announces a spot eviction of each node in turn, kills its data

@@ -199,8 +199,9 @@ func New(opts Options) (*DataPlane, error) {
 // others). When it returns, every new connection follows the applied
 // frontends. Listeners and established connections that cfg keeps are not
 // disturbed; removed backends and frontends drain, and so does a running
-// frontend that cfg now makes invalid. The error is set only when the data
-// plane is closed.
+// frontend that cfg now makes invalid. A backend's admin state is cfg's,
+// unless SetOwnerAdminState has set its owner's (which wins). The error is
+// set only when the data plane is closed.
 func (d *DataPlane) Apply(cfg Config) (ApplyResult, error) {
 	start := time.Now()
 	d.mu.Lock()
@@ -330,6 +331,7 @@ func (d *DataPlane) Close() error {
 		f.close()
 		delete(d.frontends, k)
 	}
+	d.publishFrontendsLocked()
 	d.conns.closeAll() // removed backends' draining connections too
 	if d.loop != nil {
 		d.loop.stop()
@@ -428,13 +430,16 @@ func (d *DataPlane) Addr(name string) net.Addr {
 // (a node), in every frontend, at once, and returns how many backends it
 // set. It is the fast path for a node that starts or stops leaving: it
 // touches nothing else and takes effect for new connections before it
-// returns. It does not wait for an Apply that is running: the proxy's
-// frontends change at once, the kernel engine's as soon as its tables are
-// free. From the first call for an owner on, the owner's backends carry
-// the state it last set, in this and every later Apply, whatever the
-// configuration says (a configuration computed before the change must not
-// undo it); the caller's configuration should agree (lbmodel derives both
-// from the node's taints).
+// returns. It does not wait for the slow parts of an Apply that is
+// running (sockets, probes, the kernel sync): the proxy's frontends change
+// once the Apply's loop over the backend sets is done; the kernel
+// engine's, when its entries were prepared for the change, once a kernel
+// sync in progress is done, else by a sync after the Apply. From the first
+// call for an owner on, the owner's backends carry the state it last set,
+// in this and every later Apply, whatever the configuration says (a
+// configuration computed before the change must not undo it); the
+// caller's configuration should agree (lbmodel derives both from the
+// node's taints).
 func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, error) {
 	start := time.Now()
 	if owner == "" {

@@ -47,6 +47,9 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 			f.remove()
 			delete(d.frontends, f.key)
 		}
+		if len(full) > 0 {
+			d.publishFrontendsLocked()
+		}
 		kernel = fits
 		var stale bool
 		if stale, err = d.kernel.sync(kernel, d.m, prepare); err == nil {
@@ -65,6 +68,7 @@ func (d *DataPlane) syncKernelLocked(prepare bool) []SkippedFrontend {
 		delete(d.frontends, f.key)
 		auto, named = auto || cfg.auto, named || !cfg.auto
 	}
+	d.publishFrontendsLocked()
 	d.kernelFailedLocked(fmt.Errorf("kernel engine: %w", err), auto, named)
 	return skipped
 }

@@ -4,14 +4,17 @@ import "sync"
 
 // ownerAdmin is the node fast path's state: the admin state
 // SetOwnerAdminState last set for each owner, which wins over the
-// configuration's in every later Apply, and the frontends of the last
-// Apply, whose backends it changes. Its lock is held only while admin
-// states are written (by Apply, frontend by frontend, and by the fast
-// path), never across an Apply's sockets, probes or kernel sync: a node
-// that starts leaving does not wait for a resync.
+// configuration's in every later Apply, and the frontends being served,
+// whose backends it changes. Its lock is held only while admin states are
+// written (by Apply, over its loop that builds the frontends' backend
+// sets, and by the fast path) and the list is replaced, never across an
+// Apply's sockets, probes or kernel sync: a node that starts leaving does
+// not wait for a resync.
 type ownerAdmin struct {
-	mu        sync.Mutex
-	states    map[string]adminState
+	mu     sync.Mutex
+	states map[string]adminState
+	// frontends are the data plane's frontends, published by whatever
+	// adds or removes them (publishFrontendsLocked).
 	frontends []*frontend
 
 	// flipMu serialises the kernel engine's fast path run outside the
@@ -53,7 +56,20 @@ func (o *ownerAdmin) set(owner string, state adminState) (n int, kernel bool) {
 	return n, kernel
 }
 
-// kernelFrontends are the kernel engine's frontends of the last Apply.
+// publishFrontendsLocked publishes the data plane's frontends to the fast
+// path, after frontends were removed (a kernel path without room, or
+// failing; Close). d.mu is held.
+func (d *DataPlane) publishFrontendsLocked() {
+	out := make([]*frontend, 0, len(d.frontends))
+	for _, f := range d.frontends {
+		out = append(out, f)
+	}
+	d.owners.mu.Lock()
+	d.owners.frontends = out
+	d.owners.mu.Unlock()
+}
+
+// kernelFrontends are the kernel engine's frontends being served.
 func (o *ownerAdmin) kernelFrontends() []*frontend {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -77,9 +93,11 @@ func (o *ownerAdmin) retire() {
 // flipKernel brings owner's change to the kernel engine on its fast path
 // without the data plane's lock, and reports whether it did. It waits only
 // for the kernel engine's own lock (a sync in progress). It does not when
-// the engine's installed entries were not prepared for this change, or the
-// frontends of the last Apply are not (or no longer) those installed: the
-// caller then takes the data plane's lock and syncs.
+// the engine's installed entries were not prepared for this change (a
+// sync since the last preparation, as frequent resyncs do, leaves them
+// unprepared until the next one, 100 ms later), or the published
+// frontends are not those installed: the caller then takes the data
+// plane's lock and syncs, after any Apply that runs.
 func (d *DataPlane) flipKernel(owner string) bool {
 	d.owners.flipMu.Lock()
 	defer d.owners.flipMu.Unlock()

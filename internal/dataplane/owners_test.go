@@ -178,3 +178,21 @@ func TestEnginesFastPathOfARetiredDataPlaneLeavesTheKernelAlone(t *testing.T) {
 		}
 	})
 }
+
+// The fast path follows the frontends being served, not those of the last
+// Apply: once closed, a data plane sets nothing (a frontend taken out
+// after an Apply, as a kernel path without room does, no longer counts).
+func TestAClosedDataPlaneSetsNoBackend(t *testing.T) {
+	d := newDataPlane(t, Options{})
+	a := newTestBackend(t)
+	mustApply(t, d, tcpFrontend("fe", freeAddr(t, "tcp"), a.backend()))
+	if n, err := d.SetOwnerAdminState(a.backend().Owner, AdminDown); err != nil || n != 1 {
+		t.Fatalf("SetOwnerAdminState = %d, %v; want 1 backend set", n, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.SetOwnerAdminState(a.backend().Owner, AdminNone); err != nil || n != 0 {
+		t.Errorf("after Close, SetOwnerAdminState = %d, %v; want 0 backends set", n, err)
+	}
+}
