@@ -56,7 +56,7 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	url := fmt.Sprintf("http://%s/", vip)
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, client, url)
+		err := e2eutil.Answered(ctx, cluster, client, url)
 		return err == nil, fmt.Sprint(err)
 	})
 	expectSpread(t, ctx, client, url, lbA, lbB)
@@ -69,7 +69,7 @@ func TestBGPSpreadsFlowsAcrossLBHostsAndAStoppedHostWithdraws(t *testing.T) {
 	t.Logf("route withdrawn %s after %s stopped being an LB node", time.Since(stopped).Round(time.Millisecond), lbB.Name)
 	waitPeerStatus(t, ctx, "router", "1", "1")
 	for i := range 30 {
-		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
+		if err := e2eutil.Answered(ctx, cluster, client, url); err != nil {
 			t.Fatalf("request %d after %s stopped: %v", i, lbB.Name, err)
 		}
 	}
@@ -85,7 +85,7 @@ func expectSpread(t *testing.T, ctx context.Context, client *http.Client, url st
 		before[h.Name] = lbConnections(t, ctx, h)
 	}
 	for i := range 60 {
-		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
+		if err := e2eutil.Answered(ctx, cluster, client, url); err != nil {
 			t.Fatalf("request %d from the client to %s: %v", i, url, err)
 		}
 	}
@@ -164,7 +164,7 @@ func TestBGPAnnouncesIPv6AddressesOverTheSameSessions(t *testing.T) {
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	url := fmt.Sprintf("http://%s/", net.JoinHostPort(vips[1].String(), "80"))
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, client, url)
+		err := e2eutil.Answered(ctx, cluster, client, url)
 		return err == nil, fmt.Sprint(err)
 	})
 	expectSpread(t, ctx, client, url, lbA, lbB)
@@ -174,7 +174,7 @@ func TestBGPAnnouncesIPv6AddressesOverTheSameSessions(t *testing.T) {
 	waitNextHops(t, ctx, v6, bothV6[:1])
 	t.Logf("IPv6 route withdrawn %s after %s stopped being an LB node", time.Since(stopped).Round(time.Millisecond), lbB.Name)
 	for i := range 30 {
-		if _, err := e2eutil.GetIdentity(ctx, client, url); err != nil {
+		if err := e2eutil.Answered(ctx, cluster, client, url); err != nil {
 			t.Fatalf("request %d to %s after %s stopped: %v", i, url, lbB.Name, err)
 		}
 	}

@@ -24,7 +24,7 @@ var (
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-announce", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-announce", Nodes: 3, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 

@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -37,7 +38,9 @@ var (
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-azure", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	// Real kubelets (issue 40): the controller runs as a user's does,
+	// its Secret mounted by the kubelet.
+	opts := localcluster.Options{Name: "e2e-azure", Nodes: 3, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
@@ -121,11 +124,16 @@ func logControllersOnFailure(t *testing.T) {
 		if !t.Failed() {
 			return
 		}
-		logs, _ := filepath.Glob(filepath.Join(cluster.Dir(), "logs", "pods", ebbrun.Namespace+"_ebb-controller-*.log"))
-		for _, path := range logs {
-			data, _ := os.ReadFile(path)
-			lines := strings.Split(string(data), "\n")
-			t.Logf("%s, last lines:\n%s", filepath.Base(path), strings.Join(lines[max(0, len(lines)-30):], "\n"))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		pods, err := cluster.Client.CoreV1().Pods(ebbrun.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
+		if err != nil {
+			t.Logf("listing the controller's pods for their logs: %v", err)
+			return
+		}
+		for _, p := range pods.Items {
+			data, err := cluster.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(ctx)
+			t.Logf("%s, last lines (%v):\n%s", p.Name, err, data)
 		}
 	})
 }

@@ -18,8 +18,9 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
-// DeployLoadBalancedEcho deploys an echo app of the given replicas (with a
-// 2 s preStop sleep) behind
+// DeployLoadBalancedEcho deploys the cluster's test app (an echo on
+// simulated nodes, agnhost netexec on real ones: Cluster.AppDeployment) of
+// the given replicas (with a 2 s preStop sleep) behind
 // a LoadBalancer Service of class ebb.dev/l4, both named name, waits for
 // the pods and the Service's address, and returns the address.
 func DeployLoadBalancedEcho(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name string, replicas int32, shape ...func(*appsv1.Deployment)) netip.Addr {
@@ -36,7 +37,7 @@ func DeployLoadBalancedEchoService(t *testing.T, ctx context.Context, c *localcl
 	// A preStop sleep, as an application behind kube-proxy needs: an
 	// evicted pod keeps accepting while every node's kube-proxy learns it
 	// is going (maintaining an LB host evicts the app's pods there too).
-	dep := localcluster.EchoDeployment(ns, name, replicas)
+	dep := c.AppDeployment(ns, name, replicas)
 	dep.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
 	for _, f := range shape {
 		f(dep)

@@ -176,7 +176,7 @@ func DeployBGPService(t *testing.T, ctx context.Context, c *localcluster.Cluster
 	// 9 of 12 connections opened right after were refused).
 	Eventually(t, ctx, 30*time.Second, "the client reaching "+s.URL+" 20 times in a row", func(ctx context.Context) (bool, string) {
 		for i := range 20 {
-			if _, err := GetIdentity(ctx, s.Client, s.URL); err != nil {
+			if err := GetOK(ctx, s.Client, s.URL); err != nil {
 				return false, fmt.Sprintf("request %d: %v", i, err)
 			}
 		}

@@ -26,7 +26,21 @@ func NewNamespace(t *testing.T, ctx context.Context, c *localcluster.Cluster) st
 		t.Fatalf("creating a namespace: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+		// Deleted, and its Services waited for (with their addresses, an
+		// address's announcement and its metrics go): the next test of
+		// the suite counts owners, takeovers and addresses of its own,
+		// however long the pods take to end (real kubelets run their
+		// preStop hooks and grace periods).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = c.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			svcs, err := c.Client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{})
+			return err == nil && len(svcs.Items) == 0, nil
+		})
+		if err != nil {
+			t.Logf("the Services of namespace %s were not gone a minute after its deletion", ns.Name)
+		}
 	})
 	Eventually(t, ctx, 30*time.Second, "the default service account of "+ns.Name, func(ctx context.Context) (bool, string) {
 		_, err := c.Client.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
@@ -26,4 +27,26 @@ func GetIdentity(ctx context.Context, client *http.Client, url string) (podserve
 		return id, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
 	return id, json.NewDecoder(resp.Body).Decode(&id)
+}
+
+// GetOK sends GET url through client and wants 200 with the whole body
+// read: what either kind of node's app answers (the echo's identity, or
+// agnhost netexec's time), for loads that only count answers.
+func GetOK(ctx context.Context, client *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	return nil
 }

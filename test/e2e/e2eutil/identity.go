@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 )
@@ -60,4 +63,49 @@ func Identify(ctx context.Context, c *localcluster.Cluster, client *http.Client,
 		id.Port = int(p.Spec.Containers[0].Ports[0].ContainerPort)
 	}
 	return id, nil
+}
+
+// Answered sends one GET to the app at target and checks the answer: on
+// simulated nodes the echo's identity (GetIdentity), on real ones agnhost
+// netexec's /hostname, a pod's name. Unlike Identify it asks nothing of
+// the API, for loops of requests.
+func Answered(ctx context.Context, c *localcluster.Cluster, client *http.Client, target string) error {
+	if !c.RealKubelets() {
+		_, err := GetIdentity(ctx, client, target)
+		return err
+	}
+	u, err := url.Parse(target)
+	if err != nil {
+		return err
+	}
+	u.Path, u.RawQuery = "/hostname", ""
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	switch {
+	case err != nil:
+		return fmt.Errorf("GET %s: %w", u, err)
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+	case len(strings.TrimSpace(string(body))) == 0:
+		return fmt.Errorf("GET %s: no pod name in the answer", u)
+	}
+	return nil
+}
+
+// OpenLongLived opens a kept-alive connection to the cluster's app at addr
+// through dial that sends a message every interval and checks its echo:
+// a raw echo on simulated nodes, agnhost netexec's /echo on real ones.
+func OpenLongLived(c *localcluster.Cluster, dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, interval time.Duration) (*loadgen.LongLived, error) {
+	if c.RealKubelets() {
+		return loadgen.OpenLongLivedHTTPVia(dial, addr, interval)
+	}
+	return loadgen.OpenLongLivedVia(dial, addr, interval)
 }

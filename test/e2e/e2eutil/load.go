@@ -102,7 +102,7 @@ func StartRequests(t *testing.T, ctx context.Context, client *http.Client, url s
 		l.Go(func() {
 			for !l.Stopped() {
 				start := time.Now()
-				if _, err := GetIdentity(ctx, client, url); err != nil {
+				if err := GetOK(ctx, client, url); err != nil {
 					l.Fail(err)
 					continue
 				}

@@ -41,7 +41,7 @@ func TestL2IPv6AddressIsOwnedByOneHostAndTakenOver(t *testing.T) {
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	url := fmt.Sprintf("http://%s/", net.JoinHostPort(vip.String(), "80"))
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, client, url)
+		err := e2eutil.Answered(ctx, cluster, client, url)
 		return err == nil, fmt.Sprint(err)
 	})
 	owner := routerOwner(macs, vip)

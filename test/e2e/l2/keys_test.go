@@ -43,7 +43,7 @@ func TestL2HeartbeatKeyRotatesWithoutAMove(t *testing.T) {
 	waitKeys(t, ctx, lbs, `id="key-1",signing="true"`)
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+vip.String()+" through an owner", func(ctx context.Context) (bool, string) {
-		_, err := e2eutil.GetIdentity(ctx, client, "http://"+vip.String()+"/")
+		err := e2eutil.Answered(ctx, cluster, client, "http://"+vip.String()+"/")
 		return err == nil && routerOwner(macs, vip) != "", fmt.Sprint(err)
 	})
 	owner := routerOwner(macs, vip)

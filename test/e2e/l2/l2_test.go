@@ -62,7 +62,7 @@ func TestL2OwnerHandsOverAndAVanishedOwnerIsReplaced(t *testing.T) {
 	for _, vip := range vips {
 		url := fmt.Sprintf("http://%s/", vip)
 		e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
-			_, err := e2eutil.GetIdentity(ctx, client, url)
+			err := e2eutil.Answered(ctx, cluster, client, url)
 			return err == nil, fmt.Sprint(err)
 		})
 		if ownerOf(vip) == "" {

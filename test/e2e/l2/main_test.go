@@ -21,7 +21,7 @@ var cluster *localcluster.Cluster
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-l2", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-l2", Nodes: 3, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 

@@ -36,7 +36,7 @@ func TestAnnouncementPolicyChoosesTheL2Owner(t *testing.T) {
 	reach := func(what string) {
 		t.Helper()
 		e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url+" "+what, func(ctx context.Context) (bool, string) {
-			_, err := e2eutil.GetIdentity(ctx, client, url)
+			err := e2eutil.Answered(ctx, cluster, client, url)
 			return err == nil, fmt.Sprint(err)
 		})
 	}

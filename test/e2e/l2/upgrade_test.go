@@ -50,7 +50,7 @@ func TestL2RollingUpgradeKeepsTheAddressWhereItIs(t *testing.T) {
 	load.Start()
 	var long []*loadgen.LongLived
 	for range 4 {
-		l, err := loadgen.OpenLongLivedVia(cluster.ExternalClient.DialContext, netip.AddrPortFrom(vip, 80).String(), 200*time.Millisecond)
+		l, err := e2eutil.OpenLongLived(cluster, cluster.ExternalClient.DialContext, netip.AddrPortFrom(vip, 80).String(), 200*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
