@@ -24,7 +24,7 @@ var (
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-kernel", Nodes: 3, HostUserNamespace: true, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-kernel", Nodes: 3, HostUserNamespace: true, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
