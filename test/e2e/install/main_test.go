@@ -23,6 +23,6 @@ const lbNode = "node-1"
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-install", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-install", Nodes: 4, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, e2eutil.InstallFromDist(dist, lbNode)))
 }

@@ -60,9 +60,9 @@ func TestControllerMayChangeOnlyWhatItOwns(t *testing.T) {
 	ebb := asController(t)
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 
-	optedIn := localcluster.EchoDeployment(ns, "opted-in", 1)
+	optedIn := cluster.AppDeployment(ns, "opted-in", 1)
 	optedIn.Annotations = map[string]string{"maintenance.ebb.dev/surge-evacuation": "true"}
-	other := localcluster.EchoDeployment(ns, "other", 1)
+	other := cluster.AppDeployment(ns, "other", 1)
 	for _, dep := range []*appsv1.Deployment{optedIn, other} {
 		if _, err := admin.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
