@@ -215,7 +215,11 @@ func WaitInstalled(ctx context.Context, c *localcluster.Cluster, lbNodes int) er
 		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for ebb to be installed (%s; pod logs in %s): %w", last, filepath.Join(c.Dir(), "logs", "pods"), err)
+		where := "pod logs in " + filepath.Join(c.Dir(), "logs", "pods")
+		if c.RealKubelets() {
+			where = "pod logs by kubectl logs -n " + Namespace
+		}
+		return fmt.Errorf("waiting for ebb to be installed (%s; %s): %w", last, where, err)
 	}
 	return nil
 }

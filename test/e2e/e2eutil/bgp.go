@@ -126,8 +126,8 @@ func SetUpBGP(ctx context.Context, c *localcluster.Cluster, manifest string) (*l
 	return c.StartBGPRouter(ctx, localcluster.BGPRouterOptions{HoldTime: BGPHoldTime, Password: bgpPassword})
 }
 
-// BGPService is a LoadBalancer Service of echo servers behind two LB
-// hosts, reached by BGP from the client behind the router.
+// BGPService is a LoadBalancer Service of the cluster's test app behind
+// two LB hosts, reached by BGP from the client behind the router.
 type BGPService struct {
 	// Namespace holds the Service (named web).
 	Namespace string
@@ -141,7 +141,7 @@ type BGPService struct {
 }
 
 // DeployBGPService starts ebb lb on the cluster's first two nodes and a
-// two-replica echo Service (shaped by shape), waits until both LB hosts
+// two-replica Service of the test app (shaped by shape), waits until both LB hosts
 // serve it, the router has both as the address's next hops, and the
 // client behind it reaches the Service.
 func DeployBGPService(t *testing.T, ctx context.Context, c *localcluster.Cluster, router *localcluster.BGPRouter, shape ...func(*appsv1.Deployment)) BGPService {

@@ -26,11 +26,12 @@ func NewNamespace(t *testing.T, ctx context.Context, c *localcluster.Cluster) st
 		t.Fatalf("creating a namespace: %v", err)
 	}
 	t.Cleanup(func() {
-		// Deleted, and its Services waited for (with their addresses, an
-		// address's announcement and its metrics go): the next test of
-		// the suite counts owners, takeovers and addresses of its own,
-		// however long the pods take to end (real kubelets run their
-		// preStop hooks and grace periods).
+		// Deleted, and its Services waited for: their addresses are
+		// released, and ebb lb withdraws them soon after, so that the next
+		// test of the suite counts (mostly) owners, takeovers and
+		// addresses of its own, however long the pods take to end (real
+		// kubelets run their preStop hooks and grace periods). A cluster
+		// that cannot delete them costs a minute per test, logged.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_ = c.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
