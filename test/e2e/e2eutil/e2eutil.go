@@ -34,6 +34,14 @@ func NewNamespace(t *testing.T, ctx context.Context, c *localcluster.Cluster) st
 		// that cannot delete them costs a minute per test, logged.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		// The Services first, by name (Services have no deletecollection):
+		// the namespace controller reaches them only after its discovery
+		// and requeue delays, 10 s a test in the service suite.
+		if svcs, err := c.Client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{}); err == nil {
+			for _, svc := range svcs.Items {
+				_ = c.Client.CoreV1().Services(ns.Name).Delete(ctx, svc.Name, metav1.DeleteOptions{})
+			}
+		}
 		_ = c.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
 		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			svcs, err := c.Client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{})
