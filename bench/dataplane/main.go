@@ -251,24 +251,24 @@ func run(topo, ebbBin string, d time.Duration, rounds, pairs int, out string, pr
 		}
 	}
 	summary := map[string]any{
-		"date":                                 time.Now().UTC().Format(time.RFC3339),
-		"topology":                             topo,
-		"rounds":                               rounds,
-		"system_pairs":                         pairs,
-		"apply_to_effect_us_p99":               proxy.applyP99,
-		"owner_admin_state_us_p99":             proxy.ownerP99,
-		"owner_admin_down_us_p99":              proxy.ownerDownP99,
-		"owner_admin_down_under_resync_us_p99": proxy.resyncDownP99,
-		"nft_owner_admin_down_under_resync_us_p99":  kernel.resyncDownP99,
-		"ebpf_owner_admin_down_under_resync_us_p99": ebpf.resyncDownP99,
+		"date":                                      time.Now().UTC().Format(time.RFC3339),
+		"topology":                                  topo,
+		"rounds":                                    rounds,
+		"system_pairs":                              pairs,
+		"apply_to_effect_us_p99":                    proxy.applyP99,
+		"owner_admin_state_us_p99":                  proxy.ownerP99,
+		"owner_admin_down_us_p99":                   proxy.ownerDownP99,
+		"owner_admin_down_under_resync_us_p99":      proxy.resyncDownP99,
 		"nft_apply_to_effect_us_p99":                kernel.applyP99,
 		"nft_owner_admin_state_us_p99":              kernel.ownerP99,
 		"nft_owner_admin_down_us_p99":               kernel.ownerDownP99,
 		"nft_owner_admin_down_spaced_us_p99":        kernel.spacedDownP99,
+		"nft_owner_admin_down_under_resync_us_p99":  kernel.resyncDownP99,
 		"nft_prepare_us_mean":                       kernel.prepareMean,
 		"ebpf_apply_to_effect_us_p99":               ebpf.applyP99,
 		"ebpf_owner_admin_down_us_p99":              ebpf.ownerDownP99,
 		"ebpf_owner_admin_down_spaced_us_p99":       ebpf.spacedDownP99,
+		"ebpf_owner_admin_down_under_resync_us_p99": ebpf.resyncDownP99,
 	}
 	for _, c := range cs {
 		addKeys(summary, c.prefix, medians(results[c.name]))

@@ -38,27 +38,35 @@ func TestTheNodeFastPathDoesNotWaitForAnApply(t *testing.T) {
 		mustApply(t, d, tcpFrontend("fe", at, a.backend(), b.backend()))
 
 		d.mu.Lock() // an Apply that runs
-		done := make(chan error, 1)
-		go func() {
-			_, err := d.SetOwnerAdminState(a.backend().Owner, AdminDown)
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if err != nil {
-				d.mu.Unlock()
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			d.mu.Unlock()
-			t.Fatal("SetOwnerAdminState waited for the Apply that held the data plane's lock")
-		}
+		downWhileLocked(t, d, a.backend().Owner)
 		took := newConnectionsTo(t, at.String(), 8, a, b)
 		d.mu.Unlock()
 		if took[0] != 0 || took[1] != 8 {
 			t.Errorf("with a's node Down during an Apply, new connections went %v to a and b, want [0 8]", took)
 		}
 	})
+}
+
+// downWhileLocked sets owner Down by the fast path while the test holds
+// d.mu (as an Apply that runs would), and fails, releasing the lock, if
+// the call errs or waits for the lock.
+func downWhileLocked(t *testing.T, d *DataPlane, owner string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.SetOwnerAdminState(owner, AdminDown)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			d.mu.Unlock()
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		d.mu.Unlock()
+		t.Fatal("SetOwnerAdminState waited for the Apply that held the data plane's lock")
+	}
 }
 
 // A configuration computed before a node's change reached the fast path
@@ -117,21 +125,7 @@ func TestEnginesNodeFastPathDoesNotWaitForAnApply(t *testing.T) {
 			t.Fatalf("preparing the kernel's entries: %v", skipped[0].Err)
 		}
 		// From here the lock is held, as by an Apply that runs.
-		done := make(chan error, 1)
-		go func() {
-			_, err := d.SetOwnerAdminState(a.Owner, AdminDown)
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if err != nil {
-				d.mu.Unlock()
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			d.mu.Unlock()
-			t.Fatal("SetOwnerAdminState waited for the Apply that held the data plane's lock")
-		}
+		downWhileLocked(t, d, a.Owner)
 		beforeA, beforeB := sa.accepted.Load(), sb.accepted.Load()
 		for i := range 6 {
 			if err := n.roundTripNew(t, 80); err != nil {
