@@ -27,28 +27,10 @@ func Identify(ctx context.Context, c *localcluster.Cluster, client *http.Client,
 		return GetIdentity(ctx, client, target)
 	}
 	var id podserver.Identity
-	u, err := url.Parse(target)
+	name, u, err := hostname(ctx, client, target)
 	if err != nil {
 		return id, err
 	}
-	u.Path, u.RawQuery = "/hostname", ""
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return id, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return id, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if err != nil {
-		return id, fmt.Errorf("GET %s: %w", u, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return id, fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
-	}
-	name := strings.TrimSpace(string(body))
 	pods, err := c.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
 	if err != nil {
 		return id, fmt.Errorf("finding pod %s, which answered %s: %w", name, u, err)
@@ -74,30 +56,38 @@ func Answered(ctx context.Context, c *localcluster.Cluster, client *http.Client,
 		_, err := GetIdentity(ctx, client, target)
 		return err
 	}
+	name, u, err := hostname(ctx, client, target)
+	if err == nil && name == "" {
+		err = fmt.Errorf("GET %s: no pod name in the answer", u)
+	}
+	return err
+}
+
+// hostname asks agnhost netexec's /hostname at target's host and port and
+// returns the pod name it answers, and the URL it asked.
+func hostname(ctx context.Context, client *http.Client, target string) (string, *url.URL, error) {
 	u, err := url.Parse(target)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	u.Path, u.RawQuery = "/hostname", ""
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return err
+		return "", u, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return "", u, err
 	}
 	body, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	switch {
-	case err != nil:
-		return fmt.Errorf("GET %s: %w", u, err)
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
-	case len(strings.TrimSpace(string(body))) == 0:
-		return fmt.Errorf("GET %s: no pod name in the answer", u)
+	if err != nil {
+		return "", u, fmt.Errorf("GET %s: %w", u, err)
 	}
-	return nil
+	if resp.StatusCode != http.StatusOK {
+		return "", u, fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+	}
+	return strings.TrimSpace(string(body)), u, nil
 }
 
 // OpenLongLived opens a kept-alive connection to the cluster's app at addr
