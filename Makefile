@@ -7,6 +7,9 @@ GO ?= go
 # staticcheck) are built from source once and cached by version outside the
 # repository; hack/tools.sh prints where.
 TOOLS_BIN = $(shell hack/tools.sh --print)
+# Kubernetes' own e2e test binary, built from source and cached apart from
+# the tools (hack/upstream-e2e.sh).
+UPSTREAM_E2E = $(shell hack/upstream-e2e.sh --print)
 E2E_TIMEOUT ?= 30m
 # Extra flags for `ebb demo`, e.g. make demo DEMO_FLAGS=--baseline=false (ebb
 # only), or DEMO_FLAGS=--real-kubelets=false (kwok-simulated nodes, no root)
@@ -15,7 +18,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse clean
+.PHONY: all build image release tools test unit e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse upstream-e2e conformance clean
 
 all: build
 
@@ -38,6 +41,10 @@ release: image tools
 tools:
 	@hack/tools.sh >/dev/null
 
+## upstream-e2e: build Kubernetes' e2e.test (k8s.io/kubernetes/test/e2e) when it is not cached yet (a cold build takes about 15 minutes on 2 cores)
+upstream-e2e:
+	@hack/upstream-e2e.sh >/dev/null
+
 ## test: unit tests with -race, then the end-to-end tests on the local cluster
 test: tools unit e2e
 
@@ -49,8 +56,15 @@ unit:
 # One suite at a time (-p 1): each starts a cluster of its own, and the
 # suites assert on timing (zero failed requests through a drain); two
 # clusters on two cores made a suite fail now and then for want of CPU.
-e2e: tools build release
-	EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/...
+e2e: tools upstream-e2e build release
+	EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb EBB_UPSTREAM_E2E=$(UPSTREAM_E2E) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/...
+
+## conformance: Kubernetes' own LoadBalancer and Service e2e cases (k8s.io/kubernetes v1.36.3) against ebb on real kubelets; prints the table (bench/results/conformance.md) and, last, the JSON summary (bench/results/conformance.json)
+conformance: tools upstream-e2e build release
+	mkdir -p bench/results
+	rc=0; EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb EBB_UPSTREAM_E2E=$(UPSTREAM_E2E) EBB_UPSTREAM_FOCUS=full EBB_UPSTREAM_SUMMARY=$(CURDIR)/bench/results/conformance.json \
+		$(GO) test -count=1 -timeout 150m -v ./test/e2e/upstream/ || rc=$$?; \
+	cat bench/results/conformance.md; tail -1 bench/results/conformance.json; exit $$rc
 
 ## lint: go vet and staticcheck (pinned)
 lint: tools

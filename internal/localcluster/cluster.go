@@ -22,6 +22,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -89,6 +90,11 @@ type Options struct {
 	// podrunner or pod servers for them. It needs root and the cluster in
 	// the host's user namespace (HostUserNamespace is implied).
 	RealKubelets bool
+	// NodePorts is the apiserver's --service-node-port-range. Default
+	// DefaultNodePorts, wide enough for the 3,000 node ports bench-service
+	// makes; Kubernetes' own e2e tests need Kubernetes' default,
+	// 30000-32767, which they hard-code (test/e2e/framework/service/jig.go).
+	NodePorts utilnet.PortRange
 }
 
 // Node is a simulated node.
@@ -222,6 +228,9 @@ func withDefaults(o Options) Options {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if o.NodePorts.Size == 0 {
+		o.NodePorts = DefaultNodePorts
+	}
 	return o
 }
 
@@ -261,7 +270,7 @@ func (c *Cluster) startControlPlane() error {
 		// publish for the kubernetes Service.
 		Set("advertise-address", controlPlaneIP).
 		Set("authorization-mode", "Node,RBAC").
-		Set("service-node-port-range", fmt.Sprintf("%d-%d", nodePortFirst, nodePortLast)).
+		Set("service-node-port-range", c.opts.NodePorts.String()).
 		// envtest turns the ServiceAccount admission plugin off because it
 		// runs no controller manager; this cluster does, so admission stays
 		// as a real cluster has it.

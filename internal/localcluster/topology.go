@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"time"
 
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+
 	"github.com/ebbdev/ebb/internal/localcluster/network"
 )
 
@@ -63,12 +65,10 @@ const (
 	HostClient       = "client"
 )
 
-// nodePortRange is the apiserver's --service-node-port-range (room for the
-// 3,000 node ports bench-service makes).
-const (
-	nodePortFirst = 20000
-	nodePortLast  = 32767
-)
+// DefaultNodePorts is the local cluster's --service-node-port-range unless
+// Options.NodePorts says otherwise: room for the 3,000 node ports
+// bench-service makes.
+var DefaultNodePorts = utilnet.PortRange{Base: 20000, Size: 32767 - 20000 + 1}
 
 // nodeSpec is the plan of node i (from 1).
 func nodeSpec(i int) Node {
@@ -236,7 +236,7 @@ func (c *Cluster) DeleteVIPRoutes() error {
 func (c *Cluster) startTaps(ctx context.Context) error {
 	c.taps = map[string]*network.SYNTap{}
 	for _, n := range c.Nodes {
-		t, err := c.Network.TapSYNs(ctx, netip.MustParseAddr(n.IP), nodePortFirst, nodePortLast)
+		t, err := c.Network.TapSYNs(ctx, netip.MustParseAddr(n.IP), uint16(c.opts.NodePorts.Base), uint16(c.opts.NodePorts.Base+c.opts.NodePorts.Size-1))
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,67 @@
+// Package upstream_test holds ebb to Kubernetes' own tests: the upstream
+// e2e test binary (e2e.test, built from k8s.io/kubernetes/test/e2e by
+// hack/upstream-e2e.sh) runs its LoadBalancer and Service cases against a
+// local cluster of real kubelets with ebb installed from dist/install.yaml
+// as the cluster's default load balancer (class-less Services are ebb's).
+// The binary runs on the client host behind the router, so it reaches
+// Service addresses the way a client does.
+//
+// `make e2e` (CI) runs a focused set of LoadBalancer cases; `make
+// conformance` runs every case that applies (EBB_UPSTREAM_FOCUS=full) and
+// prints the table and the JSON summary (docs/conformance.md).
+package upstream_test
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+
+	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/test/e2e/e2eutil"
+)
+
+var cluster *localcluster.Cluster
+
+// lbNode runs ebb lb; the router sends the VIP pools to it.
+const lbNode = "node-1"
+
+func TestMain(m *testing.M) {
+	dist := e2eutil.DistDir()
+	// Three nodes: the upstream cases want two schedulable nodes at least
+	// (client pods on two nodes, a DaemonSet rolled across several).
+	// Kubernetes' default node port range: the upstream tests hard-code it.
+	opts := localcluster.Options{Name: "e2e-upstream", Nodes: 3, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")},
+		NodePorts: utilnet.PortRange{Base: 30000, Size: 2768}}
+	os.Exit(localcluster.RunTests(m, opts, &cluster, installAsDefault(dist)))
+}
+
+// installAsDefault installs ebb from dist as the cluster's default load
+// balancer (the upstream cases create Services without a class), with ebb
+// lb on lbNode and the router's routes to the VIP pools through it.
+func installAsDefault(dist string) func(*localcluster.Cluster) (func(), error) {
+	return func(c *localcluster.Cluster) (func(), error) {
+		ctx, cancel := contextWithTimeout()
+		defer cancel()
+		err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
+			LBNodes:        []string{lbNode},
+			ControllerArgs: []string{"--default-load-balancer"},
+			LBArgs:         []string{"--default-load-balancer"},
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range c.Nodes {
+			if n.Name != lbNode {
+				continue
+			}
+			if err := c.RouteVIPsVia(netip.MustParseAddr(n.IP), netip.MustParseAddr(n.IPv6)); err != nil {
+				return nil, err
+			}
+		}
+		return func() { _ = c.RouteVIPs() }, nil
+	}
+}
