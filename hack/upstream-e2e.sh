@@ -1,42 +1,71 @@
 #!/usr/bin/env bash
-# Builds Kubernetes' own e2e test binary (e2e.test) from k8s.io/kubernetes
-# through the Go module proxy, as hack/tools.sh builds the control plane,
-# and caches it by its inputs outside the repository. Prints the binary's
-# path as its last line of output. Kept apart from hack/tools.sh so that a
-# change here does not rebuild the cluster's tools, and the reverse.
+# Builds what running Kubernetes' own e2e tests against the local cluster
+# needs, from source through the Go module proxy, and caches it by its
+# inputs outside the repository: the e2e test binary (e2e.test, from
+# k8s.io/kubernetes/test/e2e) and CoreDNS (the cluster DNS the cases
+# expect). Installs the Debian packages whose programs the cases run in
+# the app's pods (wget, OpenBSD nc, curl; the app image carries them). Prints
+# the directory holding e2e.test and coredns as its last line of output.
+# Kept apart from hack/tools.sh so that a change here does not rebuild the
+# cluster's tools, and the reverse.
 #
-#   hack/upstream-e2e.sh            build it when missing, print its path
-#   hack/upstream-e2e.sh --print    print its path without building
+#   hack/upstream-e2e.sh            build what is missing, print the directory
+#   hack/upstream-e2e.sh --print    print the directory without building
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 mod="$root/hack/upstream-e2e"
 cache=${EBB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebb}
 kube=$(sed -n "s/^[[:space:]]*\(require[[:space:]]\+\)\?k8s.io\/kubernetes \(v[^[:space:]]*\).*/\2/p" "$mod/go.mod" | head -1)
-key=$( { go env GOVERSION; cat "$0" "$mod/go.mod" "$mod/go.sum" "$mod/tools.go"; } | sha256sum | cut -c1-12)
-bin="$cache/upstream-e2e/kube-$kube-$key/e2e.test"
+key=$( { go env GOVERSION; cat "$0"; find "$mod" -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
+dir="$cache/upstream-e2e/kube-$kube-$key"
 
 if [[ "${1:-}" == "--print" ]]; then
-	echo "$bin"
+	echo "$dir"
 	exit 0
 fi
-if [[ ! -x "$bin" ]]; then
-	log() { printf '[upstream-e2e] %s\n' "$*" >&2; }
-	log "building Kubernetes' e2e.test $kube (a cold build takes about 15 minutes on 2 cores; cached in $(dirname "$bin") afterwards)"
-	start=$SECONDS
-	( while sleep 60; do log "  still building e2e.test ($((SECONDS - start))s)"; done ) >/dev/null &
-	beat=$!
-	trap 'kill $beat 2>/dev/null || true' EXIT
-	mkdir -p "$(dirname "$bin")"
-	minor=${kube#v1.}; minor=${minor%%.*}
-	ldflags="-s -w"
-	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags+=" -X $pkg.gitVersion=$kube -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-	done
-	# The test main of k8s.io/kubernetes/test/e2e is upstream's own
-	# (e2e_test.go); tools.go keeps what it imports in go.mod.
-	(cd "$mod" && go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$bin.tmp" k8s.io/kubernetes/test/e2e)
-	mv "$bin.tmp" "$bin"
-	log "built e2e.test in $((SECONDS - start))s"
+log() { printf '[upstream-e2e] %s\n' "$*" >&2; }
+mkdir -p "$dir"
+
+# build NAME CMD... runs CMD (which writes $dir/NAME.tmp) unless NAME is cached.
+build() {
+	local name=$1; shift
+	[[ -x "$dir/$name" ]] && return 0
+	log "building $name (cold builds take minutes on 2 cores; cached in $dir afterwards)"
+	local start=$SECONDS
+	( while sleep 60; do log "  still building $name ($((SECONDS - start))s)"; done ) >/dev/null &
+	local beat=$!
+	if ! "$@"; then
+		kill "$beat" 2>/dev/null || true
+		log "building $name failed"
+		return 1
+	fi
+	kill "$beat" 2>/dev/null || true
+	mv "$dir/$name.tmp" "$dir/$name"
+	log "built $name in $((SECONDS - start))s"
+}
+
+minor=${kube#v1.}; minor=${minor%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X $pkg.gitVersion=$kube -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+# The test main of k8s.io/kubernetes/test/e2e is upstream's own
+# (e2e_test.go); tools.go keeps what it imports in go.mod.
+build e2e.test bash -c "cd '$mod' && go test -c -vet=off -trimpath -ldflags '$ldflags' -o '$dir/e2e.test.tmp' k8s.io/kubernetes/test/e2e"
+# CoreDNS, static: the local cluster packs it as an image.
+build coredns bash -c "cd '$mod/coredns' && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o '$dir/coredns.tmp' github.com/coredns/coredns"
+
+packages=()
+command -v wget >/dev/null || packages+=(wget)
+[[ -x /bin/nc.openbsd ]] || packages+=(netcat-openbsd)
+command -v curl >/dev/null || packages+=(curl)
+if ((${#packages[@]})); then
+	log "installing Debian packages: ${packages[*]}"
+	if [[ $(id -u) -ne 0 ]]; then
+		log "missing Debian packages and this is not root: run 'apt-get install ${packages[*]}' as root"
+		exit 1
+	fi
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"; } >&2
 fi
-echo "$bin"
+echo "$dir"

@@ -95,6 +95,11 @@ type Options struct {
 	// makes; Kubernetes' own e2e tests need Kubernetes' default,
 	// 30000-32767, which they hard-code (test/e2e/framework/service/jig.go).
 	NodePorts utilnet.PortRange
+	// CoreDNS, with RealKubelets, is a static coredns binary (`make
+	// conformance` builds one): the cluster runs it as its DNS, kube-dns in
+	// kube-system at ClusterDNSIP, and pods resolve Services by name.
+	// Default: no cluster DNS.
+	CoreDNS string
 }
 
 // Node is a simulated node.
@@ -171,6 +176,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, err
 	}
 	c.BinDir = c.opts.BinDir
+	if opts.CoreDNS != "" && !opts.RealKubelets {
+		return nil, errors.New("the cluster DNS (Options.CoreDNS) runs on real nodes only: set Options.RealKubelets")
+	}
 	if opts.RealKubelets {
 		if os.Getenv(envHostUserNamespace) == "" {
 			return nil, errors.New("real nodes (Options.RealKubelets) run in the host's user namespace: start the process with localcluster.ReexecInHostUserNamespace (RunTests does), as root")
@@ -213,6 +221,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	}
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
+	}
+	if opts.CoreDNS != "" {
+		if err := c.startDNS(ctx); err != nil {
+			return nil, err
+		}
 	}
 	c.progressf("cluster %q ready in %s: %d nodes, kubeconfig %s", c.opts.Name, time.Since(start).Round(100*time.Millisecond), len(c.Nodes), c.Kubeconfig)
 	return c, nil

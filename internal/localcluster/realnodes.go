@@ -100,6 +100,13 @@ func (c *Cluster) nodeImages() ([]nodeimage.Archive, error) {
 		return nil, fmt.Errorf("building the agnhost image: %w", err)
 	}
 	archives := []nodeimage.Archive{pause, agnhost}
+	if c.opts.CoreDNS != "" {
+		dns, err := nodeimage.CoreDNS(c.opts.CoreDNS, dir)
+		if err != nil {
+			return nil, fmt.Errorf("building the CoreDNS image from %s: %w", c.opts.CoreDNS, err)
+		}
+		archives = append(archives, dns)
+	}
 	for _, l := range c.opts.Images {
 		a, err := nodeimage.FromLayout(l, dir)
 		if err != nil {
@@ -148,6 +155,9 @@ func (c *Cluster) startRealNode(ctx context.Context, n Node, cgroups realnode.Cg
 		ClientCAFile: clientCA,
 		SandboxImage: nodeimage.PauseRef,
 		CNIBinDir:    realnode.DefaultCNIBinDir,
+	}
+	if c.opts.CoreDNS != "" {
+		spec.ClusterDNS = ClusterDNSIP
 	}
 	files, err := realnode.WriteConfig(spec)
 	if err != nil {

@@ -41,6 +41,20 @@ type Case struct {
 	// Location is where a failure or skip was raised (file:line in
 	// k8s.io/kubernetes), to name the upstream line an explanation is about.
 	Location string
+	// Requests and RequestErrors are what the rolling-update disruption
+	// cases count through the load balancer while they roll a DaemonSet
+	// (their "Load Balancer total HTTP requests", "Network errors" and
+	// "HTTP errors" lines, summed over the updates); zero for other cases.
+	Requests, RequestErrors int
+}
+
+// SuccessPct is the share of a disruption case's requests that succeeded,
+// in percent; 0 when the case counted none.
+func (c Case) SuccessPct() float64 {
+	if c.Requests == 0 {
+		return 0
+	}
+	return 100 * float64(c.Requests-c.RequestErrors) / float64(c.Requests)
 }
 
 // Summary counts a run's cases.
@@ -48,14 +62,36 @@ type Summary struct {
 	Cases, Passed, Failed, Skipped int
 	// NotSelected counts the suite's cases the focus left out.
 	NotSelected int
+	// DisruptionRequests and DisruptionErrors sum the rolling-update
+	// disruption cases' requests (Case.Requests).
+	DisruptionRequests, DisruptionErrors int
+}
+
+// Add is the sum of two runs' counts.
+func (s Summary) Add(o Summary) Summary {
+	return Summary{
+		Cases: s.Cases + o.Cases, Passed: s.Passed + o.Passed, Failed: s.Failed + o.Failed, Skipped: s.Skipped + o.Skipped,
+		NotSelected:        s.NotSelected + o.NotSelected,
+		DisruptionRequests: s.DisruptionRequests + o.DisruptionRequests, DisruptionErrors: s.DisruptionErrors + o.DisruptionErrors,
+	}
+}
+
+// DisruptionSuccessPct is the share of the disruption cases' requests
+// that succeeded, in percent; 0 when none ran.
+func (s Summary) DisruptionSuccessPct() float64 {
+	return Case{Requests: s.DisruptionRequests, RequestErrors: s.DisruptionErrors}.SuccessPct()
 }
 
 // Parse reads a Ginkgo JSON report (a list of suite reports) and returns
-// the selected cases in the order they ran, and the counts. Suite-level
-// nodes (BeforeSuite, ReportAfterSuite, ...) are not cases, but one that
-// failed is returned as a failed case: a suite whose set-up failed must
-// not read as a clean run.
-func Parse(r io.Reader) ([]Case, Summary, error) {
+// the selected cases in the order they ran, and the counts. selected says
+// whether a case's full text was chosen by the run's focus and skip
+// patterns: Ginkgo reports the cases it left out and the selected cases it
+// never reached (a suite timeout, an interrupt) alike, as skipped with no
+// message, and a selected case never run is a failure, not a skip.
+// Suite-level nodes (BeforeSuite, ReportAfterSuite, ...) are not cases, but
+// one that failed is returned as a failed case: a suite whose set-up
+// failed must not read as a clean run.
+func Parse(r io.Reader, selected func(name string) bool) ([]Case, Summary, error) {
 	var reports []types.Report
 	if err := json.NewDecoder(r).Decode(&reports); err != nil {
 		return nil, Summary{}, fmt.Errorf("reading the Ginkgo JSON report: %w", err)
@@ -64,7 +100,14 @@ func Parse(r io.Reader) ([]Case, Summary, error) {
 	var sum Summary
 	for _, report := range reports {
 		specs := append(types.SpecReports(nil), report.SpecReports...)
-		sort.SliceStable(specs, func(i, j int) bool { return specs[i].StartTime.Before(specs[j].StartTime) })
+		// In the order they ran; those never started last.
+		sort.SliceStable(specs, func(i, j int) bool {
+			a, b := specs[i].StartTime, specs[j].StartTime
+			if a.IsZero() || b.IsZero() {
+				return !a.IsZero() && b.IsZero()
+			}
+			return a.Before(b)
+		})
 		for _, s := range specs {
 			if !s.LeafNodeType.Is(types.NodeTypeIt) {
 				if s.State.Is(types.SpecStateFailureStates) {
@@ -74,13 +117,18 @@ func Parse(r io.Reader) ([]Case, Summary, error) {
 				}
 				continue
 			}
-			if notSelected(s) {
-				sum.NotSelected++
-				continue
-			}
 			c := caseOf(s, s.FullText())
+			if neverStarted(s) {
+				if !selected(c.Name) {
+					sum.NotSelected++
+					continue
+				}
+				c.Outcome, c.Reason = Failed, "not run: "+interruption(report)
+			}
 			cases = append(cases, c)
 			sum.Cases++
+			sum.DisruptionRequests += c.Requests
+			sum.DisruptionErrors += c.RequestErrors
 			switch c.Outcome {
 			case Passed:
 				sum.Passed++
@@ -94,15 +142,24 @@ func Parse(r io.Reader) ([]Case, Summary, error) {
 	return cases, sum, nil
 }
 
-// notSelected says whether a case was left out by the focus or skip
-// patterns rather than run: Ginkgo reports those as skipped without ever
-// starting them, and with no message.
-func notSelected(s types.SpecReport) bool {
-	return (s.State == types.SpecStateSkipped || s.State == types.SpecStatePending) && s.Failure.Message == "" && s.StartTime.IsZero()
+// neverStarted says whether Ginkgo skipped a case without running it: it
+// gives those no message (a case that skips itself says why).
+func neverStarted(s types.SpecReport) bool {
+	return (s.State == types.SpecStateSkipped || s.State == types.SpecStatePending) && s.Failure.Message == ""
+}
+
+// interruption says why a suite stopped before its end, as Ginkgo recorded
+// it.
+func interruption(r types.Report) string {
+	if len(r.SpecialSuiteFailureReasons) > 0 {
+		return "the suite stopped first (" + strings.Join(r.SpecialSuiteFailureReasons, "; ") + ")"
+	}
+	return "the suite stopped first"
 }
 
 func caseOf(s types.SpecReport, name string) Case {
 	c := Case{Name: name, Duration: s.RunTime}
+	c.Requests, c.RequestErrors = disruptionCounts(s.CapturedGinkgoWriterOutput)
 	switch {
 	case s.State == types.SpecStatePassed:
 		c.Outcome = Passed
@@ -133,6 +190,30 @@ func trimToRepo(path string) string {
 	return path
 }
 
+// disruptionCounts sums what the rolling-update disruption cases log after
+// each update (test/e2e/network/loadbalancer.go,
+// testRollingUpdateLBConnectivityDisruption): the requests sent, and the
+// network and HTTP errors among them.
+func disruptionCounts(output string) (requests, errs int) {
+	for _, line := range strings.Split(output, "\n") {
+		for prefix, sum := range map[string]*int{
+			"Load Balancer total HTTP requests: ": &requests,
+			"Network errors: ":                    &errs,
+			"HTTP errors: ":                       &errs,
+		} {
+			i := strings.Index(line, prefix)
+			if i < 0 {
+				continue
+			}
+			var n int
+			if _, err := fmt.Sscanf(line[i+len(prefix):], "%d", &n); err == nil {
+				*sum += n
+			}
+		}
+	}
+	return requests, errs
+}
+
 func firstLine(s string) string {
 	s = strings.TrimSpace(s)
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
@@ -150,6 +231,10 @@ func WriteTable(w io.Writer, cases []Case) error {
 		reason := c.Reason
 		if c.Location != "" {
 			reason += " (" + c.Location + ")"
+		}
+		if c.Requests > 0 {
+			reason = strings.TrimSpace(fmt.Sprintf("%s; %.2f %% of %d requests through the load balancer succeeded", reason, c.SuccessPct(), c.Requests))
+			reason = strings.TrimPrefix(reason, "; ")
 		}
 		fmt.Fprintf(&b, "| %s | %s | %.0f | %s |\n", cell(c.Name), c.Outcome, c.Duration.Seconds(), cell(reason))
 	}

@@ -39,6 +39,9 @@ const (
 	PauseRef = "registry.k8s.io/pause:3.10.2"
 	// AgnhostRef is the app image: agnhost with busybox's shell and tools.
 	AgnhostRef = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+	// CoreDNSRef is the cluster DNS image, under the name and version
+	// kubeadm 1.36 deploys.
+	CoreDNSRef = "registry.k8s.io/coredns/coredns:v1.14.2"
 )
 
 // refNameAnnotation names an image in an OCI layout's index.
@@ -70,6 +73,20 @@ func Pause(binDir, dir string) (Archive, error) {
 	return write(PauseRef, files, cfg, dir, "pause")
 }
 
+// CoreDNS builds the cluster DNS image from a static coredns binary.
+func CoreDNS(binary, dir string) (Archive, error) {
+	if err := checkStatic(binary); err != nil {
+		return Archive{}, err
+	}
+	files := []file{
+		{path: "coredns", mode: 0o755, src: binary},
+		{path: "etc/", dir: true, mode: 0o755},
+		{path: "etc/coredns/", dir: true, mode: 0o755},
+	}
+	cfg := v1.Config{Entrypoint: []string{"/coredns"}, WorkingDir: "/"}
+	return write(CoreDNSRef, files, cfg, dir, "coredns")
+}
+
 // Agnhost builds the app image from the agnhost binary in binDir and the
 // static busybox at busybox (a shell, nc, wget and the rest for `kubectl
 // exec`), as upstream's is agnhost on Alpine: entrypoint /agnhost, command
@@ -97,6 +114,11 @@ func Agnhost(binDir, busybox, dir string) (Archive, error) {
 		// netexec's uploads go here.
 		{path: "uploads/", dir: true, mode: 0o755},
 	}
+	tools, _, err := hostToolFiles(AppTools)
+	if err != nil {
+		return Archive{}, fmt.Errorf("adding the host tools to the agnhost image: %w", err)
+	}
+	files = append(files, tools...)
 	names := strings.Fields(string(applets))
 	sort.Strings(names)
 	for _, a := range names {

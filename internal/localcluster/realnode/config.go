@@ -24,6 +24,9 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// ClusterDomain is the cluster's DNS domain when it runs DNS.
+const ClusterDomain = "cluster.local"
+
 // Node is a real node's plan.
 type Node struct {
 	// Name is the node's name (kubelet's --hostname-override).
@@ -47,6 +50,10 @@ type Node struct {
 	// CNIBinDir holds the CNI reference plugins (Debian:
 	// /usr/lib/cni).
 	CNIBinDir string
+	// ClusterDNS is the cluster DNS Service's address that pods resolve
+	// names with (kubelet's clusterDNS, domain cluster.local); empty when
+	// the cluster runs no DNS.
+	ClusterDNS string
 }
 
 // Bound are the paths kubelet and containerd hard-code, each bound to a
@@ -292,6 +299,10 @@ func kubeletConfig(n Node, staticPods string) ([]byte, error) {
 		"systemReserved":        map[string]string{"cpu": "100m", "memory": "256Mi"},
 		"serializeImagePulls":   false,
 		"protectKernelDefaults": false,
+	}
+	if n.ClusterDNS != "" {
+		conf["clusterDNS"] = []string{n.ClusterDNS}
+		conf["clusterDomain"] = ClusterDomain
 	}
 	data, err := yaml.Marshal(conf)
 	if err != nil {

@@ -4,7 +4,10 @@
 // local cluster of real kubelets with ebb installed from dist/install.yaml
 // as the cluster's default load balancer (class-less Services are ebb's).
 // The binary runs on the client host behind the router, so it reaches
-// Service addresses the way a client does.
+// Service addresses the way a client does. The cluster runs CoreDNS, and
+// the app image carries wget, OpenBSD nc and curl, which the cases run in
+// their pods. EBB_UPSTREAM_E2E is the directory hack/upstream-e2e.sh
+// builds e2e.test and coredns into.
 //
 // `make e2e` (CI) runs a focused set of LoadBalancer cases; `make
 // conformance` runs every case that applies (EBB_UPSTREAM_FOCUS=full) and
@@ -34,8 +37,12 @@ func TestMain(m *testing.M) {
 	// Three nodes: the upstream cases want two schedulable nodes at least
 	// (client pods on two nodes, a DaemonSet rolled across several).
 	// Kubernetes' default node port range: the upstream tests hard-code it.
+	// The cluster DNS: the cases reach Services by name from pods.
 	opts := localcluster.Options{Name: "e2e-upstream", Nodes: 3, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")},
 		NodePorts: utilnet.PortRange{Base: 30000, Size: 2768}}
+	if dir := os.Getenv("EBB_UPSTREAM_E2E"); dir != "" {
+		opts.CoreDNS = filepath.Join(dir, "coredns")
+	}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, installAsDefault(dist)))
 }
 

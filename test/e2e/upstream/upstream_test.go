@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/upstreame2e"
 )
 
@@ -22,6 +24,15 @@ func contextWithTimeout() (context.Context, context.CancelFunc) {
 // focusCI is the set `make e2e` runs within CI's budget: the LoadBalancer
 // cases that need no more than this cluster has and finish in minutes.
 const focusCI = `\[Feature:LoadBalancer\]`
+
+// skipCI leaves out of CI's run (make conformance runs them):
+//   - the two rolling-update disruption cases: each rolls a DaemonSet five
+//     times across the nodes with a 60 s termination grace, a quarter of
+//     an hour per case;
+//   - the two change-the-type-and-ports cases: they reach the Service by
+//     name from a pod with OpenBSD nc, and the local cluster has no cluster
+//     DNS and its app image only busybox's nc (docs/conformance.md).
+const skipCI = `connectivity disruption during rolling update|change the type and ports of a (TCP|UDP) service`
 
 // focusFull is every case that applies to a LoadBalancer implementation,
 // and the Conformance cases of the Services tests as a check that
@@ -40,37 +51,79 @@ type upstreamRun struct {
 	timeout time.Duration
 }
 
+// pass is one run of the upstream cases against one way of choosing ebb.
+type pass struct {
+	name string
+	// setUp makes the cluster's LoadBalancer Services ebb's for the pass.
+	setUp func(t *testing.T)
+}
+
 // TestUpstreamLoadBalancerCases runs the upstream e2e binary's selected
-// cases against ebb and fails on any failure: each case's result, time
-// and reason are logged as a table (and, with EBB_UPSTREAM_SUMMARY, the
-// JSON summary written there).
+// cases against ebb, in two passes: ebb as the cluster's default load
+// balancer (class-less Services), and with every Service the cases create
+// given ebb's class (classPolicy). It fails on any failed case; each
+// case's result, time and reason are logged as a table per pass (and, with
+// EBB_UPSTREAM_SUMMARY, the tables and the JSON summary written there).
 func TestUpstreamLoadBalancerCases(t *testing.T) {
-	binary := os.Getenv("EBB_UPSTREAM_E2E")
-	if binary == "" {
-		t.Fatal("EBB_UPSTREAM_E2E names no e2e.test: run the suite through make (make e2e, make conformance), which builds it with hack/upstream-e2e.sh")
+	dir := os.Getenv("EBB_UPSTREAM_E2E")
+	if dir == "" {
+		t.Fatal("EBB_UPSTREAM_E2E names no directory with e2e.test: run the suite through make (make e2e, make conformance), which builds it with hack/upstream-e2e.sh")
 	}
-	run := upstreamRun{binary: binary, focus: focusCI, skip: skipAlways, dir: filepath.Join(cluster.Dir(), "upstream"), timeout: 25 * time.Minute}
-	if os.Getenv("EBB_UPSTREAM_FOCUS") == "full" {
-		run.focus, run.timeout = focusFull, 90*time.Minute
+	binary := filepath.Join(dir, "e2e.test")
+	run := upstreamRun{binary: binary, focus: focusCI, skip: skipAlways + "|" + skipCI, timeout: 40 * time.Minute}
+	full := os.Getenv("EBB_UPSTREAM_FOCUS") == "full"
+	if full {
+		run.focus, run.skip, run.timeout = focusFull, skipAlways, 120*time.Minute
+	}
+	passes := []pass{
+		{name: "default-load-balancer", setUp: func(*testing.T) {}},
+		{name: "class-" + strings.ReplaceAll(lbmodel.ClassL4, "/", "-"), setUp: withClassPolicy},
 	}
 	start := time.Now()
-	cases, sum, err := runUpstream(t, run)
-	if err != nil {
-		t.Fatal(err)
+	total := upstreame2e.Summary{}
+	var tables bytes.Buffer
+	for _, p := range passes {
+		t.Run(p.name, func(t *testing.T) {
+			p.setUp(t)
+			r := run
+			r.dir = filepath.Join(cluster.Dir(), "upstream-"+p.name)
+			passStart := time.Now()
+			cases, sum, err := runUpstream(t, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table bytes.Buffer
+			if err := upstreame2e.WriteTable(&table, cases); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("upstream e2e (k8s.io/kubernetes v1.36.3), pass %s, focus %q, skip %q, %s: %d cases, %d passed, %d failed, %d skipped\n%s",
+				p.name, r.focus, r.skip, time.Since(passStart).Round(time.Second), sum.Cases, sum.Passed, sum.Failed, sum.Skipped, table.String())
+			fmt.Fprintf(&tables, "### Pass: %s (%s)\n\n%s\n", p.name, time.Since(passStart).Round(time.Second), table.String())
+			total = total.Add(sum)
+			if sum.Cases == 0 {
+				t.Fatalf("the focus %q selected no case: the upstream suite changed, or the binary is not k8s.io/kubernetes' e2e.test", r.focus)
+			}
+			for _, c := range cases {
+				if c.Outcome == upstreame2e.Failed {
+					t.Errorf("upstream case failed: %s: %s (%s)", c.Name, c.Reason, c.Location)
+				}
+			}
+		})
 	}
-	var table bytes.Buffer
-	if err := upstreamE2ETable(&table, cases); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("upstream e2e (k8s.io/kubernetes v1.36.3), focus %q, skip %q, %s:\n%s", run.focus, run.skip, time.Since(start).Round(time.Second), table.String())
 	summary := map[string]any{
 		"date":             time.Now().UTC().Format(time.RFC3339),
-		"focus":            run.focus,
-		"upstream_cases":   sum.Cases,
-		"upstream_passed":  sum.Passed,
-		"upstream_failed":  sum.Failed,
-		"upstream_skipped": sum.Skipped,
+		"kubernetes":       "v1.36.3",
+		"passes":           len(passes),
+		"upstream_cases":   total.Cases,
+		"upstream_passed":  total.Passed,
+		"upstream_failed":  total.Failed,
+		"upstream_skipped": total.Skipped,
 		"wall_seconds":     int(time.Since(start).Seconds()),
+	}
+	if total.DisruptionRequests > 0 {
+		// The rolling-update disruption cases (upstream accepts 95 %).
+		summary["rolling_update_success_pct"] = total.DisruptionSuccessPct()
+		summary["rolling_update_requests"] = total.DisruptionRequests
 	}
 	line, _ := json.Marshal(summary)
 	t.Logf("summary: %s", line)
@@ -78,22 +131,10 @@ func TestUpstreamLoadBalancerCases(t *testing.T) {
 		if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
 			t.Error(err)
 		}
-		if err := os.WriteFile(strings.TrimSuffix(out, ".json")+".md", table.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(strings.TrimSuffix(out, ".json")+".md", tables.Bytes(), 0o644); err != nil {
 			t.Error(err)
 		}
 	}
-	if sum.Cases == 0 {
-		t.Fatalf("the focus %q selected no case: the upstream suite changed, or the binary is not k8s.io/kubernetes' e2e.test", run.focus)
-	}
-	for _, c := range cases {
-		if c.Outcome == upstreame2e.Failed {
-			t.Errorf("upstream case failed: %s: %s (%s)", c.Name, c.Reason, c.Location)
-		}
-	}
-}
-
-func upstreamE2ETable(w *bytes.Buffer, cases []upstreame2e.Case) error {
-	return upstreame2e.WriteTable(w, cases)
 }
 
 // runUpstream runs e2e.test on the client host behind the router and reads
@@ -142,7 +183,9 @@ func runUpstream(t *testing.T, run upstreamRun) ([]upstreame2e.Case, upstreame2e
 		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test wrote no report (%v); the end of its output:\n%s", runErr, tail(logPath, 40))
 	}
 	defer f.Close()
-	cases, sum, err := upstreame2e.Parse(f)
+	focus, skip := regexp.MustCompile(run.focus), regexp.MustCompile(run.skip)
+	selected := func(name string) bool { return focus.MatchString(name) && !skip.MatchString(name) }
+	cases, sum, err := upstreame2e.Parse(f, selected)
 	if err != nil {
 		return nil, upstreame2e.Summary{}, err
 	}
