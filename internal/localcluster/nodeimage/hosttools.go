@@ -16,7 +16,8 @@ import (
 // e2e cases need more than busybox gives: they run `wget -T 5` (Debian's
 // static busybox crashes on -T), OpenBSD nc (`nc -v -u -w 2`; busybox's
 // has none of those options) and curl in the app's pods, as upstream's
-// Alpine-based agnhost image has them.
+// Alpine-based agnhost image has them, through `/bin/sh -c`. The shell is
+// dash: busybox's runs its own applets before anything on the PATH.
 type HostTool struct {
 	// Src is the program on this machine; Path is where the image has it.
 	Src, Path string
@@ -28,6 +29,7 @@ type HostTool struct {
 // them (hack/upstream-e2e.sh installs their packages): the suites of ebb's
 // own use none, Kubernetes' own e2e cases need all three.
 var AppTools = []HostTool{
+	{Src: "/bin/dash", Path: "bin/sh", Package: "dash"},
 	{Src: "/usr/bin/wget", Path: "usr/bin/wget", Package: "wget"},
 	{Src: "/bin/nc.openbsd", Path: "usr/bin/nc", Package: "netcat-openbsd"},
 	{Src: "/usr/bin/curl", Path: "usr/bin/curl", Package: "curl"},
@@ -38,7 +40,9 @@ var AppTools = []HostTool{
 // included), at the same absolute paths as here, each library once. The
 // image's /usr/bin comes before /bin in its PATH, so these shadow busybox's
 // applets of the same names.
-func hostToolFiles(tools []HostTool) ([]file, []string, error) {
+//
+// have are the directories the image has already.
+func hostToolFiles(tools []HostTool, have map[string]bool) ([]file, []string, error) {
 	var progs, present []string
 	libs := map[string]bool{}
 	for _, t := range tools {
@@ -57,6 +61,9 @@ func hostToolFiles(tools []HostTool) ([]file, []string, error) {
 	}
 	var files []file
 	dirs := map[string]bool{}
+	for d := range have {
+		dirs[d] = true
+	}
 	// add puts a file in, its parent directories first, each once: the
 	// layer must create them before the files in them.
 	add := func(rel, src string) error {

@@ -88,10 +88,10 @@ func CoreDNS(binary, dir string) (Archive, error) {
 }
 
 // Agnhost builds the app image from the agnhost binary in binDir and the
-// static busybox at busybox (a shell, nc, wget and the rest for `kubectl
-// exec`), as upstream's is agnhost on Alpine: entrypoint /agnhost, command
-// pause, running as root, with the user and group upstream's e2e tests
-// expect to find in the image.
+// static busybox at busybox (the tools for `kubectl exec`), plus the
+// AppTools this machine has, as upstream's is agnhost on Alpine: entrypoint
+// /agnhost, command pause, running as root, with the user and group
+// upstream's e2e tests expect to find in the image.
 func Agnhost(binDir, busybox, dir string) (Archive, error) {
 	if err := checkStatic(busybox); err != nil {
 		return Archive{}, err
@@ -114,15 +114,25 @@ func Agnhost(binDir, busybox, dir string) (Archive, error) {
 		// netexec's uploads go here.
 		{path: "uploads/", dir: true, mode: 0o755},
 	}
-	tools, _, err := hostToolFiles(AppTools)
+	have := map[string]bool{}
+	for _, f := range files {
+		if f.dir {
+			have[f.path] = true
+		}
+	}
+	tools, present, err := hostToolFiles(AppTools, have)
 	if err != nil {
 		return Archive{}, fmt.Errorf("adding the host tools to the agnhost image: %w", err)
 	}
 	files = append(files, tools...)
+	taken := map[string]bool{}
+	for _, p := range present {
+		taken[p] = true
+	}
 	names := strings.Fields(string(applets))
 	sort.Strings(names)
 	for _, a := range names {
-		if a == "busybox" || strings.Contains(a, "/") {
+		if a == "busybox" || strings.Contains(a, "/") || taken["bin/"+a] {
 			continue
 		}
 		files = append(files, file{path: "bin/" + a, link: "busybox"})
