@@ -101,6 +101,32 @@ func TestKubeletConfigIsForThisMachine(t *testing.T) {
 	}
 }
 
+func TestKubeletConfigNamesTheClusterDNSOnlyWhenThereIsOne(t *testing.T) {
+	for _, dns := range []string{"", "10.96.0.10"} {
+		n := testNode(t)
+		n.ClusterDNS = dns
+		f, err := WriteConfig(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(f.KubeletConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conf map[string]any
+		if err := yaml.Unmarshal(data, &conf); err != nil {
+			t.Fatal(err)
+		}
+		servers, _ := conf["clusterDNS"].([]any)
+		switch {
+		case dns == "" && (conf["clusterDNS"] != nil || conf["clusterDomain"] != nil):
+			t.Errorf("no cluster DNS, but kubelet's clusterDNS %v, clusterDomain %v", conf["clusterDNS"], conf["clusterDomain"])
+		case dns != "" && (len(servers) != 1 || servers[0] != dns || conf["clusterDomain"] != ClusterDomain):
+			t.Errorf("cluster DNS %s: kubelet's clusterDNS %v, clusterDomain %v", dns, conf["clusterDNS"], conf["clusterDomain"])
+		}
+	}
+}
+
 func TestCNIConfigAddressesBothFamiliesOfTheNode(t *testing.T) {
 	n := testNode(t)
 	if _, err := WriteConfig(n); err != nil {
