@@ -62,9 +62,11 @@ e2e: tools upstream-e2e build release
 ## conformance: Kubernetes' own LoadBalancer and Service e2e cases (k8s.io/kubernetes v1.36.3) against ebb on real kubelets; prints the table (bench/results/conformance.md) and, last, the JSON summary (bench/results/conformance.json)
 conformance: tools upstream-e2e build release
 	mkdir -p bench/results
+	rm -f bench/results/conformance.md bench/results/conformance.json
 	rc=0; EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb EBB_UPSTREAM_E2E=$(UPSTREAM_E2E) EBB_UPSTREAM_FOCUS=full EBB_UPSTREAM_SUMMARY=$(CURDIR)/bench/results/conformance.json \
-		$(GO) test -count=1 -timeout 150m -v ./test/e2e/upstream/ || rc=$$?; \
-	cat bench/results/conformance.md; tail -1 bench/results/conformance.json; exit $$rc
+		$(GO) test -count=1 -timeout 300m -v ./test/e2e/upstream/ || rc=$$?; \
+	cat bench/results/conformance.md 2>/dev/null || echo "conformance: no table written (see the test's output above)"; \
+	tail -1 bench/results/conformance.json 2>/dev/null || echo '{"error": "no summary written"}'; exit $$rc
 
 ## lint: go vet and staticcheck (pinned)
 lint: tools

@@ -26,6 +26,9 @@ if [[ "${1:-}" == "--print" ]]; then
 fi
 log() { printf '[upstream-e2e] %s\n' "$*" >&2; }
 mkdir -p "$dir"
+# The heartbeat of a build, stopped however the script ends (Ctrl-C too).
+beat=
+trap '[[ -n "$beat" ]] && kill "$beat" 2>/dev/null; true' EXIT
 
 # build NAME CMD... runs CMD (which writes $dir/NAME.tmp) unless NAME is cached.
 build() {
@@ -34,13 +37,13 @@ build() {
 	log "building $name (cold builds take minutes on 2 cores; cached in $dir afterwards)"
 	local start=$SECONDS
 	( while sleep 60; do log "  still building $name ($((SECONDS - start))s)"; done ) >/dev/null &
-	local beat=$!
+	beat=$!
 	if ! "$@"; then
-		kill "$beat" 2>/dev/null || true
 		log "building $name failed"
 		return 1
 	fi
 	kill "$beat" 2>/dev/null || true
+	beat=
 	mv "$dir/$name.tmp" "$dir/$name"
 	log "built $name in $((SECONDS - start))s"
 }
@@ -56,10 +59,11 @@ build e2e.test bash -c "cd '$mod' && go test -c -vet=off -trimpath -ldflags '$ld
 # CoreDNS, static: the local cluster packs it as an image.
 build coredns bash -c "cd '$mod/coredns' && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o '$dir/coredns.tmp' github.com/coredns/coredns"
 
+# At the paths the app image takes them from (nodeimage.AppTools).
 packages=()
-command -v wget >/dev/null || packages+=(wget)
+[[ -x /usr/bin/wget ]] || packages+=(wget)
 [[ -x /bin/nc.openbsd ]] || packages+=(netcat-openbsd)
-command -v curl >/dev/null || packages+=(curl)
+[[ -x /usr/bin/curl ]] || packages+=(curl)
 if ((${#packages[@]})); then
 	log "installing Debian packages: ${packages[*]}"
 	if [[ $(id -u) -ne 0 ]]; then

@@ -3,6 +3,7 @@ package localcluster
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -107,7 +108,7 @@ func (c *Cluster) startDNS(ctx context.Context) error {
 		return err == nil && d.Status.ReadyReplicas >= 1, nil
 	})
 	if err != nil {
-		return fmt.Errorf("CoreDNS (kube-system/coredns) not Ready within 2 minutes: see kubectl -n kube-system describe pods -l k8s-app=kube-dns")
+		return fmt.Errorf("waiting for CoreDNS (kube-system/coredns) to be Ready, see kubectl -n kube-system describe pods -l k8s-app=kube-dns and the kubelet logs in %s: %w", filepath.Join(c.opts.Dir, "logs"), err)
 	}
 	c.progressf("cluster DNS (CoreDNS) at %s ready in %s", ClusterDNSIP, time.Since(start).Round(10*time.Millisecond))
 	return nil

@@ -84,8 +84,9 @@ func (s Summary) DisruptionSuccessPct() float64 {
 
 // Parse reads a Ginkgo JSON report (a list of suite reports) and returns
 // the selected cases in the order they ran, and the counts. selected says
-// whether a case's full text was chosen by the run's focus and skip
-// patterns: Ginkgo reports the cases it left out and the selected cases it
+// whether a case was chosen by the run's focus and skip patterns, given
+// what Ginkgo matches them against (the suite's description and the
+// case's full text, joined by a space): Ginkgo reports the cases it left out and the selected cases it
 // never reached (a suite timeout, an interrupt) alike, as skipped with no
 // message, and a selected case never run is a failure, not a skip.
 // Suite-level nodes (BeforeSuite, ReportAfterSuite, ...) are not cases, but
@@ -100,7 +101,8 @@ func Parse(r io.Reader, selected func(name string) bool) ([]Case, Summary, error
 	var sum Summary
 	for _, report := range reports {
 		specs := append(types.SpecReports(nil), report.SpecReports...)
-		// In the order they ran; those never started last.
+		// In the order they started (Ginkgo gives every case one, those it
+		// skipped too); any without one last.
 		sort.SliceStable(specs, func(i, j int) bool {
 			a, b := specs[i].StartTime, specs[j].StartTime
 			if a.IsZero() || b.IsZero() {
@@ -119,11 +121,15 @@ func Parse(r io.Reader, selected func(name string) bool) ([]Case, Summary, error
 			}
 			c := caseOf(s, s.FullText())
 			if neverStarted(s) {
-				if !selected(c.Name) {
+				if !selected(report.SuiteDescription + " " + c.Name) {
 					sum.NotSelected++
 					continue
 				}
-				c.Outcome, c.Reason = Failed, "not run: "+interruption(report)
+				if s.State == types.SpecStatePending {
+					c.Reason = "pending upstream"
+				} else {
+					c.Outcome, c.Reason = Failed, "not run: "+interruption(report)
+				}
 			}
 			cases = append(cases, c)
 			sum.Cases++

@@ -21,18 +21,19 @@ import (
 type HostTool struct {
 	// Src is the program on this machine; Path is where the image has it.
 	Src, Path string
-	// Package is the Debian package that installs Src.
-	Package string
 }
 
 // AppTools are the host tools the app image carries when this machine has
-// them (hack/upstream-e2e.sh installs their packages): the suites of ebb's
-// own use none, Kubernetes' own e2e cases need all three.
+// them (dash always; hack/upstream-e2e.sh installs the Debian packages wget,
+// netcat-openbsd and curl, at these paths). Every real node's app pods get
+// them: Kubernetes' own e2e cases need them; ebb's own suites' pods run
+// `/bin/sh -c` with sleep and `wget -q -O`, which dash and GNU wget run as
+// busybox did.
 var AppTools = []HostTool{
-	{Src: "/bin/dash", Path: "bin/sh", Package: "dash"},
-	{Src: "/usr/bin/wget", Path: "usr/bin/wget", Package: "wget"},
-	{Src: "/bin/nc.openbsd", Path: "usr/bin/nc", Package: "netcat-openbsd"},
-	{Src: "/usr/bin/curl", Path: "usr/bin/curl", Package: "curl"},
+	{Src: "/bin/dash", Path: "bin/sh"},
+	{Src: "/usr/bin/wget", Path: "usr/bin/wget"},
+	{Src: "/bin/nc.openbsd", Path: "usr/bin/nc"},
+	{Src: "/usr/bin/curl", Path: "usr/bin/curl"},
 }
 
 // hostToolFiles returns the files of the tools this machine has: each
@@ -106,9 +107,12 @@ func hostToolFiles(tools []HostTool, have map[string]bool) ([]file, []string, er
 // sharedLibraries lists the absolute paths of the shared libraries a
 // program loads, as ldd resolves them on this machine.
 func sharedLibraries(program string) ([]string, error) {
-	out, err := exec.Command("ldd", program).Output()
+	out, err := exec.Command("ldd", program).CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("listing the shared libraries of %s with ldd: %w", program, err)
+		if bytes.Contains(out, []byte("not a dynamic executable")) {
+			return nil, nil // static: nothing to carry
+		}
+		return nil, fmt.Errorf("listing the shared libraries of %s with ldd: %w: %s", program, err, out)
 	}
 	var libs []string
 	sc := bufio.NewScanner(bytes.NewReader(out))

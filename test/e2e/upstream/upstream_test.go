@@ -95,11 +95,12 @@ func TestUpstreamLoadBalancerCases(t *testing.T) {
 	total := upstreame2e.Summary{}
 	explained := 0
 	var tables bytes.Buffer
-	for _, p := range passes {
+	for i, p := range passes {
 		t.Run(p.name, func(t *testing.T) {
 			p.setUp(t)
 			r := run
 			r.dir = filepath.Join(cluster.Dir(), "upstream-"+p.name)
+			r.timeout = passTimeout(t, run.timeout, len(passes)-i)
 			passStart := time.Now()
 			cases, sum, err := runUpstream(t, r)
 			if err != nil {
@@ -141,10 +142,12 @@ func TestUpstreamLoadBalancerCases(t *testing.T) {
 		"upstream_failed_explained": explained,
 		"wall_seconds":              int(time.Since(start).Seconds()),
 	}
+	// The rolling-update disruption cases (upstream accepts 95 %); null
+	// when none ran to its counts.
+	summary["rolling_update_success_pct"] = nil
+	summary["rolling_update_requests"] = total.DisruptionRequests
 	if total.DisruptionRequests > 0 {
-		// The rolling-update disruption cases (upstream accepts 95 %).
 		summary["rolling_update_success_pct"] = total.DisruptionSuccessPct()
-		summary["rolling_update_requests"] = total.DisruptionRequests
 	}
 	line, _ := json.Marshal(summary)
 	t.Logf("summary: %s", line)
@@ -186,8 +189,7 @@ func runUpstream(t *testing.T, run upstreamRun) ([]upstreame2e.Case, upstreame2e
 		"--ginkgo.timeout="+run.timeout.String(),
 		"--ginkgo.no-color",
 		"--report-dir="+run.dir,
-		// The cluster runs no kube-system pods and no DNS: the cases
-		// selected need neither.
+		// kube-system runs CoreDNS only, which the cluster waited for.
 		"--minStartupPods=0",
 		"--num-nodes="+fmt.Sprint(len(cluster.Nodes)),
 		"--e2e-verify-service-account=false",
@@ -204,6 +206,8 @@ func runUpstream(t *testing.T, run upstreamRun) ([]upstreame2e.Case, upstreame2e
 		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test wrote no report (%v); the end of its output:\n%s", runErr, tail(logPath, 40))
 	}
 	defer f.Close()
+	// Ginkgo matches the patterns against the suite's description and the
+	// case's full text, joined by a space; so does the parser.
 	focus, skip := regexp.MustCompile(run.focus), regexp.MustCompile(run.skip)
 	selected := func(name string) bool { return focus.MatchString(name) && !skip.MatchString(name) }
 	cases, sum, err := upstreame2e.Parse(f, selected)
@@ -214,6 +218,27 @@ func runUpstream(t *testing.T, run upstreamRun) ([]upstreame2e.Case, upstreame2e
 		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test failed (%v) with no failed case; the end of its output:\n%s", runErr, tail(logPath, 40))
 	}
 	return cases, sum, nil
+}
+
+// passTimeout is the Ginkgo timeout of a pass: at most want, and no more
+// than its share of what go test's -timeout leaves (minus a margin for
+// writing the reports), so that Ginkgo's own timeout, which still writes
+// the report, comes before go test's, which writes nothing.
+func passTimeout(t *testing.T, want time.Duration, passesLeft int) time.Duration {
+	deadline, ok := t.Deadline()
+	if !ok {
+		return want
+	}
+	share := (time.Until(deadline) - 2*time.Minute) / time.Duration(passesLeft)
+	if share < want {
+		// The binary's own start and the kill margin in runUpstream.
+		share -= 30 * time.Second
+		if share < time.Minute {
+			t.Fatalf("go test's -timeout leaves %s for %d passes: raise it", time.Until(deadline).Round(time.Second), passesLeft)
+		}
+		return share
+	}
+	return want
 }
 
 // tail is the last n lines of a file.
