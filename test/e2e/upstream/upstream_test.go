@@ -130,17 +130,25 @@ func TestUpstreamLoadBalancerCases(t *testing.T) {
 			}
 		})
 	}
+	writeSummary(t, len(passes), total, explained, time.Since(start), tables.Bytes())
+}
+
+// writeSummary logs the JSON summary of the passes and, with
+// EBB_UPSTREAM_SUMMARY, writes it there and the passes' tables beside it
+// (.md): make conformance prints both.
+func writeSummary(t *testing.T, passes int, total upstreame2e.Summary, explained int, took time.Duration, tables []byte) {
+	t.Helper()
 	summary := map[string]any{
 		"date":             time.Now().UTC().Format(time.RFC3339),
 		"kubernetes":       "v1.36.3",
-		"passes":           len(passes),
+		"passes":           passes,
 		"upstream_cases":   total.Cases,
 		"upstream_passed":  total.Passed,
 		"upstream_failed":  total.Failed,
 		"upstream_skipped": total.Skipped,
 		// Of the failed, those knownFailures explains.
 		"upstream_failed_explained": explained,
-		"wall_seconds":              int(time.Since(start).Seconds()),
+		"wall_seconds":              int(took.Seconds()),
 	}
 	// The rolling-update disruption cases (upstream accepts 95 %); null
 	// when none ran to its counts.
@@ -155,7 +163,7 @@ func TestUpstreamLoadBalancerCases(t *testing.T) {
 		if err := os.WriteFile(out, append(line, '\n'), 0o644); err != nil {
 			t.Error(err)
 		}
-		if err := os.WriteFile(strings.TrimSuffix(out, ".json")+".md", tables.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(strings.TrimSuffix(out, ".json")+".md", tables, 0o644); err != nil {
 			t.Error(err)
 		}
 	}
