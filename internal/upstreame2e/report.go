@@ -86,9 +86,10 @@ func (s Summary) DisruptionSuccessPct() float64 {
 // the selected cases in the order they ran, and the counts. selected says
 // whether a case was chosen by the run's focus and skip patterns, given
 // what Ginkgo matches them against (the suite's description and the
-// case's full text, joined by a space): Ginkgo reports the cases it left out and the selected cases it
-// never reached (a suite timeout, an interrupt) alike, as skipped with no
-// message, and a selected case never run is a failure, not a skip.
+// case's full text, joined by a space): Ginkgo reports the cases it left
+// out and the selected cases it never reached (a suite timeout, an
+// interrupt) alike, as skipped with no message, and a selected case never
+// run is a failure, not a skip.
 // Suite-level nodes (BeforeSuite, ReportAfterSuite, ...) are not cases, but
 // one that failed is returned as a failed case: a suite whose set-up
 // failed must not read as a clean run.
@@ -239,8 +240,12 @@ func WriteTable(w io.Writer, cases []Case) error {
 			reason += " (" + c.Location + ")"
 		}
 		if c.Requests > 0 {
-			reason = strings.TrimSpace(fmt.Sprintf("%s; %.2f %% of %d requests through the load balancer succeeded", reason, c.SuccessPct(), c.Requests))
-			reason = strings.TrimPrefix(reason, "; ")
+			counted := fmt.Sprintf("%.2f %% of %d requests through the load balancer succeeded", c.SuccessPct(), c.Requests)
+			if reason == "" {
+				reason = counted
+			} else {
+				reason += "; " + counted
+			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %.0f | %s |\n", cell(c.Name), c.Outcome, c.Duration.Seconds(), cell(reason))
 	}

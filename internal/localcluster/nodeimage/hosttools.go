@@ -44,14 +44,15 @@ var AppTools = []HostTool{
 //
 // have are the directories the image has already.
 func hostToolFiles(tools []HostTool, have map[string]bool) ([]file, []string, error) {
-	var progs, present []string
+	var found []HostTool
+	var present []string
 	libs := map[string]bool{}
 	for _, t := range tools {
 		if _, err := os.Stat(t.Src); err != nil {
 			continue
 		}
+		found = append(found, t)
 		present = append(present, t.Path)
-		progs = append(progs, t.Src+"\x00"+t.Path)
 		deps, err := sharedLibraries(t.Src)
 		if err != nil {
 			return nil, nil, err
@@ -85,9 +86,8 @@ func hostToolFiles(tools []HostTool, have map[string]bool) ([]file, []string, er
 		files = append(files, file{path: rel, mode: 0o755, src: real})
 		return nil
 	}
-	for _, p := range progs {
-		src, rel, _ := strings.Cut(p, "\x00")
-		if err := add(rel, src); err != nil {
+	for _, t := range found {
+		if err := add(t.Path, t.Src); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -60,8 +60,10 @@ func TestWriteConfigBindsEveryHardCodedPathAndSysctl(t *testing.T) {
 	}
 }
 
-func TestKubeletConfigIsForThisMachine(t *testing.T) {
-	n := testNode(t)
+// writtenKubeletConfig writes n's files and reads back kubelet's
+// configuration.
+func writtenKubeletConfig(t *testing.T, n Node) (Files, map[string]any) {
+	t.Helper()
 	f, err := WriteConfig(n)
 	if err != nil {
 		t.Fatal(err)
@@ -74,6 +76,12 @@ func TestKubeletConfigIsForThisMachine(t *testing.T) {
 	if err := yaml.Unmarshal(data, &conf); err != nil {
 		t.Fatal(err)
 	}
+	return f, conf
+}
+
+func TestKubeletConfigIsForThisMachine(t *testing.T) {
+	n := testNode(t)
+	f, conf := writtenKubeletConfig(t, n)
 	for key, want := range map[string]any{
 		"failCgroupV1":             false,
 		"cgroupDriver":             "cgroupfs",
@@ -105,18 +113,7 @@ func TestKubeletConfigNamesTheClusterDNSOnlyWhenThereIsOne(t *testing.T) {
 	for _, dns := range []string{"", "10.96.0.10"} {
 		n := testNode(t)
 		n.ClusterDNS = dns
-		f, err := WriteConfig(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := os.ReadFile(f.KubeletConfig)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var conf map[string]any
-		if err := yaml.Unmarshal(data, &conf); err != nil {
-			t.Fatal(err)
-		}
+		_, conf := writtenKubeletConfig(t, n)
 		servers, _ := conf["clusterDNS"].([]any)
 		switch {
 		case dns == "" && (conf["clusterDNS"] != nil || conf["clusterDomain"] != nil):

@@ -13,10 +13,16 @@ import (
 // install.yaml as a user does, with ebb lb on lbNodes; the cluster must
 // have dist's image layout (Options.Images).
 func InstallFromDist(dist string, lbNodes ...string) func(*localcluster.Cluster) (func(), error) {
+	return InstallFromDistWith(dist, ebbrun.ManifestOptions{LBNodes: lbNodes})
+}
+
+// InstallFromDistWith is InstallFromDist with the manifest's options
+// (ebb lb's nodes, the components' extra arguments).
+func InstallFromDistWith(dist string, opts ebbrun.ManifestOptions) func(*localcluster.Cluster) (func(), error) {
 	return func(c *localcluster.Cluster) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{LBNodes: lbNodes})
+		err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), opts)
 		return func() {}, err
 	}
 }

@@ -15,6 +15,7 @@
 package upstream_test
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -43,32 +44,28 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv("EBB_UPSTREAM_E2E"); dir != "" {
 		opts.CoreDNS = filepath.Join(dir, "coredns")
 	}
-	os.Exit(localcluster.RunTests(m, opts, &cluster, installAsDefault(dist)))
+	// ebb as the cluster's default load balancer: the upstream cases
+	// create Services without a class.
+	install := e2eutil.InstallFromDistWith(dist, ebbrun.ManifestOptions{
+		LBNodes:        []string{lbNode},
+		ControllerArgs: []string{"--default-load-balancer"},
+		LBArgs:         []string{"--default-load-balancer"},
+	})
+	os.Exit(localcluster.RunTests(m, opts, &cluster, install, routeVIPsVia(lbNode)))
 }
 
-// installAsDefault installs ebb from dist as the cluster's default load
-// balancer (the upstream cases create Services without a class), with ebb
-// lb on lbNode and the router's routes to the VIP pools through it.
-func installAsDefault(dist string) func(*localcluster.Cluster) (func(), error) {
+// routeVIPsVia sends the router's routes to the VIP pools through node
+// name, the LB host (and back to the default when the suite ends).
+func routeVIPsVia(name string) func(*localcluster.Cluster) (func(), error) {
 	return func(c *localcluster.Cluster) (func(), error) {
-		ctx, cancel := contextWithTimeout()
-		defer cancel()
-		err := ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
-			LBNodes:        []string{lbNode},
-			ControllerArgs: []string{"--default-load-balancer"},
-			LBArgs:         []string{"--default-load-balancer"},
-		})
-		if err != nil {
-			return nil, err
-		}
 		for _, n := range c.Nodes {
-			if n.Name != lbNode {
-				continue
-			}
-			if err := c.RouteVIPsVia(netip.MustParseAddr(n.IP), netip.MustParseAddr(n.IPv6)); err != nil {
-				return nil, err
+			if n.Name == name {
+				if err := c.RouteVIPsVia(netip.MustParseAddr(n.IP), netip.MustParseAddr(n.IPv6)); err != nil {
+					return nil, err
+				}
+				return func() { _ = c.RouteVIPs() }, nil
 			}
 		}
-		return func() { _ = c.RouteVIPs() }, nil
+		return nil, fmt.Errorf("no node %s to route the VIP pools through", name)
 	}
 }

@@ -14,12 +14,9 @@ import (
 	"time"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/upstreame2e"
 )
-
-func contextWithTimeout() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 4*time.Minute)
-}
 
 // focusCI is the set `make e2e` runs within CI's budget: the LoadBalancer
 // cases that need no more than this cluster has and finish in minutes.
@@ -211,7 +208,7 @@ func runUpstream(t *testing.T, run upstreamRun) ([]upstreame2e.Case, upstreame2e
 	runErr := cmd.Wait()
 	f, err := os.Open(report)
 	if err != nil {
-		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test wrote no report (%v); the end of its output:\n%s", runErr, tail(logPath, 40))
+		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test wrote no report (%v); the end of its output:\n%s", runErr, localcluster.LogTail(logPath, 40))
 	}
 	defer f.Close()
 	// Ginkgo matches the patterns against the suite's description and the
@@ -223,7 +220,7 @@ func runUpstream(t *testing.T, run upstreamRun) ([]upstreame2e.Case, upstreame2e
 		return nil, upstreame2e.Summary{}, err
 	}
 	if runErr != nil && sum.Failed == 0 {
-		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test failed (%v) with no failed case; the end of its output:\n%s", runErr, tail(logPath, 40))
+		return nil, upstreame2e.Summary{}, fmt.Errorf("e2e.test failed (%v) with no failed case; the end of its output:\n%s", runErr, localcluster.LogTail(logPath, 40))
 	}
 	return cases, sum, nil
 }
@@ -247,17 +244,4 @@ func passTimeout(t *testing.T, want time.Duration, passesLeft int) time.Duration
 		return share
 	}
 	return want
-}
-
-// tail is the last n lines of a file.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
