@@ -2,7 +2,13 @@
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 
-GO ?= go
+# ebb's own binaries, tests and checks use this Go release, the one go.mod's
+# toolchain line names (hack/vulncheck fails when they differ). The machine's
+# Go fetches it through the module proxy on first use. The cached test tools
+# (hack/tools.sh, hack/upstream-e2e.sh) are Kubernetes' binaries for the
+# local cluster, not shipped, and keep the machine's Go.
+GO_TOOLCHAIN := go1.27.3
+GO ?= env GOTOOLCHAIN=$(GO_TOOLCHAIN) go
 # The pinned tools (control plane, etcd, kwok, kubectl, controller-gen,
 # staticcheck) are built from source once and cached by version outside the
 # repository; hack/tools.sh prints where.
@@ -18,7 +24,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse upstream-e2e conformance clean
+.PHONY: all build image release tools test unit supply-chain e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse upstream-e2e conformance clean
 
 all: build
 
@@ -26,11 +32,12 @@ build:
 	$(GO) build -o bin/ebb ./cmd/ebb
 	$(GO) build -o bin/kubectl-maintenance ./cmd/kubectl-maintenance
 
-## image: ebb's OCI image (static binary, CA certificates, nonroot user) as an OCI layout in dist/oci, no container engine needed; reproducible
+## image: ebb's OCI image (static binary with its TLS roots, nonroot user) as an OCI layout in dist/oci, no container engine needed; reproducible; its SBOM (CycloneDX, from the binary's build information) in dist/sbom.cdx.json
 image:
 	mkdir -p dist
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -tags ebb_image -ldflags "-s -w -X github.com/ebbdev/ebb/internal/version.Version=$(VERSION)" -o dist/ebb-linux-amd64 ./cmd/ebb
 	cd hack/image && $(GO) run . -binary ../../dist/ebb-linux-amd64 -out ../../dist/oci -ref $(IMAGE):$(VERSION) > ../../dist/image.digest
+	cd hack/image && $(GO) tool cyclonedx-gomod bin -json -std -noserial -notimestamp -version $(VERSION) -output ../../dist/sbom.cdx.json ../../dist/ebb-linux-amd64
 	@echo "$(IMAGE):$(VERSION)@$$(cat dist/image.digest) in dist/oci"
 
 ## release: dist/install.yaml, config/default with the image pinned by digest (kubectl apply -f dist/install.yaml)
@@ -45,13 +52,20 @@ tools:
 upstream-e2e:
 	@hack/upstream-e2e.sh >/dev/null
 
-## test: unit tests with -race, then the end-to-end tests on the local cluster
-test: tools unit e2e
+## test: unit tests with -race, the supply-chain checks, then the end-to-end tests on the local cluster
+test: tools unit supply-chain e2e
 
 unit:
 	$(GO) test -race -count=1 ./internal/... ./cmd/... ./bench/... ./config/...
 	$(GO) test -run '^$$' -fuzz FuzzOneOddObjectBreaksNoOtherService -fuzztime 20s ./internal/lbmodel/
+	$(GO) test -count=1 -tags ebb_image ./cmd/ebb/
 	cd hack/image && $(GO) test -count=1 ./...
+	cd hack/vulncheck && $(GO) test -count=1 ./...
+
+## supply-chain: no advisory with a fix reachable from ebb's source or the image's binary (govulncheck, database from the pinned golang.org/x/vulndb), and the committed eBPF object is what its source builds to with the pinned clang
+supply-chain: image
+	env GOTOOLCHAIN=$(GO_TOOLCHAIN) hack/vulncheck.sh dist/ebb-linux-amd64
+	hack/bpf.sh check
 
 # One suite at a time (-p 1): each starts a cluster of its own, and the
 # suites assert on timing (zero failed requests through a drain); two
@@ -70,7 +84,7 @@ conformance: tools upstream-e2e build release
 
 ## lint: go vet and staticcheck (pinned)
 lint: tools
-	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	@gofmt=$$($(GO) env GOROOT)/bin/gofmt; test -z "$$($$gofmt -l .)" || { echo "gofmt needed:"; $$gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
@@ -83,13 +97,12 @@ generate: tools bpf
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
 
-## bpf: build the eBPF kernel path's object (internal/dataplane/bpf/ebb_lb.o, committed so that building ebb needs no clang; installs clang and llvm with apt-get if missing)
+## bpf: build the eBPF kernel path's object (internal/dataplane/bpf/ebb_lb.o, committed so that building ebb needs no clang) with the pinned clang-14 (hack/bpf.sh installs it with apt-get if missing)
 bpf:
-	command -v clang >/dev/null && command -v llvm-strip >/dev/null || { apt-get update && apt-get install -y clang llvm; }
-	cd internal/dataplane/bpf && clang -O2 -g -mcpu=v3 -target bpf -I/usr/include/$$(uname -m)-linux-gnu -fdebug-prefix-map=$$PWD=. -c ebb_lb.c -o ebb_lb.o && llvm-strip -g ebb_lb.o
+	hack/bpf.sh build
 
-## verify: regenerate, fail if anything generated is out of date, and lint
-verify: generate lint
+## verify: regenerate, fail if anything generated is out of date, lint, and the supply-chain checks
+verify: generate lint supply-chain
 	@git diff --exit-code -- . || { echo "generated files are out of date: run 'make generate' and commit"; exit 1; }
 	$(TOOLS_BIN)/kubectl kustomize config/default >/dev/null
 	$(TOOLS_BIN)/kubectl kustomize config/cert-manager >/dev/null

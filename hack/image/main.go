@@ -1,7 +1,8 @@
 // Command image builds ebb's OCI image without a container engine and
 // writes it as an OCI image layout: a single layer with the static ebb
-// binary, CA certificates and a non-root user, on an empty base (no base
-// image can be pulled here, and ebb needs nothing else). The same inputs
+// binary and a non-root user, on an empty base (no base image can be
+// pulled here, and ebb needs nothing else; the binary embeds its TLS roots
+// from a pinned module, so nothing of the build host goes in). The same inputs
 // give the same digest: file times, owners and the config's dates are fixed
 // (SOURCE_DATE_EPOCH, default 0) and entries are written in one order.
 //
@@ -36,11 +37,10 @@ const nonroot = 65532
 
 func main() {
 	binary := flag.String("binary", "", "the static ebb binary (linux/amd64)")
-	ca := flag.String("ca", "/etc/ssl/certs/ca-certificates.crt", "CA certificates bundle to include")
 	out := flag.String("out", "dist/oci", "OCI image layout directory to write (replaced)")
 	ref := flag.String("ref", "ghcr.io/ebbdev/ebb:dev", "image reference: the layout's ref.name annotation")
 	flag.Parse()
-	digest, err := build(*binary, *ca, *out, *ref, sourceDate())
+	digest, err := build(*binary, *out, *ref, sourceDate())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
@@ -58,7 +58,7 @@ func sourceDate() time.Time {
 	return time.Unix(0, 0).UTC()
 }
 
-func build(binary, ca, out, ref string, date time.Time) (string, error) {
+func build(binary, out, ref string, date time.Time) (string, error) {
 	if binary == "" {
 		return "", fmt.Errorf("-binary is required")
 	}
@@ -66,9 +66,6 @@ func build(binary, ca, out, ref string, date time.Time) (string, error) {
 		{path: "etc/", mode: 0o755, dir: true},
 		{path: "etc/group", mode: 0o644, data: []byte(fmt.Sprintf("root:x:0:\nnonroot:x:%d:\n", nonroot))},
 		{path: "etc/passwd", mode: 0o644, data: []byte(fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", nonroot, nonroot))},
-		{path: "etc/ssl/", mode: 0o755, dir: true},
-		{path: "etc/ssl/certs/", mode: 0o755, dir: true},
-		{path: "etc/ssl/certs/ca-certificates.crt", mode: 0o644, src: ca},
 		{path: "home/", mode: 0o755, dir: true},
 		{path: "home/nonroot/", mode: 0o700, dir: true, uid: nonroot},
 		// The controller writes its webhook certificates under /tmp.
@@ -92,7 +89,7 @@ func build(binary, ca, out, ref string, date time.Time) (string, error) {
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
 	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:   layer,
-		History: v1.History{CreatedBy: "hack/image: ebb, CA certificates, nonroot user", Created: v1.Time{Time: date}},
+		History: v1.History{CreatedBy: "hack/image: ebb, nonroot user", Created: v1.Time{Time: date}},
 	})
 	if err != nil {
 		return "", fmt.Errorf("adding the layer: %w", err)
@@ -107,7 +104,7 @@ func build(binary, ca, out, ref string, date time.Time) (string, error) {
 	cfg.Config.Entrypoint = []string{"/" + BinaryPath}
 	cfg.Config.User = fmt.Sprintf("%d:%d", nonroot, nonroot)
 	cfg.Config.WorkingDir = "/"
-	cfg.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"}
+	cfg.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
 	cfg.Config.Labels = map[string]string{
 		"org.opencontainers.image.source":  "https://github.com/ebbdev/ebb",
 		"org.opencontainers.image.version": refTag(ref),
