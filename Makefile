@@ -2,12 +2,13 @@
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 
-# ebb's own binaries, tests and checks use this Go release, the one go.mod's
-# toolchain line names (hack/vulncheck fails when they differ). The machine's
-# Go fetches it through the module proxy on first use. The cached test tools
-# (hack/tools.sh, hack/upstream-e2e.sh) are Kubernetes' binaries for the
-# local cluster, not shipped, and keep the machine's Go.
-GO_TOOLCHAIN := go1.27.3
+# ebb's own binaries, tests and checks use the Go release go.mod's toolchain
+# line names (hack/vulncheck fails when a scan ran under another). The
+# machine's Go fetches it through the module proxy on first use. The cached
+# test tools (hack/tools.sh, hack/upstream-e2e.sh) are Kubernetes' binaries
+# for the local cluster, not shipped, and keep the machine's Go.
+GO_TOOLCHAIN := $(shell sed -n 's/^toolchain[[:space:]]\{1,\}\([^[:space:]]*\).*/\1/p' go.mod)
+$(if $(GO_TOOLCHAIN),,$(error go.mod has no toolchain line: pin the Go release ebb is built with))
 GO ?= env GOTOOLCHAIN=$(GO_TOOLCHAIN) go
 # The pinned tools (control plane, etcd, kwok, kubectl, controller-gen,
 # staticcheck) are built from source once and cached by version outside the

@@ -2,7 +2,10 @@ module github.com/ebbdev/ebb/hack/vulncheck
 
 go 1.26.0
 
-require golang.org/x/vuln v1.9.0
+require (
+	golang.org/x/mod v0.42.0
+	golang.org/x/vuln v1.9.0
+)
 
 require (
 	cloud.google.com/go/auth v0.20.0 // indirect
@@ -53,7 +56,6 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/exp v0.0.0-20261009195045-ca0d7ba23607 // indirect
-	golang.org/x/mod v0.42.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect

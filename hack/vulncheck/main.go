@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/mod/modfile"
 	"golang.org/x/vuln/scan"
 )
 
@@ -240,12 +241,14 @@ func pinnedToolchain(gomod string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading the pinned toolchain: %w", err)
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "toolchain" {
-			return f[1], nil
-		}
+	f, err := modfile.Parse(gomod, data, nil)
+	if err != nil {
+		return "", fmt.Errorf("reading the pinned toolchain: %w", err)
 	}
-	return "", fmt.Errorf("%s has no toolchain line: pin the Go release ebb is built with", gomod)
+	if f.Toolchain == nil {
+		return "", fmt.Errorf("%s has no toolchain line: pin the Go release ebb is built with", gomod)
+	}
+	return f.Toolchain.Name, nil
 }
 
 // readAccepted reads lines "GO-YYYY-NNNN reason..."; # starts a comment.

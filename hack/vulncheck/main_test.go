@@ -99,6 +99,7 @@ func TestPinnedToolchainAndAccepted(t *testing.T) {
 	gomod := filepath.Join(dir, "go.mod")
 	for _, tt := range []struct{ content, want string }{
 		{"module m\n\ngo 1.26.0\n\ntoolchain go1.27.3\n", "go1.27.3"},
+		{"module m\n\ngo 1.26.0\n\ntoolchain go1.27.3 // the image's\n", "go1.27.3"},
 		{"module m\n\ngo 1.26.0\n", ""},
 	} {
 		if err := os.WriteFile(gomod, []byte(tt.content), 0o644); err != nil {
