@@ -51,8 +51,9 @@ const (
 	DefaultNodeHealthPort = 10256
 )
 
-// Taints that mean a node is leaving: its backends are admin Down. Cordon
-// (spec.unschedulable) is never one of them.
+// Taints that mean a node is leaving by default (DefaultLeavingSignals):
+// its backends are admin Down. Cordon (spec.unschedulable) is never one of
+// them.
 const (
 	TaintOutOfService  = "node.kubernetes.io/out-of-service"
 	TaintAzureDraining = "cloudprovider.azure.microsoft.com/draining"
@@ -100,6 +101,10 @@ type Options struct {
 	// IgnoreAutoscalerTaint stops ToBeDeletedByClusterAutoscaler counting
 	// as leaving.
 	IgnoreAutoscalerTaint bool
+	// LeavingSignals are the taints and labels that make a node leaving,
+	// besides ebb.dev/draining which always does; nil means
+	// DefaultLeavingSignals (ParseLeavingSignals reads a configuration).
+	LeavingSignals []LeavingSignal
 	// AdminStateDisabled leaves every backend's admin state None: only the
 	// probes decide (the provider's toggle).
 	AdminStateDisabled bool
@@ -135,26 +140,6 @@ func ModeOf(svc *corev1.Service) BackendMode {
 		}
 	}
 	return NodeMode
-}
-
-// IsLeaving reports whether a node carries a taint that means it is
-// leaving, and which.
-func IsLeaving(node *corev1.Node, opts Options) (bool, string) {
-	for _, t := range node.Spec.Taints {
-		switch t.Key {
-		case TaintOutOfService, TaintDraining:
-			return true, t.Key
-		case TaintAzureDraining:
-			if t.Value == SpotEvictionValue {
-				return true, t.Key
-			}
-		case TaintToBeDeleted:
-			if !opts.IgnoreAutoscalerTaint {
-				return true, t.Key
-			}
-		}
-	}
-	return false, ""
 }
 
 // NodeAdminState is the admin state of every backend on node: Down while the

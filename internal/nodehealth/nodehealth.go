@@ -2,9 +2,11 @@
 // probe GET /healthz on each node (kube-proxy's port 10256) to learn whether
 // to send the node traffic, and GET /livez whether the process lives.
 //
-// /healthz fails (503) once the node is being deleted or tainted
-// ToBeDeletedByClusterAutoscaler, so load balancers stop sending it new
-// connections before the autoscaler removes it; /livez keeps the old
+// /healthz fails (503) once the node is being deleted or carries a leaving
+// signal (lbmodel.IsLeaving: ToBeDeletedByClusterAutoscaler as kube-proxy,
+// and every other configured taint or label, Karpenter's and medik8s' by
+// default), so load balancers stop sending it new connections before the
+// node goes, whichever tool removes it; /livez keeps the old
 // process-only meaning and always succeeds while the server runs. When the
 // node cannot be read (a watch error), the last known state stays; a server
 // that has not read its node yet starts from the state it last saved, or
@@ -38,6 +40,7 @@ const AgentPort = 10266
 // Server answers one node's health questions.
 type Server struct {
 	clock clock.PassiveClock
+	model lbmodel.Options
 
 	mu          sync.Mutex
 	eligible    bool
@@ -88,13 +91,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // New returns a Server that has not read its node yet: it answers as
-// eligible until Restore or SetNode says otherwise.
-func New(m *Metrics, clk clock.PassiveClock) *Server {
+// eligible until Restore or SetNode says otherwise. model says which
+// signals make the node leaving (the same as the load balancers').
+func New(m *Metrics, clk clock.PassiveClock, model lbmodel.Options) *Server {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
 	m.Known.Set(0)
-	return &Server{clock: clk, healthz: m.Healthz, livez: m.Livez, knownG: m.Known, eligible: true}
+	return &Server{clock: clk, model: model, healthz: m.Healthz, livez: m.Livez, knownG: m.Known, eligible: true}
 }
 
 // Restore starts from a state saved before a restart, until the node is
@@ -116,17 +120,13 @@ func (s *Server) SaveTo(save func(State) error) {
 }
 
 // Eligible reports whether a node should receive load-balancer traffic:
-// not being deleted and not tainted for deletion by the autoscaler.
-func Eligible(node *corev1.Node) bool {
+// not being deleted and not leaving. Cordon alone keeps it eligible.
+func Eligible(node *corev1.Node, model lbmodel.Options) bool {
 	if node.DeletionTimestamp != nil {
 		return false
 	}
-	for _, t := range node.Spec.Taints {
-		if t.Key == lbmodel.TaintToBeDeleted {
-			return false
-		}
-	}
-	return true
+	leaving, _ := lbmodel.IsLeaving(node, model)
+	return !leaving
 }
 
 // SetNode records the node's latest state. A nil node (deleted) makes it
@@ -135,7 +135,7 @@ func Eligible(node *corev1.Node) bool {
 func (s *Server) SetNode(node *corev1.Node) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	eligible := node != nil && Eligible(node)
+	eligible := node != nil && Eligible(node, s.model)
 	s.known, s.eligible, s.lastUpdated = true, eligible, s.clock.Now()
 	s.knownG.Set(1)
 	if s.save == nil || s.saved != nil && *s.saved == eligible {

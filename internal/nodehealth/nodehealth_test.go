@@ -63,22 +63,36 @@ func get(t *testing.T, s *Server, path string) (int, kubeProxyHealth) {
 func TestHealthz(t *testing.T) {
 	tainted := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: lbmodel.TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}}}
 	deleting := &corev1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{}}}
-	cordoned := &corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true}}
+	cordoned := &corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true, Taints: []corev1.Taint{{Key: "node.kubernetes.io/unschedulable", Effect: corev1.TaintEffectNoSchedule}}}}
+	taintedBy := func(key string) *corev1.Node {
+		return &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: key, Effect: corev1.TaintEffectNoSchedule}}}}
+	}
+	labelled := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"example.com/retiring": "true"}}}
+	custom := lbmodel.Options{LeavingSignals: []lbmodel.LeavingSignal{{Kind: lbmodel.SignalLabel, Key: "example.com/retiring", Value: "true"}}}
 	tests := []struct {
 		name     string
 		node     *corev1.Node
+		model    lbmodel.Options
 		set      bool
 		wantCode int
 	}{
 		// Not read yet (an agent restarted while the API server is
 		// unreachable): eligible, so that an outage does not fail every
 		// node at once.
-		{"not read yet", nil, false, http.StatusOK},
-		{"healthy node", &corev1.Node{}, true, http.StatusOK},
-		{"cordoned node is still eligible", cordoned, true, http.StatusOK},
-		{"tainted for deletion by the autoscaler", tainted, true, http.StatusServiceUnavailable},
-		{"being deleted", deleting, true, http.StatusServiceUnavailable},
-		{"deleted", nil, true, http.StatusServiceUnavailable},
+		{"not read yet", nil, lbmodel.Options{}, false, http.StatusOK},
+		{"healthy node", &corev1.Node{}, lbmodel.Options{}, true, http.StatusOK},
+		{"cordoned node is still eligible", cordoned, lbmodel.Options{}, true, http.StatusOK},
+		{"tainted for deletion by the autoscaler", tainted, lbmodel.Options{}, true, http.StatusServiceUnavailable},
+		{"autoscaler's taint ignored", tainted, lbmodel.Options{IgnoreAutoscalerTaint: true}, true, http.StatusOK},
+		// Issue 49: every default leaving signal, not only kube-proxy's.
+		{"disrupted by Karpenter", taintedBy(lbmodel.TaintKarpenterDisrupted), lbmodel.Options{}, true, http.StatusServiceUnavailable},
+		{"drained by medik8s", taintedBy(lbmodel.TaintMedik8sDrain), lbmodel.Options{}, true, http.StatusServiceUnavailable},
+		{"out of service", taintedBy(lbmodel.TaintOutOfService), lbmodel.Options{}, true, http.StatusServiceUnavailable},
+		{"a NodeMaintenance's taint", taintedBy(lbmodel.TaintDraining), lbmodel.Options{}, true, http.StatusServiceUnavailable},
+		{"a configured label", labelled, custom, true, http.StatusServiceUnavailable},
+		{"a default signal left out of the configuration", taintedBy(lbmodel.TaintKarpenterDisrupted), custom, true, http.StatusOK},
+		{"being deleted", deleting, lbmodel.Options{}, true, http.StatusServiceUnavailable},
+		{"deleted", nil, lbmodel.Options{}, true, http.StatusServiceUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,7 +101,7 @@ func TestHealthz(t *testing.T) {
 				t.Fatal(err)
 			}
 			clk := testingclock.NewFakePassiveClock(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
-			s := New(m, clk)
+			s := New(m, clk, tt.model)
 			if tt.set {
 				if err := s.SetNode(tt.node); err != nil {
 					t.Fatal(err)
@@ -147,7 +161,7 @@ func TestRestartAnswersFromTheSavedState(t *testing.T) {
 	clk := testingclock.NewFakePassiveClock(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
 	saves := 0
 	save := FileSaver(path)
-	before := New(m, clk)
+	before := New(m, clk, lbmodel.Options{})
 	before.SaveTo(func(st State) error { saves++; return save(st) })
 	tainted := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: lbmodel.TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}}}
 	for _, n := range []*corev1.Node{{}, {}, tainted, tainted} {
@@ -161,7 +175,7 @@ func TestRestartAnswersFromTheSavedState(t *testing.T) {
 	// A failed save is tried again at the next update, even without a
 	// change.
 	failing := true
-	retried := New(m, clk)
+	retried := New(m, clk, lbmodel.Options{})
 	retried.SaveTo(func(st State) error {
 		saves++
 		if failing {
@@ -188,7 +202,7 @@ func TestRestartAnswersFromTheSavedState(t *testing.T) {
 		t.Fatalf("saved state %+v, %v, %v; want ineligible", st, ok, err)
 	}
 	m2, _ := NewMetrics(prometheus.NewRegistry())
-	after := New(m2, clk)
+	after := New(m2, clk, lbmodel.Options{})
 	after.Restore(st)
 	if code, _ := get(t, after, "/healthz"); code != http.StatusServiceUnavailable {
 		t.Errorf("restarted, from the saved state of a node tainted for deletion: %d, want 503", code)

@@ -25,7 +25,7 @@ import (
 // that name their host and are not draining, and the ebb lb pods that run
 // without a fresh report (unknown counts as serving: the check fails
 // closed); a host counts as gone when
-// this maintenance selects it or it is leaving already (a leaving taint:
+// this maintenance selects it or it is leaving already (a leaving signal:
 // another maintenance, out-of-service, ...). Without any serving replica
 // (none reports a host, say) there is nothing to protect. The
 // AllowNoLoadBalancerAnnotation overrides it.
@@ -42,7 +42,7 @@ func (w *NodeMaintenance) keepsALoadBalancerHost(ctx context.Context, nm *v1alph
 		gone[n] = true
 	}
 	for _, n := range nodes {
-		if leaving, _ := lbmodel.IsLeaving(n, lbmodel.Options{}); leaving {
+		if leaving, _ := lbmodel.IsLeaving(n, w.Model); leaving {
 			gone[n.Name] = true
 		}
 	}

@@ -24,6 +24,7 @@ import (
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/drainplan"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
 // +kubebuilder:webhook:path=/mutate-maintenance-ebb-dev-v1alpha1-nodemaintenance,mutating=true,failurePolicy=fail,sideEffects=None,groups=maintenance.ebb.dev,resources=nodemaintenances,verbs=create;update,versions=v1alpha1,name=mnodemaintenance.maintenance.ebb.dev,admissionReviewVersions=v1
@@ -42,6 +43,9 @@ type NodeMaintenance struct {
 	// LBNamespace is where ebb lb's DaemonSet runs (lbhost.ListPods:
 	// lbhost.DefaultNamespace when empty).
 	LBNamespace string
+	// Model says which signals make a node leaving (the controller's
+	// --leaving-signals-file): a leaving node is no load-balancer host.
+	Model lbmodel.Options
 }
 
 var nmKind = v1alpha1.GroupVersion.WithKind("NodeMaintenance").GroupKind()

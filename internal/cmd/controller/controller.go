@@ -41,6 +41,7 @@ import (
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+	"github.com/ebbdev/ebb/internal/cmd/leavingflag"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/internal/controller/announcestatus"
 	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
@@ -153,6 +154,7 @@ func NewCommand() *cobra.Command {
 	f.StringSliceVar(&o.SpotEventSources, "spot-event-sources", spot.DefaultTrustedSources, "emitters (an Event's source.component or reportingController) whose PreemptScheduled Events about a Node are acted on; the Event must also be in namespace default or kube-system and name the Node without a namespace, which a namespace user cannot write")
 	f.StringVar(&o.LBNamespace, "lb-namespace", lbhost.DefaultNamespace, "namespace of the ebb-lb DaemonSet: its running pods without a fresh LoadBalancerReport count as replicas whose state is unknown (drains wait for them, up to 30 s; the last load-balancer host is kept)")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
+	leavingflag.Add(f, &o.Model.LeavingSignals)
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
@@ -472,7 +474,7 @@ func (o *Options) setupMaintenance(ctx context.Context, mgr ctrl.Manager) error 
 		}
 	}
 	if o.Webhook.Port != 0 {
-		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient(), LBNamespace: o.LBNamespace}).SetupWithManager(mgr); err != nil {
+		if err := (&ebbwebhook.NodeMaintenance{Client: mgr.GetClient(), LBNamespace: o.LBNamespace, Model: o.Model}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the NodeMaintenance webhook: %w", err)
 		}
 		if err := (&ebbwebhook.Evacuation{Client: mgr.GetClient(), Pods: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/ebbdev/ebb/internal/announce/bgp"
 	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+	"github.com/ebbdev/ebb/internal/cmd/leavingflag"
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -180,6 +181,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().BoolVar(&o.DefaultLoadBalancer, "default-load-balancer", false, "also serve LoadBalancer Services that set no class")
 	cmd.Flags().Uint16Var(&o.Model.NodeHealthPort, "node-health-port", lbmodel.DefaultNodeHealthPort, "port of the nodes' /healthz (kube-proxy's or ebb node-agent's)")
 	cmd.Flags().BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving")
+	leavingflag.Add(cmd.Flags(), &o.Model.LeavingSignals)
 	cmd.Flags().BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "leave admin states None: only health probes decide")
 	cmd.Flags().StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9464", "address serving Prometheus /metrics (empty: off)")
 	cmd.Flags().StringVar(&o.PprofAddress, "pprof-bind-address", "", "address serving /debug/pprof for profiling (empty: off)")
@@ -209,7 +211,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().IntVar(&o.UDPFlows.PerSource, "udp-flows-per-source", dataplane.DefaultUDPFlowsPerSource, "most UDP flows of one client address on one frontend (a client cycling source ports); clients behind one NAT address share it")
 	cmd.Flags().StringVar(&o.BPFPinDir, "bpf-pin-dir", dataplane.DefaultBPFPinDir, "where --kernel-path=ebpf pins its maps and attachments: they stay at exit, so that the kernel keeps forwarding and the next ebb lb takes them over (on a hostPath in a pod)")
 	cmd.Flags().StringArrayVar(&o.BPFInterfaces, "bpf-interface", nil, "an interface --kernel-path=ebpf forwards from, where clients' packets and backends' replies arrive (repeatable; default: every interface but lo, followed as interfaces come and go)")
-	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving taint (NodeMaintenance, out-of-service, spot eviction, autoscaler), this replica withdraws its announcements and reports its connections draining, until the taint goes")
+	cmd.Flags().StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node this ebb lb runs on (default: $NODE_NAME, which config/lb sets from spec.nodeName): when it gets a leaving signal (NodeMaintenance, out-of-service, spot eviction, autoscaler, Karpenter, ...: --leaving-signals-file), this replica withdraws its announcements and reports its connections draining, until the taint goes")
 	cmd.Flags().BoolVar(&o.ForwardMovedFlows, "forward-moved-flows", true, "when another LB host drains, send the TCP segments of its connections that the routers move here back to it (nftables table ip ebb-flows; needs CAP_NET_ADMIN), so they are not reset; cluster mode")
 	cmd.Flags().DurationVar(&o.JoinForward, "join-forward", 5*time.Minute, "after this host starts announcing (first start, or its node no longer leaving), how long it sends the TCP segments of the other LB hosts' connections that the routers move to it back to them (connections older than that are reset when moved); 0: never")
 	cmd.Flags().DurationVar(&o.WithdrawDelay, "withdraw-delay", time.Second, "when this host starts leaving or stopping, how long to wait before withdrawing its announcements, for the other LB hosts to start forwarding its connections")

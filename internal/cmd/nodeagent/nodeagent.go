@@ -26,6 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+	"github.com/ebbdev/ebb/internal/cmd/leavingflag"
+	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/nodehealth"
 )
 
@@ -39,6 +41,9 @@ type Options struct {
 	MetricsAddress string
 	// StateFile keeps the node's last known state across restarts.
 	StateFile string
+	// Model says which signals make the node leaving: the same as the
+	// controller's and ebb lb's.
+	Model lbmodel.Options
 }
 
 // NewCommand returns `ebb node-agent`.
@@ -49,8 +54,11 @@ func NewCommand() *cobra.Command {
 		Use:   "node-agent",
 		Short: "Serve a node's /healthz and /livez for load-balancer health checks (KEP-3836)",
 		Long: `Serve KEP-3836's node health endpoints for one node: GET /healthz answers
-503 once the node is being deleted or tainted ToBeDeletedByClusterAutoscaler,
-so load balancers stop sending it new connections first; GET /livez answers
+503 once the node is being deleted or carries a leaving signal (the cluster
+autoscaler's ToBeDeletedByClusterAutoscaler as kube-proxy, and the others of
+--leaving-signals-file: a NodeMaintenance's, out-of-service, Karpenter's,
+medik8s' by default), so load balancers, ebb's or any other health-checking
+node ports, stop sending it new connections first; GET /livez answers
 200 while the process runs. The last known node state stays when the API
 cannot be read.`,
 		Args: cobra.NoArgs,
@@ -67,6 +75,8 @@ cannot be read.`,
 	f.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node to answer for (default $NODE_NAME)")
 	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.AgentPort), "address serving /healthz and /livez")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9465", "address serving /metrics, unauthenticated (empty: off); the default is reachable from this host only")
+	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
+	leavingflag.Add(f, &o.Model.LeavingSignals)
 	f.StringVar(&o.StateFile, "state-file", "", "file that keeps the node's last known state across restarts, so that an agent restarted while the API server is unreachable answers as it did (empty: start as eligible until the node is read)")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
 	zapOpts.BindFlags(logFlags)
@@ -90,7 +100,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv := nodehealth.New(m, nil)
+	srv := nodehealth.New(m, nil, o.Model)
 	o.restoreState(log, srv)
 
 	// Watch only this node; the informer keeps the last state across watch
