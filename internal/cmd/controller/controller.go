@@ -45,6 +45,7 @@ import (
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/internal/controller/announcestatus"
 	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
+	"github.com/ebbdev/ebb/internal/controller/deletionhold"
 	"github.com/ebbdev/ebb/internal/controller/evacuation"
 	"github.com/ebbdev/ebb/internal/controller/l2key"
 	"github.com/ebbdev/ebb/internal/controller/nodemaintenance"
@@ -104,6 +105,11 @@ type Options struct {
 	// MaxDrainingNodes bounds the nodes NodeMaintenances drain at once
 	// (0: no bound).
 	MaxDrainingNodes int
+	// DeletionHold keeps cluster-autoscaler's delay-deletion annotation
+	// on nodes until the load balancers drained them (deletionhold);
+	// DeletionHoldTimeout bounds a hold.
+	DeletionHold        bool
+	DeletionHoldTimeout time.Duration
 	// Webhook serves admission; Port 0 turns it off.
 	Webhook WebhookOptions
 }
@@ -155,6 +161,8 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.LBNamespace, "lb-namespace", lbhost.DefaultNamespace, "namespace of the ebb-lb DaemonSet: its running pods without a fresh LoadBalancerReport count as replicas whose state is unknown (drains wait for them, up to 30 s; the last load-balancer host is kept)")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	leavingflag.Add(f, &o.Model.LeavingSignals)
+	f.BoolVar(&o.DeletionHold, "autoscaler-deletion-hold", false, "keep the annotation "+deletionhold.Annotation+" on every node in load-balancer rotation and remove it from a leaving node only once no load-balancer connection goes through it (or --deletion-hold-timeout passed): cluster-autoscaler waits for it before deleting the instance, up to its --node-deletion-delay-timeout (set that at least as long). Off: ebb removes its annotation from every node")
+	f.DurationVar(&o.DeletionHoldTimeout, "deletion-hold-timeout", deletionhold.DefaultTimeout, "with --autoscaler-deletion-hold: release a leaving node's hold after this long even if connections remain")
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
@@ -441,6 +449,17 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 	ar := &adminstate.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-adminstate-controller"), Model: o.Model}
 	if err := ar.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the admin state events: %w", err)
+	}
+	holdMetrics, err := deletionhold.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	// Registered when off too: it then removes holds an earlier
+	// configuration left, so that cluster-autoscaler never waits on ebb.
+	hr := &deletionhold.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-deletion-hold"), Metrics: holdMetrics,
+		Model: o.Model, Enabled: o.DeletionHold, Timeout: o.DeletionHoldTimeout, LBNamespace: o.LBNamespace}
+	if err := hr.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the deletion hold: %w", err)
 	}
 	if err := o.setupCloud(ctx, mgr); err != nil {
 		return err

@@ -3,7 +3,6 @@ package nodemaintenance
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -25,82 +24,10 @@ const DefaultTrafficDrainTimeout = 300 * time.Second
 // hold a maintenance forever).
 const lbGate = 30 * time.Second
 
-// lbView is what the fresh LoadBalancerReports say about one node.
-type lbView struct {
-	// down: every replica that has backends on the node applies Down, and
-	// every replica running on the node (an LB host) is draining.
-	down bool
-	// connections still established through the node, over replicas,
-	// those of the replicas running on it included.
-	connections int64
-	// hostConnections are the connections of the replicas running on the
-	// node; hostServing names those not draining yet.
-	hostConnections int64
-	hostServing     []string
-	// unknown names the ebb lb pods that run without a fresh report: what
-	// they send the node is not known, so evacuation waits for them (up
-	// to lbGate); down and connections are what the reports say.
-	unknown []string
-}
-
-// loadBalancerViews reads the reports of the `ebb lb` replicas; stale ones
-// (a replica that is gone) are ignored. A node no replica lists has no
-// backends: it is Down with no connection. The `ebb lb` pods that run
-// without a fresh report (lbhost.Unreported) are named in every view:
-// evacuation waits for their report or for lbGate (trafficDrain).
-func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) lbView, error) {
-	var list v1alpha1.LoadBalancerReportList
-	if err := r.Client.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("listing LoadBalancerReports: %w", err)
-	}
-	pods, err := lbhost.ListPods(ctx, r.Client, r.LBNamespace)
-	if err != nil {
-		return nil, err
-	}
-	now := metav1.NewTime(r.Clock.Now())
-	var unknown []string
-	for _, p := range lbhost.Unreported(pods, list.Items, now) {
-		unknown = append(unknown, p.Name)
-	}
-	return loadBalancerViews(list.Items, unknown, now), nil
-}
-
-func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, unknown []string, now metav1.Time) func(node string) lbView {
-	sort.Strings(unknown)
-	views := map[string]*lbView{}
-	view := func(node string) *lbView {
-		v, ok := views[node]
-		if !ok {
-			v = &lbView{down: true, unknown: unknown}
-			views[node] = v
-		}
-		return v
-	}
-	for i := range reports {
-		rep := &reports[i]
-		if !rep.Fresh(now) {
-			continue
-		}
-		for _, n := range rep.Status.Nodes {
-			v := view(n.Name)
-			v.down = v.down && n.AdminState == v1alpha1.AdminStateDown
-			v.connections += n.Connections
-		}
-		// The replica's host carries the replica's own connections; it
-		// takes no new ones once the replica drains.
-		if host := rep.Status.HostNode; host != "" {
-			v := view(host)
-			v.connections += rep.Status.Connections
-			v.hostConnections += rep.Status.Connections
-			if !rep.Status.Draining {
-				v.down = false
-				v.hostServing = append(v.hostServing, rep.Name)
-			}
-		}
-	}
-	return func(node string) lbView {
-		return *view(node)
-	}
+// loadBalancerViews reads what the ebb lb replicas report about each node
+// (lbhost.ReadViews).
+func (r *Reconciler) loadBalancerViews(ctx context.Context) (func(node string) lbhost.View, error) {
+	return lbhost.ReadViews(ctx, r.Client, r.LBNamespace, metav1.NewTime(r.Clock.Now()))
 }
 
 // trafficDrain decides, for one node, whether evacuation may start (the
@@ -108,23 +35,23 @@ func loadBalancerViews(reports []v1alpha1.LoadBalancerReport, unknown []string, 
 // since the Drain stage started) and whether its traffic is drained (no
 // established connection left, or the maintenance's traffic-drain timeout
 // passed since the load balancers went Down).
-func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, view lbView, nd *nodeDrain) {
+func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, view lbhost.View, nd *nodeDrain) {
 	now := r.Clock.Now()
 	started := drainStarted(nm)
 	gateExpired := started != nil && now.Sub(started.Time) >= lbGate
 	// An unreported replica holds evacuation back, never the count of the
 	// connections the reports show.
-	nd.lbDown, nd.connections, nd.unknown = view.down && len(view.unknown) == 0, view.connections, view.unknown
-	nd.hostConnections, nd.hostServing = view.hostConnections, view.hostServing
+	nd.lbDown, nd.connections, nd.unknown = view.Down && len(view.Unknown) == 0, view.Connections, view.Unknown
+	nd.hostConnections, nd.hostServing = view.HostConnections, view.HostServing
 	if old := oldNodeStatus(nm, node); old != nil && old.TrafficDrainStartTime != nil {
 		nd.trafficStart = old.TrafficDrainStartTime
-	} else if view.down {
+	} else if view.Down {
 		// The status keeps whole seconds: round up, so that the wait is
 		// never shorter than the timeout.
 		t := metav1.NewTime(now.Truncate(time.Second).Add(time.Second))
 		nd.trafficStart = &t
 	}
-	if !view.down {
+	if !view.Down {
 		if gateExpired {
 			// Given up on the load balancers: do not wait on their traffic.
 			nd.mayEvacuate, nd.lbGateExpired, nd.trafficDone = true, true, true
@@ -140,7 +67,7 @@ func (r *Reconciler) trafficDrain(nm *v1alpha1.NodeMaintenance, node string, vie
 	deadline := nd.trafficStart.Add(timeout)
 	left := deadline.Sub(now)
 	switch {
-	case view.connections == 0:
+	case view.Connections == 0:
 		nd.trafficDone = true
 	case left <= 0:
 		nd.trafficDone, nd.trafficTimedOut = true, true

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbhost"
 )
 
 // Several replicas: a node is Down only when every fresh report says so,
@@ -42,13 +43,13 @@ func TestLoadBalancerViews(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := views("a"); !v.down || v.connections != 5 {
+	if v := views("a"); !v.Down || v.Connections != 5 {
 		t.Errorf("a: %+v, want Down with 5 connections (the stale report ignored)", v)
 	}
-	if v := views("b"); v.down {
+	if v := views("b"); v.Down {
 		t.Errorf("b: %+v, want not Down (r2 still sends it traffic)", v)
 	}
-	if v := views("c"); !v.down || v.connections != 0 {
+	if v := views("c"); !v.Down || v.Connections != 0 {
 		t.Errorf("c (no backends anywhere): %+v", v)
 	}
 
@@ -66,7 +67,7 @@ func TestLoadBalancerViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, node := range []string{"a", "c"} {
-		if v := views(node); !slices.Equal(v.unknown, []string{"gone"}) {
+		if v := views(node); !slices.Equal(v.Unknown, []string{"gone"}) {
 			t.Errorf("%s with an unreported ebb lb pod: %+v, want gone unknown", node, v)
 		}
 	}
@@ -79,7 +80,7 @@ func TestLoadBalancerViews(t *testing.T) {
 	if views, err = r.loadBalancerViews(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if v := views("a"); !slices.Equal(v.unknown, []string{"gone"}) {
+	if v := views("a"); !slices.Equal(v.Unknown, []string{"gone"}) {
 		t.Errorf("a labelled pod ebb does not own counts as a replica: %+v", v)
 	}
 }
@@ -93,7 +94,7 @@ func TestUnreportedReplicaHoldsOnlyEvacuation(t *testing.T) {
 	r := &Reconciler{Clock: clocktesting.NewFakePassiveClock(now)}
 	started := metav1.NewTime(now.Add(-10 * time.Second))
 	nm := &v1alpha1.NodeMaintenance{Status: v1alpha1.NodeMaintenanceStatus{StageStatuses: []v1alpha1.StageStatus{{Name: v1alpha1.Drain, StartTimestamp: &started}}}}
-	view := lbView{down: true, connections: 3, unknown: []string{"ebb-lb-x"}}
+	view := lbhost.View{Down: true, Connections: 3, Unknown: []string{"ebb-lb-x"}}
 	nd := &nodeDrain{}
 	r.trafficDrain(nm, "a", view, nd)
 	if nd.mayEvacuate || nd.trafficDone || !strings.Contains(trafficMessage(nd), "Waiting for ebb lb ebb-lb-x to report") {
@@ -122,22 +123,22 @@ func TestLoadBalancerViewsOfAnLBHost(t *testing.T) {
 		name    string
 		reports []v1alpha1.LoadBalancerReport
 		node    string
-		want    lbView
+		want    lbhost.View
 	}{
 		{"a serving replica holds its host up", []v1alpha1.LoadBalancerReport{hosted("lb-a", "a", false, 7, backendA)}, "a",
-			lbView{down: false, connections: 8, hostConnections: 7, hostServing: []string{"lb-a"}}},
+			lbhost.View{Down: false, Connections: 8, HostConnections: 7, HostServing: []string{"lb-a"}}},
 		{"a draining replica lets it go, its connections still count", []v1alpha1.LoadBalancerReport{hosted("lb-a", "a", true, 7, backendA)}, "a",
-			lbView{down: true, connections: 8, hostConnections: 7}},
+			lbhost.View{Down: true, Connections: 8, HostConnections: 7}},
 		{"an old replica (handed over) and the new one on the same host", []v1alpha1.LoadBalancerReport{hosted("old", "a", true, 2), hosted("new", "a", false, 3)}, "a",
-			lbView{down: false, connections: 5, hostConnections: 5, hostServing: []string{"new"}}},
+			lbhost.View{Down: false, Connections: 5, HostConnections: 5, HostServing: []string{"new"}}},
 		{"another host's replica does not count for this node", []v1alpha1.LoadBalancerReport{hosted("lb-b", "b", false, 9, backendA)}, "a",
-			lbView{down: true, connections: 1}},
+			lbhost.View{Down: true, Connections: 1}},
 		{"a report without a host (an older ebb lb) holds nothing up", []v1alpha1.LoadBalancerReport{hosted("lb", "", false, 9)}, "a",
-			lbView{down: true}},
+			lbhost.View{Down: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := loadBalancerViews(tc.reports, nil, metav1.NewTime(now))(tc.node)
-			if got.down != tc.want.down || got.connections != tc.want.connections || got.hostConnections != tc.want.hostConnections || !slices.Equal(got.hostServing, tc.want.hostServing) {
+			got := lbhost.Views(tc.reports, nil, metav1.NewTime(now))(tc.node)
+			if got.Down != tc.want.Down || got.Connections != tc.want.Connections || got.HostConnections != tc.want.HostConnections || !slices.Equal(got.HostServing, tc.want.HostServing) {
 				t.Errorf("view of %s = %+v, want %+v", tc.node, got, tc.want)
 			}
 		})
@@ -153,19 +154,19 @@ func TestTrafficDrain(t *testing.T) {
 	started := metav1.NewTime(now.Add(-10 * time.Second))
 	nm := &v1alpha1.NodeMaintenance{Status: v1alpha1.NodeMaintenanceStatus{StageStatuses: []v1alpha1.StageStatus{{Name: v1alpha1.Drain, StartTimestamp: &started}}}}
 	nd := &nodeDrain{}
-	r.trafficDrain(nm, "a", lbView{down: false}, nd)
+	r.trafficDrain(nm, "a", lbhost.View{Down: false}, nd)
 	if nd.mayEvacuate || nd.trafficDone || trafficMessage(nd) != "Waiting for the load balancers to stop sending new connections to the node" {
 		t.Errorf("before Down: %+v %q", nd, trafficMessage(nd))
 	}
 	old := metav1.NewTime(now.Add(-40 * time.Second))
 	nm.Status.StageStatuses[0].StartTimestamp = &old
 	nd = &nodeDrain{}
-	r.trafficDrain(nm, "a", lbView{down: false}, nd)
+	r.trafficDrain(nm, "a", lbhost.View{Down: false}, nd)
 	if !nd.mayEvacuate || !nd.lbGateExpired {
 		t.Errorf("after the gate: %+v", nd)
 	}
 	nd = &nodeDrain{}
-	r.trafficDrain(nm, "a", lbView{down: true, connections: 3}, nd)
+	r.trafficDrain(nm, "a", lbhost.View{Down: true, Connections: 3}, nd)
 	if !nd.mayEvacuate || nd.trafficDone || nd.trafficStart == nil || nd.trafficStart.Time.Before(now) {
 		t.Errorf("Down with connections: %+v (the start rounds up to a whole second)", nd)
 	}
@@ -173,13 +174,13 @@ func TestTrafficDrain(t *testing.T) {
 	*nm.Spec.TrafficDrainTimeoutSeconds = 5
 	nm.Status.NodeStatuses = []v1alpha1.NodeMaintenanceNodeStatus{{NodeRef: v1alpha1.NodeReference{Name: "a"}, TrafficDrainStartTime: &old}}
 	nd = &nodeDrain{}
-	r.trafficDrain(nm, "a", lbView{down: true, connections: 3}, nd)
+	r.trafficDrain(nm, "a", lbhost.View{Down: true, Connections: 3}, nd)
 	if !nd.trafficDone || !nd.trafficTimedOut {
 		t.Errorf("after the timeout: %+v", nd)
 	}
 	nd = &nodeDrain{}
 	nm.Spec.TrafficDrainTimeoutSeconds = nil
-	r.trafficDrain(nm, "a", lbView{down: true}, nd)
+	r.trafficDrain(nm, "a", lbhost.View{Down: true}, nd)
 	if !nd.trafficDone || nd.trafficTimedOut {
 		t.Errorf("no connection left: %+v", nd)
 	}
@@ -199,7 +200,7 @@ func TestTrafficMessageIsStableWhileWaiting(t *testing.T) {
 	var msgs []string
 	for range 3 {
 		nd := &nodeDrain{}
-		r.trafficDrain(nm, "a", lbView{down: true, connections: 3}, nd)
+		r.trafficDrain(nm, "a", lbhost.View{Down: true, Connections: 3}, nd)
 		msgs = append(msgs, trafficMessage(nd))
 		clk.SetTime(clk.Now().Add(1700 * time.Millisecond))
 	}

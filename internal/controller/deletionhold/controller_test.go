@@ -1,0 +1,214 @@
+package deletionhold
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbmodel"
+)
+
+type fixture struct {
+	t      *testing.T
+	client client.Client
+	clock  *clocktesting.FakePassiveClock
+	rec    *events.FakeRecorder
+	r      *Reconciler
+}
+
+func newFixture(t *testing.T, enabled bool, objs ...client.Object) *fixture {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, clock: clocktesting.NewFakePassiveClock(time.Date(2026, 11, 28, 8, 0, 0, 0, time.UTC)), rec: events.NewFakeRecorder(20)}
+	f.client = fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&v1alpha1.LoadBalancerReport{}).Build()
+	f.r = &Reconciler{Client: f.client, Recorder: f.rec, Metrics: m, Clock: f.clock, Enabled: enabled, Timeout: time.Minute}
+	return f
+}
+
+// reconcile runs one pass over node n and returns whether it is held, the
+// result and the events it emitted.
+func (f *fixture) reconcile(name string) (bool, ctrl.Result, []string) {
+	f.t.Helper()
+	res, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: name}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var n corev1.Node
+	if err := f.client.Get(context.Background(), types.NamespacedName{Name: name}, &n); err != nil {
+		f.t.Fatal(err)
+	}
+	var evs []string
+	for len(f.rec.Events) > 0 {
+		evs = append(evs, <-f.rec.Events)
+	}
+	_, held := n.Annotations[Annotation]
+	return held, res, evs
+}
+
+// setReport writes the one ebb lb replica's report: the node's admin state
+// and connections, fresh now.
+func (f *fixture) setReport(node, state string, connections int64) {
+	f.t.Helper()
+	ts := metav1.NewMicroTime(f.clock.Now())
+	rep := &v1alpha1.LoadBalancerReport{ObjectMeta: metav1.ObjectMeta{Name: "lb-1"}}
+	_ = f.client.Get(context.Background(), types.NamespacedName{Name: "lb-1"}, rep)
+	rep.Status = v1alpha1.LoadBalancerReportStatus{Replica: "lb-1", RenewTime: &ts, HeartbeatSeconds: 10,
+		Nodes: []v1alpha1.NodeTraffic{{Name: node, AdminState: v1alpha1.AdminState(state), Connections: connections}}}
+	if rep.ResourceVersion == "" {
+		if err := f.client.Create(context.Background(), rep); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	if err := f.client.Status().Update(context.Background(), rep); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) taint(name, key string) {
+	f.t.Helper()
+	var n corev1.Node
+	if err := f.client.Get(context.Background(), types.NamespacedName{Name: name}, &n); err != nil {
+		f.t.Fatal(err)
+	}
+	n.Spec.Taints = []corev1.Taint{{Key: key, Value: "1764316800", Effect: corev1.TaintEffectNoSchedule}}
+	if err := f.client.Update(context.Background(), &n); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func node(name string, annotations, labels map[string]string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), Annotations: annotations, Labels: labels}}
+}
+
+// The hold's life on one node: added while in rotation, kept while the
+// node leaves with connections through it, released once none is left.
+func TestHeldUntilDrained(t *testing.T) {
+	f := newFixture(t, true, node("n1", nil, nil))
+	if held, _, evs := f.reconcile("n1"); !held || len(evs) != 0 {
+		t.Fatalf("a node in rotation: held %v, events %q; want held quietly", held, evs)
+	}
+	f.setReport("n1", "None", 4)
+	f.taint("n1", lbmodel.TaintToBeDeleted)
+	f.setReport("n1", "Down", 3)
+	held, res, evs := f.reconcile("n1")
+	if !held || res.RequeueAfter != poll || len(evs) != 1 || !strings.Contains(evs[0], ReasonHeld) {
+		t.Fatalf("leaving with 3 connections: held %v, result %+v, events %q; want held, looked at again in %s, one %s", held, res, evs, poll, ReasonHeld)
+	}
+	f.clock.SetTime(f.clock.Now().Add(10 * time.Second))
+	f.setReport("n1", "Down", 1)
+	if held, _, evs := f.reconcile("n1"); !held || len(evs) != 0 {
+		t.Fatalf("1 connection left: held %v, events %q; want held, no new event", held, evs)
+	}
+	if got := testutil.ToFloat64(f.r.Metrics.waiting); got != 1 {
+		t.Errorf("leaving nodes held: %v, want 1", got)
+	}
+	f.setReport("n1", "Down", 0)
+	held, res, evs = f.reconcile("n1")
+	if held || res.RequeueAfter != 0 || len(evs) != 1 || !strings.Contains(evs[0], ReasonReleased) {
+		t.Fatalf("drained: held %v, result %+v, events %q; want released with one %s", held, res, evs, ReasonReleased)
+	}
+	if got := testutil.ToFloat64(f.r.Metrics.releases.WithLabelValues("drained")); got != 1 {
+		t.Errorf("releases{drained} = %v", got)
+	}
+	if got := testutil.ToFloat64(f.r.Metrics.waiting); got != 0 {
+		t.Errorf("leaving nodes held: %v, want 0", got)
+	}
+	// Still leaving, released: not held again. Back in rotation: held.
+	if held, _, _ := f.reconcile("n1"); held {
+		t.Error("a released leaving node was held again")
+	}
+	f.taint("n1", "example.com/other")
+	if held, _, _ := f.reconcile("n1"); !held {
+		t.Error("a node back in rotation was not held again")
+	}
+}
+
+func TestHoldCases(t *testing.T) {
+	held := map[string]string{Annotation: annotationValue}
+	tests := []struct {
+		name     string
+		enabled  bool
+		node     *corev1.Node
+		report   func(f *fixture)
+		advance  time.Duration
+		wantHeld bool
+		wantEv   string
+	}{
+		{name: "off: an earlier hold is removed", node: node("n", held, nil), wantHeld: false},
+		{name: "off: nothing added", node: node("n", nil, nil), wantHeld: false},
+		{name: "a node excluded from load balancers is not held", enabled: true, node: node("n", nil, map[string]string{lbmodel.ExcludeNodeLabel: ""}), wantHeld: false},
+		{name: "cordon alone keeps the hold", enabled: true, node: func() *corev1.Node {
+			n := node("n", held, nil)
+			n.Spec.Unschedulable = true
+			return n
+		}(), wantHeld: true},
+		{name: "leaving, an ebb lb that sends it traffic keeps it held", enabled: true, node: leavingNode(held), report: func(f *fixture) { f.setReport("n", "None", 0) }, wantHeld: true, wantEv: ReasonHeld},
+		{name: "leaving, no load balancer lists it: released", enabled: true, node: leavingNode(held), wantHeld: false, wantEv: ReasonReleased},
+		{name: "leaving, never held: nothing to do", enabled: true, node: leavingNode(nil), wantHeld: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.enabled, tt.node)
+			if tt.report != nil {
+				tt.report(f)
+			}
+			got, _, evs := f.reconcile("n")
+			if got != tt.wantHeld {
+				t.Errorf("held %v, want %v", got, tt.wantHeld)
+			}
+			if (tt.wantEv == "") != (len(evs) == 0) || tt.wantEv != "" && !strings.Contains(strings.Join(evs, "\n"), tt.wantEv) {
+				t.Errorf("events %q, want %q", evs, tt.wantEv)
+			}
+		})
+	}
+}
+
+// Connections that never end do not hold a node for ever: after the
+// timeout the hold goes, with a warning that says how many were left.
+func TestHoldTimesOut(t *testing.T) {
+	f := newFixture(t, true, leavingNode(map[string]string{Annotation: annotationValue}))
+	f.setReport("n", "Down", 2)
+	if held, _, _ := f.reconcile("n"); !held {
+		t.Fatal("not held at first")
+	}
+	f.clock.SetTime(f.clock.Now().Add(59 * time.Second))
+	f.setReport("n", "Down", 2)
+	if held, _, _ := f.reconcile("n"); !held {
+		t.Fatal("released before the timeout")
+	}
+	f.clock.SetTime(f.clock.Now().Add(time.Second))
+	f.setReport("n", "Down", 2)
+	held, _, evs := f.reconcile("n")
+	if held || len(evs) != 1 || !strings.Contains(evs[0], ReasonHoldTimedOut) || !strings.Contains(evs[0], "2 load-balancer connection(s)") {
+		t.Fatalf("after the timeout: held %v, events %q", held, evs)
+	}
+	if got := testutil.ToFloat64(f.r.Metrics.releases.WithLabelValues("timeout")); got != 1 {
+		t.Errorf("releases{timeout} = %v", got)
+	}
+}
+
+func leavingNode(annotations map[string]string) *corev1.Node {
+	n := node("n", annotations, nil)
+	n.Spec.Taints = []corev1.Taint{{Key: lbmodel.TaintToBeDeleted, Value: "1764316800", Effect: corev1.TaintEffectNoSchedule}}
+	return n
+}
