@@ -149,4 +149,3 @@ func openLongLived(addr string, interval time.Duration) (*loadgen.LongLived, err
 	}
 	return loadgen.OpenLongLived(addr, interval)
 }
-
