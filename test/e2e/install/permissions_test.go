@@ -124,6 +124,8 @@ func TestControllerMayChangeOnlyWhatItOwns(t *testing.T) {
 		{"label a node", patchNode(`{"metadata":{"labels":{"evil":"true"}}}`), false},
 		{"add another taint to a node", patchNode(withTaint("example.com/evil")), false},
 		{"annotate a node beyond ebb's keys", patchNode(`{"metadata":{"annotations":{"example.com/evil":"true"}}}`), false},
+		{"hold a node's deletion by cluster-autoscaler", patchNode(`{"metadata":{"annotations":{"delay-deletion.cluster-autoscaler.kubernetes.io/ebb":"until-load-balancers-drained"}}}`), true},
+		{"hold a node's deletion in another's name", patchNode(`{"metadata":{"annotations":{"delay-deletion.cluster-autoscaler.kubernetes.io/other":"true"}}}`), false},
 		{"change a node's addresses", patchNode(`{"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.66"}]}}`, "status"), false},
 		{"set a node's Ready condition", patchNode(`{"status":{"conditions":[{"type":"Ready","status":"False","reason":"Evil"}]}}`, "status"), false},
 
