@@ -109,11 +109,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.forget(node.UID)
 		return ctrl.Result{}, nil
 	case !leaving:
+		// In rotation: held. Excluded from load balancers (the label):
+		// no traffic of ebb's to wait for.
 		r.forget(node.UID)
-		if held || !lbmodel.EligibleNode(node) {
-			return ctrl.Result{}, nil
+		if want := lbmodel.EligibleNode(node); want != held {
+			return ctrl.Result{}, r.setHold(ctx, node, want)
 		}
-		return ctrl.Result{}, r.setHold(ctx, node, true)
+		return ctrl.Result{}, nil
 	case !held:
 		// Released already (or never held): nothing to wait for.
 		return ctrl.Result{}, nil

@@ -157,6 +157,7 @@ func TestHoldCases(t *testing.T) {
 		{name: "off: an earlier hold is removed", node: node("n", held, nil), wantHeld: false},
 		{name: "off: nothing added", node: node("n", nil, nil), wantHeld: false},
 		{name: "a node excluded from load balancers is not held", enabled: true, node: node("n", nil, map[string]string{lbmodel.ExcludeNodeLabel: ""}), wantHeld: false},
+		{name: "a held node excluded from load balancers is released", enabled: true, node: node("n", held, map[string]string{lbmodel.ExcludeNodeLabel: ""}), wantHeld: false},
 		{name: "cordon alone keeps the hold", enabled: true, node: func() *corev1.Node {
 			n := node("n", held, nil)
 			n.Spec.Unschedulable = true
