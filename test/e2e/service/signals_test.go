@@ -77,6 +77,7 @@ func TestLeavingSignalsConfiguration(t *testing.T) {
 		{"label:-retiring\n", `leaving signal "label:-retiring" is malformed`},
 		{"label:retiring=yes please\n", `leaving signal "label:retiring=yes please" is malformed`},
 		{"taint:node.kubernetes.io/unschedulable\n", "cordon alone never makes a node leaving"},
+		{"label:" + strings.Repeat("a", 254) + "/retiring\n", "/retiring\" is malformed"},
 	}
 	for _, r := range refused {
 		if _, perr := lbmodel.ParseLeavingSignals(r.text); perr == nil {
