@@ -5,7 +5,9 @@
 package leavingflag
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/spf13/pflag"
@@ -29,6 +31,12 @@ func (f *file) Type() string   { return "file" }
 
 func (f *file) Set(path string) error {
 	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The ConfigMap is mounted optional: deleted, the defaults rule
+		// (nil), rather than no pod of ebb starting.
+		f.path, *f.dst = path, nil
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("reading the leaving signals: %w", err)
 	}
@@ -42,8 +50,8 @@ func (f *file) Set(path string) error {
 
 // Add registers --leaving-signals-file on fs, filling dst when it is set;
 // dst stays nil (lbmodel's defaults) otherwise.
-func Add(fs *pflag.FlagSet, dst *[]lbmodel.LeavingSignal) {
-	fs.Var(&file{dst: dst}, Name, "file of the taints and labels that make a node leaving, one per line: taint:KEY, taint:KEY=VALUE, label:KEY or label:KEY=VALUE; # starts a comment (default: "+defaults()+"; ebb.dev/draining always counts; docs/nodes-that-leave.md). Give every ebb component the same file")
+func Add(flags *pflag.FlagSet, dst *[]lbmodel.LeavingSignal) {
+	flags.Var(&file{dst: dst}, Name, "file of the taints and labels that make a node leaving, one per line: taint:KEY, taint:KEY=VALUE, label:KEY or label:KEY=VALUE; # starts a comment; a missing file means the default list (default: "+defaults()+"; ebb.dev/draining always counts; docs/nodes-that-leave.md). Give every ebb component the same file")
 }
 
 func defaults() string {

@@ -34,7 +34,8 @@ func TestFlag(t *testing.T) {
 			{Kind: lbmodel.SignalLabel, Key: "example.com/retiring", Value: "true"},
 		}},
 		{name: "a bad file stops the start, naming the line", args: []string{"--" + Name, bad}, wantErr: bad + `: leaving signal on line 2 ("taint:node.kubernetes.io/unschedulable")`},
-		{name: "a missing file", args: []string{"--" + Name, filepath.Join(dir, "none")}, wantErr: "reading the leaving signals"},
+		{name: "a missing file (the optional ConfigMap deleted) means the defaults", args: []string{"--" + Name, filepath.Join(dir, "none")}, want: nil},
+		{name: "an unreadable path", args: []string{"--" + Name, dir}, wantErr: "reading the leaving signals"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -79,7 +80,7 @@ type Reconciler struct {
 	// leavingSince is when each held node was first seen leaving: the
 	// start of its timeout. In memory: after a restart the timeout starts
 	// again, which only lengthens a hold that cluster-autoscaler bounds.
-	leavingSince map[types.UID]time.Time
+	leavingSince map[string]time.Time
 }
 
 // SetupWithManager registers the controller.
@@ -95,10 +96,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	node := &corev1.Node{}
 	if err := r.Client.Get(ctx, req.NamespacedName, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.Name) // deleted while held: nothing left to wait for
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	_, held := node.Annotations[Annotation]
-	leaving, signal := lbmodel.IsLeaving(node, r.Model)
+	leaving, signal := r.leaving(node)
 	switch {
 	case !r.Enabled:
 		if held {
@@ -106,18 +110,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, nil
 	case node.DeletionTimestamp != nil:
-		r.forget(node.UID)
+		r.forget(node.Name)
 		return ctrl.Result{}, nil
 	case !leaving:
 		// In rotation: held. Excluded from load balancers (the label):
 		// no traffic of ebb's to wait for.
-		r.forget(node.UID)
+		r.forget(node.Name)
 		if want := lbmodel.EligibleNode(node); want != held {
 			return ctrl.Result{}, r.setHold(ctx, node, want)
 		}
 		return ctrl.Result{}, nil
 	case !held:
-		// Released already (or never held): nothing to wait for.
+		// Released already, or the annotation removed by someone else:
+		// nothing to wait for.
+		r.forget(node.Name)
 		return ctrl.Result{}, nil
 	}
 	return r.leavingHeld(ctx, node, signal)
@@ -128,10 +134,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // poll.
 func (r *Reconciler) leavingHeld(ctx context.Context, node *corev1.Node, signal string) (ctrl.Result, error) {
 	now := r.Clock.Now()
-	since, first := r.start(node.UID, now)
+	since, first := r.start(node.Name, now)
 	if first {
 		event.Publish(r.Recorder, event.Event{Regarding: node, Type: corev1.EventTypeNormal, Reason: ReasonHeld, Action: "HoldDeletion",
-			Note: fmt.Sprintf("The node is leaving (%s): its deletion by cluster-autoscaler is held (annotation %s) until no load-balancer connection goes through it, at most %s", signal, Annotation, r.timeout())})
+			Note: fmt.Sprintf("The node is leaving (%s): ebb holds its deletion (annotation %s, which cluster-autoscaler waits for) until no load-balancer connection goes through it, at most %s", signal, Annotation, r.timeout())})
 	}
 	views, err := lbhost.ReadViews(ctx, r.Client, r.LBNamespace, metav1.NewTime(now))
 	if err != nil {
@@ -146,7 +152,7 @@ func (r *Reconciler) leavingHeld(ctx context.Context, node *corev1.Node, signal 
 	if err := r.setHold(ctx, node, false); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.forget(node.UID)
+	r.forget(node.Name)
 	if drained {
 		r.Metrics.releases.WithLabelValues("drained").Inc()
 		event.Publish(r.Recorder, event.Event{Regarding: node, Type: corev1.EventTypeNormal, Reason: ReasonReleased, Action: "HoldDeletion",
@@ -181,6 +187,22 @@ func (r *Reconciler) setHold(ctx context.Context, node *corev1.Node, hold bool) 
 	return nil
 }
 
+// leaving is lbmodel.IsLeaving, except that cluster-autoscaler's taint
+// always counts: the hold exists for it, and a node it takes that ebb did
+// not count as leaving (--ignore-autoscaler-taint, or a list without it)
+// would otherwise keep its hold until the autoscaler's own timeout.
+func (r *Reconciler) leaving(node *corev1.Node) (bool, string) {
+	if leaving, signal := lbmodel.IsLeaving(node, r.Model); leaving {
+		return true, signal
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key == lbmodel.TaintToBeDeleted {
+			return true, t.Key
+		}
+	}
+	return false, ""
+}
+
 func (r *Reconciler) timeout() time.Duration {
 	if r.Timeout > 0 {
 		return r.Timeout
@@ -190,24 +212,24 @@ func (r *Reconciler) timeout() time.Duration {
 
 // start returns when a held node was first seen leaving, and whether that
 // is now.
-func (r *Reconciler) start(uid types.UID, now time.Time) (time.Time, bool) {
+func (r *Reconciler) start(node string, now time.Time) (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.leavingSince == nil {
-		r.leavingSince = map[types.UID]time.Time{}
+		r.leavingSince = map[string]time.Time{}
 	}
-	if t, ok := r.leavingSince[uid]; ok {
+	if t, ok := r.leavingSince[node]; ok {
 		return t, false
 	}
-	r.leavingSince[uid] = now
+	r.leavingSince[node] = now
 	r.Metrics.waiting.Set(float64(len(r.leavingSince)))
 	return now, true
 }
 
-func (r *Reconciler) forget(uid types.UID) {
+func (r *Reconciler) forget(node string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.leavingSince, uid)
+	delete(r.leavingSince, node)
 	r.Metrics.waiting.Set(float64(len(r.leavingSince)))
 }
 

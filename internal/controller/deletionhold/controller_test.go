@@ -141,18 +141,40 @@ func TestHeldUntilDrained(t *testing.T) {
 	if held, _, _ := f.reconcile("n1"); !held {
 		t.Error("a node back in rotation was not held again")
 	}
+
+	// Deleted while held (the autoscaler's timeout shorter than ebb's):
+	// nothing is left waiting.
+	f.taint("n1", lbmodel.TaintToBeDeleted)
+	f.setReport("n1", "Down", 2)
+	if held, _, _ := f.reconcile("n1"); !held {
+		t.Fatal("not held while leaving with connections")
+	}
+	var n corev1.Node
+	if err := f.client.Get(context.Background(), types.NamespacedName{Name: "n1"}, &n); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.client.Delete(context.Background(), &n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: "n1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(f.r.Metrics.waiting); got != 0 {
+		t.Errorf("leaving nodes held after the node was deleted: %v, want 0", got)
+	}
 }
 
 func TestHoldCases(t *testing.T) {
 	held := map[string]string{Annotation: annotationValue}
 	tests := []struct {
-		name     string
-		enabled  bool
-		node     *corev1.Node
-		report   func(f *fixture)
-		advance  time.Duration
-		wantHeld bool
-		wantEv   string
+		name             string
+		enabled          bool
+		ignoreAutoscaler bool
+		node             *corev1.Node
+		report           func(f *fixture)
+		advance          time.Duration
+		wantHeld         bool
+		wantEv           string
 	}{
 		{name: "off: an earlier hold is removed", node: node("n", held, nil), wantHeld: false},
 		{name: "off: nothing added", node: node("n", nil, nil), wantHeld: false},
@@ -166,10 +188,12 @@ func TestHoldCases(t *testing.T) {
 		{name: "leaving, an ebb lb that sends it traffic keeps it held", enabled: true, node: leavingNode(held), report: func(f *fixture) { f.setReport("n", "None", 0) }, wantHeld: true, wantEv: ReasonHeld},
 		{name: "leaving, no load balancer lists it: released", enabled: true, node: leavingNode(held), wantHeld: false, wantEv: ReasonReleased},
 		{name: "leaving, never held: nothing to do", enabled: true, node: leavingNode(nil), wantHeld: false},
+		{name: "the autoscaler's taint counts even where it is ignored for admin state", enabled: true, ignoreAutoscaler: true, node: leavingNode(held), wantHeld: false, wantEv: ReasonReleased},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, tt.enabled, tt.node)
+			f.r.Model.IgnoreAutoscalerTaint = tt.ignoreAutoscaler
 			if tt.report != nil {
 				tt.report(f)
 			}

@@ -88,8 +88,10 @@ func TestLeavingSignalsConfiguration(t *testing.T) {
 			t.Errorf("writing %q: %v, want refused with %q", r.text, err, r.message)
 		}
 	}
-	if _, err := cms.Get(ctx, leavingSignalsConfigMap, metav1.GetOptions{}); err != nil {
-		t.Fatal(err)
+	noKey := shipped.DeepCopy()
+	noKey.Data = map[string]string{"signal": shipped.Data["signals"]}
+	if _, err := cms.Update(ctx, noKey, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), "the leaving signals go in data.signals") {
+		t.Errorf("writing the list under another key: %v, want refused", err)
 	}
 
 	ns := newNamespace(t, ctx)
