@@ -2,6 +2,7 @@ package lbmodel
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,18 +69,21 @@ func (s LeavingSignal) matches(node *corev1.Node) bool {
 // counts, whatever the configuration says, or maintenances would not drain.
 var draining = LeavingSignal{Kind: SignalTaint, Key: TaintDraining}
 
+// defaultLeavingSignals backs DefaultLeavingSignals; never changed.
+var defaultLeavingSignals = []LeavingSignal{
+	{Kind: SignalTaint, Key: TaintOutOfService},
+	{Kind: SignalTaint, Key: TaintAzureDraining, Value: SpotEvictionValue},
+	{Kind: SignalTaint, Key: TaintToBeDeleted},
+	{Kind: SignalTaint, Key: TaintKarpenterDisrupted},
+	{Kind: SignalTaint, Key: TaintMedik8sDrain},
+}
+
 // DefaultLeavingSignals are the signals that count when none are
 // configured, besides ebb.dev/draining which always does: the
 // out-of-service taint, Azure's spot eviction, the cluster autoscaler's,
 // Karpenter's and medik8s' taints. docs/nodes-that-leave.md.
 func DefaultLeavingSignals() []LeavingSignal {
-	return []LeavingSignal{
-		{Kind: SignalTaint, Key: TaintOutOfService},
-		{Kind: SignalTaint, Key: TaintAzureDraining, Value: SpotEvictionValue},
-		{Kind: SignalTaint, Key: TaintToBeDeleted},
-		{Kind: SignalTaint, Key: TaintKarpenterDisrupted},
-		{Kind: SignalTaint, Key: TaintMedik8sDrain},
-	}
+	return slices.Clone(defaultLeavingSignals)
 }
 
 // ParseLeavingSignals reads a leaving-signal configuration: one signal per
@@ -141,29 +145,22 @@ func parseLeavingSignal(line string) (LeavingSignal, error) {
 	return s, nil
 }
 
-// leavingSignals is the list IsLeaving checks: ebb's own first, then the
-// configured ones (the defaults when none are), without the autoscaler's
-// taint when it is ignored.
-func (o Options) leavingSignals() []LeavingSignal {
-	signals := o.LeavingSignals
-	if signals == nil {
-		signals = DefaultLeavingSignals()
+// IsLeaving reports whether a node carries a leaving signal, and which
+// (its key): ebb's own first, then the configured ones (the defaults when
+// none are), without the autoscaler's taint when it is ignored. It runs
+// for every backend of every Service, so it allocates nothing.
+func IsLeaving(node *corev1.Node, opts Options) (bool, string) {
+	if draining.matches(node) {
+		return true, draining.Key
 	}
-	out := make([]LeavingSignal, 0, len(signals)+1)
-	out = append(out, draining)
+	signals := opts.LeavingSignals
+	if signals == nil {
+		signals = defaultLeavingSignals
+	}
 	for _, s := range signals {
-		if s == draining || o.IgnoreAutoscalerTaint && s.Kind == SignalTaint && s.Key == TaintToBeDeleted {
+		if opts.IgnoreAutoscalerTaint && s.Kind == SignalTaint && s.Key == TaintToBeDeleted {
 			continue
 		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// IsLeaving reports whether a node carries a leaving signal, and which
-// (its key).
-func IsLeaving(node *corev1.Node, opts Options) (bool, string) {
-	for _, s := range opts.leavingSignals() {
 		if s.matches(node) {
 			return true, s.Key
 		}

@@ -1,6 +1,7 @@
 package lbmodel
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,13 +89,8 @@ func TestParseLeavingSignals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != len(tt.want) {
-				t.Fatalf("got %v, want %v", got, tt.want)
-			}
-			for i := range got {
-				if got[i] != tt.want[i] {
-					t.Errorf("signal %d: %v, want %v", i, got[i], tt.want[i])
-				}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got %v, want %v", got, tt.want)
 			}
 		})
 	}
@@ -111,13 +107,7 @@ func TestDefaultLeavingSignalsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DefaultLeavingSignals()
-	if len(got) != len(want) {
-		t.Fatalf("got %v, want %v", got, want)
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			t.Errorf("signal %d: %v, want %v", i, got[i], want[i])
-		}
+	if want := DefaultLeavingSignals(); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }

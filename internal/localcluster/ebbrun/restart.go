@@ -25,7 +25,7 @@ func RestartAll(ctx context.Context, c *localcluster.Cluster) error {
 	if err != nil {
 		return err
 	}
-	patch := []byte(fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano)))
+	patch := restartPatch()
 	if _, err := c.Client.AppsV1().Deployments(Namespace).Patch(ctx, controllerDeployment, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("restarting the controller: %w", err)
 	}

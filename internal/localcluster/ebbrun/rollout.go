@@ -27,11 +27,16 @@ const (
 // strategy, as `kubectl rollout restart daemonset/ebb-lb` does (a new
 // template annotation): an upgrade in all but the image.
 func RolloutRestartLB(ctx context.Context, c *localcluster.Cluster) error {
-	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
-	if _, err := c.Client.AppsV1().DaemonSets(Namespace).Patch(ctx, LBDaemonSet, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := c.Client.AppsV1().DaemonSets(Namespace).Patch(ctx, LBDaemonSet, types.StrategicMergePatchType, restartPatch(), metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("restarting the ebb lb DaemonSet: %w", err)
 	}
 	return nil
+}
+
+// restartPatch is what `kubectl rollout restart` writes: a new template
+// annotation, which replaces every pod by the workload's update strategy.
+func restartPatch() []byte {
+	return []byte(fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano)))
 }
 
 // WaitLBReplaced waits until every node that ran one of the old ebb lb

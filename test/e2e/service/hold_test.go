@@ -64,7 +64,7 @@ func TestAutoscalerDeletionHold(t *testing.T) {
 		}
 	}()
 	for range 12 {
-		l, err := openLongLived(addr, 200*time.Millisecond)
+		l, err := e2eutil.OpenLongLived(cluster, nil, addr, 200*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,13 +139,4 @@ func held(t *testing.T, ctx context.Context, name string) bool {
 	}
 	_, ok := n.Annotations[deletionhold.Annotation]
 	return ok
-}
-
-// openLongLived opens a long-lived connection to the app at addr that
-// sends a message every interval (the echo servers' raw TCP echo).
-func openLongLived(addr string, interval time.Duration) (*loadgen.LongLived, error) {
-	if cluster.RealKubelets() {
-		return loadgen.OpenLongLivedHTTPVia(nil, addr, interval)
-	}
-	return loadgen.OpenLongLived(addr, interval)
 }

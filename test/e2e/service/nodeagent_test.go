@@ -3,7 +3,6 @@ package service_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -18,18 +17,7 @@ func TestNodeAgentHealthz(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	node := cluster.Nodes[2]
-	// config/node-agent's --bind-address, in the host network: what a
-	// load balancer's health check reaches.
-	base := "http://" + net.JoinHostPort(node.IP, "10266")
-	client := &http.Client{Timeout: 2 * time.Second}
-	status := func(path string) int {
-		resp, err := client.Get(base + path)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	status := func(path string) int { return agentStatus(t, node.Name, path) }
 	eventually(t, ctx, 30*time.Second, "/healthz 200 for a healthy node", func(context.Context) (bool, string) {
 		code := status("/healthz")
 		return code == http.StatusOK, fmt.Sprint(code)

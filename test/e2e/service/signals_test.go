@@ -161,18 +161,23 @@ func waitInRotation(t *testing.T, ctx context.Context, node string) {
 	})
 }
 
-// agentHealthz is the node-agent's /healthz status code for a node, on
-// the node's address as a load balancer outside the cluster checks it
-// (0 when it does not answer).
+// agentHealthz is the node-agent's /healthz status code for a node.
 func agentHealthz(t *testing.T, node string) int {
+	t.Helper()
+	return agentStatus(t, node, "/healthz")
+}
+
+// agentStatus is the status code of a node-agent's path, on the node's
+// address (config/node-agent's --bind-address, in the host network) as a
+// load balancer outside the cluster checks it; 0 when it does not answer.
+func agentStatus(t *testing.T, node, path string) int {
 	t.Helper()
 	for _, n := range cluster.Nodes {
 		if n.Name != node {
 			continue
 		}
 		client := &http.Client{Timeout: 2 * time.Second}
-		// config/node-agent's --bind-address, in the host network.
-		resp, err := client.Get("http://" + net.JoinHostPort(n.IP, "10266") + "/healthz")
+		resp, err := client.Get("http://" + net.JoinHostPort(n.IP, "10266") + path)
 		if err != nil {
 			return 0
 		}
