@@ -71,6 +71,17 @@ type LoadBalancerReportStatus struct {
 	// serves, as it does now; absent: it announces nothing itself.
 	// +optional
 	Announcement *Announcement `json:"announcement,omitempty"`
+	// Served are the Service addresses this replica takes traffic for
+	// now, sorted: a frontend on the address is open, the address is
+	// local to the host, and the replica announces it where an
+	// AnnouncementPolicy says to announce it (by BGP to an established
+	// session; by L2 only on the address's owner). The controller
+	// publishes a Service's address in its status once one replica that
+	// is not draining serves it, so that a client never connects before
+	// anything takes its traffic. Empty while the replica is draining.
+	// +optional
+	// +listType=set
+	Served []string `json:"served,omitempty"`
 }
 
 // Announcement is what one replica tells the network.

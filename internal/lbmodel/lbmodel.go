@@ -192,7 +192,8 @@ func IsUnsupportedPort(err error) bool {
 }
 
 // Frontends returns the frontends of one Service: one per load-balancer
-// address in its status and per TCP or UDP port, sorted by name. Ports it
+// address (Addresses: published, or allocated and awaiting an LB host)
+// and per TCP or UDP port, sorted by name. Ports it
 // cannot serve are left out and reported in an UnsupportedPortError, with
 // the frontends of the other ports.
 func Frontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodes []*corev1.Node, opts Options) ([]dataplane.Frontend, error) {
@@ -206,11 +207,7 @@ func Frontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodes [
 	var out []dataplane.Frontend
 	var unsupported []string
 	mode := ModeOf(svc)
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		vip, err := netip.ParseAddr(ing.IP)
-		if err != nil {
-			continue // hostname ingresses are not ours
-		}
+	for _, vip := range Addresses(svc) {
 		for _, port := range svc.Spec.Ports {
 			if port.Protocol != corev1.ProtocolTCP && port.Protocol != corev1.ProtocolUDP && port.Protocol != "" {
 				unsupported = appendOnce(unsupported, portName(port))

@@ -38,6 +38,10 @@ type Reporter struct {
 	// Announcement, if set, says how the replica announces its addresses
 	// now (read at every poll; a change is written at once).
 	Announcement func() *v1alpha1.Announcement
+	// Served, if set, lists the addresses the replica takes traffic for
+	// now (read at every poll; a change is written at once, since the
+	// controller publishes a Service's address once it is served).
+	Served func() []string
 
 	// retired: a successor process serves in this replica's place, so it
 	// sends no node a new connection (Retire).
@@ -86,6 +90,7 @@ func (r *Reporter) Run(ctx context.Context) {
 	var backoff time.Duration
 	var wroteDraining, wroteJoining bool
 	var wroteAnn *v1alpha1.Announcement
+	var wroteServed []string
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
 	for {
@@ -100,22 +105,26 @@ func (r *Reporter) Run(ctx context.Context) {
 		if r.Announcement != nil {
 			ann = r.Announcement()
 		}
+		var served []string
+		if r.Served != nil && !draining {
+			served = r.Served()
+		}
 		due := urgent(last, nodes) || draining != wroteDraining || joining != wroteJoining || time.Since(written) >= r.Heartbeat ||
-			!equality.Semantic.DeepEqual(ann, wroteAnn)
+			!equality.Semantic.DeepEqual(ann, wroteAnn) || !slices.Equal(served, wroteServed)
 		// While draining, the replica's own connections are what its
 		// host's maintenance waits for: write each change.
 		if draining && total(last) != total(nodes) {
 			due = true
 		}
 		if due && time.Now().After(retryAt) {
-			if err := r.write(ctx, nodes, draining, joining, ann); err != nil {
+			if err := r.write(ctx, nodes, draining, joining, ann, served); err != nil {
 				// Back off, so that a rejected write (say, a token no
 				// longer valid) is not retried at every poll.
 				backoff = min(max(2*backoff, time.Second), r.Heartbeat)
 				retryAt = time.Now().Add(backoff)
 				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
-				last, written, backoff, wroteDraining, wroteJoining, wroteAnn = nodes, time.Now(), 0, draining, joining, ann
+				last, written, backoff, wroteDraining, wroteJoining, wroteAnn, wroteServed = nodes, time.Now(), 0, draining, joining, ann, served
 			}
 		}
 		select {
@@ -199,7 +208,7 @@ func total(nodes []v1alpha1.NodeTraffic) int64 {
 	return n
 }
 
-func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining, joining bool, ann *v1alpha1.Announcement) error {
+func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, draining, joining bool, ann *v1alpha1.Announcement, served []string) error {
 	report := &v1alpha1.LoadBalancerReport{}
 	err := r.Client.Get(ctx, client.ObjectKey{Name: r.Name}, report)
 	if apierrors.IsNotFound(err) {
@@ -217,7 +226,7 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, drai
 	report.Status = v1alpha1.LoadBalancerReportStatus{
 		Replica: r.Name, HostNode: r.HostNode, Draining: draining, Joining: joining && !draining, JoinTime: r.joinTimeStatus(),
 		RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
-		NodeCount: int32(len(nodes)), Announcement: ann,
+		NodeCount: int32(len(nodes)), Announcement: ann, Served: served,
 	}
 	for _, n := range nodes {
 		report.Status.Connections += n.Connections

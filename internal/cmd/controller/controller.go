@@ -63,11 +63,14 @@ type Options struct {
 	Kubeconfig          string
 	LoadBalancerClass   string
 	DefaultLoadBalancer bool
-	VIPPools            []string
-	LeaderElect         bool
-	LeaderElectionNS    string
-	MetricsAddress      string
-	HealthAddress       string
+	// PublishAddressesAtOnce writes a Service's address to its status
+	// when allocated, not once an LB host reports it served.
+	PublishAddressesAtOnce bool
+	VIPPools               []string
+	LeaderElect            bool
+	LeaderElectionNS       string
+	MetricsAddress         string
+	HealthAddress          string
 	// L2KeySecret (namespace/name) is created with a random key for ebb
 	// lb's L2 heartbeats when missing; empty: not managed.
 	L2KeySecret string
@@ -151,6 +154,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&o.LoadBalancerClass, "load-balancer-class", lbmodel.ClassL4, "spec.loadBalancerClass of the Services to serve")
 	f.BoolVar(&o.DefaultLoadBalancer, "default-load-balancer", false, "also serve LoadBalancer Services that set no class")
+	f.BoolVar(&o.PublishAddressesAtOnce, "publish-addresses-at-once", false, "write a Service's allocated address to status.loadBalancer.ingress at once, instead of once an ebb lb replica reports it served and announced (condition lb.ebb.dev/Served says which); for ebb lb replicas that run without --report-name")
 	f.StringSliceVar(&o.VIPPools, "vip-pool", nil, "deprecated (use AddressPool objects, group lb.ebb.dev): CIDR of load-balancer addresses to allocate from after the AddressPools, to every Service; creates nothing in the API (repeatable; IPv4 and IPv6)")
 	f.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader so that only one replica acts")
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
@@ -161,7 +165,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.LBNamespace, "lb-namespace", lbhost.DefaultNamespace, "namespace of the ebb-lb DaemonSet: its running pods without a fresh LoadBalancerReport count as replicas whose state is unknown (drains wait for them, up to 30 s; the last load-balancer host is kept)")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	leavingflag.Add(f, &o.Model.LeavingSignals)
-	f.BoolVar(&o.DeletionHold, "autoscaler-deletion-hold", false, "keep the annotation "+deletionhold.Annotation+" on every node in load-balancer rotation and remove it from a leaving node only once no load-balancer connection goes through it (or --deletion-hold-timeout passed): cluster-autoscaler waits for it before deleting the instance, up to its --node-deletion-delay-timeout (set that at least as long). Off: ebb removes its annotation from every node")
+	f.BoolVar(&o.DeletionHold, "autoscaler-deletion-hold", false, "keep the annotation "+deletionhold.Annotation+" on every node in load-balancer rotation and remove it from a leaving node only once no load-balancer connection goes through it (or --deletion-hold-timeout passed): cluster-autoscaler waits for it before deleting the instance, up to its --node-deletion-delay-timeout (which starts once it has evicted the node's pods: docs/nodes-that-leave.md). Off: ebb removes its annotation from every node")
 	f.DurationVar(&o.DeletionHoldTimeout, "deletion-hold-timeout", deletionhold.DefaultTimeout, "with --autoscaler-deletion-hold: release a leaving node's hold after this long even if connections remain")
 	f.BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "admin state off (set it as on ebb lb): no admin-state events")
 	f.Float32Var(&o.QPS, "kube-api-qps", 50, "requests per second to the apiserver")
@@ -343,6 +347,22 @@ func (o *Options) cloudDefaults(changed func(flag string) bool) {
 	}
 }
 
+// spotTaintCounts refuses a spot taint that the leaving signals do not
+// count: the spot controller would mark preempted nodes with it, and no
+// load balancer would take them out of rotation (ebb lb and the
+// node-agent read the same list, so the controller cannot count it for
+// them).
+func spotTaintCounts(key string, model lbmodel.Options) error {
+	if key == "" {
+		return nil
+	}
+	node := &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: key, Value: lbmodel.SpotEvictionValue, Effect: corev1.TaintEffectNoSchedule}}}}
+	if leaving, _ := lbmodel.IsLeaving(node, model); !leaving {
+		return fmt.Errorf("--spot-taint-key %s: the leaving signals do not count %s=%s, so a preempted node would stay in rotation; add the line \"taint:%s=%s\" to the ConfigMap ebb-leaving-signals (docs/nodes-that-leave.md), or use another key", key, key, lbmodel.SpotEvictionValue, key, lbmodel.SpotEvictionValue)
+	}
+	return nil
+}
+
 // setupCloud runs the provider-backed admin state (--cloud).
 func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
 	switch o.Cloud {
@@ -415,6 +435,7 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 	r := &service.Reconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ebb-service-controller"),
 		Class: o.LoadBalancerClass, DefaultLoadBalancer: o.DefaultLoadBalancer, IPAM: ipam, Metrics: m,
+		PublishAtOnce: o.PublishAddressesAtOnce,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the service controller: %w", err)
@@ -428,6 +449,9 @@ func (o *Options) setupLoadBalancing(ctx context.Context, mgr ctrl.Manager, ipam
 	}
 	if err := (&announcestatus.PolicyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the announcement policy status controller: %w", err)
+	}
+	if err := spotTaintCounts(o.SpotTaintKey, o.Model); err != nil {
+		return err
 	}
 	if o.SpotTaintKey != "" {
 		if !strings.HasPrefix(o.SpotTaintKey, "ebb.dev/") && o.SpotTaintKey != lbmodel.TaintAzureDraining {

@@ -69,3 +69,37 @@ func TestMetricsListenOnTheLoopbackByDefault(t *testing.T) {
 		t.Errorf("--metrics-bind-address defaults to %q, want a loopback address", def)
 	}
 }
+
+// A spot taint that the leaving signals do not count is refused at start:
+// preempted nodes would be tainted and stay in rotation (issue 49).
+func TestSpotTaintMustBeALeavingSignal(t *testing.T) {
+	list := func(lines string) []lbmodel.LeavingSignal {
+		s, err := lbmodel.ParseLeavingSignals(lines)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, tt := range []struct {
+		name    string
+		key     string
+		signals []lbmodel.LeavingSignal
+		ok      bool
+	}{
+		{"off", "", nil, true},
+		{"ebb's key always counts", lbmodel.TaintDraining, list("label:example.com/gone"), true},
+		{"Azure's key, default list", lbmodel.TaintAzureDraining, nil, true},
+		{"Azure's key left out of the list", lbmodel.TaintAzureDraining, list("taint:karpenter.sh/disrupted"), false},
+		{"own key, default list", "example.com/spot", nil, false},
+		{"own key with its value in the list", "example.com/spot", list("taint:example.com/spot=spot-eviction"), true},
+		{"own key, any value in the list", "example.com/spot", list("taint:example.com/spot"), true},
+		{"own key, another value in the list", "example.com/spot", list("taint:example.com/spot=other"), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := spotTaintCounts(tt.key, lbmodel.Options{LeavingSignals: tt.signals})
+			if (err == nil) != tt.ok {
+				t.Errorf("spotTaintCounts(%q) = %v, want ok %v", tt.key, err, tt.ok)
+			}
+		})
+	}
+}

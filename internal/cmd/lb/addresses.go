@@ -483,6 +483,65 @@ func (a *addressSinks) close(log logr.Logger) {
 	}
 }
 
+// served is what the report lists as served: the addresses synced (local,
+// each with an open frontend) that reach this host, i.e. that it
+// announces wherever the plan says to announce them: by BGP only with an
+// established session, by L2 only as the address's owner. An address
+// announced no way is served once local (its routes are someone else's).
+// None while the host is withdrawn, stopping or retired: the controller
+// must not publish an address on the strength of a leaving replica.
+func (a *addressSinks) served() []string {
+	a.mu.Lock()
+	speaker, l2a := a.bgp, a.l2
+	if a.retired || a.withdrawn || a.stopping || !a.synced {
+		a.mu.Unlock()
+		return nil
+	}
+	want, plan := slices.Clone(a.want), a.plan
+	var l2Wanted map[netip.Addr]bool
+	if l2a != nil {
+		offer, _ := l2Offer(want, plan, l2a.Interfaces())
+		l2Wanted = make(map[netip.Addr]bool, len(offer))
+		for _, addr := range offer {
+			l2Wanted[addr] = true
+		}
+	}
+	a.mu.Unlock()
+	var owned map[netip.Addr]bool
+	if l2a != nil {
+		owned = setOf(l2a.Owned())
+	}
+	var announced map[netip.Addr]bool
+	if speaker != nil && bgpEstablished(speaker) {
+		announced = setOf(speaker.Announced())
+	}
+	out := make([]string, 0, len(want))
+	for _, addr := range want {
+		byBGP, byL2 := speaker != nil && plan.BGP(addr), l2Wanted[addr]
+		if (!byBGP && !byL2) || (byBGP && announced[addr]) || (byL2 && owned[addr]) {
+			out = append(out, addr.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// bgpEstablished says whether one of the speaker's sessions is established.
+func bgpEstablished(speaker *bgp.Speaker) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	peers, err := speaker.Peers(ctx)
+	return err == nil && slices.ContainsFunc(peers, func(p bgp.PeerState) bool { return p.Established })
+}
+
+func setOf(addrs []netip.Addr) map[netip.Addr]bool {
+	out := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		out[a] = true
+	}
+	return out
+}
+
 // announcement is what the report says of the announcements: the L2
 // addresses owned, the BGP routes and sessions, and the BGPPeers that
 // cannot be peered with (nil: none of them runs).

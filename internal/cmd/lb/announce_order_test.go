@@ -101,3 +101,89 @@ func peers(t *testing.T, a *l2.Announcer) float64 {
 	t.Fatal("no ebb_lb_l2_peers")
 	return 0
 }
+
+// What a replica reports served: with no way of announcing, every address
+// it made local; none while withdrawn or before its first Sync; with L2,
+// an address only on its owner (the other hosts get no traffic for it).
+func TestServedIsWhatReachesTheHost(t *testing.T) {
+	vip := netip.MustParseAddr("10.6.1.1")
+	plain := &addressSinks{}
+	if got := plain.served(); len(got) != 0 {
+		t.Fatalf("before the first Sync, served %v", got)
+	}
+	if err := plain.Sync([]netip.Addr{vip}); err != nil {
+		t.Fatal(err)
+	}
+	if got := plain.served(); len(got) != 1 || got[0] != "10.6.1.1" {
+		t.Fatalf("no announcer: served %v, want 10.6.1.1", got)
+	}
+	plain.setWithdrawn(logr.Discard(), true)
+	if got := plain.served(); len(got) != 0 {
+		t.Fatalf("withdrawn: served %v", got)
+	}
+
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network namespaces and packet sockets (make test runs as root)")
+	}
+	sw, err := network.NewHost("srv-switch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sw.Close)
+	if err := sw.AddBridge("br0"); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := l2.ParseKeys(map[string][]byte{"k1": []byte("0123456789abcdef0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sinks []*addressSinks
+	for i, node := range []string{"node-a", "node-b"} {
+		h, err := network.NewHost("srv-" + node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Close)
+		port, dev := "p-srv-"+node[5:], "es-"+node[5:]
+		if err := network.LinkHosts(sw, port, nil, h, dev, []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 7, 0, byte(i + 1)}), 24)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sw.AttachToBridge(port, "br0"); err != nil {
+			t.Fatal(err)
+		}
+		var ann *l2.Announcer
+		if err := h.Do(func() (err error) {
+			ann, err = l2.Start(context.Background(), testr.New(t).WithName(node), l2.Config{Group: "test", Node: node,
+				Interfaces: []string{dev}, Interval: 50 * time.Millisecond, KernelTable: "ebb-l2-served-test", NetNS: h.NetNS()})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ann.Stop() })
+		ann.SetKeys(keys)
+		s := &addressSinks{l2: ann, flagInterfaces: []string{dev}}
+		if err := s.Sync([]netip.Addr{vip}); err != nil {
+			t.Fatal(err)
+		}
+		sinks = append(sinks, s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, b := sinks[0].served(), sinks[1].served()
+		owners := len(sinks[0].l2.Owned()) + len(sinks[1].l2.Owned())
+		if owners == 1 && len(a)+len(b) == 1 {
+			owner := sinks[0]
+			if len(b) == 1 {
+				owner = sinks[1]
+			}
+			if len(owner.l2.Owned()) != 1 {
+				t.Fatalf("the replica that does not own %s reports it served", vip)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s: served %v and %v, owned %v and %v; want exactly the owner to serve %s", a, b, sinks[0].l2.Owned(), sinks[1].l2.Owned(), vip)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -436,6 +436,7 @@ func (o *Options) startReport(ctx context.Context, log logr.Logger, dp *dataplan
 		return nil, nil, err
 	}
 	reporter.Announcement = addrs.announcement
+	reporter.Served = addrs.served
 	h.onHandOver = append(h.onHandOver, reporter.Retire)
 	reportCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
 	reported := make(chan struct{})

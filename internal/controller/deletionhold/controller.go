@@ -49,6 +49,13 @@ const (
 	DefaultTimeout = 300 * time.Second
 	// poll is how often a held leaving node's connections are looked at.
 	poll = 2 * time.Second
+	// unreportedGate is how long a hold waits for `ebb lb` pods that run
+	// without a fresh report once every reporting replica has the node
+	// Down with no connection: NodeMaintenance's drain waits as long
+	// (nodemaintenance.lbGate). One pod that never reports (a replica
+	// that cannot write its report, one starting on a new node) would
+	// otherwise hold every leaving node to the timeout.
+	unreportedGate = 30 * time.Second
 )
 
 // Node event reasons.
@@ -144,8 +151,9 @@ func (r *Reconciler) leavingHeld(ctx context.Context, node *corev1.Node, signal 
 		return ctrl.Result{}, err
 	}
 	v := views(node.Name)
-	drained := v.Down && v.Connections == 0 && len(v.Unknown) == 0
-	timedOut := now.Sub(since) >= r.timeout()
+	held := now.Sub(since)
+	drained := v.Down && v.Connections == 0 && (len(v.Unknown) == 0 || held >= unreportedGate)
+	timedOut := held >= r.timeout()
 	if !drained && !timedOut {
 		return ctrl.Result{RequeueAfter: poll}, nil
 	}
@@ -156,7 +164,7 @@ func (r *Reconciler) leavingHeld(ctx context.Context, node *corev1.Node, signal 
 	if drained {
 		r.Metrics.releases.WithLabelValues("drained").Inc()
 		event.Publish(r.Recorder, event.Event{Regarding: node, Type: corev1.EventTypeNormal, Reason: ReasonReleased, Action: "HoldDeletion",
-			Note: fmt.Sprintf("No load-balancer connection goes through the node any more (after %s): cluster-autoscaler may delete it", now.Sub(since).Round(time.Second))})
+			Note: fmt.Sprintf("No load-balancer connection goes through the node any more (after %s%s): cluster-autoscaler may delete it", held.Round(time.Second), unreportedNote(v))})
 	} else {
 		r.Metrics.releases.WithLabelValues("timeout").Inc()
 		event.Publish(r.Recorder, event.Event{Regarding: node, Type: corev1.EventTypeWarning, Reason: ReasonHoldTimedOut, Action: "HoldDeletion",
@@ -164,6 +172,14 @@ func (r *Reconciler) leavingHeld(ctx context.Context, node *corev1.Node, signal 
 	}
 	log.FromContext(ctx).Info("Released a node's deletion hold", "node", klog.KObj(node), "drained", drained, "connections", v.Connections)
 	return ctrl.Result{}, nil
+}
+
+// unreportedNote says which replicas a release did not hear from.
+func unreportedNote(v lbhost.View) string {
+	if len(v.Unknown) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; ebb lb %v did not report for %s, and is not waited for longer", v.Unknown, unreportedGate)
 }
 
 func unknownNote(v lbhost.View) string {

@@ -15,11 +15,13 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
+	"github.com/ebbdev/ebb/internal/lbhost"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
 
@@ -236,4 +238,43 @@ func leavingNode(annotations map[string]string) *corev1.Node {
 	n := node("n", annotations, nil)
 	n.Spec.Taints = []corev1.Taint{{Key: lbmodel.TaintToBeDeleted, Value: "1764316800", Effect: corev1.TaintEffectNoSchedule}}
 	return n
+}
+
+// An ebb lb pod that runs without a report is waited for only as long as
+// a NodeMaintenance's drain waits for it (30 s), not to the timeout: once
+// every reporting replica has the node Down with no connection, the hold
+// goes, and the event names the pod.
+func TestAnUnreportedReplicaHoldsOnlyShortly(t *testing.T) {
+	silent := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: lbhost.DefaultNamespace, Name: "ebb-lb-silent", Labels: map[string]string{"app.kubernetes.io/name": lbhost.DaemonSet},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: lbhost.DaemonSet, UID: "ds", Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{NodeName: "lb-host"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	f := newFixture(t, true, leavingNode(map[string]string{Annotation: annotationValue}), silent)
+	f.setReport("n", "Down", 0)
+	if held, _, _ := f.reconcile("n"); !held {
+		t.Fatal("released at once, while an ebb lb pod has not reported")
+	}
+	f.clock.SetTime(f.clock.Now().Add(29 * time.Second))
+	f.setReport("n", "Down", 0)
+	if held, _, _ := f.reconcile("n"); !held {
+		t.Fatal("released before the 30 s an unreported replica is waited for")
+	}
+	f.clock.SetTime(f.clock.Now().Add(time.Second))
+	f.setReport("n", "Down", 0)
+	held, _, evs := f.reconcile("n")
+	if held || len(evs) != 1 || !strings.Contains(evs[0], ReasonReleased) || !strings.Contains(evs[0], "ebb-lb-silent") {
+		t.Fatalf("after 30 s: held %v, events %q; want released, naming the silent pod", held, evs)
+	}
+	if got := testutil.ToFloat64(f.r.Metrics.releases.WithLabelValues("drained")); got != 1 {
+		t.Errorf("releases{drained} = %v", got)
+	}
+
+	// Connections the reporting replicas still see keep the hold.
+	g := newFixture(t, true, leavingNode(map[string]string{Annotation: annotationValue}), silent.DeepCopy())
+	g.setReport("n", "Down", 1)
+	g.reconcile("n")
+	g.clock.SetTime(g.clock.Now().Add(31 * time.Second))
+	g.setReport("n", "Down", 1)
+	if held, _, _ := g.reconcile("n"); !held {
+		t.Fatal("released with a connection through the node")
+	}
 }

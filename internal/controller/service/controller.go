@@ -18,8 +18,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +31,7 @@ import (
 	ctrlreconcile "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -85,6 +88,12 @@ type Reconciler struct {
 	IPAM                *Allocator
 	// Metrics may be nil.
 	Metrics *Metrics
+	// PublishAtOnce writes an allocated address to the status at once,
+	// rather than once an LB host reports it served (for ebb lb replicas
+	// that write no LoadBalancerReport).
+	PublishAtOnce bool
+	// Clock tells the reports' freshness (nil: the real clock).
+	Clock clock.PassiveClock
 
 	initOnce sync.Once
 	initErr  error
@@ -92,10 +101,16 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller. A change of the address
 // pools wakes the Services that have no address yet, or not one of each
-// family: the pool they wait for may have appeared or grown.
+// family: the pool they wait for may have appeared or grown. A change of
+// a LoadBalancerReport wakes the Services whose addresses await an LB
+// host.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("service-lb").For(&corev1.Service{}).
 		Watches(&lbv1alpha1.AddressPool{}, handler.EnqueueRequestsFromMapFunc(r.waitingServices)).
+		Watches(&v1alpha1.LoadBalancerReport{}, handler.EnqueueRequestsFromMapFunc(r.awaitingServices)).
 		Complete(r)
 }
 
@@ -109,7 +124,7 @@ func (r *Reconciler) waitingServices(ctx context.Context, _ client.Object) []ctr
 	var out []ctrlreconcile.Request
 	for i := range list.Items {
 		svc := &list.Items[i]
-		if r.wants(svc) && len(svc.Status.LoadBalancer.Ingress) < len(familiesOf(svc)) {
+		if r.wants(svc) && len(lbmodel.Addresses(svc)) < len(familiesOf(svc)) {
 			out = append(out, ctrlreconcile.Request{NamespacedName: client.ObjectKeyFromObject(svc)})
 		}
 	}
@@ -173,7 +188,8 @@ func (r *Reconciler) wants(svc *corev1.Service) bool {
 }
 
 // initialize rebuilds the allocations from every Service's status once,
-// before the first allocation, so an address is never given twice.
+// before the first allocation, so an address is never given twice: the
+// addresses published, and those awaiting an LB host.
 func (r *Reconciler) initialize(ctx context.Context) error {
 	r.initOnce.Do(func() {
 		// The pools first: a Service that asks for an address before the
@@ -201,10 +217,8 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 			if !r.served(svc) {
 				continue
 			}
-			for _, ing := range svc.Status.LoadBalancer.Ingress {
-				if addr, err := netip.ParseAddr(ing.IP); err == nil {
-					r.IPAM.Adopt(addr, holderOf(svc, nil))
-				}
+			for _, addr := range lbmodel.Addresses(svc) {
+				r.IPAM.Adopt(addr, holderOf(svc, nil))
 			}
 		}
 	})
@@ -273,19 +287,41 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	case !ok && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal:
 		event.Publish(r.Recorder, clientAddressNotPreserved(svc))
 	}
-	want := ingressFor(svc, addrs)
-	if equalIngress(svc.Status.LoadBalancer.Ingress, want) {
-		return ctrl.Result{}, nil
+	published, awaiting, err := r.publication(ctx, svc, addrs)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	event.Publish(r.Recorder, ensuring(svc))
+	result := ctrl.Result{}
+	if len(awaiting) > 0 {
+		result.RequeueAfter = awaitingRecheck
+	}
+	want, cond := ingressFor(svc, published), servedCondition(svc, awaiting)
+	changed := !equalIngress(svc.Status.LoadBalancer.Ingress, want)
+	// A Service published before ebb wrote the condition gets it with its
+	// next change of status, not a write of its own: one status write per
+	// Service at an upgrade would hold up the controller's queue for
+	// minutes at 10,000 Services.
+	noCondition := len(awaiting) == 0 && meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) == nil
+	if !changed && (noCondition || sameServedCondition(svc, cond)) {
+		return result, nil
+	}
+	if changed {
+		event.Publish(r.Recorder, ensuring(svc))
+	}
 	patch := client.MergeFrom(svc.DeepCopy())
 	svc.Status.LoadBalancer.Ingress = want
+	meta.SetStatusCondition(&svc.Status.Conditions, cond)
 	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
 		return ctrl.Result{}, fmt.Errorf("writing the load balancer status of %s: %w", klog.KObj(svc), err)
 	}
-	event.Publish(r.Recorder, ensured(svc, addrs))
-	logger.Info("Ensured load balancer", "addresses", joinAddrs(addrs))
-	return ctrl.Result{}, nil
+	if len(awaiting) > 0 {
+		logger.Info("Addresses allocated, awaiting an LB host to serve them", "addresses", joinAddrs(awaiting))
+	}
+	if changed && len(published) > 0 {
+		event.Publish(r.Recorder, ensured(svc, published))
+		logger.Info("Ensured load balancer", "addresses", joinAddrs(published))
+	}
+	return result, nil
 }
 
 // reconcileDelete clears the status of a Service that still exists as
@@ -296,9 +332,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 // is not given to another Service while this one's status still shows it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) error {
 	event.Publish(r.Recorder, deleting(svc))
-	if svc.DeletionTimestamp == nil && len(svc.Status.LoadBalancer.Ingress) > 0 {
+	if svc.DeletionTimestamp == nil && (len(svc.Status.LoadBalancer.Ingress) > 0 || meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) != nil) {
 		patch := client.MergeFrom(svc.DeepCopy())
 		svc.Status.LoadBalancer = corev1.LoadBalancerStatus{}
+		meta.RemoveStatusCondition(&svc.Status.Conditions, lbmodel.ServedCondition)
 		if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
 			return fmt.Errorf("clearing the load balancer status of %s: %w", klog.KObj(svc), err)
 		}
@@ -372,11 +409,7 @@ func (r *Reconciler) allocate(svc *corev1.Service, holder Holder) (addrs []netip
 // (allocate gives it others, or dropFromStatus takes them away).
 func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) []netip.Addr {
 	var out []netip.Addr
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		addr, err := netip.ParseAddr(ing.IP)
-		if err != nil {
-			continue
-		}
+	for _, addr := range lbmodel.Addresses(svc) {
 		if others := r.IPAM.Conflicting(addr, holder); len(others) > 0 {
 			event.Publish(r.Recorder, addressConflict(svc, addr, others))
 			r.Metrics.failed("address_conflict")
@@ -396,6 +429,7 @@ func (r *Reconciler) dropFromStatus(ctx context.Context, svc *corev1.Service, ad
 		addr, err := netip.ParseAddr(in.IP)
 		return err == nil && slices.Contains(addrs, addr.Unmap())
 	})
+	svc.Status.Conditions = withoutAwaiting(svc, addrs)
 	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
 		return fmt.Errorf("taking the addresses another Service holds out of the status of %s: %w", klog.KObj(svc), err)
 	}

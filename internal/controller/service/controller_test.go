@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/eventstest"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -54,7 +55,9 @@ func newReconciler(t *testing.T, objs ...client.Object) (*Reconciler, *events.Fa
 		t.Fatal(err)
 	}
 	rec := events.NewFakeRecorder(20)
-	return &Reconciler{Client: c, Recorder: rec, Class: lbmodel.ClassL4, IPAM: ipam}, rec
+	// Published at once: these tests are about the allocation;
+	// publish_test.go is about waiting for an LB host.
+	return &Reconciler{Client: c, Recorder: rec, Class: lbmodel.ClassL4, IPAM: ipam, PublishAtOnce: true}, rec
 }
 
 // testScheme has Kubernetes' types and the AddressPools.
@@ -65,6 +68,9 @@ func testScheme(t *testing.T) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	if err := lbv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
 	return s
