@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -26,9 +27,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlreconcile "sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
@@ -95,22 +98,29 @@ type Reconciler struct {
 	// Clock tells the reports' freshness (nil: the real clock).
 	Clock clock.PassiveClock
 
+	// released wakes the Services waiting for an address when one is
+	// freed (nil until SetupWithManager: then nothing is woken).
+	released chan ctrlevent.GenericEvent
+
 	initOnce sync.Once
 	initErr  error
 }
 
 // SetupWithManager registers the controller. A change of the address
-// pools wakes the Services that have no address yet, or not one of each
-// family: the pool they wait for may have appeared or grown. A change of
+// pools, or an address freed, wakes the Services that have no address
+// yet, or not one of each family: the pool they wait for may have
+// appeared or grown, or have room again. A change of
 // a LoadBalancerReport wakes the Services whose addresses await an LB
 // host.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
+	r.released = make(chan ctrlevent.GenericEvent, 1)
 	return ctrl.NewControllerManagedBy(mgr).Named("service-lb").For(&corev1.Service{}).
 		Watches(&lbv1alpha1.AddressPool{}, handler.EnqueueRequestsFromMapFunc(r.waitingServices)).
 		Watches(&v1alpha1.LoadBalancerReport{}, handler.EnqueueRequestsFromMapFunc(r.awaitingServices)).
+		WatchesRawSource(source.Channel(r.released, handler.EnqueueRequestsFromMapFunc(r.waitingServices))).
 		Complete(r)
 }
 
@@ -139,7 +149,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	svc := &corev1.Service{}
 	if err := r.Client.Get(ctx, req.NamespacedName, svc); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.IPAM.Release(req.NamespacedName)
+			r.release(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("getting service %s: %w", req, err)
@@ -349,9 +359,25 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 	if err := r.Client.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(svc), err)
 	}
-	r.IPAM.Release(client.ObjectKeyFromObject(svc))
+	r.release(client.ObjectKeyFromObject(svc))
 	event.Publish(r.Recorder, deleted(svc))
 	return nil
+}
+
+// release frees a Service's addresses and wakes the Services waiting for
+// one. Without the wake, a waiting Service would look again only at its
+// retry (30 s later): the pools' status, which also wakes it, may have
+// been counted before the release.
+func (r *Reconciler) release(svc types.NamespacedName) {
+	had := len(r.IPAM.Owned(svc)) > 0
+	r.IPAM.Release(svc)
+	if !had {
+		return
+	}
+	select {
+	case r.released <- ctrlevent.GenericEvent{Object: &corev1.Service{}}:
+	default: // a wake is pending already, and covers this one
+	}
 }
 
 // allocate returns the Service's addresses: the ones it asks for, or the

@@ -12,8 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -178,5 +180,32 @@ func TestPublishedServiceGetsNoConditionAtUpgrade(t *testing.T) {
 	}
 	if cond := meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition); cond != nil {
 		t.Errorf("an upgrade wrote %+v on a published Service", cond)
+	}
+}
+
+// An address freed wakes the Services waiting for one at once, not at
+// their retry 30 s later: the pools' status, which also wakes them, may
+// have been counted before the release (e2e/service
+// TestAddressPoolsDecideWhoGetsWhichAddress waited out the retry).
+func TestAFreedAddressWakesTheWaitingServices(t *testing.T) {
+	c := fakeClient(t, lbSvc("web"))
+	r := publishingReconciler(t, c)
+	r.released = make(chan ctrlevent.GenericEvent, 1)
+	reconcile(t, r, "web")
+	if len(r.released) != 0 {
+		t.Fatal("an allocation woke the waiting Services")
+	}
+	svc := &corev1.Service{}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(context.Background(), svc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(svc)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.released) != 1 {
+		t.Fatal("deleting a Service that held an address woke no waiting Service")
 	}
 }

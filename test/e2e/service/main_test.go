@@ -129,7 +129,7 @@ func waitAddress(t *testing.T, ctx context.Context, ns, name string) string {
 			return false, err.Error()
 		}
 		if len(svc.Status.LoadBalancer.Ingress) == 0 {
-			return false, "no ingress in status"
+			return false, fmt.Sprintf("no ingress in status; conditions %+v", svc.Status.Conditions)
 		}
 		ip = svc.Status.LoadBalancer.Ingress[0].IP
 		return true, ""
