@@ -22,6 +22,8 @@ import (
 // and the address a Service asks for, per family.
 const (
 	InternalAnnotation = "service.beta.kubernetes.io/azure-load-balancer-internal"
+	// InternalSubnetAnnotation names an internal Service's subnet.
+	InternalSubnetAnnotation = "service.beta.kubernetes.io/azure-load-balancer-internal-subnet"
 	IPv4Annotation     = "service.beta.kubernetes.io/azure-load-balancer-ipv4"
 	IPv6Annotation     = "service.beta.kubernetes.io/azure-load-balancer-ipv6"
 )
@@ -39,23 +41,32 @@ func newMigrateCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate-basic-lb",
 		Short: "Move the cluster's Services from Basic to Standard Azure load balancers, keeping every address",
-		Long: `Migrates the cluster from Basic to Standard Azure load balancers, as the
-Basic-to-Standard design describes, and leaves to cloud-provider-azure what
-it builds itself:
+		Long: `Migrates the cluster from Basic to Standard Azure load balancers in the
+order of the Basic-to-Standard design (SKU, restart, migrate), and leaves to
+cloud-provider-azure what it builds itself. Run it twice:
 
-  1. every Service's address is made to survive: Dynamic public IPs become
-     Static in place, and each Service that does not ask for its address
-     yet is pinned to it (annotation ` + IPv4Annotation + `
-     or -ipv6), so that cloud-provider-azure gives it the same one;
-  2. the VM scale sets and network interfaces that reference the Basic
-     load balancers' pools are detached, and the Basic load balancers
-     deleted (Azure refuses it the other way round);
-  3. the public IPs are upgraded to the Standard SKU.
+  First, with loadBalancerSku still basic in azure.json, it only makes
+  every Service's address survive: Dynamic public IPs become Static in
+  place, and each Service that does not ask for its address yet is pinned
+  to it (annotation ` + IPv4Annotation + ` or -ipv6), so that
+  cloud-provider-azure gives it the same one. Then set loadBalancerSku to
+  standard in azure.json and restart cloud-controller-manager (one still on
+  Basic would create again the load balancers the next run deletes).
 
-Then set loadBalancerSku to standard in azure.json and restart
-cloud-controller-manager: it builds the Standard load balancers (its own
-frontends, pools, rules and probes) with every Service's address and every
-node. Services of another class (spec.loadBalancerClass, such as ebb's own
+  Second, with loadBalancerSku standard:
+  1. every Basic load balancer of the cluster (named after the cluster or
+     after one of its VM scale sets or availability sets, each with its
+     -internal twin) is detached from the VM scale sets and network
+     interfaces that reference its pools and deleted (Azure refuses it the
+     other way round); an internal one is replaced in the same step by a
+     Standard one that holds its Services' private addresses, so that
+     nothing else in the subnet takes them;
+  2. the public IPs are upgraded to the Standard SKU.
+  cloud-provider-azure then builds the Standard load balancers (its own
+  frontends, pools, rules and probes) with every Service's address and
+  every node.
+
+Services of another class (spec.loadBalancerClass, such as ebb's own
 ebb.dev/l4) are not Azure's and are left alone. Safe to run again: a
 re-run, or a run after a crash, does only what is left.
 
@@ -116,8 +127,16 @@ func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kuberne
 		return err
 	}
 	fmt.Fprintf(out, "Migration of %d Service address(es) from Basic to Standard load balancers.\n", len(services))
+	if m.WaitsForStandard() {
+		fmt.Fprintln(out, "azure.json says loadBalancerSku basic: this run only keeps the addresses.")
+	}
 	fmt.Fprintln(out, "WARNING: this may cause downtime, and Standard load balancers give no outbound connectivity: configure outbound rules or a NAT gateway yourself.")
 	if len(steps) == 0 {
+		if m.WaitsForStandard() {
+			fmt.Fprintln(out, "Nothing to do yet: every address is kept.")
+			fmt.Fprintln(out, waitingStep)
+			return nil
+		}
 		fmt.Fprintln(out, "Nothing to do: no Basic load balancer is left, and every address is kept.")
 		fmt.Fprintln(out, nextStep)
 		return nil
@@ -132,12 +151,20 @@ func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kuberne
 	if err := m.Run(ctx, steps, func(s string) { fmt.Fprintln(out, s) }); err != nil {
 		return err
 	}
+	if m.WaitsForStandard() {
+		fmt.Fprintln(out, "Done: every address is kept.")
+		fmt.Fprintln(out, waitingStep)
+		return nil
+	}
 	fmt.Fprintln(out, "Done: the Basic load balancers are gone and every address is kept.")
 	fmt.Fprintln(out, nextStep)
 	return nil
 }
 
-const nextStep = "Next: set loadBalancerSku to standard in azure.json (if not yet) and restart cloud-controller-manager: it builds the Standard load balancers with every Service's address and every node."
+const (
+	waitingStep = "Next, as the design says: set loadBalancerSku to standard in azure.json, restart cloud-controller-manager, and run this again (a cloud-controller-manager still on Basic would create again the load balancers it deletes)."
+	nextStep    = "Next: cloud-controller-manager (on Standard, restarted) builds the Standard load balancers with every Service's address and every node at its next reconcile."
+)
 
 // serviceAddresses lists the addresses of the LoadBalancer Services
 // cloud-provider-azure serves (those without a spec.loadBalancerClass).
@@ -156,7 +183,8 @@ func serviceAddresses(ctx context.Context, kube kubernetes.Interface) ([]azure.S
 				continue
 			}
 			pinned := s.Spec.LoadBalancerIP == ing.IP || s.Annotations[annotationFor(ing.IP)] == ing.IP
-			out = append(out, azure.ServiceAddress{Namespace: s.Namespace, Name: s.Name, IP: ing.IP, Internal: s.Annotations[InternalAnnotation] == "true", Pinned: pinned})
+			out = append(out, azure.ServiceAddress{Namespace: s.Namespace, Name: s.Name, IP: ing.IP, Internal: s.Annotations[InternalAnnotation] == "true", Pinned: pinned,
+				UID: string(s.UID), Subnet: s.Annotations[InternalSubnetAnnotation], DualStack: len(s.Spec.IPFamilies) == 2})
 		}
 	}
 	return out, nil

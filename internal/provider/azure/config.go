@@ -50,6 +50,15 @@ type Config struct {
 	UseFederatedWorkloadIdentityExtension bool   `json:"useFederatedWorkloadIdentityExtension"`
 	AADFederatedTokenFile                 string `json:"aadFederatedTokenFile"`
 
+	// Location, and the virtual network and subnet of internal load
+	// balancers' frontends (cloud-provider-azure's defaults for a
+	// Service that names no subnet): the migration rebuilds an internal
+	// frontend from them when it resumes after a crash.
+	Location          string `json:"location"`
+	VnetName          string `json:"vnetName"`
+	VnetResourceGroup string `json:"vnetResourceGroup"`
+	SubnetName        string `json:"subnetName"`
+
 	// ResourceManagerEndpoint overrides the cloud's ARM endpoint (for a
 	// sovereign cloud, or a test server).
 	ResourceManagerEndpoint string `json:"resourceManagerEndpoint"`

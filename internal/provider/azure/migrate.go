@@ -27,6 +27,12 @@ type ServiceAddress struct {
 	// azure-load-balancer-ipv4/ipv6 annotation), so cloud-provider-azure
 	// gives it the same one on the Standard load balancer.
 	Pinned bool
+	// UID, Subnet (its azure-load-balancer-internal-subnet annotation)
+	// and DualStack name an internal Service's frontend as
+	// cloud-provider-azure names it (FrontendName).
+	UID       string
+	Subnet    string
+	DualStack bool
 }
 
 // MigrationStep is one change of the Basic-to-Standard migration.
@@ -52,6 +58,8 @@ type Migrator struct {
 	pips      *armnetwork.PublicIPAddressesClient
 	nics      *armnetwork.InterfacesClient
 	scaleSets *armcompute.VirtualMachineScaleSetsClient
+	// availabilitySets: their names name Basic load balancers too.
+	availabilitySets *armcompute.AvailabilitySetsClient
 	// Pin makes a Service ask for its current address; nil plans no
 	// pinning (the Services are pinned already, or by hand).
 	Pin func(ctx context.Context, s ServiceAddress) error
@@ -75,11 +83,26 @@ func NewMigrator(cfg *Config, cred azcore.TokenCredential, opts *arm.ClientOptio
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{cfg: cfg, lbs: lbs, pips: pips, nics: nics, scaleSets: scaleSets}, nil
+	availabilitySets, err := armcompute.NewAvailabilitySetsClient(cfg.SubscriptionID, cred, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{cfg: cfg, lbs: lbs, pips: pips, nics: nics, scaleSets: scaleSets, availabilitySets: availabilitySets}, nil
 }
 
-// Plan lists the steps still needed: addresses made to survive, Basic load
-// balancers detached and deleted, public IPs upgraded.
+// WaitsForStandard says whether azure.json still says Basic. The design's
+// order is SKU first, then cloud-controller-manager restarted, then the
+// migration: a cloud-controller-manager still on Basic creates again the
+// Basic load balancers the migration deletes. Until the SKU is Standard,
+// Plan lists only the steps that keep the addresses, which a Basic
+// cloud-controller-manager does not undo (and which must come before a
+// Standard one reconciles, or it gives the Services new addresses).
+func (m *Migrator) WaitsForStandard() bool { return strings.EqualFold(m.cfg.LoadBalancerSKU, "basic") }
+
+// Plan lists the steps still needed: addresses made to survive, every Basic
+// load balancer of the cluster detached and deleted (an internal one
+// replaced at once by a Standard one that holds its Services' private
+// addresses), public IPs upgraded.
 func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]MigrationStep, error) {
 	sort.Slice(services, func(i, j int) bool {
 		return services[i].Namespace+"/"+services[i].Name < services[j].Namespace+"/"+services[j].Name
@@ -111,81 +134,65 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]Migra
 				do: func(ctx context.Context) error { return m.Pin(ctx, s) }})
 		}
 	}
-	steps := keep
-	var users *lbUsers // read once, when a Basic load balancer is found
-	for _, lbName := range m.cfg.AdminStateLoadBalancers() {
-		lb, found, err := m.getLB(ctx, lbName)
-		if err != nil {
-			return nil, err
-		}
-		if !found || !isBasic(lb.SKU) {
-			continue
-		}
-		if users == nil {
-			if users, err = m.lbUsers(ctx); err != nil {
-				return nil, err
-			}
-		}
-		steps = append(steps, m.detachSteps(users, lbName)...)
-		name := lbName
-		steps = append(steps, MigrationStep{Description: fmt.Sprintf("delete Basic load balancer %s", name), do: func(ctx context.Context) error {
-			return m.deleteLB(ctx, name)
-		}})
+	if m.WaitsForStandard() {
+		return keep, nil
 	}
+	lbs, err := m.loadBalancers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	users, err := m.lbUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	steps := keep
+	for _, lb := range m.clusterBasics(lbs, users) {
+		steps = append(steps, m.detachSteps(users, *lb.Name)...)
+		steps = append(steps, m.removeStep(lb, services))
+	}
+	steps = append(steps, m.resumeInternal(lbs, services)...)
 	return append(steps, upgrade...), nil
 }
 
-// lbUsers are what may reference a load balancer's pools: the resource
-// group's VM scale sets and network interfaces.
-type lbUsers struct {
-	scaleSets []*armcompute.VirtualMachineScaleSet
-	nics      []*armnetwork.Interface
-}
-
-func (m *Migrator) lbUsers(ctx context.Context) (*lbUsers, error) {
-	out := &lbUsers{}
-	sets := m.scaleSets.NewListPager(m.cfg.ResourceGroup, nil)
-	for sets.More() {
-		page, err := sets.NextPage(ctx)
+// loadBalancers lists the load balancers of the load balancers' resource
+// group.
+func (m *Migrator) loadBalancers(ctx context.Context) ([]*armnetwork.LoadBalancer, error) {
+	var out []*armnetwork.LoadBalancer
+	pager := m.lbs.NewListPager(m.cfg.LoadBalancerResourceGroup, nil)
+	for pager.More() {
+		page, err := pager.NextPage(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("listing VM scale sets: %w", err)
+			return nil, fmt.Errorf("listing load balancers: %w", err)
 		}
-		out.scaleSets = append(out.scaleSets, page.Value...)
-	}
-	nics := m.nics.NewListPager(m.cfg.ResourceGroup, nil)
-	for nics.More() {
-		page, err := nics.NextPage(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("listing network interfaces: %w", err)
-		}
-		out.nics = append(out.nics, page.Value...)
+		out = append(out, page.Value...)
 	}
 	return out, nil
 }
 
-// detachSteps are the steps that remove every reference to load balancer
-// lb's pools: Azure refuses to delete a load balancer a VM scale set's
-// model or a network interface still uses (cloud-provider-azure's safe
-// delete does the same first).
-func (m *Migrator) detachSteps(users *lbUsers, lb string) []MigrationStep {
-	var steps []MigrationStep
-	for _, ss := range users.scaleSets {
-		if ss.Name == nil || !scaleSetUses(ss, lb) {
+// clusterBasics are the cluster's Basic load balancers, sorted by name:
+// cloud-provider-azure names a Basic cluster's load balancers after the
+// cluster (the primary VM set) and after each other VM set (scale set or
+// availability set), each with its "-internal" twin. A Basic load
+// balancer of another name is not the cluster's and is left alone.
+func (m *Migrator) clusterBasics(lbs []*armnetwork.LoadBalancer, users *lbUsers) []*armnetwork.LoadBalancer {
+	own := map[string]bool{}
+	for _, name := range m.cfg.LoadBalancerNames() {
+		own[strings.ToLower(name)] = true
+	}
+	for _, name := range users.vmSets {
+		own[strings.ToLower(name)] = true
+	}
+	var out []*armnetwork.LoadBalancer
+	for _, lb := range lbs {
+		if lb.Name == nil || !isBasic(lb.SKU) {
 			continue
 		}
-		name := *ss.Name
-		steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach VM scale set %s from Basic load balancer %s (model and instances)", name, lb),
-			do: func(ctx context.Context) error { return m.detachScaleSet(ctx, name, lb) }})
-	}
-	for _, nic := range users.nics {
-		if nic.Name == nil || !interfaceUses(nic, lb) {
-			continue
+		if own[strings.ToLower(strings.TrimSuffix(*lb.Name, internalSuffix))] {
+			out = append(out, lb)
 		}
-		name := *nic.Name
-		steps = append(steps, MigrationStep{Description: fmt.Sprintf("detach network interface %s from Basic load balancer %s", name, lb),
-			do: func(ctx context.Context) error { return m.detachInterface(ctx, name, lb) }})
 	}
-	return steps
+	slices.SortFunc(out, func(a, b *armnetwork.LoadBalancer) int { return strings.Compare(*a.Name, *b.Name) })
+	return out
 }
 
 // Run runs the steps in order, stopping at the first failure (a re-run
@@ -272,129 +279,6 @@ func (m *Migrator) putPIP(ctx context.Context, pip armnetwork.PublicIPAddress) e
 	}
 	if err != nil {
 		return fmt.Errorf("updating public IP %s: %w", *pip.Name, err)
-	}
-	return nil
-}
-
-// usesLB reports whether a resource ID is one of lb's pools or NAT pools.
-func usesLB(id *string, lb string) bool {
-	return id != nil && strings.Contains(strings.ToLower(*id), "/loadbalancers/"+strings.ToLower(lb)+"/")
-}
-
-func scaleSetUses(ss *armcompute.VirtualMachineScaleSet, lb string) bool {
-	found := false
-	forEachScaleSetIPConfig(ss, func(c *armcompute.VirtualMachineScaleSetIPConfigurationProperties) {
-		for _, r := range append(slices.Clone(c.LoadBalancerBackendAddressPools), c.LoadBalancerInboundNatPools...) {
-			found = found || r != nil && usesLB(r.ID, lb)
-		}
-	})
-	return found
-}
-
-func forEachScaleSetIPConfig(ss *armcompute.VirtualMachineScaleSet, f func(*armcompute.VirtualMachineScaleSetIPConfigurationProperties)) {
-	if ss.Properties == nil || ss.Properties.VirtualMachineProfile == nil || ss.Properties.VirtualMachineProfile.NetworkProfile == nil {
-		return
-	}
-	for _, nic := range ss.Properties.VirtualMachineProfile.NetworkProfile.NetworkInterfaceConfigurations {
-		if nic == nil || nic.Properties == nil {
-			continue
-		}
-		for _, ipc := range nic.Properties.IPConfigurations {
-			if ipc != nil && ipc.Properties != nil {
-				f(ipc.Properties)
-			}
-		}
-	}
-}
-
-// detachScaleSet removes lb's pools from a scale set's model, with a PUT of
-// only its location and network profile (as cloud-provider-azure does),
-// then brings every instance to the model.
-func (m *Migrator) detachScaleSet(ctx context.Context, name, lb string) error {
-	// Fresh: an earlier step may have detached it from another load
-	// balancer.
-	resp, err := m.scaleSets.Get(ctx, m.cfg.ResourceGroup, name, nil)
-	if err != nil {
-		return fmt.Errorf("reading VM scale set %s: %w", name, err)
-	}
-	ss := resp.VirtualMachineScaleSet
-	if !scaleSetUses(&ss, lb) {
-		return nil
-	}
-	keep := func(refs []*armcompute.SubResource) []*armcompute.SubResource {
-		return slices.DeleteFunc(refs, func(r *armcompute.SubResource) bool { return r == nil || usesLB(r.ID, lb) })
-	}
-	forEachScaleSetIPConfig(&ss, func(c *armcompute.VirtualMachineScaleSetIPConfigurationProperties) {
-		c.LoadBalancerBackendAddressPools, c.LoadBalancerInboundNatPools = keep(c.LoadBalancerBackendAddressPools), keep(c.LoadBalancerInboundNatPools)
-	})
-	update := armcompute.VirtualMachineScaleSet{Location: ss.Location, Properties: &armcompute.VirtualMachineScaleSetProperties{
-		VirtualMachineProfile: &armcompute.VirtualMachineScaleSetVMProfile{NetworkProfile: ss.Properties.VirtualMachineProfile.NetworkProfile}}}
-	p, err := m.scaleSets.BeginCreateOrUpdate(ctx, m.cfg.ResourceGroup, name, update, nil)
-	if err == nil {
-		_, err = p.PollUntilDone(ctx, pollOpts)
-	}
-	if err != nil {
-		return fmt.Errorf("updating the model of VM scale set %s: %w", name, err)
-	}
-	all := armcompute.VirtualMachineScaleSetVMInstanceRequiredIDs{InstanceIDs: []*string{ptr("*")}}
-	u, err := m.scaleSets.BeginUpdateInstances(ctx, m.cfg.ResourceGroup, name, all, nil)
-	if err == nil {
-		_, err = u.PollUntilDone(ctx, pollOpts)
-	}
-	if err != nil {
-		return fmt.Errorf("updating the instances of VM scale set %s: %w", name, err)
-	}
-	return nil
-}
-
-func interfaceUses(nic *armnetwork.Interface, lb string) bool {
-	if nic.Properties == nil {
-		return false
-	}
-	for _, ipc := range nic.Properties.IPConfigurations {
-		if ipc == nil || ipc.Properties == nil {
-			continue
-		}
-		for _, p := range ipc.Properties.LoadBalancerBackendAddressPools {
-			if p != nil && usesLB(p.ID, lb) {
-				return true
-			}
-		}
-		for _, r := range ipc.Properties.LoadBalancerInboundNatRules {
-			if r != nil && usesLB(r.ID, lb) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// detachInterface removes lb's pools and NAT rules from a network
-// interface (an availability-set VM's).
-func (m *Migrator) detachInterface(ctx context.Context, name, lb string) error {
-	resp, err := m.nics.Get(ctx, m.cfg.ResourceGroup, name, nil)
-	if err != nil {
-		return fmt.Errorf("reading network interface %s: %w", name, err)
-	}
-	nic := resp.Interface
-	if !interfaceUses(&nic, lb) {
-		return nil
-	}
-	for _, ipc := range nic.Properties.IPConfigurations {
-		if ipc == nil || ipc.Properties == nil {
-			continue
-		}
-		ipc.Properties.LoadBalancerBackendAddressPools = slices.DeleteFunc(ipc.Properties.LoadBalancerBackendAddressPools,
-			func(p *armnetwork.BackendAddressPool) bool { return p == nil || usesLB(p.ID, lb) })
-		ipc.Properties.LoadBalancerInboundNatRules = slices.DeleteFunc(ipc.Properties.LoadBalancerInboundNatRules,
-			func(r *armnetwork.InboundNatRule) bool { return r == nil || usesLB(r.ID, lb) })
-	}
-	p, err := m.nics.BeginCreateOrUpdate(ctx, m.cfg.ResourceGroup, name, nic, nil)
-	if err == nil {
-		_, err = p.PollUntilDone(ctx, pollOpts)
-	}
-	if err != nil {
-		return fmt.Errorf("updating network interface %s: %w", name, err)
 	}
 	return nil
 }

@@ -48,7 +48,14 @@ func basicNetwork() *azurefake.Network {
 
 func migrator(t *testing.T, n *azurefake.Network, pinned map[string]string) *Migrator {
 	t.Helper()
-	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerSku":"basic"}`))
+	return migratorWithSKU(t, n, pinned, "standard")
+}
+
+// migratorWithSKU migrates with azure.json's loadBalancerSku set to sku.
+func migratorWithSKU(t *testing.T, n *azurefake.Network, pinned map[string]string, sku string) *Migrator {
+	t.Helper()
+	cfg, err := ParseConfig([]byte(`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerSku":"` + sku + `",
+		"location":"westeurope","vnetName":"vnet","subnetName":"nodes"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +75,7 @@ func migrator(t *testing.T, n *azurefake.Network, pinned map[string]string) *Mig
 func services(pinned map[string]string) []ServiceAddress {
 	return []ServiceAddress{
 		{Namespace: "shop", Name: "web", IP: "20.0.0.1", Pinned: pinned["shop/web"] == "20.0.0.1"},
-		{Namespace: "shop", Name: "db", IP: "10.1.0.5", Internal: true, Pinned: true},
+		{Namespace: "shop", Name: "db", IP: "10.1.0.5", Internal: true, Pinned: true, UID: "0b5c7a1e-4d2f-4c1a-9e3b-7f6d5c4b3a21"},
 	}
 }
 
@@ -85,9 +92,10 @@ func descriptions(steps []MigrationStep) []string {
 // with its load balancer), the Basic load balancers are deleted only after
 // the scale set and the network interface are detached (the fake refuses
 // otherwise, as Azure does), a user's Standard pool stays referenced, the
-// public IP ends Standard with its address; a re-run does only what is
-// left and a third run nothing. No Standard load balancer is built:
-// cloud-provider-azure builds its own.
+// public IP ends Standard with its address, the internal load balancer is
+// replaced by a Standard one that holds its Service's private address; a
+// re-run does only what is left and a third run nothing. No external
+// Standard load balancer is built: cloud-provider-azure builds its own.
 func TestMigrateBasicToStandard(t *testing.T) {
 	n := basicNetwork()
 	pinned := map[string]string{}
@@ -104,7 +112,7 @@ func TestMigrateBasicToStandard(t *testing.T) {
 		"detach network interface vm-as-0-nic from Basic load balancer kubernetes",
 		"delete Basic load balancer kubernetes",
 		"detach VM scale set pool1 from Basic load balancer kubernetes-internal",
-		"delete Basic load balancer kubernetes-internal",
+		"replace Basic load balancer kubernetes-internal with a Standard one holding its internal Services' addresses 10.1.0.5",
 		"upgrade public IP pip-a",
 	}
 	got := descriptions(steps)
@@ -136,10 +144,13 @@ func TestMigrateBasicToStandard(t *testing.T) {
 	if *pip.SKU.Name != armnetwork.PublicIPAddressSKUNameStandard || pip.Properties.IPAddress == nil || *pip.Properties.IPAddress != "20.0.0.1" {
 		t.Errorf("public IP after the migration: %v %v", *pip.SKU.Name, pip.Properties.IPAddress)
 	}
-	for _, lb := range []string{"kubernetes", "kubernetes-internal"} {
-		if _, ok := n.LoadBalancer(lb); ok {
-			t.Errorf("load balancer %s is still there", lb)
-		}
+	if _, ok := n.LoadBalancer("kubernetes"); ok {
+		t.Error("load balancer kubernetes is still there")
+	}
+	internal, ok := n.LoadBalancer("kubernetes-internal")
+	if !ok || *internal.SKU.Name != armnetwork.LoadBalancerSKUNameStandard || len(internal.Properties.FrontendIPConfigurations) != 1 ||
+		*internal.Properties.FrontendIPConfigurations[0].Name != "fe-b" || *internal.Properties.FrontendIPConfigurations[0].Properties.PrivateIPAddress != "10.1.0.5" {
+		t.Errorf("the internal load balancer after the migration: %+v", internal)
 	}
 	pools := n.ScaleSet("pool1").Properties.VirtualMachineProfile.NetworkProfile.NetworkInterfaceConfigurations[0].Properties.IPConfigurations[0].Properties.LoadBalancerBackendAddressPools
 	if len(pools) != 1 || *pools[0].ID != *poolID("user-lb") {

@@ -26,17 +26,21 @@ import (
 // still references cannot be deleted (400, as cloud-provider-azure's safe
 // delete expects); deleting a load balancer detaches its public IPs, and a
 // Dynamic one loses its address; a public IP's SKU can change only while
-// it is not attached (400), and a Standard one must be Static (400).
+// it is not attached (400), and a Standard one must be Static (400); a
+// frontend's private IP that another load balancer's frontend or a network
+// interface holds is refused (400 PrivateIPAddressInUse).
 // FailOn makes the next call of an operation ("lb-put", "lb-delete",
 // "pip-put", "vmss-put", "nic-put") fail, as a crash between steps would.
 type Network struct {
-	mu     sync.Mutex
-	lbs    map[string][]byte
-	pips   map[string][]byte
-	nics   map[string][]byte
-	vmss   map[string][]byte
-	FailOn map[string]int
-	Calls  map[string]int
+	mu   sync.Mutex
+	lbs  map[string][]byte
+	pips map[string][]byte
+	nics map[string][]byte
+	vmss map[string][]byte
+	// availabilitySets are the names of the availability sets.
+	availabilitySets []string
+	FailOn           map[string]int
+	Calls            map[string]int
 	// InstanceUpdates counts UpdateInstances calls per scale set.
 	InstanceUpdates map[string]int
 }
@@ -60,6 +64,14 @@ func (n *Network) Interface(name string) armnetwork.Interface {
 	defer n.mu.Unlock()
 	nic, _ := decode[armnetwork.Interface](n.nics, name)
 	return nic
+}
+
+// AddAvailabilitySet stores an availability set (its name is all the
+// migration reads).
+func (n *Network) AddAvailabilitySet(name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.availabilitySets = append(n.availabilitySets, name)
 }
 
 // AddScaleSet stores a VM scale set.
@@ -212,7 +224,7 @@ func (n *Network) ClientOptions() *arm.ClientOptions {
 	return &arm.ClientOptions{ClientOptions: policy.ClientOptions{
 		Transport: routeTransport{
 			network: fake.NewServerFactoryTransport(&fake.ServerFactory{LoadBalancersServer: n.lbServer(), PublicIPAddressesServer: n.pipServer(), InterfacesServer: n.nicServer()}),
-			compute: computefake.NewServerFactoryTransport(&computefake.ServerFactory{VirtualMachineScaleSetsServer: n.vmssServer()}),
+			compute: computefake.NewServerFactoryTransport(&computefake.ServerFactory{VirtualMachineScaleSetsServer: n.vmssServer(), AvailabilitySetsServer: n.availabilitySetServer()}),
 		},
 		Retry: policy.RetryOptions{MaxRetries: -1, RetryDelay: time.Millisecond},
 	}}
@@ -223,7 +235,7 @@ func (n *Network) ClientOptions() *arm.ClientOptions {
 type routeTransport struct{ network, compute policy.Transporter }
 
 func (t routeTransport) Do(req *http.Request) (*http.Response, error) {
-	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachineScaleSets") {
+	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachineScaleSets") || strings.HasPrefix(api, "AvailabilitySets") {
 		return uncancelled(t.compute, req)
 	}
 	return uncancelled(t.network, req)
@@ -331,11 +343,23 @@ func (n *Network) lbServer() fake.LoadBalancersServer {
 			resp.SetResponse(http.StatusOK, armnetwork.LoadBalancersClientGetResponse{LoadBalancer: lb}, nil)
 			return
 		},
+		NewListPager: func(string, *armnetwork.LoadBalancersClientListOptions) (resp azfake.PagerResponder[armnetwork.LoadBalancersClientListResponse]) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			page := armnetwork.LoadBalancersClientListResponse{}
+			page.Value = decodeAll[armnetwork.LoadBalancer](n.lbs)
+			resp.AddPage(http.StatusOK, page, nil)
+			return
+		},
 		BeginCreateOrUpdate: func(_ context.Context, _ string, name string, lb armnetwork.LoadBalancer, _ *armnetwork.LoadBalancersClientBeginCreateOrUpdateOptions) (resp azfake.PollerResponder[armnetwork.LoadBalancersClientCreateOrUpdateResponse], errResp azfake.ErrorResponder) {
 			n.mu.Lock()
 			defer n.mu.Unlock()
 			if n.fail("lb-put") {
 				errResp.SetResponseError(http.StatusInternalServerError, "InternalServerError")
+				return
+			}
+			if ip, holder := n.privateIPInUseLocked(name, &lb); holder != "" {
+				errResp.SetResponseError(http.StatusBadRequest, "PrivateIPAddressInUse: "+ip+" is held by "+holder)
 				return
 			}
 			var cur armnetwork.LoadBalancer
@@ -424,6 +448,21 @@ func (n *Network) pipServer() fake.PublicIPAddressesServer {
 			}
 			n.pips[name] = enc(p)
 			resp.SetTerminalResponse(http.StatusOK, armnetwork.PublicIPAddressesClientCreateOrUpdateResponse{PublicIPAddress: p}, nil)
+			return
+		},
+	}
+}
+
+func (n *Network) availabilitySetServer() computefake.AvailabilitySetsServer {
+	return computefake.AvailabilitySetsServer{
+		NewListPager: func(string, *armcompute.AvailabilitySetsClientListOptions) (resp azfake.PagerResponder[armcompute.AvailabilitySetsClientListResponse]) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			page := armcompute.AvailabilitySetsClientListResponse{}
+			for _, name := range n.availabilitySets {
+				page.Value = append(page.Value, &armcompute.AvailabilitySet{Name: ptrTo(name)})
+			}
+			resp.AddPage(http.StatusOK, page, nil)
 			return
 		},
 	}
