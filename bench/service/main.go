@@ -64,6 +64,7 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 	}
 
 	var create, toAddress []time.Duration
+	firstFailed := map[string]int{}
 	for i := range nServices {
 		svc := localcluster.EchoService(ns, fmt.Sprintf("svc-%d", i), corev1.ServiceTypeLoadBalancer)
 		svc.Spec.Selector = map[string]string{"app": "app"}
@@ -73,9 +74,30 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 			return err
 		}
 		create, toAddress = append(create, r.served), append(toAddress, r.addressed)
+		if r.firstErr != "" {
+			firstFailed[errorKind(r.firstErr)]++
+		}
 	}
 	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s (to an address in the status: p50 %s p99 %s)\n", nServices,
 		stats.Percentile(create, 0.5), stats.Percentile(create, 0.99), stats.Percentile(toAddress, 0.5), stats.Percentile(toAddress, 0.99))
+	fmt.Fprintf(os.Stderr, "first request the moment the status showed the address failed for %d of %d Services: %v\n", total(firstFailed), nServices, firstFailed)
+
+	// The same without ebb: NodePort Services, each asked at once through
+	// an app node's node port, until kube-proxy and the EndpointSlice
+	// controller let it answer. In node mode no load balancer answers
+	// sooner than this.
+	var nodePort []time.Duration
+	for i := range nServices {
+		svc := localcluster.EchoService(ns, fmt.Sprintf("np-%d", i), corev1.ServiceTypeNodePort)
+		svc.Spec.Selector = map[string]string{"app": "app"}
+		d, err := createToNodePortAnswer(ctx, c, svc, c.Nodes[0].IP)
+		if err != nil {
+			return err
+		}
+		nodePort = append(nodePort, d)
+	}
+	fmt.Fprintf(os.Stderr, "without ebb: NodePort Service created -> first answer through a node port over %d Services: p50 %s p99 %s\n", nServices,
+		stats.Percentile(nodePort, 0.5), stats.Percentile(nodePort, 0.99))
 
 	updatesTimes, err := endpointUpdates(ctx, c, ns, nUpdates)
 	if err != nil {
@@ -103,6 +125,10 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 		"create_to_first_request_ms_p99": ms(stats.Percentile(create, 0.99)),
 		"create_to_address_ms_p50":       ms(stats.Percentile(toAddress, 0.5)),
 		"create_to_address_ms_p99":       ms(stats.Percentile(toAddress, 0.99)),
+		"first_request_failed":           total(firstFailed),
+		"create_to_node_port_ms_p50":     ms(stats.Percentile(nodePort, 0.5)),
+		"create_to_node_port_ms_p99":     ms(stats.Percentile(nodePort, 0.99)),
+		"first_request_failed_timeout":   firstFailed["timeout"],
 		"endpoint_update_ms_p50":         ms(stats.Percentile(updatesTimes, 0.5)),
 		"endpoint_update_ms_p99":         ms(stats.Percentile(updatesTimes, 0.99)),
 		"sync_ms_mean_small":             syncMs,
@@ -120,6 +146,9 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 type created struct {
 	addressed, served time.Duration
 	url               string
+	// firstErr is why the first request after the address showed in the
+	// status failed ("" if it did not).
+	firstErr string
 }
 
 // createToFirstRequest creates a LoadBalancer Service and times until its
@@ -145,19 +174,71 @@ func createToFirstRequest(ctx context.Context, c *localcluster.Cluster, svc *cor
 	}
 	r := created{addressed: time.Since(start), url: "http://" + net.JoinHostPort(ip, "80") + "/"}
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	for {
-		if resp, err := client.Get(r.url); err == nil {
+	for first := true; ; first = false {
+		resp, err := client.Get(r.url)
+		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				r.served = time.Since(start)
 				return r, nil
 			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		if first {
+			r.firstErr = err.Error()
 		}
 		if time.Since(start) > time.Minute {
 			return created{}, fmt.Errorf("no answer through %s within a minute", r.url)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// createToNodePortAnswer creates a NodePort Service and times until a
+// request through its node port on nodeIP succeeds.
+func createToNodePortAnswer(ctx context.Context, c *localcluster.Cluster, svc *corev1.Service, nodeIP string) (time.Duration, error) {
+	start := time.Now()
+	created, err := c.Client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return 0, err
+	}
+	url := "http://" + net.JoinHostPort(nodeIP, fmt.Sprint(created.Spec.Ports[0].NodePort)) + "/"
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		if resp, err := client.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return time.Since(start), nil
+			}
+		}
+		if time.Since(start) > time.Minute {
+			return 0, fmt.Errorf("no answer through %s within a minute", url)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// errorKind sorts a failed request's error: a timeout (a lost SYN, or a
+// backend that did not answer), a reset (the LB had no backend yet), or
+// another.
+func errorKind(msg string) string {
+	switch {
+	case strings.Contains(msg, "Client.Timeout") || strings.Contains(msg, "timeout"):
+		return "timeout"
+	case strings.Contains(msg, "reset by peer") || strings.Contains(msg, "EOF"):
+		return "reset"
+	case strings.Contains(msg, "refused"):
+		return "refused"
+	}
+	return "other"
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // endpointUpdates times, n times, from the moment the EndpointSlice of a

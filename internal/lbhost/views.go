@@ -28,6 +28,9 @@ type View struct {
 	// they send the node is not known, so a drain waits for them (up to
 	// its gate); Down and Connections are what the reports say.
 	Unknown []string
+	// Reports counts the fresh reports the view sums: with none, Down and
+	// no connection say nothing.
+	Reports int
 }
 
 // ReadViews reads the reports of the `ebb lb` replicas and their pods in
@@ -54,11 +57,17 @@ func ReadViews(ctx context.Context, c client.Reader, namespace string, now metav
 // backends: it is Down with no connection.
 func Views(reports []v1alpha1.LoadBalancerReport, unknown []string, now metav1.Time) func(node string) View {
 	sort.Strings(unknown)
+	fresh := 0
+	for i := range reports {
+		if reports[i].Fresh(now) {
+			fresh++
+		}
+	}
 	views := map[string]*View{}
 	view := func(node string) *View {
 		v, ok := views[node]
 		if !ok {
-			v = &View{Down: true, Unknown: unknown}
+			v = &View{Down: true, Unknown: unknown, Reports: fresh}
 			views[node] = v
 		}
 		return v

@@ -24,8 +24,8 @@ const (
 	InternalAnnotation = "service.beta.kubernetes.io/azure-load-balancer-internal"
 	// InternalSubnetAnnotation names an internal Service's subnet.
 	InternalSubnetAnnotation = "service.beta.kubernetes.io/azure-load-balancer-internal-subnet"
-	IPv4Annotation     = "service.beta.kubernetes.io/azure-load-balancer-ipv4"
-	IPv6Annotation     = "service.beta.kubernetes.io/azure-load-balancer-ipv6"
+	IPv4Annotation           = "service.beta.kubernetes.io/azure-load-balancer-ipv4"
+	IPv6Annotation           = "service.beta.kubernetes.io/azure-load-balancer-ipv6"
 )
 
 // NewCommand returns `ebb azure`.
@@ -45,7 +45,7 @@ func newMigrateCommand() *cobra.Command {
 order of the Basic-to-Standard design (SKU, restart, migrate), and leaves to
 cloud-provider-azure what it builds itself. Run it twice:
 
-  First, with loadBalancerSku still basic in azure.json, it only makes
+  First, with loadBalancerSku still basic (or unset) in azure.json, it only makes
   every Service's address survive: Dynamic public IPs become Static in
   place, and each Service that does not ask for its address yet is pinned
   to it (annotation ` + IPv4Annotation + ` or -ipv6), so that
@@ -58,9 +58,9 @@ cloud-provider-azure what it builds itself. Run it twice:
      after one of its VM scale sets or availability sets, each with its
      -internal twin) is detached from the VM scale sets and network
      interfaces that reference its pools and deleted (Azure refuses it the
-     other way round); an internal one is replaced in the same step by a
-     Standard one that holds its Services' private addresses, so that
-     nothing else in the subnet takes them;
+     other way round); those that hold internal Services' addresses are
+     replaced in the same step by the Standard <cluster>-internal, holding
+     the same frontends, so that nothing else in the subnet takes them;
   2. the public IPs are upgraded to the Standard SKU.
   cloud-provider-azure then builds the Standard load balancers (its own
   frontends, pools, rules and probes) with every Service's address and
@@ -128,7 +128,7 @@ func Migrate(ctx context.Context, out io.Writer, cfg *azure.Config, kube kuberne
 	}
 	fmt.Fprintf(out, "Migration of %d Service address(es) from Basic to Standard load balancers.\n", len(services))
 	if m.WaitsForStandard() {
-		fmt.Fprintln(out, "azure.json says loadBalancerSku basic: this run only keeps the addresses.")
+		fmt.Fprintln(out, "azure.json does not say loadBalancerSku standard: this run only keeps the addresses.")
 	}
 	fmt.Fprintln(out, "WARNING: this may cause downtime, and Standard load balancers give no outbound connectivity: configure outbound rules or a NAT gateway yourself.")
 	if len(steps) == 0 {

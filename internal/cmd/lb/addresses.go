@@ -486,7 +486,8 @@ func (a *addressSinks) close(log logr.Logger) {
 // served is what the report lists as served: the addresses synced (local,
 // each with an open frontend) that reach this host, i.e. that it
 // announces wherever the plan says to announce them: by BGP only with an
-// established session, by L2 only as the address's owner. An address
+// established session (not while the speaker the peers ask for has not
+// started or failed), by L2 only as the address's owner. An address
 // announced no way is served once local (its routes are someone else's).
 // None while the host is withdrawn, stopping or retired: the controller
 // must not publish an address on the strength of a leaving replica.
@@ -498,6 +499,10 @@ func (a *addressSinks) served() []string {
 		return nil
 	}
 	want, plan := slices.Clone(a.want), a.plan
+	// BGP is meant for this host when a speaker runs, BGPPeers or
+	// --bgp-peer name peers for it (a speaker that failed or has not
+	// started yet announces nothing), or AnnouncementPolicies say BGP.
+	bgpMeant := speaker != nil || len(a.flagPeers)+len(a.apiPeers) > 0 || a.speakerErr != "" || plan.Policies
 	var l2Wanted map[netip.Addr]bool
 	if l2a != nil {
 		offer, _ := l2Offer(want, plan, l2a.Interfaces())
@@ -517,7 +522,7 @@ func (a *addressSinks) served() []string {
 	}
 	out := make([]string, 0, len(want))
 	for _, addr := range want {
-		byBGP, byL2 := speaker != nil && plan.BGP(addr), l2Wanted[addr]
+		byBGP, byL2 := bgpMeant && plan.BGP(addr), l2Wanted[addr]
 		if (!byBGP && !byL2) || (byBGP && announced[addr]) || (byL2 && owned[addr]) {
 			out = append(out, addr.String())
 		}

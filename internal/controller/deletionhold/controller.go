@@ -152,7 +152,9 @@ func (r *Reconciler) leavingHeld(ctx context.Context, node *corev1.Node, signal 
 	}
 	v := views(node.Name)
 	held := now.Sub(since)
-	drained := v.Down && v.Connections == 0 && (len(v.Unknown) == 0 || held >= unreportedGate)
+	// The gate needs a replica that reports: with none, "Down, no
+	// connection" is no one's word, and only the timeout releases.
+	drained := v.Down && v.Connections == 0 && (len(v.Unknown) == 0 || (v.Reports > 0 && held >= unreportedGate))
 	timedOut := held >= r.timeout()
 	if !drained && !timedOut {
 		return ctrl.Result{RequeueAfter: poll}, nil

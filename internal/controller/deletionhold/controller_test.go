@@ -268,6 +268,15 @@ func TestAnUnreportedReplicaHoldsOnlyShortly(t *testing.T) {
 		t.Errorf("releases{drained} = %v", got)
 	}
 
+	// No replica reports at all: nothing says the node is drained, and the
+	// hold waits for the timeout.
+	h := newFixture(t, true, leavingNode(map[string]string{Annotation: annotationValue}), silent.DeepCopy())
+	h.reconcile("n")
+	h.clock.SetTime(h.clock.Now().Add(31 * time.Second))
+	if held, _, _ := h.reconcile("n"); !held {
+		t.Fatal("released after 30 s with no report at all")
+	}
+
 	// Connections the reporting replicas still see keep the hold.
 	g := newFixture(t, true, leavingNode(map[string]string{Annotation: annotationValue}), silent.DeepCopy())
 	g.setReport("n", "Down", 1)

@@ -95,8 +95,18 @@ func TestAddressPublishedOnceServed(t *testing.T) {
 				if res.RequeueAfter == 0 {
 					t.Error("an awaiting Service is not looked at again")
 				}
-				if reqs := r.awaitingServices(context.Background(), nil); len(reqs) != 1 || reqs[0].Name != "web" {
-					t.Errorf("a report's change wakes %v, want ns/web", reqs)
+				for _, tc := range []struct {
+					rep  *v1alpha1.LoadBalancerReport
+					wake bool
+				}{
+					{report("lb-9", reportNow, false, "10.96.255.1"), true},
+					{report("lb-9", reportNow, false, "10.96.255.2"), false},
+					{report("lb-9", reportNow, true, "10.96.255.1"), false},
+				} {
+					reqs := r.awaitingServices(context.Background(), tc.rep)
+					if woke := len(reqs) == 1 && reqs[0].Name == "web"; woke != tc.wake || len(reqs) > 1 {
+						t.Errorf("a report that serves %v (draining %v) wakes %v, want ns/web woken: %v", tc.rep.Status.Served, tc.rep.Status.Draining, reqs, tc.wake)
+					}
 				}
 				return
 			}

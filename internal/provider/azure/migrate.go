@@ -90,14 +90,19 @@ func NewMigrator(cfg *Config, cred azcore.TokenCredential, opts *arm.ClientOptio
 	return &Migrator{cfg: cfg, lbs: lbs, pips: pips, nics: nics, scaleSets: scaleSets, availabilitySets: availabilitySets}, nil
 }
 
-// WaitsForStandard says whether azure.json still says Basic. The design's
+// WaitsForStandard says whether azure.json does not say Standard yet. The design's
 // order is SKU first, then cloud-controller-manager restarted, then the
 // migration: a cloud-controller-manager still on Basic creates again the
 // Basic load balancers the migration deletes. Until the SKU is Standard,
 // Plan lists only the steps that keep the addresses, which a Basic
 // cloud-controller-manager does not undo (and which must come before a
 // Standard one reconciles, or it gives the Services new addresses).
-func (m *Migrator) WaitsForStandard() bool { return strings.EqualFold(m.cfg.LoadBalancerSKU, "basic") }
+//
+// An empty loadBalancerSku waits too: cloud-provider-azure took it for
+// Basic for years, and a legacy cluster's azure.json often leaves it out.
+func (m *Migrator) WaitsForStandard() bool {
+	return !strings.EqualFold(m.cfg.LoadBalancerSKU, "standard")
+}
 
 // Plan lists the steps still needed: addresses made to survive, every Basic
 // load balancer of the cluster detached and deleted (an internal one
@@ -146,11 +151,19 @@ func (m *Migrator) Plan(ctx context.Context, services []ServiceAddress) ([]Migra
 		return nil, err
 	}
 	steps := keep
+	var internals []*armnetwork.LoadBalancer
 	for _, lb := range m.clusterBasics(lbs, users) {
 		steps = append(steps, m.detachSteps(users, *lb.Name)...)
-		steps = append(steps, m.removeStep(lb, services))
+		if len(keptFrontends(lb, services)) > 0 {
+			internals = append(internals, lb) // replaced together, below
+			continue
+		}
+		name := *lb.Name
+		steps = append(steps, MigrationStep{Description: fmt.Sprintf("delete Basic load balancer %s", name), do: func(ctx context.Context) error {
+			return m.deleteLB(ctx, name)
+		}})
 	}
-	steps = append(steps, m.resumeInternal(lbs, services)...)
+	steps = append(steps, m.internalSteps(lbs, internals, services)...)
 	return append(steps, upgrade...), nil
 }
 
@@ -222,17 +235,6 @@ func (m *Migrator) publicIPs(ctx context.Context) (map[string]*armnetwork.Public
 		}
 	}
 	return out, nil
-}
-
-func (m *Migrator) getLB(ctx context.Context, name string) (armnetwork.LoadBalancer, bool, error) {
-	resp, err := m.lbs.Get(ctx, m.cfg.LoadBalancerResourceGroup, name, nil)
-	if isNotFound(err) {
-		return armnetwork.LoadBalancer{}, false, nil
-	}
-	if err != nil {
-		return armnetwork.LoadBalancer{}, false, fmt.Errorf("reading load balancer %s: %w", name, err)
-	}
-	return resp.LoadBalancer, true, nil
 }
 
 var pollOpts = &runtime.PollUntilDoneOptions{Frequency: time.Second}

@@ -76,11 +76,13 @@ func multiVMSetNetwork() *azurefake.Network {
 		n.AddLoadBalancer(armnetwork.LoadBalancer{Name: ptr(x.lb), SKU: basic, Properties: &armnetwork.LoadBalancerPropertiesFormat{
 			FrontendIPConfigurations: []*armnetwork.FrontendIPConfiguration{{Name: ptr(x.fe), Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{PublicIPAddress: &armnetwork.PublicIPAddress{ID: &pipID}}}}}})
 	}
+	n.AddLoadBalancer(armnetwork.LoadBalancer{Name: ptr("pool2-internal"), SKU: basic, Location: ptr("westeurope"), Properties: &armnetwork.LoadBalancerPropertiesFormat{
+		FrontendIPConfigurations: []*armnetwork.FrontendIPConfiguration{{Name: ptr("fe-e"), Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{PrivateIPAddress: ptr("10.1.0.7")}}}}})
 	n.AddScaleSet(armcompute.VirtualMachineScaleSet{Name: ptr("pool2"), Location: ptr("westeurope"), Properties: &armcompute.VirtualMachineScaleSetProperties{
 		VirtualMachineProfile: &armcompute.VirtualMachineScaleSetVMProfile{NetworkProfile: &armcompute.VirtualMachineScaleSetNetworkProfile{
 			NetworkInterfaceConfigurations: []*armcompute.VirtualMachineScaleSetNetworkConfiguration{{Name: ptr("nic"), Properties: &armcompute.VirtualMachineScaleSetNetworkConfigurationProperties{
 				IPConfigurations: []*armcompute.VirtualMachineScaleSetIPConfiguration{{Name: ptr("ipconfig1"), Properties: &armcompute.VirtualMachineScaleSetIPConfigurationProperties{
-					LoadBalancerBackendAddressPools: []*armcompute.SubResource{{ID: poolID("pool2")}},
+					LoadBalancerBackendAddressPools: []*armcompute.SubResource{{ID: poolID("pool2")}, {ID: poolID("pool2-internal")}},
 				}}},
 			}}},
 		}}}})
@@ -105,8 +107,10 @@ func TestMigrationAgainstACompetingCloudControllerManager(t *testing.T) {
 	pinned := map[string]string{}
 	m := migrator(t, n, pinned)
 	ccm := &azurefake.CloudControllerManager{Network: n, SKU: "standard", Cluster: "kubernetes", Services: append(ccmServices(),
-		azurefake.CCMService{Name: "shop/api", FrontendName: "fe-c", IP: "20.0.0.3"}, azurefake.CCMService{Name: "ops/dash", FrontendName: "fe-d", IP: "20.0.0.4"})}
-	svcs := append(services(pinned), ServiceAddress{Namespace: "shop", Name: "api", IP: "20.0.0.3", Pinned: true}, ServiceAddress{Namespace: "ops", Name: "dash", IP: "20.0.0.4", Pinned: true})
+		azurefake.CCMService{Name: "shop/api", FrontendName: "fe-c", IP: "20.0.0.3"}, azurefake.CCMService{Name: "ops/dash", FrontendName: "fe-d", IP: "20.0.0.4"},
+		azurefake.CCMService{Name: "ops/cache", FrontendName: "fe-e", IP: "10.1.0.7", Internal: true})}
+	svcs := append(services(pinned), ServiceAddress{Namespace: "shop", Name: "api", IP: "20.0.0.3", Pinned: true}, ServiceAddress{Namespace: "ops", Name: "dash", IP: "20.0.0.4", Pinned: true},
+		ServiceAddress{Namespace: "ops", Name: "cache", IP: "10.1.0.7", Internal: true, Pinned: true})
 	ctx := context.Background()
 	steps, err := m.Plan(ctx, svcs)
 	if err != nil {
@@ -116,8 +120,10 @@ func TestMigrationAgainstACompetingCloudControllerManager(t *testing.T) {
 	between := func(step string) {
 		// The other deployment first: cloud-provider-azure reconciles
 		// on its own schedule, often much later.
-		if n.ClaimPrivateIP("other-deployment", "10.1.0.5") {
-			squatted = append(squatted, step)
+		for _, ip := range []string{"10.1.0.5", "10.1.0.7"} {
+			if n.ClaimPrivateIP("other-deployment-"+ip, ip) {
+				squatted = append(squatted, ip+" before "+step)
+			}
 		}
 		ccm.Reconcile()
 	}
@@ -126,12 +132,12 @@ func TestMigrationAgainstACompetingCloudControllerManager(t *testing.T) {
 	}
 	ccm.Reconcile()
 	if len(squatted) > 0 {
-		t.Errorf("the internal Service's address was free before %q, and another deployment took it", squatted[0])
+		t.Errorf("an internal Service's address was free, and another deployment took it: %v", squatted)
 	}
 	if len(ccm.Errors) > 0 {
 		t.Errorf("after the migration, cloud-provider-azure fails: %v", ccm.Errors)
 	}
-	for _, name := range []string{"pool2", "as1"} {
+	for _, name := range []string{"pool2", "pool2-internal", "as1"} {
 		if _, ok := n.LoadBalancer(name); ok {
 			t.Errorf("the Basic load balancer %s, named after a VM set of the cluster, is still there", name)
 		}
@@ -139,7 +145,9 @@ func TestMigrationAgainstACompetingCloudControllerManager(t *testing.T) {
 	if lb, ok := n.LoadBalancer("user-basic"); !ok || *lb.SKU.Name != armnetwork.LoadBalancerSKUNameBasic {
 		t.Error("a user's Basic load balancer, not the cluster's, was changed")
 	}
-	want := map[string][]string{"kubernetes": {"fe-a", "fe-c", "fe-d"}, "kubernetes-internal": {"fe-b"}}
+	// The internal Service of the other VM set's Basic load balancer moves
+	// to the Standard one cloud-provider-azure builds for the cluster.
+	want := map[string][]string{"kubernetes": {"fe-a", "fe-c", "fe-d"}, "kubernetes-internal": {"fe-b", "fe-e"}}
 	for name, fes := range want {
 		lb, ok := n.LoadBalancer(name)
 		if !ok || *lb.SKU.Name != armnetwork.LoadBalancerSKUNameStandard {
@@ -227,5 +235,33 @@ func TestFrontendName(t *testing.T) {
 				t.Errorf("FrontendName = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// An empty loadBalancerSku waits as "basic" does: cloud-provider-azure
+// took it for Basic for years.
+func TestMigrationWaitsWithoutAnSKU(t *testing.T) {
+	if m := migratorWithSKU(t, basicNetwork(), map[string]string{}, ""); !m.WaitsForStandard() {
+		t.Error("an azure.json without loadBalancerSku does not make the migration wait")
+	}
+}
+
+// The Standard internal load balancer is only created, never written over:
+// if cloud-provider-azure built it meanwhile, the creation is refused and
+// its pools, rules and probes stay.
+func TestInternalLoadBalancerIsOnlyCreated(t *testing.T) {
+	n := azurefake.NewNetwork()
+	n.AddLoadBalancer(armnetwork.LoadBalancer{Name: ptr("kubernetes-internal"), SKU: &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard)},
+		Properties: &armnetwork.LoadBalancerPropertiesFormat{FrontendIPConfigurations: []*armnetwork.FrontendIPConfiguration{{Name: ptr("ccm-fe"),
+			Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{PrivateIPAddress: ptr("10.1.0.9")}}},
+			LoadBalancingRules: []*armnetwork.LoadBalancingRule{{Name: ptr("ccm-rule")}}}})
+	m := migrator(t, n, map[string]string{})
+	err := m.createInternal(context.Background(), "kubernetes-internal", ptr("westeurope"), []*armnetwork.FrontendIPConfiguration{{Name: ptr("fe-b"),
+		Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{PrivateIPAddress: ptr("10.1.0.5")}}})
+	if err == nil || !strings.Contains(err.Error(), "412") {
+		t.Fatalf("creating over an existing load balancer: %v, want a 412", err)
+	}
+	if lb, _ := n.LoadBalancer("kubernetes-internal"); len(lb.Properties.LoadBalancingRules) != 1 || *lb.Properties.FrontendIPConfigurations[0].Name != "ccm-fe" {
+		t.Errorf("cloud-provider-azure's load balancer was written over: %+v", lb.Properties)
 	}
 }

@@ -3,9 +3,11 @@ package azure
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"strings"
 
+	azpolicy "github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 )
 
@@ -15,30 +17,11 @@ import (
 // reconcile gives it back to the Service. The design has the frontend
 // created with the Service's address as part of the migration
 // (reconcileFrontendIPConfigs), so the migration does that itself: the
-// deletion and the creation of a Standard load balancer of the same name
-// holding the same frontends are one step, and cloud-provider-azure, whose
-// names the frontends keep, completes that load balancer (pools, rules,
-// probes) at its next reconcile.
-
-// removeStep deletes a Basic load balancer, or, when it holds internal
-// Services' addresses, replaces it with a Standard one that holds them.
-func (m *Migrator) removeStep(lb *armnetwork.LoadBalancer, services []ServiceAddress) MigrationStep {
-	name := *lb.Name
-	keep := keptFrontends(lb, services)
-	if len(keep) == 0 {
-		return MigrationStep{Description: fmt.Sprintf("delete Basic load balancer %s", name), do: func(ctx context.Context) error {
-			return m.deleteLB(ctx, name)
-		}}
-	}
-	location := lb.Location
-	return MigrationStep{Description: fmt.Sprintf("replace Basic load balancer %s with a Standard one holding its internal Services' addresses %s", name, frontendIPs(keep)),
-		do: func(ctx context.Context) error {
-			if err := m.deleteLB(ctx, name); err != nil {
-				return err
-			}
-			return m.createInternal(ctx, name, location, keep)
-		}}
-}
+// deletion of the Basic load balancers that hold internal addresses and
+// the creation of the Standard <cluster>-internal holding the same
+// frontends are one step, and cloud-provider-azure, whose names the
+// frontends keep, completes that load balancer (pools, rules, probes) at
+// its next reconcile.
 
 // keptFrontends are copies of lb's frontends that hold an internal
 // Service's address, with only what a Standard load balancer's frontend
@@ -72,19 +55,25 @@ func isInternalAddress(services []ServiceAddress, ip string) bool {
 	return false
 }
 
-// resumeInternal are the steps a run that stopped between a Basic internal
-// load balancer's deletion and the creation of its Standard successor
-// still owes: a Standard load balancer holding the addresses of the
-// internal Services that no load balancer holds, with the frontend names
-// cloud-provider-azure gives them (the Basic one's names are gone with it).
-// When that load balancer exists already, it is cloud-provider-azure's,
-// which gives the pinned Services their addresses itself.
-func (m *Migrator) resumeInternal(lbs []*armnetwork.LoadBalancer, services []ServiceAddress) []MigrationStep {
+// internalSteps replace the Basic load balancers that hold internal
+// Services' addresses (internals) with the Standard load balancer
+// cloud-provider-azure builds for internal Services, <cluster>-internal,
+// holding their frontends, in one step: the Basic ones are deleted, and the
+// Standard one is created at once with their frontends (names, private
+// IPs, subnets). The same step gives it the addresses of internal Services
+// that no load balancer holds: a run that stopped between the deletion and
+// the creation left them free, and their Basic frontends' names are gone,
+// so they get the names cloud-provider-azure gives (FrontendName). When
+// <cluster>-internal exists already as a Standard load balancer, it is
+// cloud-provider-azure's: the Basic ones are deleted, and it gives the
+// pinned Services their addresses at its next reconcile.
+func (m *Migrator) internalSteps(lbs, internals []*armnetwork.LoadBalancer, services []ServiceAddress) []MigrationStep {
+	target := m.cfg.LoadBalancerNames()[0] + internalSuffix
 	held := map[string]bool{}
-	exists := map[string]bool{}
+	targetIsStandard := false
 	for _, lb := range lbs {
-		if lb.Name != nil {
-			exists[strings.ToLower(*lb.Name)] = true
+		if lb.Name != nil && strings.EqualFold(*lb.Name, target) && !isBasic(lb.SKU) {
+			targetIsStandard = true
 		}
 		if lb.Properties == nil {
 			continue
@@ -95,11 +84,12 @@ func (m *Migrator) resumeInternal(lbs []*armnetwork.LoadBalancer, services []Ser
 			}
 		}
 	}
-	name := m.cfg.LoadBalancerNames()[0] + internalSuffix
-	if exists[strings.ToLower(name)] {
-		return nil
-	}
+	var names []string
 	var frontends []*armnetwork.FrontendIPConfiguration
+	for _, lb := range internals {
+		names = append(names, *lb.Name)
+		frontends = append(frontends, keptFrontends(lb, services)...)
+	}
 	for _, s := range services {
 		if !s.Internal || held[strings.ToLower(s.IP)] {
 			continue
@@ -110,19 +100,48 @@ func (m *Migrator) resumeInternal(lbs []*armnetwork.LoadBalancer, services []Ser
 		}
 		frontends = append(frontends, &armnetwork.FrontendIPConfiguration{Name: ptr(s.FrontendName()), Properties: props})
 	}
-	if len(frontends) == 0 {
+	location := ptr(m.cfg.Location)
+	for _, lb := range internals {
+		if lb.Location != nil {
+			location = lb.Location
+		}
+	}
+	deleteAll := func(ctx context.Context) error {
+		for _, name := range names {
+			if err := m.deleteLB(ctx, name); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
-	location := ptr(m.cfg.Location)
-	return []MigrationStep{{Description: fmt.Sprintf("create Standard load balancer %s holding the internal Services' addresses %s, which no load balancer holds", name, frontendIPs(frontends)),
-		do: func(ctx context.Context) error { return m.createInternal(ctx, name, location, frontends) }}}
+	switch {
+	case targetIsStandard && len(names) > 0:
+		return []MigrationStep{{Description: fmt.Sprintf("delete Basic load balancer(s) %s (cloud-provider-azure's Standard %s exists and takes their internal Services' addresses %s)", strings.Join(names, ", "), target, frontendIPs(frontends)),
+			do: deleteAll}}
+	case targetIsStandard || len(frontends) == 0:
+		return nil
+	case len(names) == 0:
+		return []MigrationStep{{Description: fmt.Sprintf("create Standard load balancer %s holding the internal Services' addresses %s, which no load balancer holds", target, frontendIPs(frontends)),
+			do: func(ctx context.Context) error { return m.createInternal(ctx, target, location, frontends) }}}
+	}
+	return []MigrationStep{{Description: fmt.Sprintf("replace Basic load balancer(s) %s with Standard load balancer %s holding their internal Services' addresses %s", strings.Join(names, ", "), target, frontendIPs(frontends)),
+		do: func(ctx context.Context) error {
+			if err := deleteAll(ctx); err != nil {
+				return err
+			}
+			return m.createInternal(ctx, target, location, frontends)
+		}}}
 }
 
-// createInternal creates Standard load balancer name with frontends.
+// createInternal creates Standard load balancer name with frontends, and
+// only creates it: If-None-Match: * makes Azure refuse the PUT if
+// cloud-provider-azure built the load balancer meanwhile, whose pools,
+// rules and probes a blind PUT would replace.
 func (m *Migrator) createInternal(ctx context.Context, name string, location *string, frontends []*armnetwork.FrontendIPConfiguration) error {
 	lb := armnetwork.LoadBalancer{Location: location, SKU: &armnetwork.LoadBalancerSKU{Name: ptr(armnetwork.LoadBalancerSKUNameStandard)},
 		Properties: &armnetwork.LoadBalancerPropertiesFormat{FrontendIPConfigurations: frontends}}
-	p, err := m.lbs.BeginCreateOrUpdate(ctx, m.cfg.LoadBalancerResourceGroup, name, lb, nil)
+	createOnly := azpolicy.WithHTTPHeader(ctx, http.Header{"If-None-Match": []string{"*"}})
+	p, err := m.lbs.BeginCreateOrUpdate(createOnly, m.cfg.LoadBalancerResourceGroup, name, lb, nil)
 	if err == nil {
 		_, err = p.PollUntilDone(ctx, pollOpts)
 	}

@@ -112,7 +112,7 @@ func TestMigrateBasicToStandard(t *testing.T) {
 		"detach network interface vm-as-0-nic from Basic load balancer kubernetes",
 		"delete Basic load balancer kubernetes",
 		"detach VM scale set pool1 from Basic load balancer kubernetes-internal",
-		"replace Basic load balancer kubernetes-internal with a Standard one holding its internal Services' addresses 10.1.0.5",
+		"replace Basic load balancer(s) kubernetes-internal with Standard load balancer kubernetes-internal holding their internal Services' addresses 10.1.0.5",
 		"upgrade public IP pip-a",
 	}
 	got := descriptions(steps)

@@ -3,6 +3,7 @@ package azurefake
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"sort"
 	"strings"
@@ -223,6 +224,7 @@ func (n *Network) fail(op string) bool {
 func (n *Network) ClientOptions() *arm.ClientOptions {
 	return &arm.ClientOptions{ClientOptions: policy.ClientOptions{
 		Transport: routeTransport{
+			lbs:     n,
 			network: fake.NewServerFactoryTransport(&fake.ServerFactory{LoadBalancersServer: n.lbServer(), PublicIPAddressesServer: n.pipServer(), InterfacesServer: n.nicServer()}),
 			compute: computefake.NewServerFactoryTransport(&computefake.ServerFactory{VirtualMachineScaleSetsServer: n.vmssServer(), AvailabilitySetsServer: n.availabilitySetServer()}),
 		},
@@ -232,9 +234,16 @@ func (n *Network) ClientOptions() *arm.ClientOptions {
 
 // routeTransport sends compute clients' calls to the compute fake and the
 // rest to the network fake (each fake serves only its own clients).
-type routeTransport struct{ network, compute policy.Transporter }
+type routeTransport struct {
+	network, compute policy.Transporter
+	// lbs answers If-None-Match: * on a load balancer's PUT.
+	lbs *Network
+}
 
 func (t routeTransport) Do(req *http.Request) (*http.Response, error) {
+	if resp := t.lbs.refuseExisting(req); resp != nil {
+		return resp, nil
+	}
 	if api, _ := req.Context().Value(azruntime.CtxAPINameKey{}).(string); strings.HasPrefix(api, "VirtualMachineScaleSets") || strings.HasPrefix(api, "AvailabilitySets") {
 		return uncancelled(t.compute, req)
 	}
@@ -466,4 +475,26 @@ func (n *Network) availabilitySetServer() computefake.AvailabilitySetsServer {
 			return
 		},
 	}
+}
+
+// refuseExisting answers a load balancer PUT with If-None-Match: * with 412
+// when the load balancer exists, as ARM does (the SDK's fake server never
+// sees the header); nil: the request goes on.
+func (n *Network) refuseExisting(req *http.Request) *http.Response {
+	if req.Method != http.MethodPut || req.Header.Get("If-None-Match") != "*" {
+		return nil
+	}
+	_, rest, ok := strings.Cut(req.URL.Path, "/loadBalancers/")
+	if !ok || strings.Contains(rest, "/") {
+		return nil
+	}
+	if _, exists := n.LoadBalancer(rest); !exists {
+		return nil
+	}
+	n.mu.Lock()
+	n.Calls["lb-put-refused"]++
+	n.mu.Unlock()
+	body := `{"error":{"code":"PreconditionFailed","message":"load balancer ` + rest + ` exists"}}`
+	return &http.Response{StatusCode: http.StatusPreconditionFailed, Status: "412 Precondition Failed", Request: req,
+		Header: http.Header{"Content-Type": []string{"application/json"}}, Body: io.NopCloser(strings.NewReader(body))}
 }
