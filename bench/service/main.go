@@ -82,23 +82,6 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 		stats.Percentile(create, 0.5), stats.Percentile(create, 0.99), stats.Percentile(toAddress, 0.5), stats.Percentile(toAddress, 0.99))
 	fmt.Fprintf(os.Stderr, "first request the moment the status showed the address failed for %d of %d Services: %v\n", total(firstFailed), nServices, firstFailed)
 
-	// The same without ebb: NodePort Services, each asked at once through
-	// an app node's node port, until kube-proxy and the EndpointSlice
-	// controller let it answer. In node mode no load balancer answers
-	// sooner than this.
-	var nodePort []time.Duration
-	for i := range nServices {
-		svc := localcluster.EchoService(ns, fmt.Sprintf("np-%d", i), corev1.ServiceTypeNodePort)
-		svc.Spec.Selector = map[string]string{"app": "app"}
-		d, err := createToNodePortAnswer(ctx, c, svc, c.Nodes[0].IP)
-		if err != nil {
-			return err
-		}
-		nodePort = append(nodePort, d)
-	}
-	fmt.Fprintf(os.Stderr, "without ebb: NodePort Service created -> first answer through a node port over %d Services: p50 %s p99 %s\n", nServices,
-		stats.Percentile(nodePort, 0.5), stats.Percentile(nodePort, 0.99))
-
 	updatesTimes, err := endpointUpdates(ctx, c, ns, nUpdates)
 	if err != nil {
 		return err
@@ -126,8 +109,6 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 		"create_to_address_ms_p50":       ms(stats.Percentile(toAddress, 0.5)),
 		"create_to_address_ms_p99":       ms(stats.Percentile(toAddress, 0.99)),
 		"first_request_failed":           total(firstFailed),
-		"create_to_node_port_ms_p50":     ms(stats.Percentile(nodePort, 0.5)),
-		"create_to_node_port_ms_p99":     ms(stats.Percentile(nodePort, 0.99)),
 		"first_request_failed_timeout":   firstFailed["timeout"],
 		"endpoint_update_ms_p50":         ms(stats.Percentile(updatesTimes, 0.5)),
 		"endpoint_update_ms_p99":         ms(stats.Percentile(updatesTimes, 0.99)),
@@ -189,30 +170,6 @@ func createToFirstRequest(ctx context.Context, c *localcluster.Cluster, svc *cor
 		}
 		if time.Since(start) > time.Minute {
 			return created{}, fmt.Errorf("no answer through %s within a minute", r.url)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// createToNodePortAnswer creates a NodePort Service and times until a
-// request through its node port on nodeIP succeeds.
-func createToNodePortAnswer(ctx context.Context, c *localcluster.Cluster, svc *corev1.Service, nodeIP string) (time.Duration, error) {
-	start := time.Now()
-	created, err := c.Client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
-	if err != nil {
-		return 0, err
-	}
-	url := "http://" + net.JoinHostPort(nodeIP, fmt.Sprint(created.Spec.Ports[0].NodePort)) + "/"
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	for {
-		if resp, err := client.Get(url); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return time.Since(start), nil
-			}
-		}
-		if time.Since(start) > time.Minute {
-			return 0, fmt.Errorf("no answer through %s within a minute", url)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
