@@ -82,11 +82,11 @@ func AwaitingAddresses(svc *corev1.Service) []netip.Addr {
 // Addresses returns the Service's load-balancer addresses, each once: the
 // ones published in its status, then the ones allocated and awaiting an LB
 // host (AwaitingAddresses). Hostname ingresses are not ebb's and are left
-// out.
+// out. An address is kept in the form it was written (an IPv4-mapped IPv6
+// address stays one: its frontend is what the status says).
 func Addresses(svc *corev1.Service) []netip.Addr {
 	var out []netip.Addr
 	add := func(a netip.Addr) {
-		a = a.Unmap()
 		for _, x := range out {
 			if x == a {
 				return
