@@ -127,6 +127,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // waitingServices are the Services we should serve that have no address,
 // or fewer than their IP families (PreferDualStack served in one).
 func (r *Reconciler) waitingServices(ctx context.Context, _ client.Object) []ctrlreconcile.Request {
+	return r.wantedServices(ctx, func(svc *corev1.Service) bool { return len(lbmodel.Addresses(svc)) < len(familiesOf(svc)) })
+}
+
+// wantedServices are requests for the Services we should serve for which
+// match is true.
+func (r *Reconciler) wantedServices(ctx context.Context, match func(*corev1.Service) bool) []ctrlreconcile.Request {
 	var list corev1.ServiceList
 	if err := r.Client.List(ctx, &list); err != nil {
 		return nil
@@ -134,7 +140,7 @@ func (r *Reconciler) waitingServices(ctx context.Context, _ client.Object) []ctr
 	var out []ctrlreconcile.Request
 	for i := range list.Items {
 		svc := &list.Items[i]
-		if r.wants(svc) && len(lbmodel.Addresses(svc)) < len(familiesOf(svc)) {
+		if r.wants(svc) && match(svc) {
 			out = append(out, ctrlreconcile.Request{NamespacedName: client.ObjectKeyFromObject(svc)})
 		}
 	}

@@ -70,13 +70,18 @@ func (r *Reconciler) servedAddresses(ctx context.Context) (map[netip.Addr]bool, 
 		if st.Draining || !reports.Items[i].Fresh(now) {
 			continue
 		}
-		for _, s := range st.Served {
-			if a, err := netip.ParseAddr(s); err == nil {
-				out[a.Unmap()] = true
-			}
-		}
+		addServed(out, st.Served)
 	}
 	return out, nil
+}
+
+// addServed adds a report's served addresses to set.
+func addServed(set map[netip.Addr]bool, served []string) {
+	for _, s := range served {
+		if a, err := netip.ParseAddr(s); err == nil {
+			set[a.Unmap()] = true
+		}
+	}
 }
 
 // servedCondition is the ServedCondition for addresses that await an LB
@@ -107,26 +112,10 @@ func (r *Reconciler) awaitingServices(ctx context.Context, obj client.Object) []
 		return nil
 	}
 	served := make(map[netip.Addr]bool, len(rep.Status.Served))
-	for _, s := range rep.Status.Served {
-		if a, err := netip.ParseAddr(s); err == nil {
-			served[a.Unmap()] = true
-		}
-	}
-	var list corev1.ServiceList
-	if err := r.Client.List(ctx, &list); err != nil {
-		return nil
-	}
-	var out []ctrlreconcile.Request
-	for i := range list.Items {
-		svc := &list.Items[i]
-		if !r.wants(svc) {
-			continue
-		}
-		if slices.ContainsFunc(lbmodel.AwaitingAddresses(svc), func(a netip.Addr) bool { return served[a] }) {
-			out = append(out, ctrlreconcile.Request{NamespacedName: client.ObjectKeyFromObject(svc)})
-		}
-	}
-	return out
+	addServed(served, rep.Status.Served)
+	return r.wantedServices(ctx, func(svc *corev1.Service) bool {
+		return slices.ContainsFunc(lbmodel.AwaitingAddresses(svc), func(a netip.Addr) bool { return served[a] })
+	})
 }
 
 // withoutAwaiting is the Service's conditions without the addresses in

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"k8s.io/utils/ptr"
 )
 
 // CloudControllerManager models what cloud-provider-azure's service
@@ -77,7 +78,7 @@ func (c *CloudControllerManager) ensureLocked(name string, sku armnetwork.LoadBa
 			return
 		}
 	} else {
-		lb = armnetwork.LoadBalancer{Name: ptrTo(name), SKU: &armnetwork.LoadBalancerSKU{Name: ptrTo(sku)}}
+		lb = armnetwork.LoadBalancer{Name: ptr.To(name), SKU: &armnetwork.LoadBalancerSKU{Name: ptr.To(sku)}}
 	}
 	if lb.Properties == nil {
 		lb.Properties = &armnetwork.LoadBalancerPropertiesFormat{}
@@ -108,8 +109,8 @@ func (c *CloudControllerManager) frontendLocked(lb string, sku armnetwork.LoadBa
 		if holder := n.privateIPHolderLocked(s.IP, lb); holder != "" {
 			return nil, fmt.Errorf("PrivateIPAddressInUse: %s is held by %s, and the Service loses its address", s.IP, holder)
 		}
-		return &armnetwork.FrontendIPConfiguration{Name: ptrTo(s.FrontendName), Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{
-			PrivateIPAddress: ptrTo(s.IP), PrivateIPAllocationMethod: ptrTo(armnetwork.IPAllocationMethodStatic)}}, nil
+		return &armnetwork.FrontendIPConfiguration{Name: ptr.To(s.FrontendName), Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{
+			PrivateIPAddress: ptr.To(s.IP), PrivateIPAllocationMethod: ptr.To(armnetwork.IPAllocationMethodStatic)}}, nil
 	}
 	for pipName, data := range n.pips {
 		var p armnetwork.PublicIPAddress
@@ -123,7 +124,7 @@ func (c *CloudControllerManager) frontendLocked(lb string, sku armnetwork.LoadBa
 		if string(pipSKU) != string(sku) {
 			return nil, fmt.Errorf("public IP %s is %s, the load balancer %s: the SKUs must match", pipName, pipSKU, sku)
 		}
-		return &armnetwork.FrontendIPConfiguration{Name: ptrTo(s.FrontendName), ID: ptrTo(lb + "/" + s.FrontendName),
+		return &armnetwork.FrontendIPConfiguration{Name: ptr.To(s.FrontendName), ID: ptr.To(lb + "/" + s.FrontendName),
 			Properties: &armnetwork.FrontendIPConfigurationPropertiesFormat{PublicIPAddress: &armnetwork.PublicIPAddress{ID: p.ID}}}, nil
 	}
 	return nil, fmt.Errorf("no public IP holds %s: the Service loses its address", s.IP)

@@ -18,6 +18,7 @@ import (
 	computefake "github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7/fake"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9/fake"
+	"k8s.io/utils/ptr"
 )
 
 // Network is an in-memory set of load balancers, public IPs, network
@@ -469,7 +470,7 @@ func (n *Network) availabilitySetServer() computefake.AvailabilitySetsServer {
 			defer n.mu.Unlock()
 			page := armcompute.AvailabilitySetsClientListResponse{}
 			for _, name := range n.availabilitySets {
-				page.Value = append(page.Value, &armcompute.AvailabilitySet{Name: ptrTo(name)})
+				page.Value = append(page.Value, &armcompute.AvailabilitySet{Name: ptr.To(name)})
 			}
 			resp.AddPage(http.StatusOK, page, nil)
 			return

@@ -2,9 +2,11 @@ package azurefake
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"k8s.io/utils/ptr"
 )
 
 // A private IP of the subnet belongs to one holder at a time: a load
@@ -19,7 +21,7 @@ func (n *Network) privateIPHolderLocked(ip, except string) string {
 			continue
 		}
 		var lb armnetwork.LoadBalancer
-		if json.Unmarshal(data, &lb) == nil && slicesContainsIP(frontendPrivateIPs(&lb), ip) {
+		if json.Unmarshal(data, &lb) == nil && slices.ContainsFunc(frontendPrivateIPs(&lb), func(x string) bool { return strings.EqualFold(x, ip) }) {
 			return "load balancer " + name
 		}
 	}
@@ -61,15 +63,6 @@ func frontendPrivateIPs(lb *armnetwork.LoadBalancer) []string {
 	return out
 }
 
-func slicesContainsIP(ips []string, ip string) bool {
-	for _, x := range ips {
-		if strings.EqualFold(x, ip) {
-			return true
-		}
-	}
-	return false
-}
-
 // ClaimPrivateIP gives ip to a new network interface, as another
 // deployment in the subnet would, if nothing holds it; it reports whether
 // it did.
@@ -80,8 +73,6 @@ func (n *Network) ClaimPrivateIP(nicName, ip string) bool {
 		return false
 	}
 	n.nics[nicName] = enc(armnetwork.Interface{Name: &nicName, Properties: &armnetwork.InterfacePropertiesFormat{IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
-		Name: ptrTo("ipconfig1"), Properties: &armnetwork.InterfaceIPConfigurationPropertiesFormat{PrivateIPAddress: &ip}}}}})
+		Name: ptr.To("ipconfig1"), Properties: &armnetwork.InterfaceIPConfigurationPropertiesFormat{PrivateIPAddress: &ip}}}}})
 	return true
 }
-
-func ptrTo[T any](v T) *T { return &v }
