@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
@@ -33,9 +34,13 @@ type PeerProblem struct {
 // peers with: those whose nodeSelector matches its Node, with the
 // passwords of their Secrets.
 type BGPPeers struct {
-	// Cache holds BGPPeers, this host's Node and the Secrets of Namespace;
-	// the caller starts it.
+	// Cache holds BGPPeers, this host's Node and the Secrets of Namespace
+	// labeled lbv1alpha1.PasswordSecretLabel=true; the caller starts it.
 	Cache ctrlcache.Cache
+	// Direct, when set, reads a password Secret the cache does not hold,
+	// by name: a Secret written before ebb lb read only labeled ones keeps
+	// its session across the upgrade, and the log says to label it.
+	Direct client.Reader
 	// Node is this host's Node (empty: only BGPPeers without a
 	// nodeSelector choose it).
 	Node string
@@ -55,8 +60,15 @@ func (b *BGPPeers) Run(ctx context.Context) error {
 	}
 	var lastPeers []bgp.Peer
 	var lastProblems []PeerProblem
+	var lastUnlabeled []string
 	for first := true; ; first = false {
-		peers, problems, err := b.read(ctx)
+		peers, problems, unlabeled, err := b.read(ctx)
+		if err == nil && len(unlabeled) > 0 && !slices.Equal(unlabeled, lastUnlabeled) {
+			log.Info("Password Secrets without the label "+lbv1alpha1.PasswordSecretLabel+"=true are read one by one, and a change to them is seen late (at the next change of a BGPPeer, a labeled Secret or this host's Node): label them",
+				"namespace", b.Namespace, "secrets", unlabeled,
+				"command", fmt.Sprintf("kubectl -n %s label secret %s %s=true", b.Namespace, strings.Join(unlabeled, " "), lbv1alpha1.PasswordSecretLabel))
+		}
+		lastUnlabeled = unlabeled
 		if err != nil {
 			log.Error(err, "Reading the BGP peers")
 		} else if first || !reflect.DeepEqual(peers, lastPeers) || !slices.Equal(problems, lastProblems) {
@@ -72,10 +84,12 @@ func (b *BGPPeers) Run(ctx context.Context) error {
 	}
 }
 
-func (b *BGPPeers) read(ctx context.Context) ([]bgp.Peer, []PeerProblem, error) {
+// read returns the peers that choose this host, the problems, and the
+// password Secrets read directly for want of the label.
+func (b *BGPPeers) read(ctx context.Context) ([]bgp.Peer, []PeerProblem, []string, error) {
 	var list lbv1alpha1.BGPPeerList
 	if err := b.Cache.List(ctx, &list); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var node *corev1.Node
 	if b.Node != "" {
@@ -84,13 +98,25 @@ func (b *BGPPeers) read(ctx context.Context) ([]bgp.Peer, []PeerProblem, error) 
 			node = &n
 		}
 	}
+	var unlabeled []string
 	secret := func(name string) (*corev1.Secret, error) {
 		var s corev1.Secret
-		err := b.Cache.Get(ctx, client.ObjectKey{Namespace: b.Namespace, Name: name}, &s)
-		return &s, err
+		key := client.ObjectKey{Namespace: b.Namespace, Name: name}
+		err := b.Cache.Get(ctx, key, &s)
+		if !apierrors.IsNotFound(err) {
+			return &s, err
+		}
+		if b.Direct != nil && b.Direct.Get(ctx, key, &s) == nil {
+			if !slices.Contains(unlabeled, name) {
+				unlabeled = append(unlabeled, name)
+			}
+			return &s, nil
+		}
+		return nil, fmt.Errorf("no Secret %s labeled %s=true (ebb lb reads no other Secret)", name, lbv1alpha1.PasswordSecretLabel)
 	}
 	peers, problems := SelectBGPPeers(node, list.Items, b.Namespace, secret)
-	return peers, problems, nil
+	slices.Sort(unlabeled)
+	return peers, problems, unlabeled, nil
 }
 
 // SelectBGPPeers returns the peers of the BGPPeers that choose node (nil:

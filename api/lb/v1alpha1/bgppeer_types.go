@@ -44,9 +44,10 @@ type BGPPeerSpec struct {
 	KeepaliveTime *metav1.Duration `json:"keepaliveTime,omitempty"`
 
 	// PasswordSecretRef names a Secret in the namespace of ebb lb (usually
-	// ebb-system) whose key "password" is the session's TCP MD5 password
-	// (RFC 2385), as the router is configured with it. A missing Secret or
-	// key keeps the session closed and says so in the peer's status.
+	// ebb-system), labeled lb.ebb.dev/bgp-password=true, whose key
+	// "password" is the session's TCP MD5 password (RFC 2385), as the
+	// router is configured with it. A missing Secret or key keeps the
+	// session closed and says so in the peer's status.
 	// +optional
 	PasswordSecretRef *SecretReference `json:"passwordSecretRef,omitempty"`
 
@@ -143,6 +144,11 @@ type BGPPeerList struct {
 
 // PasswordKey is the key of a BGPPeer's password Secret.
 const PasswordKey = "password"
+
+// PasswordSecretLabel, with the value "true", marks the Secrets that hold
+// BGP passwords: ebb lb caches and watches only those, not every Secret of
+// its namespace (the webhook's CA key, a cloud credential).
+const PasswordSecretLabel = "lb.ebb.dev/bgp-password"
 
 // Condition types and reasons of a BGPPeer.
 const (

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
@@ -77,13 +78,7 @@ func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, ad
 	if err := corev1.AddToScheme(scheme); err != nil {
 		return err
 	}
-	byObject := map[client.Object]ctrlcache.ByObject{
-		&corev1.Secret{}: {Namespaces: map[string]ctrlcache.Config{o.BGPSecretNamespace: {}}},
-	}
-	if o.NodeName != "" {
-		byObject[&corev1.Node{}] = ctrlcache.ByObject{Field: fields.OneTermEqualSelector("metadata.name", o.NodeName)}
-	}
-	c, err := ctrlcache.New(cfg, ctrlcache.Options{Scheme: scheme, ByObject: byObject})
+	c, err := ctrlcache.New(cfg, ctrlcache.Options{Scheme: scheme, ByObject: cacheScope(o.BGPSecretNamespace, o.NodeName)})
 	if err != nil {
 		return fmt.Errorf("creating a cache of the announcement objects: %w", err)
 	}
@@ -95,7 +90,11 @@ func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, ad
 	go func() { errs <- policies.Run(ctx) }()
 	go func() { errs <- syncer.FollowPools(ctx, c, flagPools) }()
 	if o.BGPPeersFromAPI {
-		peers := &lbsync.BGPPeers{Cache: c, Node: o.NodeName, Namespace: o.BGPSecretNamespace,
+		direct, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return fmt.Errorf("creating a client for the password Secrets: %w", err)
+		}
+		peers := &lbsync.BGPPeers{Cache: c, Direct: direct, Node: o.NodeName, Namespace: o.BGPSecretNamespace,
 			OnChange: func(peers []bgp.Peer, problems []lbsync.PeerProblem) {
 				addrs.setBGPPeers(ctx, log, peers, problems)
 			}}
@@ -104,6 +103,23 @@ func (o *Options) followAnnouncementAPI(ctx context.Context, log logr.Logger, ad
 		errs <- nil
 	}
 	return errors.Join(<-errs, <-errs, <-errs)
+}
+
+// cacheScope limits what ebb lb's cache of the announcement objects holds:
+// of Secrets, only those labeled as BGP passwords in their namespace (not
+// the webhook's CA key or a cloud credential beside them); of Nodes, its
+// own.
+func cacheScope(secretNamespace, node string) map[client.Object]ctrlcache.ByObject {
+	byObject := map[client.Object]ctrlcache.ByObject{
+		&corev1.Secret{}: {
+			Namespaces: map[string]ctrlcache.Config{secretNamespace: {}},
+			Label:      labels.SelectorFromSet(labels.Set{lbv1alpha1.PasswordSecretLabel: "true"}),
+		},
+	}
+	if node != "" {
+		byObject[&corev1.Node{}] = ctrlcache.ByObject{Field: fields.OneTermEqualSelector("metadata.name", node)}
+	}
+	return byObject
 }
 
 // vipRanges are the --vip-pool CIDRs, parsed (Run checks them before

@@ -5,7 +5,10 @@ import (
 	"net/netip"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/lbsync"
@@ -33,5 +36,46 @@ func TestL2Offer(t *testing.T) {
 	offer, only = l2Offer([]netip.Addr{a, d}, lbsync.AnnouncementPlan{}, []string{"eth0"})
 	if len(offer) != 2 || len(only) != 0 {
 		t.Errorf("without policies: offer %v only %v; want both, unlimited", offer, only)
+	}
+}
+
+// ebb lb's cache holds the Secrets labeled as BGP passwords in its
+// namespace, no other (issue 42 item 3: it held every Secret of ebb-system,
+// the webhook's CA key and a cloud credential among them), and of Nodes
+// only its own.
+func TestCacheScope(t *testing.T) {
+	scope := cacheScope("ebb-system", "node-1")
+	var secrets, nodes ctrlcache.ByObject
+	for obj, by := range scope {
+		switch obj.(type) {
+		case *corev1.Secret:
+			secrets = by
+		case *corev1.Node:
+			nodes = by
+		default:
+			t.Errorf("a scope for %T", obj)
+		}
+	}
+	if _, ok := secrets.Namespaces["ebb-system"]; !ok || len(secrets.Namespaces) != 1 {
+		t.Errorf("Secrets cached in %v, want ebb-system only", secrets.Namespaces)
+	}
+	for _, c := range []struct {
+		labels map[string]string
+		cached bool
+	}{
+		{map[string]string{lbv1alpha1.PasswordSecretLabel: "true"}, true},
+		{map[string]string{lbv1alpha1.PasswordSecretLabel: "false"}, false},
+		{nil, false},
+		{map[string]string{"app": "ebb"}, false},
+	} {
+		if secrets.Label == nil {
+			t.Fatal("every Secret of the namespace is cached: no label selector")
+		}
+		if got := secrets.Label.Matches(labels.Set(c.labels)); got != c.cached {
+			t.Errorf("a Secret labeled %v cached: %v, want %v", c.labels, got, c.cached)
+		}
+	}
+	if nodes.Field == nil || nodes.Field.String() != "metadata.name=node-1" {
+		t.Errorf("Nodes cached by %v, want its own", nodes.Field)
 	}
 }

@@ -55,7 +55,8 @@ func TestBGPPeerStatusSaysWhyASessionCannotOpen(t *testing.T) {
 	})
 	waitPeerStatus(t, ctx, "router", "1", "1")
 
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "nowhere-password", Namespace: "ebb-system"}, StringData: map[string]string{"password": "x"}}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "nowhere-password", Namespace: "ebb-system",
+		Labels: map[string]string{lbv1alpha1.PasswordSecretLabel: "true"}}, StringData: map[string]string{"password": "x"}}
 	if _, err := cluster.Client.CoreV1().Secrets(secret.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -93,6 +93,8 @@ kind: Secret
 metadata:
   name: router-bgp-password
   namespace: ebb-system
+  labels:
+    lb.ebb.dev/bgp-password: "true"   # ebb lb reads only Secrets labeled so
 stringData:
   password: %s
 ---
