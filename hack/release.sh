@@ -3,7 +3,9 @@
 # image pinned by the digest `make image` wrote to dist/image.digest; and
 # dist/install-kernel-ebpf.yaml, the same with the component
 # config/components/kernel-ebpf (ebb lb's kernel engine on its eBPF path);
-# dist/install-eviction-guard.yaml, with config/components/eviction-guard.
+# dist/install-eviction-guard.yaml, with config/components/eviction-guard;
+# dist/install-webhook-client-auth.yaml, with
+# config/components/webhook-client-auth.
 #
 #   hack/release.sh IMAGE KUBECTL     e.g. hack/release.sh ghcr.io/ebbdev/ebb /path/to/kubectl
 set -euo pipefail
@@ -33,3 +35,4 @@ render() {
 render install.yaml
 render install-kernel-ebpf.yaml kernel-ebpf
 render install-eviction-guard.yaml eviction-guard
+render install-webhook-client-auth.yaml webhook-client-auth

@@ -133,6 +133,11 @@ type Cluster struct {
 	// ExternalClient is a host on the client subnet behind the router:
 	// traffic from it reaches the cluster the way a user's does.
 	ExternalClient *network.Host
+	// WebhookClientCAFile is the CA of the client certificate the
+	// apiserver presents to webhooks in ebb-system (for ebb controller's
+	// --webhook-client-ca-file); WebhookClientCertFile and
+	// WebhookClientKeyFile are that certificate and its key.
+	WebhookClientCAFile, WebhookClientCertFile, WebhookClientKeyFile string
 
 	opts     Options
 	ownsDir  bool
@@ -143,7 +148,7 @@ type Cluster struct {
 	taps     map[string]*network.SYNTap
 	// realNodes run kubelet and containerd (Options.RealKubelets).
 	realNodes    []*realNode
-	kubeletCerts kubeletClientCerts
+	kubeletCerts clientCerts
 }
 
 // Start starts a cluster and returns once its nodes are Ready and its
@@ -295,6 +300,14 @@ func (c *Cluster) startControlPlane() error {
 	if err := writeServingCert(api); err != nil {
 		return err
 	}
+	// The apiserver presents a client certificate to ebb's webhooks,
+	// which they require with config/components/webhook-client-auth.
+	admission, webhookCerts, err := writeWebhookClientConfig(api.CertDir)
+	if err != nil {
+		return err
+	}
+	c.WebhookClientCAFile, c.WebhookClientCertFile, c.WebhookClientKeyFile = webhookCerts.CAFile, webhookCerts.CertFile, webhookCerts.KeyFile
+	api.Configure().Set("admission-control-config-file", admission)
 	if c.opts.RealKubelets {
 		// exec, logs, port-forward and the proxy subresources go to
 		// kubelets, at their InternalIPs (the node network; node names

@@ -126,10 +126,13 @@ type WebhookOptions struct {
 	// certificate; empty: the certificate is provided in CertDir (e.g. by
 	// cert-manager).
 	CertSecret string
-	DNSNames   []string
-	IPs        []string
-	Mutating   []string
-	Validating []string
+	// ClientCAFile, when set, holds the CAs whose client certificates the
+	// server requires of every caller (the API server's).
+	ClientCAFile string
+	DNSNames     []string
+	IPs          []string
+	Mutating     []string
+	Validating   []string
 }
 
 // NewCommand returns `ebb controller`.
@@ -181,6 +184,7 @@ func NewCommand() *cobra.Command {
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
+	f.StringVar(&o.Webhook.ClientCAFile, "webhook-client-ca-file", "", "PEM file of the CA(s) whose client certificates the webhook server requires of every caller: the API server's, which its --admission-control-config-file has it present to webhooks (config/components/webhook-client-auth, docs/security.md); empty: any caller that reaches the port is served")
 	f.StringVar(&o.L2KeySecret, "l2-key-secret", "ebb-system/ebb-l2-key", "Secret (namespace/name) of the keys that sign ebb lb's L2 heartbeats: created with one random key when missing, never changed once there (docs/l2.md); empty: you provide it")
 	f.StringVar(&o.Webhook.CertSecret, "webhook-cert-secret", "ebb-system/ebb-webhook-cert", "Secret (namespace/name) in which ebb keeps a self-signed CA and serving certificate and injects the CA into the webhook configurations; empty when cert-manager (or you) put the certificate in --webhook-cert-dir")
 	f.StringSliceVar(&o.Webhook.DNSNames, "webhook-dns-name", []string{"ebb-webhook-service.ebb-system.svc", "ebb-webhook-service.ebb-system.svc.cluster.local"}, "DNS names of the self-signed serving certificate")
@@ -244,8 +248,19 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		if certs, err = o.ensureWebhookCerts(ctx, direct); err != nil {
 			return err
 		}
+		tlsOpts := []func(*tls.Config){onlyHTTP1}
+		if o.Webhook.ClientCAFile != "" {
+			verify, err := clientCertsVerified(o.Webhook.ClientCAFile)
+			if err != nil {
+				return err
+			}
+			tlsOpts = append(tlsOpts, verify)
+		}
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir,
-			TLSOpts: []func(*tls.Config){onlyHTTP1}})
+			TLSOpts: tlsOpts})
+		if o.Webhook.ClientCAFile != "" {
+			mgrOpts.WebhookServer = clientCertsRequired{mgrOpts.WebhookServer}
+		}
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {

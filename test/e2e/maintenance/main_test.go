@@ -1,6 +1,7 @@
 // Package maintenance_test drives NodeMaintenance end to end on the local
-// cluster, with ebb installed from dist/install.yaml (the controller
-// replicas with their admission webhooks, and ebb lb, as pods of ebb's
+// cluster, with ebb installed from dist/install-webhook-client-auth.yaml
+// (the controller replicas with their admission webhooks, which answer
+// only the API server's client certificate, and ebb lb, as pods of ebb's
 // image): kubectl-equivalent API calls, as an administrator and as users
 // with less power.
 package maintenance_test
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -44,16 +46,41 @@ func TestMain(m *testing.M) {
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// setUp installs ebb from dist/install.yaml with ebb lb and the
-// controllers on the last node, the VIP pools routed to it.
+// setUp installs ebb from dist/install-webhook-client-auth.yaml with ebb
+// lb and the controllers on the last node, the VIP pools routed to it; its
+// webhooks trust the CA of the API server's client certificate, given
+// as a user would (config/components/webhook-client-auth).
 func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	lbNode = c.Nodes[len(c.Nodes)-1]
-	if err := ebbrun.InstallOnNode(ctx, c, filepath.Join(dist, "install.yaml"), lbNode); err != nil {
+	if err := webhookClientCA(ctx, c); err != nil {
+		return nil, err
+	}
+	if err := ebbrun.InstallOnNode(ctx, c, filepath.Join(dist, "install-webhook-client-auth.yaml"), lbNode); err != nil {
 		return nil, err
 	}
 	return func() {}, nil
+}
+
+// webhookClientCA writes the ConfigMap ebb-webhook-client-ca that
+// config/components/webhook-client-auth mounts into the controller: the
+// CA of the client certificate the cluster's API server presents to
+// webhooks in ebb-system.
+func webhookClientCA(ctx context.Context, c *localcluster.Cluster) error {
+	ca, err := os.ReadFile(c.WebhookClientCAFile)
+	if err != nil {
+		return err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ebb-system"}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace ebb-system: %w", err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ebb-system", Name: "ebb-webhook-client-ca"}, Data: map[string]string{"ca.crt": string(ca)}}
+	if _, err := c.Client.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating the ConfigMap of the webhook client CA: %w", err)
+	}
+	return nil
 }
 
 // lbMetrics scrapes the metrics of the LB node's ebb lb.
