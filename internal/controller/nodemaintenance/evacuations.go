@@ -168,7 +168,13 @@ func (r *Reconciler) drainPod(ctx context.Context, nm *v1alpha1.NodeMaintenance,
 		return nil
 	}
 	if err := r.createEvacuation(ctx, nm, p, node); err != nil {
-		return err
+		if !apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+			return err
+		}
+		// Its namespace is being deleted, the pod with it: no Evacuation
+		// can be made there, and none is needed. Failing the pass here
+		// held every other pod's progress.
+		log.FromContext(ctx).V(1).Info("No Evacuation: its namespace is being deleted", "pod", klog.KObj(p))
 	}
 	nd.evacuating++
 	return nil

@@ -166,8 +166,10 @@ func TestANodeJoiningADrainStartsFromTheFirstEntry(t *testing.T) {
 	}}}))
 	// The maintenance's own entry, as its status records it, must be past
 	// the ordinary pods: an Evacuation of the DaemonSet pod alone does not
-	// say that the status was written (a pass whose status write lost a
-	// conflict leaves it at the first entry, until the next pass).
+	// say that the status was written (a pass that fails after creating
+	// it records nothing, until a later pass; one did when a previous
+	// test's namespace was still terminating, which the controller now
+	// passes over: unit TestAPodInATerminatingNamespaceHoldsNothingUp).
 	eventually(t, ctx, time.Minute, "the drain of "+first+" at its DaemonSet pod", func(ctx context.Context) (bool, string) {
 		_, ok := evacuations(t, ctx, ns)[firstAgent]
 		nm := getNM(t, ctx, "joining")
