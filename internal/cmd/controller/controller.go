@@ -97,6 +97,9 @@ type Options struct {
 	// ("azure"); empty: none (the embedded ebb lb applies it itself).
 	Cloud       string
 	AzureConfig string
+	// AzureConfigSecret ("namespace/name"), when set, holds azure.json
+	// instead of the AzureConfig file.
+	AzureConfigSecret string
 	// AzureMigrateOnStart runs the Basic-to-Standard migration once at
 	// start when azure.json's loadBalancerSku is standard.
 	AzureMigrateOnStart bool
@@ -175,6 +178,7 @@ func NewCommand() *cobra.Command {
 	f.IntVar(&o.Burst, "kube-api-burst", 100, "burst of requests to the apiserver")
 	f.StringVar(&o.Cloud, "cloud", "", "apply load-balancer admin state through a cloud's API as well: azure")
 	f.StringVar(&o.AzureConfig, "azure-config", "/etc/kubernetes/azure.json", "with --cloud azure: the azure.json file")
+	f.StringVar(&o.AzureConfigSecret, "azure-config-secret", "", "with --cloud azure: read azure.json through the API from this Secret (namespace/name; key cloud-config, as cloud-provider-azure's kube-system/azure-cloud-provider, or azure.json) instead of --azure-config; outside ebb-system, ebb lb cannot read a client secret in it (config/components/azure-config-secret, docs/azure.md)")
 	f.BoolVar(&o.AzureMigrateOnStart, "azure-migrate-on-start", false, "with --cloud azure and loadBalancerSku standard: run the Basic-to-Standard migration once at start (may cause downtime; see `ebb azure migrate-basic-lb --help`)")
 	f.BoolVar(&o.SurgeEvacuator, "surge-evacuator", true, "run the surge-first evacuator for Deployments annotated "+v1alpha1.SurgeEvacuationAnnotation+": \"true\"")
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
@@ -387,7 +391,7 @@ func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
 	default:
 		return fmt.Errorf("--cloud %q is not supported: use azure", o.Cloud)
 	}
-	cfg, err := azure.LoadConfig(o.AzureConfig)
+	cfg, from, err := o.loadAzureConfig(ctx, mgr.GetAPIReader())
 	if err != nil {
 		return err
 	}
@@ -415,7 +419,7 @@ func (o *Options) setupCloud(ctx context.Context, mgr ctrl.Manager) error {
 		return nil
 	}
 	if err := cfg.ValidateForAdminState(); err != nil {
-		return fmt.Errorf("the Azure configuration %s: %w", o.AzureConfig, err)
+		return fmt.Errorf("the Azure configuration (%s): %w", from, err)
 	}
 	cred, err := cfg.Credential()
 	if err != nil {

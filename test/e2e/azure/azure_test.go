@@ -1,7 +1,8 @@
 // Package azure_test drives ebb's Azure admin state end to end: ebb is
 // installed from dist/install.yaml with the controller patched as an Azure
-// user patches it (--cloud azure, azure.json and a CA from a Secret, a
-// managed identity's endpoint in its environment), its pods running ebb's
+// user patches it (--cloud azure, azure.json read from cloud-provider-azure's
+// Secret in kube-system, a CA from a Secret, a managed identity's endpoint
+// in its environment), its pods running ebb's
 // image against a fake Azure Resource Manager (the SDK's fake server over an
 // in-memory model, served over HTTPS on the control-plane host with a
 // managed-identity token endpoint), and taints on the cluster's nodes turn
@@ -19,6 +20,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -44,11 +46,14 @@ func TestMain(m *testing.M) {
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
-// azureSecret holds azure.json and the fake's CA, as a user keeps the
-// cloud configuration; azureDir is where the controller mounts it.
+// azureSecret holds the fake's CA; azureDir is where the controller mounts
+// it. azure.json is in cloud-provider-azure's Secret, read through the API
+// (--azure-config-secret), where ebb lb cannot read it.
 const (
-	azureSecret = "ebb-azure"
-	azureDir    = "/etc/ebb/azure"
+	azureSecret          = "ebb-azure"
+	azureDir             = "/etc/ebb/azure"
+	azureConfigNamespace = "kube-system"
+	azureConfigSecret    = "azure-cloud-provider"
 )
 
 // setUp serves the fake Azure on the control-plane host, puts its
@@ -77,14 +82,27 @@ func setUp(c *localcluster.Cluster, dist string) (func(), error) {
 	}
 	cfg := fmt.Sprintf(`{"cloud":"AzurePublicCloud","tenantId":"t","subscriptionId":"sub","resourceGroup":"rg","useManagedIdentityExtension":true,
 		"loadBalancerBackendPoolConfigurationType":"nodeIP","enableLoadBalancerAdminState":true,"resourceManagerEndpoint":%q}`, srv.URL)
-	secret := fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\nstringData:\n  azure.json: %q\n  ca.pem: %q\n",
-		ebbrun.Namespace, azureSecret, ebbrun.Namespace, cfg, ca)
-	if err := ebbrun.ApplyYAML(ctx, c, "azure-secret", secret); err != nil {
+	// azure.json where cloud-provider-azure keeps it, out of ebb lb's
+	// reach; the fake's CA (no secret) mounted from ebb-system.
+	secrets := fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\nstringData:\n  ca.pem: %q\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\nstringData:\n  cloud-config: %q\n",
+		ebbrun.Namespace, azureSecret, ebbrun.Namespace, ca, azureConfigSecret, azureConfigNamespace, cfg)
+	if err := ebbrun.ApplyYAML(ctx, c, "azure-secrets", secrets); err != nil {
+		srv.Close()
+		return nil, err
+	}
+	// The controller's permission to read it, as the component
+	// config/components/azure-config-secret grants it.
+	rbac, err := os.ReadFile(filepath.Join(dist, "..", "config", "components", "azure-config-secret", "rbac.yaml"))
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	if err := ebbrun.ApplyYAML(ctx, c, "azure-config-rbac", string(rbac)); err != nil {
 		srv.Close()
 		return nil, err
 	}
 	err = ebbrun.InstallManifest(ctx, c, filepath.Join(dist, "install.yaml"), ebbrun.ManifestOptions{
-		ControllerArgs: []string{"--cloud=azure", "--azure-config=" + azureDir + "/azure.json"},
+		ControllerArgs: []string{"--cloud=azure", "--azure-config-secret=" + azureConfigNamespace + "/" + azureConfigSecret},
 		EditController: func(d *appsv1.Deployment) { useAzure(d, srv.URL) },
 	})
 	if err != nil {
@@ -297,4 +315,34 @@ func TestCompetingWriterCannotKeepADrainingNodeNone(t *testing.T) {
 	e2eutil.Eventually(t, ctx, 10*time.Second, "Down again after the writer stops", func(context.Context) (bool, string) {
 		return entryState(b.IP) == "Down", entryState(b.IP)
 	})
+}
+
+// The Azure configuration, which may hold a client secret, is where ebb
+// lb's service account cannot read it (issue 42 item 3): the controller may
+// get that one Secret, ebb lb may neither get nor list Secrets there. The
+// controller read it, as the other tests of this suite show.
+func TestOnlyTheControllerReadsTheAzureConfiguration(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		account, verb, name string
+		allowed             bool
+	}{
+		{"ebb-controller", "get", azureConfigSecret, true},
+		{"ebb-lb", "get", azureConfigSecret, false},
+		{"ebb-lb", "list", "", false},
+		{"ebb-node-agent", "get", azureConfigSecret, false},
+	} {
+		user := "system:serviceaccount:" + ebbrun.Namespace + ":" + c.account
+		review, err := cluster.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ebbrun.Namespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: azureConfigNamespace, Verb: c.verb, Resource: "secrets", Name: c.name},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if review.Status.Allowed != c.allowed {
+			t.Errorf("%s may %s Secret %s/%s: %v, want %v", c.account, c.verb, azureConfigNamespace, c.name, review.Status.Allowed, c.allowed)
+		}
+	}
 }
