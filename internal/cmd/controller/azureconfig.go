@@ -45,5 +45,5 @@ func (o *Options) loadAzureConfig(ctx context.Context, r client.Reader) (*azure.
 			return cfg, from, nil
 		}
 	}
-	return nil, "", fmt.Errorf("Secret %s has no key %s holding azure.json", o.AzureConfigSecret, strings.Join(azureConfigKeys, " or "))
+	return nil, "", fmt.Errorf("the Secret %s has no key %s holding azure.json", o.AzureConfigSecret, strings.Join(azureConfigKeys, " or "))
 }
