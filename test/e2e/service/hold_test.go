@@ -24,29 +24,30 @@ import (
 // delay-deletion annotation; a node tainted ToBeDeletedByClusterAutoscaler
 // keeps it while long-lived connections go through it, and loses it soon
 // after they end (the moment cluster-autoscaler may delete the instance),
-// with events that say so. Turned off, ebb takes its annotation off every
-// node, so that cluster-autoscaler never waits on it.
+// with events that say so; with connections that never end, it goes at
+// --deletion-hold-timeout with a Warning. Turned off, ebb takes its
+// annotation off every node, so that cluster-autoscaler never waits on it.
 func TestAutoscalerDeletionHold(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	setHoldFlags := func(ctx context.Context, on bool) error {
+	setHoldFlags := func(ctx context.Context, timeout string) error {
 		return ebbrun.UpdateControllerArgs(ctx, cluster, func(args []string) []string {
 			args = slices.DeleteFunc(args, func(a string) bool {
 				return strings.HasPrefix(a, "--autoscaler-deletion-hold") || strings.HasPrefix(a, "--deletion-hold-timeout")
 			})
-			if on {
-				args = append(args, "--autoscaler-deletion-hold", "--deletion-hold-timeout=3m")
+			if timeout != "" {
+				args = append(args, "--autoscaler-deletion-hold", "--deletion-hold-timeout="+timeout)
 			}
 			return args
 		})
 	}
-	if err := setHoldFlags(ctx, true); err != nil {
+	if err := setHoldFlags(ctx, "3m"); err != nil {
 		t.Fatal(err)
 	}
 	holdOff := false
 	defer func() {
 		if !holdOff {
-			_ = setHoldFlags(context.Background(), false)
+			_ = setHoldFlags(context.Background(), "")
 		}
 	}()
 	for _, n := range appNodes() {
@@ -119,7 +120,58 @@ func TestAutoscalerDeletionHold(t *testing.T) {
 		return held(t, ctx, node), "not held"
 	})
 
-	if err := setHoldFlags(ctx, false); err != nil {
+	// A hold does not outlast its timeout: connections that never end
+	// release it at --deletion-hold-timeout, with a Warning, and are not
+	// cut by ebb (the instance's deletion will).
+	if err := setHoldFlags(ctx, "15s"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, node+" held by the restarted controller", func(ctx context.Context) (bool, string) {
+		return held(t, ctx, node), "not held"
+	})
+	for range 6 {
+		l, err := e2eutil.OpenLongLived(cluster, nil, addr, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, l)
+	}
+	eventually(t, ctx, 15*time.Second, "the load balancer to report connections through "+node, func(ctx context.Context) (bool, string) {
+		rep, err := e2eutil.ReportOn(ctx, api, lbNode.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range rep.Status.Nodes {
+			if n.Name == node && n.Connections > 0 {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%+v", rep.Status.Nodes)
+	})
+	timedOut := nodeEvents(t, ctx, node, deletionhold.ReasonHoldTimedOut)
+	taintedAt := time.Now()
+	setTaintKey(t, ctx, node, lbmodel.TaintToBeDeleted, strconv.FormatInt(taintedAt.Unix(), 10), true)
+	time.Sleep(5 * time.Second)
+	if !held(t, ctx, node) {
+		t.Fatalf("the hold of %s went 5 s into a 15 s timeout, with connections through it", node)
+	}
+	eventually(t, ctx, 40*time.Second, "the hold of "+node+" to time out", func(ctx context.Context) (bool, string) {
+		return !held(t, ctx, node) && nodeEvents(t, ctx, node, deletionhold.ReasonHoldTimedOut) == timedOut+1, "still held, or no Warning " + deletionhold.ReasonHoldTimedOut
+	})
+	if after := time.Since(taintedAt); after < 15*time.Second {
+		t.Errorf("the hold timed out %s after the taint, before its 15 s", after.Round(100*time.Millisecond))
+	}
+	t.Logf("%s released by the timeout %s after the taint", node, time.Since(taintedAt).Round(100*time.Millisecond))
+	for _, l := range conns {
+		if why := l.Broken(); why != "" {
+			t.Errorf("a long-lived connection broke when the hold of %s timed out: %s", node, why)
+		}
+		l.Close()
+	}
+	conns = nil
+	setTaintKey(t, ctx, node, lbmodel.TaintToBeDeleted, "", false)
+
+	if err := setHoldFlags(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
 	holdOff = true
