@@ -2,11 +2,13 @@ package lbsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -61,28 +63,39 @@ func (b *BGPPeers) Run(ctx context.Context) error {
 	var lastPeers []bgp.Peer
 	var lastProblems []PeerProblem
 	var lastUnlabeled []string
-	for first := true; ; first = false {
+	reported := false
+	for {
+		var retry <-chan time.Time
 		peers, problems, unlabeled, err := b.read(ctx)
-		if err == nil && len(unlabeled) > 0 && !slices.Equal(unlabeled, lastUnlabeled) {
-			log.Info("Password Secrets without the label "+lbv1alpha1.PasswordSecretLabel+"=true are read one by one, and a change to them is seen late (at the next change of a BGPPeer, a labeled Secret or this host's Node): label them",
-				"namespace", b.Namespace, "secrets", unlabeled,
-				"command", fmt.Sprintf("kubectl -n %s label secret %s %s=true", b.Namespace, strings.Join(unlabeled, " "), lbv1alpha1.PasswordSecretLabel))
-		}
-		lastUnlabeled = unlabeled
-		if err != nil {
-			log.Error(err, "Reading the BGP peers")
-		} else if first || !reflect.DeepEqual(peers, lastPeers) || !slices.Equal(problems, lastProblems) {
-			lastPeers, lastProblems = peers, problems
+		switch {
+		case err != nil:
+			// The peers stay as they were; look again soon.
+			log.Error(err, "Reading the BGP peers: keeping the sessions as they are")
+			retry = time.After(readRetry)
+		case !reported || !reflect.DeepEqual(peers, lastPeers) || !slices.Equal(problems, lastProblems):
+			reported, lastPeers, lastProblems = true, peers, problems
 			log.Info("BGP peers", "peers", peerAddresses(peers), "problems", problems)
 			b.OnChange(peers, problems)
+		}
+		if err == nil {
+			if len(unlabeled) > 0 && !slices.Equal(unlabeled, lastUnlabeled) {
+				log.Info("Password Secrets without the label "+lbv1alpha1.PasswordSecretLabel+"=true are read one by one, and a change to them is seen late (at the next change of a BGPPeer, a labeled Secret or this host's Node): label them",
+					"namespace", b.Namespace, "secrets", unlabeled,
+					"command", fmt.Sprintf("kubectl -n %s label --overwrite secret %s %s=true", b.Namespace, strings.Join(unlabeled, " "), lbv1alpha1.PasswordSecretLabel))
+			}
+			lastUnlabeled = unlabeled
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
+		case <-retry:
 		}
 	}
 }
+
+// readRetry is how soon the peers are read again after a failed read.
+const readRetry = 10 * time.Second
 
 // read returns the peers that choose this host, the problems, and the
 // password Secrets read directly for want of the label.
@@ -99,6 +112,10 @@ func (b *BGPPeers) read(ctx context.Context) ([]bgp.Peer, []PeerProblem, []strin
 		}
 	}
 	var unlabeled []string
+	// A failed direct read is no answer: the peers stay as they were
+	// (closing a live session for an API hiccup would withdraw its
+	// routes until the next change).
+	var directErr error
 	secret := func(name string) (*corev1.Secret, error) {
 		var s corev1.Secret
 		key := client.ObjectKey{Namespace: b.Namespace, Name: name}
@@ -106,18 +123,31 @@ func (b *BGPPeers) read(ctx context.Context) ([]bgp.Peer, []PeerProblem, []strin
 		if !apierrors.IsNotFound(err) {
 			return &s, err
 		}
-		if b.Direct != nil && b.Direct.Get(ctx, key, &s) == nil {
-			if !slices.Contains(unlabeled, name) {
-				unlabeled = append(unlabeled, name)
+		if b.Direct != nil {
+			getCtx, cancel := context.WithTimeout(ctx, directReadTimeout)
+			defer cancel()
+			switch err := b.Direct.Get(getCtx, key, &s); {
+			case err == nil:
+				if !slices.Contains(unlabeled, name) {
+					unlabeled = append(unlabeled, name)
+				}
+				return &s, nil
+			case !apierrors.IsNotFound(err):
+				directErr = errors.Join(directErr, fmt.Errorf("reading the password Secret %s/%s: %w", b.Namespace, name, err))
 			}
-			return &s, nil
 		}
 		return nil, fmt.Errorf("no Secret %s labeled %s=true (ebb lb reads no other Secret)", name, lbv1alpha1.PasswordSecretLabel)
 	}
 	peers, problems := SelectBGPPeers(node, list.Items, b.Namespace, secret)
+	if directErr != nil {
+		return nil, nil, nil, directErr
+	}
 	slices.Sort(unlabeled)
 	return peers, problems, unlabeled, nil
 }
+
+// directReadTimeout bounds the read of one unlabeled password Secret.
+const directReadTimeout = 10 * time.Second
 
 // SelectBGPPeers returns the peers of the BGPPeers that choose node (nil:
 // unknown, so only those without a nodeSelector), sorted by address, and

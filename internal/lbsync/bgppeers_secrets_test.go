@@ -8,11 +8,13 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 )
@@ -60,6 +62,18 @@ func TestPasswordSecrets(t *testing.T) {
 	// The cache, as ebb lb scopes it, holds the labeled Secret only.
 	cached := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(slices.Clone(peers), labeled)...).Build()
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(labeled, unlabeled).Build()
+
+	// A direct read that fails (not for want of the Secret) is no
+	// answer: read returns the error and the sessions stay as they are.
+	failing := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme).Build(), interceptor.Funcs{
+		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			return apierrors.NewServiceUnavailable("the API server is restarting")
+		},
+	})
+	b := &BGPPeers{Cache: readerCache{Reader: cached}, Direct: failing, Namespace: "ebb-system"}
+	if _, _, _, err := b.read(context.Background()); err == nil || !strings.Contains(err.Error(), "reading the password Secret ebb-system/unlabeled: the API server is restarting") {
+		t.Errorf("a failing direct read: %v, want its error", err)
+	}
 
 	for _, c := range []struct {
 		name          string

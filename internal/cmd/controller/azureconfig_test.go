@@ -38,7 +38,8 @@ func TestLoadAzureConfig(t *testing.T) {
 		secret("kube-system", "azure-cloud-provider", map[string]string{"cloud-config": config}),
 		secret("kube-system", "as-file", map[string]string{"azure.json": config}),
 		secret("kube-system", "other-keys", map[string]string{"config": config}),
-		secret("kube-system", "not-json", map[string]string{"cloud-config": "resourceGroup: rg"}),
+		secret("kube-system", "yaml", map[string]string{"cloud-config": "cloud: AzurePublicCloud\ntenantId: t\nsubscriptionId: sub\nresourceGroup: rg\nuseManagedIdentityExtension: true\n"}),
+		secret("kube-system", "broken", map[string]string{"cloud-config": "{"}),
 	).Build()
 	for _, c := range []struct {
 		file, secret string
@@ -49,7 +50,9 @@ func TestLoadAzureConfig(t *testing.T) {
 		{secret: "kube-system/azure-cloud-provider", from: "Secret kube-system/azure-cloud-provider, key cloud-config"},
 		{secret: "kube-system/as-file", from: "Secret kube-system/as-file, key azure.json"},
 		{secret: "kube-system/other-keys", err: "has no key cloud-config or azure.json holding azure.json"},
-		{secret: "kube-system/not-json", err: "Secret kube-system/not-json, key cloud-config: the Azure configuration is not valid JSON"},
+		// cloud-provider-azure reads YAML there too.
+		{secret: "kube-system/yaml", from: "Secret kube-system/yaml, key cloud-config"},
+		{secret: "kube-system/broken", err: "Secret kube-system/broken, key cloud-config: the Azure configuration is not valid JSON or YAML"},
 		{secret: "kube-system/missing", err: "config/components/azure-config-secret"},
 		{secret: "azure-cloud-provider", err: "want namespace/name"},
 	} {
@@ -60,6 +63,24 @@ func TestLoadAzureConfig(t *testing.T) {
 			t.Errorf("%s%s: %v, want an error saying %q", c.file, c.secret, err, c.err)
 		case c.err == "" && (err != nil || cfg.ResourceGroup != "rg" || from != c.from):
 			t.Errorf("%s%s: %v from %q (%v), want rg from %q", c.file, c.secret, cfg, from, err, c.from)
+		}
+	}
+}
+
+// A flag that would do nothing for want of the one it needs stops the
+// controller at start.
+func TestFlagPairs(t *testing.T) {
+	for _, c := range []struct {
+		o   Options
+		err string
+	}{
+		{Options{Webhook: WebhookOptions{Port: 9443, ClientCAFile: "ca.crt"}, AzureConfigSecret: "kube-system/azure-cloud-provider", Cloud: "azure"}, ""},
+		{Options{Webhook: WebhookOptions{ClientCAFile: "ca.crt"}}, "--webhook-port is 0"},
+		{Options{Webhook: WebhookOptions{Port: 9443}, AzureConfigSecret: "kube-system/azure-cloud-provider"}, "only with --cloud azure"},
+	} {
+		err := c.o.checkFlagPairs()
+		if (c.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%+v: %v, want %q", c.o, err, c.err)
 		}
 	}
 }

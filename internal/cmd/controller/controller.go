@@ -132,10 +132,13 @@ type WebhookOptions struct {
 	// ClientCAFile, when set, holds the CAs whose client certificates the
 	// server requires of every caller (the API server's).
 	ClientCAFile string
-	DNSNames     []string
-	IPs          []string
-	Mutating     []string
-	Validating   []string
+	// ClientNames are the common names of the client certificates
+	// accepted (empty: any the CA signed).
+	ClientNames []string
+	DNSNames    []string
+	IPs         []string
+	Mutating    []string
+	Validating  []string
 }
 
 // NewCommand returns `ebb controller`.
@@ -189,6 +192,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
 	f.StringVar(&o.Webhook.ClientCAFile, "webhook-client-ca-file", "", "PEM file of the CA(s) whose client certificates the webhook server requires of every caller: the API server's, which its --admission-control-config-file has it present to webhooks (config/components/webhook-client-auth, docs/security.md); empty: any caller that reaches the port is served")
+	f.StringSliceVar(&o.Webhook.ClientNames, "webhook-client-names", []string{"kube-apiserver"}, "with --webhook-client-ca-file: the common names of the client certificates accepted (empty: any the CA signed; use a CA of its own for the API server's webhook client certificate)")
 	f.StringVar(&o.L2KeySecret, "l2-key-secret", "ebb-system/ebb-l2-key", "Secret (namespace/name) of the keys that sign ebb lb's L2 heartbeats: created with one random key when missing, never changed once there (docs/l2.md); empty: you provide it")
 	f.StringVar(&o.Webhook.CertSecret, "webhook-cert-secret", "ebb-system/ebb-webhook-cert", "Secret (namespace/name) in which ebb keeps a self-signed CA and serving certificate and injects the CA into the webhook configurations; empty when cert-manager (or you) put the certificate in --webhook-cert-dir")
 	f.StringSliceVar(&o.Webhook.DNSNames, "webhook-dns-name", []string{"ebb-webhook-service.ebb-system.svc", "ebb-webhook-service.ebb-system.svc.cluster.local"}, "DNS names of the self-signed serving certificate")
@@ -208,6 +212,9 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 	}
 	if o.MaxDrainingNodes < 0 {
 		return fmt.Errorf("--max-draining-nodes %d: want 0 (no limit) or more", o.MaxDrainingNodes)
+	}
+	if err := o.checkFlagPairs(); err != nil {
+		return err
 	}
 	ipam, err := service.NewAllocator(o.VIPPools)
 	if err != nil {
@@ -263,7 +270,7 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: o.Webhook.Port, Host: o.Webhook.Host, CertDir: o.Webhook.CertDir,
 			TLSOpts: tlsOpts})
 		if o.Webhook.ClientCAFile != "" {
-			mgrOpts.WebhookServer = clientCertsRequired{mgrOpts.WebhookServer}
+			mgrOpts.WebhookServer = clientCertsRequired{Server: mgrOpts.WebhookServer, Names: o.Webhook.ClientNames}
 		}
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 )
@@ -35,16 +36,25 @@ func clientCertsVerified(caFile string) (func(*tls.Config), error) {
 }
 
 // clientCertsRequired is a webhook server whose every handler answers 403
-// to a caller without a verified client certificate: without it, anyone
-// who reaches port 9443 (any pod, by default) could send AdmissionReviews,
-// each costing up to 101 SubjectAccessReviews of the controller's API
-// budget.
-type clientCertsRequired struct{ webhook.Server }
+// to a caller without a verified client certificate whose common name is
+// one of Names (any, when empty): without it, anyone who reaches port 9443
+// (any pod, by default) could send AdmissionReviews, each costing up to
+// 101 SubjectAccessReviews of the controller's API budget. The names guard
+// against a CA that signs more than the API server's certificate (a
+// cluster CA signs every kubelet's and user's).
+type clientCertsRequired struct {
+	webhook.Server
+	Names []string
+}
 
 func (s clientCertsRequired) Register(path string, hook http.Handler) {
 	s.Server.Register(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
 			http.Error(w, "a client certificate of the CA in ebb controller's --webhook-client-ca-file is required", http.StatusForbidden)
+			return
+		}
+		if cn := r.TLS.VerifiedChains[0][0].Subject.CommonName; len(s.Names) > 0 && !slices.Contains(s.Names, cn) {
+			http.Error(w, fmt.Sprintf("the client certificate's common name %q is not one of ebb controller's --webhook-client-names", cn), http.StatusForbidden)
 			return
 		}
 		hook.ServeHTTP(w, r)

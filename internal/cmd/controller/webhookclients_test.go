@@ -100,7 +100,8 @@ func TestWebhookServerRequiresTheAPIServersClientCertificate(t *testing.T) {
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
-	srv := clientCertsRequired{webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir, TLSOpts: []func(*tls.Config){onlyHTTP1, verify}})}
+	srv := clientCertsRequired{Names: []string{"kube-apiserver"},
+		Server: webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir, TLSOpts: []func(*tls.Config){onlyHTTP1, verify}})}
 	srv.Register("/review", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "reviewed") }))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -144,6 +145,9 @@ func TestWebhookServerRequiresTheAPIServersClientCertificate(t *testing.T) {
 		// is of none of them sends none.
 		{"a certificate of another CA", pair(otherCA, "kube-apiserver"), http.StatusForbidden},
 		{"the API server's certificate", pair(apiserverCA, "kube-apiserver"), http.StatusOK},
+		// The CA signed it, but it is not the API server's (a CA that
+		// signs kubelets' or users' certificates too).
+		{"another name from the CA", pair(apiserverCA, "system:node:node-1"), http.StatusForbidden},
 	} {
 		code, body, err := post(c.certs)
 		if err != nil || code != c.code || (code == http.StatusOK) != (body == "reviewed") {

@@ -6,11 +6,12 @@
 package azure
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 )
 
 // Backend pool types (cloud-provider-azure's loadBalancerBackendPoolConfigurationType).
@@ -73,11 +74,13 @@ func LoadConfig(path string) (*Config, error) {
 	return ParseConfig(data)
 }
 
-// ParseConfig decodes and validates azure.json content.
+// ParseConfig decodes and validates azure.json content: JSON, or YAML
+// with the same keys, as cloud-provider-azure reads it (a cloud-config
+// Secret written in YAML is valid there).
 func ParseConfig(data []byte) (*Config, error) {
 	c := &Config{}
-	if err := json.Unmarshal(data, c); err != nil {
-		return nil, fmt.Errorf("the Azure configuration is not valid JSON: %w", err)
+	if err := yaml.Unmarshal(data, c); err != nil {
+		return nil, fmt.Errorf("the Azure configuration is not valid JSON or YAML: %w", err)
 	}
 	if c.LoadBalancerResourceGroup == "" {
 		c.LoadBalancerResourceGroup = c.ResourceGroup

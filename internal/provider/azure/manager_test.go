@@ -193,7 +193,7 @@ func TestReplacedNode(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	for _, tt := range []struct{ json, want string }{
-		{`{`, "not valid JSON"},
+		{`{`, "not valid JSON or YAML"},
 		{`{"tenantId":"t","resourceGroup":"rg","aadClientId":"a","aadClientSecret":"b"}`, "subscriptionId is required"},
 		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg"}`, "no credentials"},
 		{`{"tenantId":"t","subscriptionId":"s","resourceGroup":"rg","useManagedIdentityExtension":true,"loadBalancerBackendPoolConfigurationType":"podIP"}`, `"podIP" is not supported`},

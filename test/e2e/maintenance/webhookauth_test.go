@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/kubectl/pkg/util/podutils"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -38,11 +40,23 @@ func TestWebhookAnswersOnlyTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closePod()
-	controllers, err := cluster.Client.CoreV1().Pods("ebb-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
-	if err != nil || len(controllers.Items) == 0 || controllers.Items[0].Status.PodIP == "" {
-		t.Fatalf("no controller pod with an address: %v", err)
-	}
-	url := "https://" + net.JoinHostPort(controllers.Items[0].Status.PodIP, "9443") + "/validate-maintenance-ebb-dev-v1alpha1-nodemaintenance"
+	// A ready replica that is not going away (earlier tests roll the
+	// controller out).
+	var controllerIP string
+	eventually(t, ctx, time.Minute, "a ready controller replica", func(ctx context.Context) (bool, string) {
+		controllers, err := cluster.Client.CoreV1().Pods("ebb-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range controllers.Items {
+			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && podutils.IsPodReady(&p) {
+				controllerIP = p.Status.PodIP
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d pods, none ready", len(controllers.Items))
+	})
+	url := "https://" + net.JoinHostPort(controllerIP, "9443") + "/validate-maintenance-ebb-dev-v1alpha1-nodemaintenance"
 
 	// A review of a maintenance of every node: without the check, one
 	// SubjectAccessReview per node.
