@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ebbdev/ebb/internal/controller/deletionhold"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -64,29 +66,20 @@ func TestAutoscalerDeletionHold(t *testing.T) {
 			l.Close()
 		}
 	}()
-	for range 12 {
-		l, err := e2eutil.OpenLongLived(cluster, nil, addr, 200*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, l)
-	}
+	conns = append(conns, openLongLived(t, addr, 12)...)
 	// The node that carries the most of them, as the LB reports it: the
 	// one the autoscaler scales down.
 	api := e2eutil.APIClient(t, cluster)
 	var node string
 	eventually(t, ctx, 15*time.Second, "the load balancer to report the long-lived connections", func(ctx context.Context) (bool, string) {
-		rep, err := e2eutil.ReportOn(ctx, api, lbNode.Name)
-		if err != nil {
-			return false, err.Error()
-		}
+		conns, err := reportedConnections(ctx, api)
 		var most int64
-		for _, n := range rep.Status.Nodes {
-			if n.Connections > most {
-				most, node = n.Connections, n.Name
+		for _, name := range slices.Sorted(maps.Keys(conns)) {
+			if conns[name] > most {
+				most, node = conns[name], name
 			}
 		}
-		return most > 0, fmt.Sprintf("%+v", rep.Status.Nodes)
+		return most > 0, fmt.Sprintf("%v %v", conns, err)
 	})
 	heldEvents, releasedEvents := nodeEvents(t, ctx, node, deletionhold.ReasonHeld), nodeEvents(t, ctx, node, deletionhold.ReasonReleased)
 
@@ -129,24 +122,10 @@ func TestAutoscalerDeletionHold(t *testing.T) {
 	eventually(t, ctx, 30*time.Second, node+" held by the restarted controller", func(ctx context.Context) (bool, string) {
 		return held(t, ctx, node), "not held"
 	})
-	for range 6 {
-		l, err := e2eutil.OpenLongLived(cluster, nil, addr, 200*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, l)
-	}
+	conns = append(conns, openLongLived(t, addr, 6)...)
 	eventually(t, ctx, 15*time.Second, "the load balancer to report connections through "+node, func(ctx context.Context) (bool, string) {
-		rep, err := e2eutil.ReportOn(ctx, api, lbNode.Name)
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, n := range rep.Status.Nodes {
-			if n.Name == node && n.Connections > 0 {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%+v", rep.Status.Nodes)
+		conns, err := reportedConnections(ctx, api)
+		return conns[node] > 0, fmt.Sprintf("%v %v", conns, err)
 	})
 	timedOut := nodeEvents(t, ctx, node, deletionhold.ReasonHoldTimedOut)
 	taintedAt := time.Now()
@@ -191,4 +170,35 @@ func held(t *testing.T, ctx context.Context, name string) bool {
 	}
 	_, ok := n.Annotations[deletionhold.Annotation]
 	return ok
+}
+
+// openLongLived opens n long-lived connections to addr from the client.
+func openLongLived(t *testing.T, addr string, n int) []*loadgen.LongLived {
+	t.Helper()
+	var out []*loadgen.LongLived
+	for range n {
+		l, err := e2eutil.OpenLongLived(cluster, nil, addr, 200*time.Millisecond)
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// reportedConnections returns the connections the LB node's ebb lb
+// reports through each node.
+func reportedConnections(ctx context.Context, api client.Client) (map[string]int64, error) {
+	rep, err := e2eutil.ReportOn(ctx, api, lbNode.Name)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, n := range rep.Status.Nodes {
+		out[n.Name] = n.Connections
+	}
+	return out, nil
 }
