@@ -137,10 +137,10 @@ bench-service: tools build release
 	$(GO) build -o bin/bench-service ./bench/service
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -dist dist
 
-## bench-cutover: leaving node -> last new connection (admin state vs probes only), spot eviction failures, on the local cluster
+## bench-cutover: leaving node -> last new connection (admin state vs probes only), spot eviction failures, on real kubelets (needs root)
 bench-cutover: tools build release
 	$(GO) build -o bin/bench-cutover ./bench/cutover
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -dist dist
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-cutover -dist dist -real-kubelets
 
 ## bench-drain: a node drained under 1,000 req/s and 50 long-lived connections, ebb against kubectl drain, 3 runs each, on real kubelets (needs root)
 bench-drain: tools build release

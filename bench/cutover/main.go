@@ -49,15 +49,16 @@ func main() {
 	spotRuns := flag.Int("spot-runs", 3, "spot-eviction runs, each with ebb and with the probe-only baseline")
 	rate := flag.Int("rate", 500, "new connections per second")
 	out := flag.String("out", "bench/results/cutover.json", "where to write the JSON summary")
+	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the app agnhost (root only; docs/local-cluster.md)")
 	flag.Parse()
-	benchcluster.Main("bench-cutover", false, func() error { return run(*dist, *runs, *spotRuns, *rate, *out) })
+	benchcluster.Main("bench-cutover", *realKubelets, func() error { return run(*dist, *runs, *spotRuns, *rate, *realKubelets, *out) })
 }
 
 const ns = metav1.NamespaceDefault
 
-func run(dist string, runs, spotRuns, rate int, out string) error {
+func run(dist string, runs, spotRuns, rate int, realKubelets bool, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-cutover", dist, 4, false)
+	c, manifest, err := benchcluster.Start(ctx, "bench-cutover", dist, 4, realKubelets)
 	if err != nil {
 		return err
 	}
@@ -119,8 +120,13 @@ func run(dist string, runs, spotRuns, rate int, out string) error {
 		speedup = float64(probeP50) / float64(p50)
 	}
 	sent, _ := b.load.Counts()
+	nodes := "kwok-simulated kubelets"
+	if realKubelets {
+		nodes = "real kubelets"
+	}
 	summary := map[string]any{
 		"date":                          time.Now().UTC().Format(time.RFC3339),
+		"nodes":                         nodes,
 		"runs":                          runs,
 		"spot_runs":                     spotRuns,
 		"rate_per_second":               rate,
@@ -144,7 +150,7 @@ func run(dist string, runs, spotRuns, rate int, out string) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// deploy creates the echo app (3 replicas, one per app node, tolerating the
+// deploy creates the app (3 replicas, one per app node, tolerating the
 // out-of-service taint so the measurement is about the load balancer, not
 // pod churn) and its node-mode LoadBalancer Service with
 // externalTrafficPolicy Local, and returns the Service's URL once it
@@ -153,7 +159,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // node's connections to those pods until Kubernetes notices, which no
 // load balancer in front of the nodes can change (docs/benchmarks.md).
 func deploy(ctx context.Context, c *localcluster.Cluster) (string, error) {
-	dep := localcluster.EchoDeployment(ns, "app", 3)
+	dep := c.AppDeployment(ns, "app", 3)
 	dep.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: lbmodel.TaintOutOfService, Operator: corev1.TolerationOpExists}}
 	dep.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{

@@ -11,10 +11,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// ReplaceNode deletes a simulated node and registers a new one with the
-// same name and address, as happens when a machine is reimaged or a spot
-// VM comes back: the new node has a new UID and none of the old one's
-// taints or annotations. It returns once the new node is Ready.
+// ReplaceNode deletes a node and registers a new one with the same name
+// and address, as happens when a machine is reimaged or a spot VM comes
+// back: the new node has a new UID and none of the old one's taints or
+// annotations. A real node is rebooted once its Node object is gone, and
+// its kubelet registers it again, as a reimaged machine's does; a
+// simulated one is created again here. It returns once the new node is
+// Ready.
 func (c *Cluster) ReplaceNode(ctx context.Context, name string) (*corev1.Node, error) {
 	var spec *Node
 	for i := range c.Nodes {
@@ -36,7 +39,11 @@ func (c *Cluster) ReplaceNode(ctx context.Context, name string) (*corev1.Node, e
 	if err != nil {
 		return nil, fmt.Errorf("waiting for node %s to be deleted: %w", name, err)
 	}
-	if _, err := nodes.Create(ctx, nodeObject(*spec), metav1.CreateOptions{}); err != nil {
+	if c.RealKubelets() {
+		if err := c.RebootNode(ctx, name, 0); err != nil {
+			return nil, fmt.Errorf("replacing node %s: %w", name, err)
+		}
+	} else if _, err := nodes.Create(ctx, nodeObject(*spec), metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("registering node %s again: %w", name, err)
 	}
 	var node *corev1.Node

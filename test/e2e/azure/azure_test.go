@@ -24,7 +24,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
@@ -144,15 +143,7 @@ func logControllersOnFailure(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		pods, err := cluster.Client.CoreV1().Pods(ebbrun.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ebb-controller"})
-		if err != nil {
-			t.Logf("listing the controller's pods for their logs: %v", err)
-			return
-		}
-		for _, p := range pods.Items {
-			data, err := cluster.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(ctx)
-			t.Logf("%s, last lines (%v):\n%s", p.Name, err, data)
-		}
+		t.Log(e2eutil.ComponentLogs(ctx, cluster, "app.kubernetes.io/name=ebb-controller", 30))
 	})
 }
 

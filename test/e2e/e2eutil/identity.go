@@ -47,20 +47,27 @@ func Identify(ctx context.Context, c *localcluster.Cluster, client *http.Client,
 	return id, nil
 }
 
-// Answered sends one GET to the app at target and checks the answer: on
-// simulated nodes the echo's identity (GetIdentity), on real ones agnhost
-// netexec's /hostname, a pod's name. Unlike Identify it asks nothing of
-// the API, for loops of requests.
+// Answered sends one GET to the app at target and checks the answer
+// (AnsweringPod). It asks nothing of the API, for loops of requests.
 func Answered(ctx context.Context, c *localcluster.Cluster, client *http.Client, target string) error {
+	_, err := AnsweringPod(ctx, c, client, target)
+	return err
+}
+
+// AnsweringPod sends one GET to the app at target and returns the name of
+// the pod that answered: on simulated nodes from the echo's identity
+// (GetIdentity), on real ones agnhost netexec's /hostname. Unlike Identify
+// it asks nothing of the API.
+func AnsweringPod(ctx context.Context, c *localcluster.Cluster, client *http.Client, target string) (string, error) {
 	if !c.RealKubelets() {
-		_, err := GetIdentity(ctx, client, target)
-		return err
+		id, err := GetIdentity(ctx, client, target)
+		return id.Pod, err
 	}
 	name, u, err := hostname(ctx, client, target)
 	if err == nil && name == "" {
 		err = fmt.Errorf("GET %s: no pod name in the answer", u)
 	}
-	return err
+	return name, err
 }
 
 // hostname asks agnhost netexec's /hostname at target's host and port and

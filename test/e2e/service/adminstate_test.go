@@ -1,12 +1,10 @@
 package service_test
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"io"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
-	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -37,24 +34,23 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	url := "http://" + addr + "/"
 	waitServes(t, ctx, url)
 
-	// A long-lived raw TCP connection through the load balancer; the pod's
-	// echo answers it byte for byte.
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	// A long-lived connection through the load balancer that exchanges a
+	// message with the app every 100 ms (HTTP keep-alive with agnhost, a
+	// raw echo on simulated nodes).
+	conn, err := e2eutil.OpenLongLived(cluster, nil, addr, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	echo := func(msg string) error {
-		if _, err := conn.Write([]byte(msg)); err != nil {
-			return err
+	echo := func(when string) error {
+		before := conn.Echoes()
+		for deadline := time.Now().Add(2 * time.Second); conn.Echoes() == before; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no echo %s within 2s", when)
+			}
 		}
-		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(conn, got); err != nil {
-			return err
-		}
-		if !bytes.Equal(got, []byte(msg)) {
-			return fmt.Errorf("echo %q, want %q", got, msg)
+		if broken := conn.Broken(); broken != "" {
+			return errors.New(broken)
 		}
 		return nil
 	}
@@ -178,16 +174,14 @@ func lbMetrics(t *testing.T) string {
 func lbState(t *testing.T) string {
 	t.Helper()
 	page := lbMetrics(t)
-	var logs []string
-	files, _ := filepath.Glob(filepath.Join(cluster.Dir(), "logs", "pods", "ebb-system_*lb*.log"))
-	for _, f := range files {
-		logs = append(logs, f+":\n"+localcluster.LogTail(f, 40))
-	}
-	return strings.Join(append([]string{
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return strings.Join([]string{
 		e2eutil.GrepLines(page, "ebb_dataplane_refused_total{"), e2eutil.GrepLines(page, "ebb_dataplane_probe_up{"),
 		e2eutil.GrepLines(page, "ebb_dataplane_backend_admin_state{"), e2eutil.GrepLines(page, "ebb_dataplane_dial_errors_total{"),
 		e2eutil.GrepLines(page, "ebb_lb_kernel_state_repairs_total{"), e2eutil.GrepLines(page, "ebb_lb_guard_dropped_packets_total"),
-	}, logs...), "\n")
+		e2eutil.ComponentLogs(ctx, cluster, "app.kubernetes.io/name=ebb-lb", 40),
+	}, "\n")
 }
 
 // adminDown reports whether every backend of the node is admin Down.

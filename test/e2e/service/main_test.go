@@ -20,7 +20,6 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
-	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -34,7 +33,7 @@ var (
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	opts := localcluster.Options{Name: "e2e-service", Nodes: 4, Images: []string{filepath.Join(dist, "oci")}}
+	opts := localcluster.Options{Name: "e2e-service", Nodes: 4, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) { return setUp(c, dist) }))
 }
 
@@ -74,10 +73,11 @@ func lbService(ns, name string, class *string) *corev1.Service {
 
 var ebbClass = ptr.To(lbmodel.ClassL4)
 
-// deployApp creates an echo Deployment and waits for its pods.
+// deployApp creates the app's Deployment (agnhost netexec on real nodes:
+// HTTP on 8080, UDP on 8081) and waits for its pods.
 func deployApp(t *testing.T, ctx context.Context, ns, name string, replicas int32) {
 	t.Helper()
-	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, replicas), metav1.CreateOptions{}); err != nil {
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(ctx, cluster.AppDeployment(ns, name, replicas), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := cluster.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
@@ -93,7 +93,7 @@ func deployApp(t *testing.T, ctx context.Context, ns, name string, replicas int3
 // others were busy removing the pods of earlier tests.
 func deploySpreadApp(t *testing.T, ctx context.Context, ns, name string, replicas int32) {
 	t.Helper()
-	d := localcluster.EchoDeployment(ns, name, replicas)
+	d := cluster.AppDeployment(ns, name, replicas)
 	d.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
 		MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
 		LabelSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
@@ -107,7 +107,7 @@ func deploySpreadApp(t *testing.T, ctx context.Context, ns, name string, replica
 	}
 }
 
-// exposeApp deploys the echo app with replicas behind a LoadBalancer
+// exposeApp deploys the app with replicas behind a LoadBalancer
 // Service of ebb's class, both named name, and returns the Service's
 // address once it has one.
 func exposeApp(t *testing.T, ctx context.Context, ns, name string, replicas int32) string {
@@ -155,14 +155,29 @@ func waitServes(t *testing.T, ctx context.Context, url string) {
 
 var httpClient = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
-// get sends one request on a new connection and decodes the pod's answer.
-func get(ctx context.Context, url string) (podserver.Identity, error) {
+// get sends one request on a new connection and returns the name of the
+// pod that answered.
+func get(ctx context.Context, url string) (string, error) {
 	return getVia(ctx, httpClient, url)
 }
 
 // getVia is get through client.
-func getVia(ctx context.Context, client *http.Client, url string) (podserver.Identity, error) {
-	return e2eutil.GetIdentity(ctx, client, url)
+func getVia(ctx context.Context, client *http.Client, url string) (string, error) {
+	return e2eutil.AnsweringPod(ctx, cluster, client, url)
+}
+
+// podNodes maps each of an app's pods to its node.
+func podNodes(t *testing.T, ctx context.Context, ns, app string) map[string]string {
+	t.Helper()
+	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		out[p.Name] = p.Spec.NodeName
+	}
+	return out
 }
 
 // podNames lists the names of an app's pods.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
-	"github.com/ebbdev/ebb/internal/localcluster/podserver"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -28,7 +27,7 @@ func TestClientBehindTheRouterReachesTheLoadBalancer(t *testing.T) {
 		DisableKeepAlives: true,
 		DialContext:       cluster.ExternalClient.DialContext,
 	}}
-	fromClient := func(ctx context.Context) (podserver.Identity, error) { return getVia(ctx, client, url) }
+	fromClient := func(ctx context.Context) (string, error) { return getVia(ctx, client, url) }
 	eventually(t, ctx, 30*time.Second, "the client reaching "+url, func(ctx context.Context) (bool, string) {
 		_, err := fromClient(ctx)
 		return err == nil, fmt.Sprint(err)

@@ -56,11 +56,11 @@ func TestServiceOfOurClassServesTrafficThroughItsAddress(t *testing.T) {
 	want := podNames(t, ctx, ns, "web")
 	seen := map[string]bool{}
 	for i := 0; i < 90 && len(seen) < len(want); i++ {
-		id, err := get(ctx, url)
+		pod, err := get(ctx, url)
 		if err != nil {
 			t.Fatalf("request %d through the load balancer: %v", i, err)
 		}
-		seen[id.Pod] = true
+		seen[pod] = true
 	}
 	if len(seen) != len(want) {
 		t.Errorf("requests through %s reached %d of %d pods: %v", ip, len(seen), len(want), seen)
@@ -242,11 +242,11 @@ func TestPodModeWithoutNodePorts(t *testing.T) {
 	eventually(t, ctx, 30*time.Second, "traffic to all 3 pods after scaling up", func(ctx context.Context) (bool, string) {
 		seen := map[string]bool{}
 		for range 30 {
-			id, err := get(ctx, url)
+			pod, err := get(ctx, url)
 			if err != nil {
 				return false, err.Error()
 			}
-			seen[id.Pod] = true
+			seen[pod] = true
 		}
 		return len(seen) == 3, fmt.Sprintf("reached %v", seen)
 	})
