@@ -191,6 +191,9 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 	if res.RequestsFailed > 0 {
 		s.step("%s: %s", mode, res.Failures())
 	}
+	if slow := res.SlowRequests(); slow != "" {
+		s.step("%s: %s", mode, slow)
+	}
 	return res, nil
 }
 
