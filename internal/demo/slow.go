@@ -18,18 +18,7 @@ const SlowThreshold = time.Second
 // that had the most; "" when none was slow. It is for finding where a
 // high p99 comes from.
 func (res *Result) SlowRequests() string {
-	m := res.Markers
-	phases := []struct {
-		name     string
-		from, to time.Duration
-	}{
-		{"before the drain", 0, m.Drain},
-		{"drain to first eviction", m.Drain, m.FirstEviction},
-		{"first eviction to drained", m.FirstEviction, m.Drained},
-		{"drained to node down", m.Drained, m.NodeDown},
-		{"node down", m.NodeDown, m.NodeUp},
-		{"after", m.NodeUp, time.Duration(1<<63 - 1)},
-	}
+	phases := res.phases()
 	inPhase := make([]int, len(phases))
 	byNode := map[string]int{}
 	bySecond := map[int]int{}
@@ -39,8 +28,8 @@ func (res *Result) SlowRequests() string {
 			continue
 		}
 		slow++
-		for i, p := range phases {
-			if s.At >= p.from && s.At < p.to {
+		for i := len(phases) - 1; i >= 0; i-- {
+			if s.At >= phases[i].from {
 				inPhase[i]++
 				break
 			}
@@ -59,6 +48,34 @@ func (res *Result) SlowRequests() string {
 	}
 	return fmt.Sprintf("%d of %d requests took %s or more: %s; served by %s; busiest seconds %s",
 		slow, len(res.Samples), SlowThreshold, strings.Join(parts, ", "), counts(byNode), busiest(bySecond, 5))
+}
+
+// phase is a moment of the scenario, from its start to the next one's.
+type phase struct {
+	name string
+	from time.Duration
+}
+
+// phases are the scenario's moments in order. A marker that was not
+// recorded (zero, as the first eviction is when no pod was evicted) or
+// that comes before the one it should follow is left out, so that its
+// requests count for the moment before it.
+func (res *Result) phases() []phase {
+	m := res.Markers
+	all := []phase{
+		{"from the drain", m.Drain},
+		{"from the first eviction", m.FirstEviction},
+		{"from drained", m.Drained},
+		{"while the node was down", m.NodeDown},
+		{"after it was back", m.NodeUp},
+	}
+	out := []phase{{"before the drain", 0}}
+	for _, p := range all {
+		if p.from > 0 && p.from >= out[len(out)-1].from {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // counts prints a map's entries in key order.

@@ -15,8 +15,10 @@ import (
 // and address, as happens when a machine is reimaged or a spot VM comes
 // back: the new node has a new UID and none of the old one's taints or
 // annotations. A real node is rebooted once its Node object is gone, and
-// its kubelet registers it again, as a reimaged machine's does; a
-// simulated one is created again here. It returns once the new node is
+// its kubelet registers it again with a new UID; unlike a reimaged
+// machine it keeps its state on disk, so pods still bound to its name
+// start again (a test that wants none evicts them first). A simulated
+// one is created again here. It returns once the new node is
 // Ready.
 func (c *Cluster) ReplaceNode(ctx context.Context, name string) (*corev1.Node, error) {
 	var spec *Node

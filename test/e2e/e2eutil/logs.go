@@ -24,12 +24,32 @@ func ComponentLogs(ctx context.Context, c *localcluster.Cluster, selector string
 	}
 	var out []string
 	for _, p := range pods.Items {
-		data, err := c.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr.To(lines)}).DoRaw(ctx)
-		if err != nil {
-			out = append(out, fmt.Sprintf("%s: reading its log: %v", p.Name, err))
-			continue
+		// A container that restarted: its previous run's log says why.
+		for _, previous := range []bool{true, false} {
+			if previous && !restarted(&p) {
+				continue
+			}
+			which := "last"
+			if previous {
+				which = "previous run's last"
+			}
+			data, err := c.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr.To(lines), Previous: previous}).DoRaw(ctx)
+			if err != nil {
+				out = append(out, fmt.Sprintf("%s: reading its %s lines: %v", p.Name, which, err))
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s, %s %d lines:\n%s", p.Name, which, lines, data))
 		}
-		out = append(out, fmt.Sprintf("%s, last %d lines:\n%s", p.Name, lines, data))
 	}
 	return strings.Join(out, "\n")
+}
+
+// restarted reports whether a container of the pod has restarted.
+func restarted(p *corev1.Pod) bool {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // deployService starts ebb lb on the first two nodes and a two-replica
-// echo Service (its pods land anywhere, the LB hosts included), and waits
+// app behind a LoadBalancer Service (its pods land anywhere, the LB hosts included), and waits
 // until the client reaches it.
 func deployService(t *testing.T, ctx context.Context, shape ...func(*appsv1.Deployment)) e2eutil.BGPService {
 	t.Helper()

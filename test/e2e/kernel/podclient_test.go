@@ -31,8 +31,9 @@ func TestAPodStartedOnAnLBHostReachesTheServiceOnTheEBPFPath(t *testing.T) {
 	if !ok {
 		t.Fatalf("no network host for %s", lbHost.Name)
 	}
-	// An address of the node's pod range that the pod runner, which
-	// counts up from the bottom, does not reach in a test.
+	// An address of the node's pod range that the CNI plugin's IPAM
+	// (host-local), which counts up from the bottom, does not reach in a
+	// test.
 	podCIDR := netip.MustParsePrefix(lbHost.PodCIDR)
 	ip := podCIDR.Addr()
 	for range 250 {

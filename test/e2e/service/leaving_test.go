@@ -300,7 +300,7 @@ func udpEcho(addr string) (int, error) {
 		if err != nil {
 			return send, fmt.Errorf("no echo after %d sends: %w", send, err)
 		}
-		if got := string(buf[:n]); got != "flow" && got != "echo flow" {
+		if got := strings.TrimSpace(string(buf[:n])); got != "flow" && got != "echo flow" {
 			return send, fmt.Errorf("echo %q", buf[:n])
 		}
 		return send, nil

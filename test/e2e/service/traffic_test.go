@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -100,21 +101,18 @@ func TestClientAddressReachesTheBackendsByProxyProtocol(t *testing.T) {
 	clientSeen := func(name string) (seen, client string) {
 		t.Helper()
 		url := "http://" + net.JoinHostPort(waitAddress(t, ctx, ns, name), "80") + "/"
-		var local string
-		via := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-				if err == nil {
-					local = c.LocalAddr().String()
-				}
-				return c, err
-			}}}
+		via := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		eventually(t, ctx, 30*time.Second, "an answer through "+url, func(ctx context.Context) (bool, string) {
+			// The client's address is the one of the connection this
+			// request used (a dial given up on may finish later).
+			var local string
+			trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { local = info.Conn.LocalAddr().String() }}
 			var err error
-			seen, err = getBody(ctx, via, url)
+			seen, err = getBody(httptrace.WithClientTrace(ctx, trace), via, url)
+			client = local
 			return err == nil, fmt.Sprint(err)
 		})
-		return seen, local
+		return seen, client
 	}
 	seen, client := clientSeen("proxied")
 	t.Logf("with PROXY protocol v2 the backend saw %s; the client was %s", seen, client)
@@ -125,6 +123,9 @@ func TestClientAddressReachesTheBackendsByProxyProtocol(t *testing.T) {
 	t.Logf("without it the backend saw %s; the client was %s", seen, client)
 	if seen == client {
 		t.Errorf("without PROXY protocol the backend saw the client's %s: the event and docs say it cannot", client)
+	}
+	if host, _, err := net.SplitHostPort(seen); err != nil || host != lbNode.IP {
+		t.Errorf("without PROXY protocol the backend saw %s, want the LB host's address %s", seen, lbNode.IP)
 	}
 	eventually(t, ctx, 30*time.Second, "a "+service.ReasonClientAddressNotPreserved+" event on the Service without it", func(ctx context.Context) (bool, string) {
 		return len(serviceEvents(t, ctx, ns, "plain", service.ReasonClientAddressNotPreserved)) > 0, "none yet"
