@@ -132,10 +132,10 @@ bench-dataplane-routed: build
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb -topology routed
 	taskset -c 1 bin/bench-dataplane -ebb bin/ebb -topology routed -only ebb-kernel,ebb-ebpf,minimal-ebpf,haproxy -pairs 20 -syscalls=false -out bench/results/dataplane-routed-kernel.json
 
-## bench-service: Service create to first request, EndpointSlice change to data plane, on the local cluster
+## bench-service: Service create to first request, EndpointSlice change to data plane, 1,000 Services in one ebb lb, on real kubelets (needs root)
 bench-service: tools build release
 	$(GO) build -o bin/bench-service ./bench/service
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -dist dist
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-service -dist dist -real-kubelets
 
 ## bench-cutover: leaving node -> last new connection (admin state vs probes only), spot eviction failures, on real kubelets (needs root)
 bench-cutover: tools build release
@@ -152,16 +152,16 @@ bench-maintenance: tools build release
 	$(GO) build -o bin/bench-maintenance ./bench/maintenance
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-maintenance -dist dist
 
-## bench-lb-lifecycle: restarts of one LB (ebb hand-off, HAProxy seamless reload, plain restart), rolling upgrades of the ebb lb DaemonSet and a maintenance of an LB host, under 1,000 req/s and 50 long-lived connections, 3 runs
+## bench-lb-lifecycle: restarts of one LB (ebb hand-off, HAProxy seamless reload, plain restart), rolling upgrades of the ebb lb DaemonSet and a maintenance of an LB host, under 1,000 req/s and 50 long-lived connections, 3 runs; the cluster part on real kubelets (needs root)
 bench-lb-lifecycle: tools build release
 	command -v haproxy >/dev/null || { apt-get update && apt-get install -y haproxy; }
 	$(GO) build -o bin/bench-lb-lifecycle ./bench/lblifecycle
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-lb-lifecycle -ebb bin/ebb -dist dist
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-lb-lifecycle -ebb bin/ebb -dist dist -real-kubelets
 
-## bench-failover: an LB host cut off under 1,000 req/s, announcing by BGP (FRR) and by L2 (ARP): time until new connections succeed again, failed requests, and a new Service's address reachable from the client; 3 runs each
+## bench-failover: an LB host cut off under 1,000 req/s, announcing by BGP (FRR) and by L2 (ARP): time until new connections succeed again, failed requests, and a new Service's address reachable from the client; 3 runs each, on real kubelets (needs root)
 bench-failover: tools build release
 	$(GO) build -o bin/bench-failover ./bench/failover
-	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist -real-kubelets
 
 ## bench-abuse: hostile input against a standalone ebb lb: what a UDP flood from one source costs in memory and in legitimate new connections, forged L2 heartbeats refused, and the time to repair after nft flush ruleset (needs root; about 2 min)
 bench-abuse: build

@@ -58,7 +58,7 @@ const ns = metav1.NamespaceDefault
 
 func run(dist string, runs, spotRuns, rate int, realKubelets bool, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-cutover", dist, 4, realKubelets)
+	c, manifest, err := benchcluster.Start(ctx, dist, localcluster.Options{Name: "bench-cutover", Nodes: 4, RealKubelets: realKubelets})
 	if err != nil {
 		return err
 	}
@@ -120,13 +120,9 @@ func run(dist string, runs, spotRuns, rate int, realKubelets bool, out string) e
 		speedup = float64(probeP50) / float64(p50)
 	}
 	sent, _ := b.load.Counts()
-	nodes := "kwok-simulated kubelets"
-	if realKubelets {
-		nodes = "real kubelets"
-	}
 	summary := map[string]any{
 		"date":                          time.Now().UTC().Format(time.RFC3339),
-		"nodes":                         nodes,
+		"nodes":                         benchcluster.NodesKind(realKubelets),
 		"runs":                          runs,
 		"spot_runs":                     spotRuns,
 		"rate_per_second":               rate,

@@ -22,6 +22,7 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
@@ -33,15 +34,17 @@ func main() {
 	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
 	withBaseline := flag.Bool("baseline", true, "also run the baseline (off: ebb only, e.g. to investigate)")
 	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the apps agnhost (root only; docs/local-cluster.md)")
+	kubeProxyMinSync := flag.Duration("kube-proxy-min-sync-period", kubeproxy.DefaultMinSyncPeriod, "every kube-proxy's minSyncPeriod (above 0; upstream's default 1s)")
 	flag.Parse()
+	cluster := localcluster.Options{Name: "bench-drain", Nodes: 3, RealKubelets: *realKubelets, KubeProxyMinSyncPeriod: *kubeProxyMinSync}
 	benchcluster.Main("bench-drain", *realKubelets, func() error {
-		return run(*dist, *runs, *rate, *longLived, *withBaseline, *realKubelets, *out)
+		return run(*dist, cluster, *runs, *rate, *longLived, *withBaseline, *out)
 	})
 }
 
-func run(dist string, runs, rate, longLived int, withBaseline, realKubelets bool, out string) error {
+func run(dist string, cluster localcluster.Options, runs, rate, longLived int, withBaseline bool, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-drain", dist, 3, realKubelets)
+	c, manifest, err := benchcluster.Start(ctx, dist, cluster)
 	if err != nil {
 		return err
 	}
@@ -84,11 +87,8 @@ func run(dist string, runs, rate, longLived int, withBaseline, realKubelets bool
 			}
 		}
 	}
-	nodes := "kwok-simulated kubelets"
-	if realKubelets {
-		nodes = "real kubelets"
-	}
-	summary := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "runs": runs, "rate_per_second": rate, "long_lived": longLived, "nodes": nodes}
+	summary := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "runs": runs, "rate_per_second": rate, "long_lived": longLived, "nodes": benchcluster.NodesKind(cluster.RealKubelets),
+		"kube_proxy_min_sync_period_ms": cluster.KubeProxyMinSyncPeriod.Milliseconds()}
 	for mode, prefix := range map[string]string{"ebb": "ebb", "baseline": "baseline"} {
 		var failed, reset int64
 		var p99s, drains, cutovers []float64

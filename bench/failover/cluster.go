@@ -42,8 +42,8 @@ type failoverCluster struct {
 	macs map[string]string
 }
 
-func startCluster(ctx context.Context, dist, mode string) (*failoverCluster, func(), error) {
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-failover-" + mode, Nodes: 3, Images: []string{filepath.Join(dist, "oci")}, Progress: os.Stderr})
+func startCluster(ctx context.Context, dist, mode string, realKubelets bool) (*failoverCluster, func(), error) {
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-failover-" + mode, Nodes: 3, Images: []string{filepath.Join(dist, "oci")}, Progress: os.Stderr, RealKubelets: realKubelets})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -97,7 +97,7 @@ func (fc *failoverCluster) setUp(ctx context.Context, dist string) error {
 	// The app runs on the third node only, and its Services keep traffic
 	// to that node (externalTrafficPolicy Local): a cut LB host takes no
 	// backend with it, so what is measured is the announcement's failover.
-	web := localcluster.EchoDeployment("default", "web", 2)
+	web := c.AppDeployment("default", "web", 2)
 	web.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: c.Nodes[2].Name}
 	if _, err := c.Client.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
 		return err

@@ -33,6 +33,8 @@ type options struct {
 	rate      int
 	services  int
 	modes     string
+	// realKubelets runs real nodes (root only).
+	realKubelets bool
 }
 
 func main() {
@@ -43,8 +45,9 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 1000, "requests per second, each on a new connection")
 	flag.IntVar(&o.services, "services", 20, "Services created one after another to time their address becoming reachable")
 	flag.StringVar(&o.modes, "modes", "bgp,l2", "announcement modes to measure: bgp, l2 or both")
+	flag.BoolVar(&o.realKubelets, "real-kubelets", false, "real nodes: the upstream kubelet and containerd, the app agnhost (root only; docs/local-cluster.md)")
 	flag.Parse()
-	benchcluster.Main("bench-failover", false, func() error { return run(o) })
+	benchcluster.Main("bench-failover", o.realKubelets, func() error { return run(o) })
 }
 
 func run(o options) error {
@@ -55,7 +58,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	summary := map[string]any{"runs": o.runs, "rate": o.rate, "services": o.services,
+	summary := map[string]any{"nodes": benchcluster.NodesKind(o.realKubelets), "runs": o.runs, "rate": o.rate, "services": o.services,
 		"bgp_hold_time_ms": bgpHoldTime.Milliseconds(), "l2_dead_after_ms": l2DeadAfter.Milliseconds()}
 	var reachable, served []time.Duration
 	for _, mode := range []string{"bgp", "l2"} {
@@ -94,7 +97,7 @@ type modeResult struct {
 func measureMode(o options, dist, mode string) (*modeResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	fc, stop, err := startCluster(ctx, dist, mode)
+	fc, stop, err := startCluster(ctx, dist, mode, o.realKubelets)
 	if err != nil {
 		return nil, err
 	}

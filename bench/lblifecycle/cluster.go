@@ -22,6 +22,7 @@ import (
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/appclient"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
@@ -39,8 +40,8 @@ type lbCluster struct {
 	hops  []netip.Addr
 }
 
-func startLBCluster(ctx context.Context, dist string) (*lbCluster, func(), error) {
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-lb-lifecycle", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}, Progress: os.Stderr})
+func startLBCluster(ctx context.Context, dist string, realKubelets bool) (*lbCluster, func(), error) {
+	c, err := localcluster.Start(ctx, localcluster.Options{Name: "bench-lb-lifecycle", Nodes: 3, Images: []string{filepath.Join(dist, "oci")}, Progress: os.Stderr, RealKubelets: realKubelets})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -88,8 +89,7 @@ func (lc *lbCluster) setUp(ctx context.Context, dist string) error {
 	// preStop sleep keeps it accepting while every node's kube-proxy learns
 	// that the endpoint is going. The maintenance of an LB host evicts the
 	// application's pods on that host too.
-	web := localcluster.EchoDeployment("default", "web", 4)
-	web.Spec.Template.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: 2}}}
+	web := c.GracefulAppDeployment("default", "web", 4)
 	if _, err := c.Client.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (lc *lbCluster) waitHops(ctx context.Context, want []netip.Addr) error {
 func (lc *lbCluster) openLongLived(n int) []*loadgen.LongLived {
 	var out []*loadgen.LongLived
 	for range n {
-		if l, err := loadgen.OpenLongLivedVia(lc.c.ExternalClient.DialContext, netip.AddrPortFrom(lc.vip, 80).String(), 200*time.Millisecond); err == nil {
+		if l, err := appclient.OpenLongLived(lc.c.ExternalClient.DialContext, lc.c.RealKubelets(), netip.AddrPortFrom(lc.vip, 80).String(), 200*time.Millisecond); err == nil {
 			out = append(out, l)
 		}
 	}

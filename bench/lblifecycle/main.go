@@ -28,6 +28,7 @@ type options struct {
 	runs, restarts, upgrade   int
 	rate, long                int
 	skipCluster, skipRestarts bool
+	realKubelets              bool
 }
 
 func main() {
@@ -42,8 +43,9 @@ func main() {
 	flag.IntVar(&o.long, "long-lived", 50, "long-lived connections open through each restart, upgrade and drain")
 	flag.BoolVar(&o.skipCluster, "skip-cluster", false, "measure only the restarts on one host")
 	flag.BoolVar(&o.skipRestarts, "skip-restarts", false, "measure only the upgrades and the maintenance on the local cluster")
+	flag.BoolVar(&o.realKubelets, "real-kubelets", false, "real nodes for the cluster part: the upstream kubelet and containerd, the app agnhost (root only; docs/local-cluster.md)")
 	flag.Parse()
-	benchcluster.Main("bench-lb-lifecycle", false, func() error { return run(o) })
+	benchcluster.Main("bench-lb-lifecycle", o.realKubelets, func() error { return run(o) })
 }
 
 func run(o options) error {
@@ -59,7 +61,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	summary := map[string]any{"runs": o.runs, "restarts_per_run": o.restarts, "upgrades_per_run": o.upgrade, "rate": o.rate, "long_lived": o.long}
+	summary := map[string]any{"runs": o.runs, "restarts_per_run": o.restarts, "upgrades_per_run": o.upgrade, "rate": o.rate, "long_lived": o.long, "nodes": benchcluster.NodesKind(o.realKubelets)}
 	if !o.skipRestarts {
 		if err := measureRestarts(o, bin, summary); err != nil {
 			return err
@@ -132,7 +134,7 @@ func measureRestarts(o options, bin string, summary map[string]any) error {
 func measureCluster(o options, dist string, summary map[string]any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
-	lc, stop, err := startLBCluster(ctx, dist)
+	lc, stop, err := startLBCluster(ctx, dist, o.realKubelets)
 	if err != nil {
 		return err
 	}

@@ -59,7 +59,7 @@ func main() {
 
 func run(o options) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-maintenance", o.dist, 3, false)
+	c, manifest, err := benchcluster.Start(ctx, o.dist, localcluster.Options{Name: "bench-maintenance", Nodes: 3})
 	if err != nil {
 		return err
 	}

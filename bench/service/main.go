@@ -1,17 +1,18 @@
 // Command service benchmarks Service load balancers on the local cluster
 // with ebb installed from dist/install.yaml (ebb lb and the controller on
 // an infrastructure node, the app on the other three): the time from
-// creating a Service to its first successful request, and from an
-// EndpointSlice change to the data plane following it. The last line printed
-// is a JSON summary, also written to bench/results/service.json.
+// creating a Service to its first successful request, in node mode
+// (through every node's node port) and in pod mode (KEP-1864, no node
+// ports), and from an EndpointSlice change to the data plane following it;
+// then one ebb lb's memory and resync time with 1,000 Services. The last
+// line printed is a JSON summary, also written to
+// bench/results/service.json.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -27,8 +28,9 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/appclient"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
-	"github.com/ebbdev/ebb/internal/localcluster/podserver"
+	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
@@ -37,14 +39,16 @@ func main() {
 	services := flag.Int("services", 50, "Services to create for the create-to-first-request figure")
 	updates := flag.Int("updates", 20, "endpoint changes to time")
 	scaleN := flag.Int("scale", 1000, "Services (3 ports, 20 endpoints each) for the memory and resync figures; 0 skips")
+	kubeProxyMinSync := flag.Duration("kube-proxy-min-sync-period", kubeproxy.DefaultMinSyncPeriod, "every kube-proxy's minSyncPeriod (above 0; upstream's default 1s)")
+	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the app agnhost (root only; docs/local-cluster.md)")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
-	benchcluster.Main("bench-service", false, func() error { return run(*dist, *services, *updates, *scaleN, *out) })
+	benchcluster.Main("bench-service", *realKubelets, func() error { return run(*dist, *services, *updates, *scaleN, *realKubelets, *kubeProxyMinSync, *out) })
 }
 
-func run(dist string, nServices, nUpdates, nScale int, out string) error {
+func run(dist string, nServices, nUpdates, nScale int, realKubelets bool, kubeProxyMinSync time.Duration, out string) error {
 	ctx := context.Background()
-	c, manifest, err := benchcluster.Start(ctx, "bench-service", dist, 4, false)
+	c, manifest, err := benchcluster.Start(ctx, dist, localcluster.Options{Name: "bench-service", Nodes: 4, RealKubelets: realKubelets, KubeProxyMinSyncPeriod: kubeProxyMinSync})
 	if err != nil {
 		return err
 	}
@@ -56,31 +60,21 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 	lb := lbReader{c: c, node: lbNode}
 
 	const ns = metav1.NamespaceDefault
-	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, "app", 3), metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, c.AppDeployment(ns, "app", 3), metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	if err := c.WaitDeploymentAvailable(ctx, ns, "app", 2*time.Minute); err != nil {
 		return err
 	}
 
-	var create, toAddress []time.Duration
-	firstFailed := map[string]int{}
-	for i := range nServices {
-		svc := localcluster.EchoService(ns, fmt.Sprintf("svc-%d", i), corev1.ServiceTypeLoadBalancer)
-		svc.Spec.Selector = map[string]string{"app": "app"}
-		svc.Spec.LoadBalancerClass = ptr.To(lbmodel.ClassL4)
-		r, err := createToFirstRequest(ctx, c, svc)
-		if err != nil {
-			return err
-		}
-		create, toAddress = append(create, r.served), append(toAddress, r.addressed)
-		if r.firstErr != "" {
-			firstFailed[errorKind(r.firstErr)]++
-		}
+	nodeMode, err := createSeries(ctx, c, ns, "svc", nServices, false)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(os.Stderr, "create to first request over %d Services: p50 %s p99 %s (to an address in the status: p50 %s p99 %s)\n", nServices,
-		stats.Percentile(create, 0.5), stats.Percentile(create, 0.99), stats.Percentile(toAddress, 0.5), stats.Percentile(toAddress, 0.99))
-	fmt.Fprintf(os.Stderr, "first request the moment the status showed the address failed for %d of %d Services: %v\n", total(firstFailed), nServices, firstFailed)
+	podMode, err := createSeries(ctx, c, ns, "pod-svc", nServices, true)
+	if err != nil {
+		return err
+	}
 
 	updatesTimes, err := endpointUpdates(ctx, c, ns, nUpdates)
 	if err != nil {
@@ -102,100 +96,22 @@ func run(dist string, nServices, nUpdates, nScale int, out string) error {
 			sc.services, sc.endpoints, sc.memoryMiB, sc.fullResyncMs, sc.readyAfter.Round(time.Second))
 	}
 	summary := map[string]any{
-		"date":                           time.Now().UTC().Format(time.RFC3339),
-		"services":                       nServices,
-		"create_to_first_request_ms_p50": ms(stats.Percentile(create, 0.5)),
-		"create_to_first_request_ms_p99": ms(stats.Percentile(create, 0.99)),
-		"create_to_address_ms_p50":       ms(stats.Percentile(toAddress, 0.5)),
-		"create_to_address_ms_p99":       ms(stats.Percentile(toAddress, 0.99)),
-		"first_request_failed":           total(firstFailed),
-		"first_request_failed_timeout":   firstFailed["timeout"],
-		"endpoint_update_ms_p50":         ms(stats.Percentile(updatesTimes, 0.5)),
-		"endpoint_update_ms_p99":         ms(stats.Percentile(updatesTimes, 0.99)),
-		"sync_ms_mean_small":             syncMs,
-		"scale_services":                 sc.services,
-		"scale_endpoints":                sc.endpoints,
-		"lb_memory_mib_1000_services":    sc.memoryMiB,
-		"full_resync_ms":                 sc.fullResyncMs,
-		"scale_all_served_s":             sc.readyAfter.Seconds(),
+		"date":                          time.Now().UTC().Format(time.RFC3339),
+		"nodes":                         benchcluster.NodesKind(realKubelets),
+		"services":                      nServices,
+		"endpoint_update_ms_p50":        ms(stats.Percentile(updatesTimes, 0.5)),
+		"endpoint_update_ms_p99":        ms(stats.Percentile(updatesTimes, 0.99)),
+		"sync_ms_mean_small":            syncMs,
+		"scale_services":                sc.services,
+		"scale_endpoints":               sc.endpoints,
+		"lb_memory_mib_1000_services":   sc.memoryMiB,
+		"full_resync_ms":                sc.fullResyncMs,
+		"scale_all_served_s":            sc.readyAfter.Seconds(),
+		"kube_proxy_min_sync_period_ms": kubeProxyMinSync.Milliseconds(),
 	}
+	nodeMode.summarize(summary, "")
+	podMode.summarize(summary, "pod_mode_")
 	return report.WriteSummary(out, summary)
-}
-
-// created is when a Service created by createToFirstRequest had an
-// address in its status, and answered through it, after the create.
-type created struct {
-	addressed, served time.Duration
-	url               string
-	// firstErr is why the first request after the address showed in the
-	// status failed ("" if it did not).
-	firstErr string
-}
-
-// createToFirstRequest creates a LoadBalancer Service and times until its
-// status has an address and until a request through that address
-// succeeds.
-func createToFirstRequest(ctx context.Context, c *localcluster.Cluster, svc *corev1.Service) (created, error) {
-	ns, name := svc.Namespace, svc.Name
-	start := time.Now()
-	if _, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return created{}, err
-	}
-	var ip string
-	for ip == "" {
-		if time.Since(start) > time.Minute {
-			return created{}, fmt.Errorf("%s got no address within a minute", name)
-		}
-		s, err := c.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-		if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
-			ip = s.Status.LoadBalancer.Ingress[0].IP
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	r := created{addressed: time.Since(start), url: "http://" + net.JoinHostPort(ip, "80") + "/"}
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	for first := true; ; first = false {
-		resp, err := client.Get(r.url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				r.served = time.Since(start)
-				return r, nil
-			}
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		if first {
-			r.firstErr = err.Error()
-		}
-		if time.Since(start) > time.Minute {
-			return created{}, fmt.Errorf("no answer through %s within a minute", r.url)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// errorKind sorts a failed request's error: a timeout (a lost SYN, or a
-// backend that did not answer), a reset (the LB had no backend yet), or
-// another.
-func errorKind(msg string) string {
-	switch {
-	case strings.Contains(msg, "Client.Timeout") || strings.Contains(msg, "timeout"):
-		return "timeout"
-	case strings.Contains(msg, "reset by peer") || strings.Contains(msg, "EOF"):
-		return "reset"
-	case strings.Contains(msg, "refused"):
-		return "refused"
-	}
-	return "other"
-}
-
-func total(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
 }
 
 // endpointUpdates times, n times, from the moment the EndpointSlice of a
@@ -203,7 +119,7 @@ func total(m map[string]int) int {
 // first request through the load balancer that the new pod answers.
 func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n int) ([]time.Duration, error) {
 	const name = "moving"
-	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, localcluster.EchoDeployment(ns, name, 1), metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, c.AppDeployment(ns, name, 1), metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
 	if err := c.WaitDeploymentAvailable(ctx, ns, name, 2*time.Minute); err != nil {
@@ -255,14 +171,8 @@ func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n 
 			if time.Now().After(deadline) {
 				return nil, fmt.Errorf("the load balancer never sent traffic to the new pod %s", newPod)
 			}
-			resp, err := client.Get(url)
-			if err != nil {
-				continue
-			}
-			var id podserver.Identity
-			_ = json.NewDecoder(resp.Body).Decode(&id)
-			resp.Body.Close()
-			if id.Pod == newPod {
+			pod, err := appclient.AnsweringPod(ctx, client, c.RealKubelets(), url)
+			if err == nil && pod == newPod {
 				out = append(out, time.Since(sliceAt))
 				break
 			}

@@ -201,6 +201,9 @@ func (l *eventLoop) checkConnects() {
 		}
 		if c.upstream.fd < 0 { // paused between rounds (see dial)
 			l.endConnect(c) // takes c out of l.connecting at i
+			// The next round goes through the backends as they are
+			// now: an endpoint change during the pause is used at once.
+			c.set = c.f.set.Load()
 			l.dial(c)
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"syscall"
 	"testing"
@@ -79,7 +80,8 @@ func echoStream(addr string, n int) error {
 }
 
 // On the event loop, a client whose every backend refuses is reset after
-// each backend was tried twice (two rounds), and each refusal is counted.
+// each backend was tried once per round for refusedHold, and each refusal
+// is counted.
 func TestLoopRefusedEverywhereResetsTheClient(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	d := newDataPlane(t, Options{Registerer: reg})
@@ -101,11 +103,11 @@ func TestLoopRefusedEverywhereResetsTheClient(t *testing.T) {
 	if !isReset(err) {
 		t.Fatalf("%v, want a reset", err)
 	}
-	if took := time.Since(start); took < dialRoundPause {
-		t.Errorf("reset after %v, want it after the pause between rounds (%v)", took, dialRoundPause)
+	if took := time.Since(start); took < refusedHold {
+		t.Errorf("reset after %v, want it after the hold (%v)", took, refusedHold)
 	}
-	if got := sumCounters(t, reg, "ebb_dataplane_dial_errors_total"); got != 4 {
-		t.Errorf("%v dial errors, want 4 (two backends, two rounds)", got)
+	if got, want := sumCounters(t, reg, "ebb_dataplane_dial_errors_total"), float64(2*dialRounds); got != want {
+		t.Errorf("%v dial errors, want %v (two backends, %d rounds)", got, want, dialRounds)
 	}
 	if got := testutil.ToFloat64(d.m.refused.WithLabelValues("web", "no_backend")); got != 1 {
 		t.Errorf("%v refused for no backend, want 1", got)
@@ -140,6 +142,41 @@ func TestABackendListeningAfterTheFirstRoundTakesTheConnection(t *testing.T) {
 		}
 		if got := sumCounters(t, reg, "ebb_dataplane_dial_errors_total"); got != 2 {
 			t.Errorf("%v dial errors, want 2 (the first round)", got)
+		}
+	})
+}
+
+// A connection held while every backend refuses (a new Service whose
+// node ports kube-proxy has not programmed, a single pod being replaced)
+// takes, in its next round, a backend that an endpoint change added
+// during the hold, instead of retrying only the backends it was accepted
+// with until the client is reset.
+func TestAHeldConnectionTakesABackendAddedDuringTheHold(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		reg := prometheus.NewRegistry()
+		proxy.Registerer = reg
+		d := newDataPlane(t, proxy)
+		gone := freeAddr(t, "tcp") // refuses for the whole test
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("web", at, Backend{Address: gone.Addr().String(), Port: gone.Port()}))
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- dialRoundTrip(at.String()) }()
+		for sumCounters(t, reg, "ebb_dataplane_dial_errors_total") < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveEcho(t, ln)
+		replacement := netip.MustParseAddrPort(ln.Addr().String())
+		mustApply(t, d, tcpFrontend("web", at, Backend{Address: replacement.Addr().String(), Port: replacement.Port()}))
+		if err := <-done; err != nil {
+			t.Fatalf("round trip: %v, want it to reach the backend added during the hold", err)
+		}
+		if took := time.Since(start); took >= refusedHold {
+			t.Errorf("answered after %v, want it within the hold (%v): the next round after the change", took, refusedHold)
 		}
 	})
 }

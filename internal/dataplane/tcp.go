@@ -18,13 +18,24 @@ import (
 // eligible backend is tried once before the client is refused.
 const maxDialAttempts = 3
 
+// refusedHold is how long a new connection is held while every eligible
+// backend refuses it, trying them all again every dialRoundPause, before
+// the client is reset. A node port refuses when that node's kube-proxy
+// has not programmed it yet (a new Service, a new node) or sent the dial
+// to a pod that has just stopped listening (its endpoint not yet removed
+// everywhere: a rolling update, an eviction). kube-proxy syncs its rules
+// at most once per minSyncPeriod, 1 s by default, so a Service's node
+// ports may refuse for about a second after ebb serves its address:
+// bench-service on real kubelets (2026-11-28) saw resets up to 800 ms after
+// the create, and none with kube-proxy's minSyncPeriod at 10 ms. Holding
+// the client turns that second of resets into a slower first answer.
+// Refusals cost a round trip each; a Service with no eligible backend at
+// all is refused at once, not held.
+const refusedHold = 1500 * time.Millisecond
+
 // dialRounds is how many times one new connection may go through the
-// eligible backends while they refuse. A node port refuses when that
-// node's kube-proxy sent the dial to a pod that has just stopped listening
-// (its endpoint not yet removed everywhere: a rolling update, an
-// eviction), and the next dial to the same node port picks an endpoint
-// again; refusals cost a round trip each.
-const dialRounds = 2
+// eligible backends while they refuse (see refusedHold).
+const dialRounds = 1 + int(refusedHold/dialRoundPause)
 
 // dialRoundPause is how long a new connection waits before its next round
 // through backends that all refused. The refusals of a round come back to
@@ -68,7 +79,7 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 		refuse(client)
 		return
 	}
-	if b, upstream := f.dialBackend(set, "tcp", clientAddr.Addr()); b != nil {
+	if set, b, upstream := f.dialBackend(set, "tcp", clientAddr.Addr()); b != nil {
 		f.proxy(set, client, upstream, b)
 		return
 	}
@@ -78,23 +89,27 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 
 // dialBackend connects to an eligible backend for a client, trying the
 // next one when a dial fails (see maxDialAttempts); nil when none answers.
-func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backend, net.Conn) {
+// Each round after the first takes the frontend's backends as they are
+// then (an endpoint change during the hold, such as a replacement pod
+// turning ready, is used at once), so it returns the set the backend came
+// from.
+func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backendSet, *backend, net.Conn) {
 	var tried []*backend // allocated only once a dial failed
 	for slow, round := 0, 1; slow < maxDialAttempts; {
 		b := set.choose(client, tried)
 		if b == nil {
 			if len(tried) == 0 || round == dialRounds {
-				return nil, nil
+				return set, nil, nil
 			}
 			if network == "tcp" { // a UDP dial is never refused
 				time.Sleep(dialRoundPause)
 			}
-			round, tried = round+1, tried[:0]
+			round, tried, set = round+1, tried[:0], f.set.Load()
 			continue
 		}
 		conn, err := f.d.dial(connectDeadline{time.Now().Add(set.cfg.ConnectTimeout.Duration)}, network, b.addr)
 		if err == nil {
-			return b, conn
+			return set, b, conn
 		}
 		tried = append(tried, b)
 		b.m.dialErrors.Inc()
@@ -103,7 +118,7 @@ func (f *frontend) dialBackend(set *backendSet, network string, client netip.Add
 			slow++
 		}
 	}
-	return nil, nil
+	return set, nil, nil
 }
 
 // connectDeadline is the context of a dial to a backend: a deadline and

@@ -178,11 +178,12 @@ func TestDialFailureTriesNextBackend(t *testing.T) {
 	})
 }
 
-// Backends that refuse are tried a second time before the client is reset:
-// a node port refuses when its kube-proxy picked a pod that has just
-// stopped listening, and the next dial picks again. A client is reset once
-// every eligible backend refused in both rounds, without trying more.
-func TestRefusingBackendsAreTriedAgainOnce(t *testing.T) {
+// Backends that refuse are tried again, round after round, before the
+// client is reset: a node port refuses until its kube-proxy programmed it,
+// or when it picked a pod that has just stopped listening, and the next
+// dial picks again. A client is reset once every eligible backend refused
+// in every round of the hold (refusedHold), without trying more.
+func TestRefusingBackendsAreTriedAgainDuringTheHold(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		refuse  int // the first dials refused
@@ -191,7 +192,7 @@ func TestRefusingBackendsAreTriedAgainOnce(t *testing.T) {
 	}{
 		{"first round refused", 2, true, 3},
 		{"three of four refused", 3, true, 4},
-		{"every dial refused", 100, false, 4},
+		{"every dial refused", 100, false, int64(2 * dialRounds)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newTestBackend(t), newTestBackend(t)

@@ -205,7 +205,7 @@ func deployPinned(ctx context.Context, c *localcluster.Cluster, app appKind, ns,
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return netip.Addr{}, err
 	}
-	dep := app.deployment(ns, "web", 2)
+	dep := c.GracefulAppDeployment(ns, "web", 2)
 	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	if err := createAndWait(ctx, c, dep); err != nil {
 		return netip.Addr{}, err

@@ -277,7 +277,7 @@ func (s *scenario) tally(res *Result, origin time.Time, long *longLived, gens ..
 // app deploys the echo app behind an ebb load balancer and returns its URL
 // once it answers.
 func (s *scenario) app(ctx context.Context, ns, name string, replicas int32, single bool) (string, error) {
-	dep := s.kind.deployment(ns, name, replicas)
+	dep := s.c.GracefulAppDeployment(ns, name, replicas)
 	if single {
 		dep.Annotations = map[string]string{v1alpha1.SurgeEvacuationAnnotation: "true"}
 	}

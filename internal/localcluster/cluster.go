@@ -100,6 +100,12 @@ type Options struct {
 	// kube-system at ClusterDNSIP, and pods resolve Services by name.
 	// Default: no cluster DNS.
 	CoreDNS string
+	// KubeProxyMinSyncPeriod is every kube-proxy's minSyncPeriod, the
+	// least time between two rule syncs: how long a new Service's node
+	// port or an endpoint change may wait to be programmed. Default
+	// upstream's, 1 s (kubeproxy.DefaultMinSyncPeriod), as users' clusters
+	// run.
+	KubeProxyMinSyncPeriod time.Duration
 }
 
 // Node is a simulated node.

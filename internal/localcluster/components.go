@@ -137,7 +137,7 @@ func (c *Cluster) startKubeProxies() error {
 		return err
 	}
 	for _, n := range c.Nodes {
-		args, err := kubeproxy.WriteConfig(c.opts.Dir, kubeproxy.Node{Name: n.Name, ClusterCIDRs: []string{PodCIDR.String(), PodCIDRv6.String()}}, kubeconfig)
+		args, err := kubeproxy.WriteConfig(c.opts.Dir, kubeproxy.Node{Name: n.Name, ClusterCIDRs: []string{PodCIDR.String(), PodCIDRv6.String()}, MinSyncPeriod: c.opts.KubeProxyMinSyncPeriod}, kubeconfig)
 		if err != nil {
 			return err
 		}

@@ -40,13 +40,12 @@ func Main(name string, realKubelets bool, run func() error) {
 	}
 }
 
-// Start sets up the namespace and starts a cluster of nodes named name
-// (its progress on stderr), simulated nodes that run pods of ebb's image as
-// processes or, with realKubelets, real nodes, for a benchmark that
-// installs ebb from dist (`make release` writes dist/install.yaml and the
-// image layout dist/oci). It returns the cluster and the manifest's
-// absolute path; the caller stops the cluster.
-func Start(ctx context.Context, name, dist string, nodes int, realKubelets bool) (*localcluster.Cluster, string, error) {
+// Start sets up the namespace and starts the cluster opts describes (its
+// name, nodes, real or simulated; its progress on stderr, ebb's image
+// imported) for a benchmark that installs ebb from dist (`make release`
+// writes dist/install.yaml and the image layout dist/oci). It returns the
+// cluster and the manifest's absolute path; the caller stops the cluster.
+func Start(ctx context.Context, dist string, opts localcluster.Options) (*localcluster.Cluster, string, error) {
 	if err := localcluster.SetupNamespace(); err != nil {
 		return nil, "", err
 	}
@@ -57,9 +56,20 @@ func Start(ctx context.Context, name, dist string, nodes int, realKubelets bool)
 	if _, err := os.Stat(manifest); err != nil {
 		return nil, "", fmt.Errorf("%w: run `make release` (the make target does)", err)
 	}
-	c, err := localcluster.Start(ctx, localcluster.Options{Name: name, Nodes: nodes, Progress: os.Stderr, Images: []string{filepath.Join(filepath.Dir(manifest), "oci")}, RealKubelets: realKubelets})
+	opts.Progress = os.Stderr
+	opts.Images = append(opts.Images, filepath.Join(filepath.Dir(manifest), "oci"))
+	c, err := localcluster.Start(ctx, opts)
 	if err != nil {
 		return nil, "", err
 	}
 	return c, manifest, nil
+}
+
+// NodesKind names the cluster's kind of nodes for a benchmark's summary
+// (its JSON key "nodes"), so that no figure is read without it.
+func NodesKind(realKubelets bool) string {
+	if realKubelets {
+		return "real kubelets"
+	}
+	return "kwok-simulated kubelets"
 }

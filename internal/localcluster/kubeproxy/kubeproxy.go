@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // HealthPort is where kube-proxy serves /healthz and /livez on every
@@ -22,7 +23,17 @@ type Node struct {
 	// ClusterCIDRs are the pod ranges: traffic from them is the cluster's
 	// own (detectLocalMode ClusterCIDR).
 	ClusterCIDRs []string
+	// MinSyncPeriod is the least time between two rule syncs; 0 is
+	// upstream's default, 1 s.
+	MinSyncPeriod time.Duration
 }
+
+// DefaultMinSyncPeriod is kube-proxy's own default minSyncPeriod. The
+// configuration cannot say 0 ("sync at every change"): kube-proxy's
+// defaulting takes 0 for unset and writes 1 s
+// (pkg/proxy/apis/config/v1alpha1/defaults.go), so the least that can be
+// asked for is a duration above 0.
+const DefaultMinSyncPeriod = time.Second
 
 // WriteConfig writes node's KubeProxyConfiguration into dir, with kubeconfig
 // as its credentials, and returns kube-proxy's arguments.
@@ -36,13 +47,18 @@ func WriteConfig(dir string, node Node, kubeconfig string) ([]string, error) {
 
 // config renders the configuration. What differs from upstream's defaults,
 // and why:
-//   - minSyncPeriod 0: rules follow every endpoint change at once (the
-//     default 1 s batches changes for clusters with thousands of Services;
-//     tests here measure how fast ebb reacts, not kube-proxy).
+//   - minSyncPeriod: upstream's 1 s unless asked (Node.MinSyncPeriod).
+//     Until 2026-11-28 this file said 0s, meaning "at every change"; the
+//     defaulting turned it into 1 s, so every figure measured here was
+//     with upstream's default, as users' clusters run.
 //   - conntrack sizes and timeouts 0 ("leave as is"): a node's namespace
 //     may not set the host's conntrack table size.
 //   - metrics on loopback only.
 func config(node Node, kubeconfig string) string {
+	minSync := node.MinSyncPeriod
+	if minSync <= 0 {
+		minSync = DefaultMinSyncPeriod
+	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -64,7 +80,7 @@ conntrack:
   udpTimeout: 0s
   udpStreamTimeout: 0s
 nftables:
-  minSyncPeriod: 0s
+  minSyncPeriod: %s
   syncPeriod: 30s
-`, node.Name, strings.Join(node.ClusterCIDRs, ","), HealthPort, kubeconfig)
+`, node.Name, strings.Join(node.ClusterCIDRs, ","), HealthPort, kubeconfig, minSync)
 }

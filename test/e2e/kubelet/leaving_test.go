@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/appclient"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -68,7 +68,7 @@ func TestAPodDeletedThroughARealKubeletGetsNoNewConnection(t *testing.T) {
 	// not the leaving pod this test is about.
 	probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the address answering through the LB host", func(ctx context.Context) (bool, string) {
-		_, err := getBody(ctx, probe, url)
+		_, err := appclient.Hostname(ctx, probe, url)
 		return err == nil, fmt.Sprint(err)
 	})
 
@@ -198,7 +198,7 @@ func startHostnameLoad(t *testing.T, ctx context.Context, url string, workers in
 		l.Go(func() {
 			for !l.Stopped() {
 				r := hostnameResult{start: time.Now()}
-				r.host, r.err = getBody(ctx, client, url)
+				r.host, r.err = appclient.Hostname(ctx, client, url)
 				l.mu.Lock()
 				l.all = append(l.all, r)
 				l.mu.Unlock()
@@ -224,26 +224,6 @@ func (l *hostnameLoad) servedBy() map[string]int {
 		}
 	}
 	return served
-}
-
-func getBody(ctx context.Context, client *http.Client, url string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("status %s: %s", resp.Status, body)
-	}
-	return string(body), nil
 }
 
 // followLogs streams a pod's log with kubelet's timestamps (`kubectl logs

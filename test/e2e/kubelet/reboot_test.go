@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/appclient"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -34,7 +35,7 @@ func TestARebootedNodeStartsItsPodsAgain(t *testing.T) {
 	before := onlyPod(t, ctx, ns, "app=app")
 	url := fmt.Sprintf("http://%s:8080/hostname", before.Status.PodIP)
 	client := &http.Client{Timeout: 2 * time.Second}
-	if got, err := getBody(ctx, client, url); err != nil || got != before.Name {
+	if got, err := appclient.Hostname(ctx, client, url); err != nil || got != before.Name {
 		t.Fatalf("GET %s before the reboot = %q, %v; want %q", url, got, err, before.Name)
 	}
 
@@ -73,7 +74,7 @@ func TestARebootedNodeStartsItsPodsAgain(t *testing.T) {
 			return false, err.Error()
 		}
 		after = *p
-		got, err := getBody(ctx, client, fmt.Sprintf("http://%s:8080/hostname", p.Status.PodIP))
+		got, err := appclient.Hostname(ctx, client, fmt.Sprintf("http://%s:8080/hostname", p.Status.PodIP))
 		return err == nil && got == before.Name, fmt.Sprintf("%s: %q, %v", p.Status.PodIP, got, err)
 	})
 	t.Logf("pod %s: restarts %d, IP %s (was %s)", after.Name, after.Status.ContainerStatuses[0].RestartCount, after.Status.PodIP, before.Status.PodIP)

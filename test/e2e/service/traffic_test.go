@@ -20,6 +20,7 @@ import (
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/appclient"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -107,9 +108,8 @@ func TestClientAddressReachesTheBackendsByProxyProtocol(t *testing.T) {
 			// request used (a dial given up on may finish later).
 			var local string
 			trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { local = info.Conn.LocalAddr().String() }}
-			var err error
-			seen, err = getBody(httptrace.WithClientTrace(ctx, trace), via, url)
-			client = local
+			body, err := appclient.GetBody(httptrace.WithClientTrace(ctx, trace), via, url)
+			seen, client = string(body), local
 			return err == nil, fmt.Sprint(err)
 		})
 		return seen, client
@@ -178,27 +178,6 @@ func createEndpointSlice(t *testing.T, ctx context.Context, ns, name string, nod
 	if _, err := cluster.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// getBody sends one GET through client and returns the answer's body.
-func getBody(ctx context.Context, client *http.Client, url string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("GET %s: %w", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
-	}
-	return string(body), nil
 }
 
 // TCP and UDP ports on one Service are both served, and session affinity
