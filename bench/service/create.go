@@ -133,7 +133,9 @@ func createToFirstRequest(ctx context.Context, c *localcluster.Cluster, svc *cor
 		time.Sleep(2 * time.Millisecond)
 	}
 	r := created{addressed: time.Since(start), url: "http://" + net.JoinHostPort(ip, "80") + "/", failed: map[string]int{}}
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// 3 s: longer than ebb lb holds a connection whose backends refuse
+	// (1.5 s), so that a held request is not counted as a lost SYN.
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for first := true; ; first = false {
 		sent := time.Since(start)
 		resp, err := client.Get(r.url)

@@ -43,6 +43,11 @@ func main() {
 	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the app agnhost (root only; docs/local-cluster.md)")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
+	if *kubeProxyMinSync <= 0 {
+		// kube-proxy would read 0 as unset and use 1 s (kubeproxy.DefaultMinSyncPeriod).
+		fmt.Fprintln(os.Stderr, "-kube-proxy-min-sync-period must be above 0")
+		os.Exit(2)
+	}
 	benchcluster.Main("bench-service", *realKubelets, func() error { return run(*dist, *services, *updates, *scaleN, *realKubelets, *kubeProxyMinSync, *out) })
 }
 
@@ -133,7 +138,7 @@ func endpointUpdates(ctx context.Context, c *localcluster.Cluster, ns string, n 
 		return nil, err
 	}
 	url := r.url
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	var out []time.Duration
 	for range n {
 		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})

@@ -39,6 +39,14 @@ func newBackendSet(cfg Frontend, backends []*backend, prev *backendSet) *backend
 	return s
 }
 
+// admits says whether s, a frontend's backends as they are now, still
+// takes a client accepted under was: the same Service's frontend (an
+// address may pass to another Service between two applies) and its source
+// ranges admit it.
+func (s *backendSet) admits(was *backendSet, client netip.Addr) bool {
+	return s.cfg.Name == was.cfg.Name && s.allowed(client)
+}
+
 // allowed reports whether a client address passes the source ranges.
 func (s *backendSet) allowed(client netip.Addr) bool {
 	if len(s.allow) == 0 {

@@ -91,8 +91,10 @@ type DataPlane struct {
 	stopSweep chan struct{}
 	// udpLimits bound the UDP flows; udpFlows counts them, on every
 	// frontend; udpBuffers hold the datagrams read from backends.
-	udpLimits  UDPLimits
-	udpFlows   atomic.Int64
+	udpLimits UDPLimits
+	udpFlows  atomic.Int64
+	// held counts TCP connections paused between dial rounds (maxHeld).
+	held       atomic.Int64
 	udpBuffers *sync.Pool
 	// udpUnansweredIdle: the idle timeout of a flow its backend never
 	// answered (tests shorten it).

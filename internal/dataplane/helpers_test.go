@@ -117,12 +117,13 @@ func mustApply(t *testing.T, d *DataPlane, fs ...Frontend) {
 	}
 }
 
-// roundTrip writes msg and reads it back within a second.
+// roundTrip writes msg and reads it back within 5 s (more than refusedHold,
+// so that a held connection is not taken for a lost one).
 func roundTrip(c net.Conn, msg []byte) error {
 	if _, err := c.Write(msg); err != nil {
 		return err
 	}
-	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got := make([]byte, len(msg))
 	if _, err := io.ReadFull(c, got); err != nil {
 		return err

@@ -41,7 +41,10 @@ type loopConn struct {
 	slow     int
 	round    int
 	deadline time.Time
-	at       int // index in l.connecting while connecting
+	// holding is set while the connection pauses between rounds, in one
+	// of the data plane's maxHeld places.
+	holding bool
+	at      int // index in l.connecting while connecting
 }
 
 // loopSide is one socket of a connection and the direction of bytes read
@@ -106,6 +109,12 @@ func (l *eventLoop) dial(c *loopConn) {
 			// The next round starts after dialRoundPause: the
 			// connection waits among the connects in flight, with no
 			// socket, until checkConnects finds its deadline passed.
+			if !l.d.takeHold() {
+				c.f.d.m.refused.WithLabelValues(c.set.cfg.Name, "hold_limit").Inc()
+				l.refuse(c)
+				return
+			}
+			c.holding = true
 			c.round, c.tried = c.round+1, c.tried[:0]
 			c.deadline = time.Now().Add(dialRoundPause)
 			l.startConnect(c)
@@ -201,9 +210,17 @@ func (l *eventLoop) checkConnects() {
 		}
 		if c.upstream.fd < 0 { // paused between rounds (see dial)
 			l.endConnect(c) // takes c out of l.connecting at i
+			c.endHold()
 			// The next round goes through the backends as they are
-			// now: an endpoint change during the pause is used at once.
-			c.set = c.f.set.Load()
+			// now: an endpoint change during the pause is used at once,
+			// and a client the new set would not admit is refused.
+			next := c.f.set.Load()
+			if !next.admits(c.set, c.from.Addr()) {
+				c.f.d.m.refused.WithLabelValues(c.set.cfg.Name, "source_range").Inc()
+				l.refuse(c)
+				continue
+			}
+			c.set = next
 			l.dial(c)
 			continue
 		}
@@ -400,6 +417,7 @@ func (l *eventLoop) endDirection(src *loopSide) {
 
 // closeConn closes both sides of a connection and settles its counts.
 func (l *eventLoop) closeConn(c *loopConn) {
+	c.endHold()
 	switch c.state {
 	case connClosed:
 		return
@@ -447,4 +465,13 @@ func setKeepAliveFD(fd int, idle time.Duration) {
 	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPIDLE, secs(ka.Idle))
 	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPINTVL, secs(ka.Interval))
 	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPCNT, ka.Count)
+}
+
+// endHold gives back the connection's place among the held ones, if it
+// has one.
+func (c *loopConn) endHold() {
+	if c.holding {
+		c.holding = false
+		c.f.d.releaseHold()
+	}
 }

@@ -178,6 +178,38 @@ func TestAHeldConnectionTakesABackendAddedDuringTheHold(t *testing.T) {
 		if took := time.Since(start); took >= refusedHold {
 			t.Errorf("answered after %v, want it within the hold (%v): the next round after the change", took, refusedHold)
 		}
+		if got := d.held.Load(); got != 0 {
+			t.Errorf("%d places among the held connections still taken, want 0", got)
+		}
+	})
+}
+
+// Past maxHeld connections held between rounds, a client whose backends
+// all refuse is reset at once, as before the hold, and counted: a flood of
+// connections to a Service whose node ports refuse holds no more.
+func TestHeldConnectionsAreBounded(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		reg := prometheus.NewRegistry()
+		proxy.Registerer = reg
+		d := newDataPlane(t, proxy)
+		dead := freeAddr(t, "tcp")
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("web", at, Backend{Address: dead.Addr().String(), Port: dead.Port()}))
+		d.held.Store(maxHeld) // every place taken
+		start := time.Now()
+		err := dialRoundTrip(at.String())
+		if !isReset(err) && !errors.Is(err, io.EOF) {
+			t.Fatalf("%v, want a reset", err)
+		}
+		if took := time.Since(start); took >= dialRoundPause {
+			t.Errorf("reset after %v, want it at once (no place to hold it)", took)
+		}
+		if got := testutil.ToFloat64(d.m.refused.WithLabelValues("web", "hold_limit")); got != 1 {
+			t.Errorf("%v refused for the hold limit, want 1", got)
+		}
+		if got := d.held.Load(); got != maxHeld {
+			t.Errorf("%d places taken after the refusal, want %d (none taken or leaked)", got, maxHeld)
+		}
 	})
 }
 

@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ebb_dataplane_dial_errors_total", Help: "Failed connection attempts to each backend.",
 		}, backendLabels),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ebb_dataplane_refused_total", Help: "Client connections (UDP: new flows) refused by a frontend; reason is no_backend, source_range, or a limit of UDP flows: udp_flows_total, udp_flows_frontend, udp_flows_source.",
+			Name: "ebb_dataplane_refused_total", Help: "Client connections (UDP: new flows) refused by a frontend; reason is no_backend, source_range, hold_limit (too many connections held while their backends refuse), or a limit of UDP flows: udp_flows_total, udp_flows_frontend, udp_flows_source.",
 		}, []string{"frontend", "reason"}),
 		adminState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ebb_dataplane_backend_admin_state", Help: "1 for the backend's current admin state (None, Down, Up).",

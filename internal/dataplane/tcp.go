@@ -15,7 +15,7 @@ import (
 // do not refuse it at once (a timeout costs the connect timeout each).
 // Backends that refuse (a node whose kube-proxy has not programmed a new
 // Service's node port yet) cost a round trip each and do not count: every
-// eligible backend is tried once before the client is refused.
+// eligible backend is tried once per round before the client is refused.
 const maxDialAttempts = 3
 
 // refusedHold is how long a new connection is held while every eligible
@@ -30,7 +30,9 @@ const maxDialAttempts = 3
 // the create, and none with kube-proxy's minSyncPeriod at 10 ms. Holding
 // the client turns that second of resets into a slower first answer.
 // Refusals cost a round trip each; a Service with no eligible backend at
-// all is refused at once, not held.
+// all is refused at once, not held, and so is a client past maxHeld. The
+// hold is counted in rounds, so it may last a little longer (each round's
+// dials, and the event loop's 10 ms check).
 const refusedHold = 1500 * time.Millisecond
 
 // dialRounds is how many times one new connection may go through the
@@ -40,9 +42,8 @@ const dialRounds = 1 + int(refusedHold/dialRoundPause)
 // dialRoundPause is how long a new connection waits before its next round
 // through backends that all refused. The refusals of a round come back to
 // back within a millisecond or two, faster than the nodes' kube-proxies
-// take a terminated pod's endpoint out; after the pause the node ports have
-// most likely caught up. A client of a Service with no backend at all is
-// refused that much later.
+// take a terminated pod's endpoint out; after the pause the node ports may
+// have caught up.
 const dialRoundPause = 100 * time.Millisecond
 
 // copyChunk is how much one splice call may move before the idle deadline
@@ -79,37 +80,47 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 		refuse(client)
 		return
 	}
-	if set, b, upstream := f.dialBackend(set, "tcp", clientAddr.Addr()); b != nil {
+	set, b, upstream, refusal := f.dialBackend(set, "tcp", clientAddr.Addr())
+	if b != nil {
 		f.proxy(set, client, upstream, b)
 		return
 	}
-	f.d.m.refused.WithLabelValues(set.cfg.Name, "no_backend").Inc()
+	f.d.m.refused.WithLabelValues(set.cfg.Name, refusal).Inc()
 	refuse(client)
 }
 
 // dialBackend connects to an eligible backend for a client, trying the
-// next one when a dial fails (see maxDialAttempts); nil when none answers.
+// next one when a dial fails (see maxDialAttempts); with no backend it
+// returns why the client is refused (a label of the refused metric).
 // Each round after the first takes the frontend's backends as they are
 // then (an endpoint change during the hold, such as a replacement pod
 // turning ready, is used at once), so it returns the set the backend came
-// from.
-func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backendSet, *backend, net.Conn) {
+// from; a client the new set would not admit is refused.
+func (f *frontend) dialBackend(set *backendSet, network string, client netip.Addr) (*backendSet, *backend, net.Conn, string) {
 	var tried []*backend // allocated only once a dial failed
 	for slow, round := 0, 1; slow < maxDialAttempts; {
 		b := set.choose(client, tried)
 		if b == nil {
 			if len(tried) == 0 || round == dialRounds {
-				return set, nil, nil
+				return set, nil, nil, "no_backend"
 			}
 			if network == "tcp" { // a UDP dial is never refused
+				if !f.d.takeHold() {
+					return set, nil, nil, "hold_limit"
+				}
 				time.Sleep(dialRoundPause)
+				f.d.releaseHold()
 			}
-			round, tried, set = round+1, tried[:0], f.set.Load()
+			next := f.set.Load()
+			if !next.admits(set, client) {
+				return next, nil, nil, "source_range"
+			}
+			round, tried, set = round+1, tried[:0], next
 			continue
 		}
 		conn, err := f.d.dial(connectDeadline{time.Now().Add(set.cfg.ConnectTimeout.Duration)}, network, b.addr)
 		if err == nil {
-			return set, b, conn
+			return set, b, conn, ""
 		}
 		tried = append(tried, b)
 		b.m.dialErrors.Inc()
@@ -118,8 +129,28 @@ func (f *frontend) dialBackend(set *backendSet, network string, client netip.Add
 			slow++
 		}
 	}
-	return set, nil, nil
+	return set, nil, nil, "no_backend"
 }
+
+// maxHeld bounds the connections held between rounds at once, over every
+// frontend. Anyone who can reach an address can open connections, and a
+// Service whose node ports all refuse (scaled to zero, crash-looping)
+// would otherwise keep each for refusedHold, dialling every node each
+// round; past the bound a client is reset at once, as before the hold.
+const maxHeld = 1024
+
+// takeHold reserves one of maxHeld places for a connection about to pause
+// between rounds; false when none is left.
+func (d *DataPlane) takeHold() bool {
+	if d.held.Add(1) > maxHeld {
+		d.held.Add(-1)
+		return false
+	}
+	return true
+}
+
+// releaseHold gives a place back once the pause is over.
+func (d *DataPlane) releaseHold() { d.held.Add(-1) }
 
 // connectDeadline is the context of a dial to a backend: a deadline and
 // nothing else. net.Dialer bounds the connect with the socket's write

@@ -117,7 +117,7 @@ func (f *frontend) flowFor(set *backendSet, client netip.AddrPort) (*udpFlow, st
 	if refused := f.admitFlowLocked(client.Addr()); refused != "" {
 		return nil, refused
 	}
-	_, b, conn := f.dialBackend(set, "udp", client.Addr())
+	_, b, conn, _ := f.dialBackend(set, "udp", client.Addr())
 	if b == nil {
 		f.releaseFlowLocked(client.Addr())
 		return nil, "no_backend"

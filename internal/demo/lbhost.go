@@ -94,7 +94,7 @@ func RunLBHost(ctx context.Context, c *localcluster.Cluster, progress io.Writer)
 
 	ns := "demo-lbhost"
 	app := appKindOf(c)
-	vip, err := deployPinned(ctx, c, app, ns, appNode.Name)
+	vip, err := deployPinned(ctx, c, ns, appNode.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func RunLBHost(ctx context.Context, c *localcluster.Cluster, progress io.Writer)
 
 // deployPinned deploys the echo app (2 replicas) on one node behind a
 // LoadBalancer Service of ebb's class and returns its address.
-func deployPinned(ctx context.Context, c *localcluster.Cluster, app appKind, ns, node string) (netip.Addr, error) {
+func deployPinned(ctx context.Context, c *localcluster.Cluster, ns, node string) (netip.Addr, error) {
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return netip.Addr{}, err
 	}

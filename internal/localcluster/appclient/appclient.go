@@ -38,9 +38,12 @@ func GetBody(ctx context.Context, client *http.Client, target string) ([]byte, e
 		return nil, err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: reading the answer: %w", target, err)
+	}
+	if len(body) > maxBody {
+		return nil, fmt.Errorf("GET %s: an answer of more than %d bytes, not the app's", target, maxBody)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: status %s: %.200s", target, resp.Status, body)

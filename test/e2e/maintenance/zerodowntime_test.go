@@ -29,7 +29,7 @@ import (
 // app's must: a pod that stops answering before every node's kube-proxy
 // has taken it out of the Service loses the connections sent to it
 // meanwhile. On this machine it was 2 s on average, 21 of 23 changes
-// within 4 s (measured for the demo, internal/demo/app.go). With a 2 s
+// within 4 s (measured for the demo, internal/localcluster/apps.go). With a 2 s
 // sleep, CI once lost 1 of 656 requests to the moved single replica
 // (EOF), as the demo did before its app got 5 s.
 func lbApp(t *testing.T, ctx context.Context, ns, name string, replicas int32, avoid string, mutate func(*corev1.PodTemplateSpec)) string {

@@ -52,8 +52,8 @@ func TestAddressIsServedWhenPublished(t *testing.T) {
 		}
 		conn.Close()
 		// The backends answer once kube-proxy has programmed the new
-		// node port (node mode): until then ebb resets the connection,
-		// which a client retries at once.
+		// node port (node mode): until then ebb lb holds the connection
+		// for up to 1.5 s, then resets it, and the client retries.
 		eventually(t, ctx, 10*time.Second, "an answer through "+addr, func(ctx context.Context) (bool, string) {
 			if _, err := get(ctx, "http://"+addr+"/"); err != nil {
 				return false, err.Error()
