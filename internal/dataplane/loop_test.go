@@ -184,6 +184,40 @@ func TestAHeldConnectionTakesABackendAddedDuringTheHold(t *testing.T) {
 	})
 }
 
+// A connection held while its backends refuse is refused, not proxied,
+// when the backends of its next round no longer admit its client (the
+// Service's source ranges were narrowed during the hold).
+func TestAHeldConnectionIsRefusedWhenTheSourceRangesNoLongerAdmitIt(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		reg := prometheus.NewRegistry()
+		proxy.Registerer = reg
+		d := newDataPlane(t, proxy)
+		gone := freeAddr(t, "tcp")
+		at := freeAddr(t, "tcp")
+		mustApply(t, d, tcpFrontend("web", at, Backend{Address: gone.Addr().String(), Port: gone.Port()}))
+		done := make(chan error, 1)
+		go func() { done <- dialRoundTrip(at.String()) }()
+		for sumCounters(t, reg, "ebb_dataplane_dial_errors_total") < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveEcho(t, ln)
+		answering := netip.MustParseAddrPort(ln.Addr().String())
+		fe := tcpFrontend("web", at, Backend{Address: answering.Addr().String(), Port: answering.Port()})
+		fe.SourceRanges = []string{"192.0.2.0/24"}
+		mustApply(t, d, fe)
+		if err := <-done; err == nil {
+			t.Fatal("the held client was proxied after the source ranges stopped admitting it")
+		}
+		if got := testutil.ToFloat64(d.m.refused.WithLabelValues("web", "source_range")); got != 1 {
+			t.Errorf("%v refused for the source ranges, want 1", got)
+		}
+	})
+}
+
 // Past maxHeld connections held between rounds, a client whose backends
 // all refuse is reset at once, as before the hold, and counted: a flood of
 // connections to a Service whose node ports refuse holds no more.

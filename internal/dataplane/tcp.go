@@ -113,7 +113,7 @@ func (f *frontend) dialBackend(set *backendSet, network string, client netip.Add
 			}
 			next := f.set.Load()
 			if !next.admits(set, client) {
-				return next, nil, nil, "source_range"
+				return set, nil, nil, "source_range" // counted for the client's Service
 			}
 			round, tried, set = round+1, tried[:0], next
 			continue
