@@ -22,7 +22,6 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
-	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
@@ -34,13 +33,8 @@ func main() {
 	out := flag.String("out", "bench/results/drain.json", "where to write the JSON summary")
 	withBaseline := flag.Bool("baseline", true, "also run the baseline (off: ebb only, e.g. to investigate)")
 	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the apps agnhost (root only; docs/local-cluster.md)")
-	kubeProxyMinSync := flag.Duration("kube-proxy-min-sync-period", kubeproxy.DefaultMinSyncPeriod, "every kube-proxy's minSyncPeriod (above 0; upstream's default 1s)")
+	kubeProxyMinSync := benchcluster.KubeProxyMinSyncPeriodFlag()
 	flag.Parse()
-	if *kubeProxyMinSync <= 0 {
-		// kube-proxy would read 0 as unset and use 1 s (kubeproxy.DefaultMinSyncPeriod).
-		fmt.Fprintln(os.Stderr, "-kube-proxy-min-sync-period must be above 0")
-		os.Exit(2)
-	}
 	cluster := localcluster.Options{Name: "bench-drain", Nodes: 3, RealKubelets: *realKubelets, KubeProxyMinSyncPeriod: *kubeProxyMinSync}
 	benchcluster.Main("bench-drain", *realKubelets, func() error {
 		return run(*dist, cluster, *runs, *rate, *longLived, *withBaseline, *out)

@@ -30,7 +30,6 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/appclient"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
-	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 	"github.com/ebbdev/ebb/internal/stats"
 )
 
@@ -39,15 +38,10 @@ func main() {
 	services := flag.Int("services", 50, "Services to create for the create-to-first-request figure")
 	updates := flag.Int("updates", 20, "endpoint changes to time")
 	scaleN := flag.Int("scale", 1000, "Services (3 ports, 20 endpoints each) for the memory and resync figures; 0 skips")
-	kubeProxyMinSync := flag.Duration("kube-proxy-min-sync-period", kubeproxy.DefaultMinSyncPeriod, "every kube-proxy's minSyncPeriod (above 0; upstream's default 1s)")
+	kubeProxyMinSync := benchcluster.KubeProxyMinSyncPeriodFlag()
 	realKubelets := flag.Bool("real-kubelets", false, "real nodes: the upstream kubelet and containerd, the app agnhost (root only; docs/local-cluster.md)")
 	out := flag.String("out", "bench/results/service.json", "where to write the JSON summary")
 	flag.Parse()
-	if *kubeProxyMinSync <= 0 {
-		// kube-proxy would read 0 as unset and use 1 s (kubeproxy.DefaultMinSyncPeriod).
-		fmt.Fprintln(os.Stderr, "-kube-proxy-min-sync-period must be above 0")
-		os.Exit(2)
-	}
 	benchcluster.Main("bench-service", *realKubelets, func() error { return run(*dist, *services, *updates, *scaleN, *realKubelets, *kubeProxyMinSync, *out) })
 }
 

@@ -5,14 +5,17 @@ package benchcluster
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/kubeproxy"
 )
 
 // Main re-executes the benchmark inside new namespaces (once), then runs
@@ -72,4 +75,25 @@ func NodesKind(realKubelets bool) string {
 		return "real kubelets"
 	}
 	return "kwok-simulated kubelets"
+}
+
+// KubeProxyMinSyncPeriodFlag defines the flag -kube-proxy-min-sync-period
+// (every kube-proxy's minSyncPeriod, Options.KubeProxyMinSyncPeriod) on
+// the command line and returns where its value goes. A value of 0 or less
+// is refused: kube-proxy would read 0 as unset and use 1 s, and the
+// summary would record what did not run.
+func KubeProxyMinSyncPeriodFlag() *time.Duration {
+	d := kubeproxy.DefaultMinSyncPeriod
+	flag.Func("kube-proxy-min-sync-period", fmt.Sprintf("every kube-proxy's minSyncPeriod, above 0 (default upstream's %s)", d), func(s string) error {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		if v <= 0 {
+			return fmt.Errorf("%s: must be above 0 (kube-proxy reads 0 as unset and uses %s)", s, kubeproxy.DefaultMinSyncPeriod)
+		}
+		d = v
+		return nil
+	})
+	return &d
 }
