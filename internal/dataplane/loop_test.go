@@ -146,6 +146,40 @@ func TestABackendListeningAfterTheFirstRoundTakesTheConnection(t *testing.T) {
 	})
 }
 
+// heldConnection is one client connection that ebb holds between dial
+// rounds because its only backend refuses, and a backend that answers,
+// started once the connection is held, for the test to apply.
+type heldConnection struct {
+	d         *DataPlane
+	at        netip.AddrPort
+	answering Backend
+	// done gets the round trip's result.
+	done chan error
+}
+
+// holdConnection applies a frontend "web" whose only backend refuses,
+// starts a round trip through it, and returns once a dial was refused.
+func holdConnection(t *testing.T, proxy Options) heldConnection {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	proxy.Registerer = reg
+	h := heldConnection{d: newDataPlane(t, proxy), at: freeAddr(t, "tcp"), done: make(chan error, 1)}
+	gone := freeAddr(t, "tcp") // refuses for the whole test
+	mustApply(t, h.d, tcpFrontend("web", h.at, Backend{Address: gone.Addr().String(), Port: gone.Port()}))
+	go func() { h.done <- dialRoundTrip(h.at.String()) }()
+	for sumCounters(t, reg, "ebb_dataplane_dial_errors_total") < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveEcho(t, ln)
+	answering := netip.MustParseAddrPort(ln.Addr().String())
+	h.answering = Backend{Address: answering.Addr().String(), Port: answering.Port()}
+	return h
+}
+
 // A connection held while every backend refuses (a new Service whose
 // node ports kube-proxy has not programmed, a single pod being replaced)
 // takes, in its next round, a backend that an endpoint change added
@@ -153,32 +187,16 @@ func TestABackendListeningAfterTheFirstRoundTakesTheConnection(t *testing.T) {
 // with until the client is reset.
 func TestAHeldConnectionTakesABackendAddedDuringTheHold(t *testing.T) {
 	bothProxies(t, func(t *testing.T, proxy Options) {
-		reg := prometheus.NewRegistry()
-		proxy.Registerer = reg
-		d := newDataPlane(t, proxy)
-		gone := freeAddr(t, "tcp") // refuses for the whole test
-		at := freeAddr(t, "tcp")
-		mustApply(t, d, tcpFrontend("web", at, Backend{Address: gone.Addr().String(), Port: gone.Port()}))
-		done := make(chan error, 1)
 		start := time.Now()
-		go func() { done <- dialRoundTrip(at.String()) }()
-		for sumCounters(t, reg, "ebb_dataplane_dial_errors_total") < 1 {
-			time.Sleep(time.Millisecond)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		serveEcho(t, ln)
-		replacement := netip.MustParseAddrPort(ln.Addr().String())
-		mustApply(t, d, tcpFrontend("web", at, Backend{Address: replacement.Addr().String(), Port: replacement.Port()}))
-		if err := <-done; err != nil {
+		h := holdConnection(t, proxy)
+		mustApply(t, h.d, tcpFrontend("web", h.at, h.answering))
+		if err := <-h.done; err != nil {
 			t.Fatalf("round trip: %v, want it to reach the backend added during the hold", err)
 		}
 		if took := time.Since(start); took >= refusedHold {
 			t.Errorf("answered after %v, want it within the hold (%v): the next round after the change", took, refusedHold)
 		}
-		if got := d.held.Load(); got != 0 {
+		if got := h.d.held.Load(); got != 0 {
 			t.Errorf("%d places among the held connections still taken, want 0", got)
 		}
 	})
@@ -189,30 +207,14 @@ func TestAHeldConnectionTakesABackendAddedDuringTheHold(t *testing.T) {
 // Service's source ranges were narrowed during the hold).
 func TestAHeldConnectionIsRefusedWhenTheSourceRangesNoLongerAdmitIt(t *testing.T) {
 	bothProxies(t, func(t *testing.T, proxy Options) {
-		reg := prometheus.NewRegistry()
-		proxy.Registerer = reg
-		d := newDataPlane(t, proxy)
-		gone := freeAddr(t, "tcp")
-		at := freeAddr(t, "tcp")
-		mustApply(t, d, tcpFrontend("web", at, Backend{Address: gone.Addr().String(), Port: gone.Port()}))
-		done := make(chan error, 1)
-		go func() { done <- dialRoundTrip(at.String()) }()
-		for sumCounters(t, reg, "ebb_dataplane_dial_errors_total") < 1 {
-			time.Sleep(time.Millisecond)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		serveEcho(t, ln)
-		answering := netip.MustParseAddrPort(ln.Addr().String())
-		fe := tcpFrontend("web", at, Backend{Address: answering.Addr().String(), Port: answering.Port()})
+		h := holdConnection(t, proxy)
+		fe := tcpFrontend("web", h.at, h.answering)
 		fe.SourceRanges = []string{"192.0.2.0/24"}
-		mustApply(t, d, fe)
-		if err := <-done; err == nil {
+		mustApply(t, h.d, fe)
+		if err := <-h.done; err == nil {
 			t.Fatal("the held client was proxied after the source ranges stopped admitting it")
 		}
-		if got := testutil.ToFloat64(d.m.refused.WithLabelValues("web", "source_range")); got != 1 {
+		if got := testutil.ToFloat64(h.d.m.refused.WithLabelValues("web", "source_range")); got != 1 {
 			t.Errorf("%v refused for the source ranges, want 1", got)
 		}
 	})
