@@ -229,7 +229,9 @@ const appDelayShutdown = 2
 const appPreStop, appGracePeriod = 5, 10
 
 // simulatedPreStop is the echo app's preStop sleep on simulated nodes,
-// whose kube-proxies learn of a leaving endpoint in well under a second.
+// the demo's value there since before real nodes (its kube-proxies are
+// real too, with the same 1 s minSyncPeriod; no run measured a failure
+// with it there).
 const simulatedPreStop = 2
 
 // GracefulAppDeployment is AppDeployment as an application behind
@@ -251,6 +253,9 @@ func (c *Cluster) GracefulAppDeployment(namespace, name string, replicas int32) 
 	return d
 }
 
+// preStopSleep keeps a pod accepting for seconds after its deletion, as
+// applications behind kube-proxy must to ride out the moment every proxy
+// needs to learn that an endpoint left (any rolling update needs it).
 func preStopSleep(seconds int64) *corev1.Lifecycle {
 	return &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Sleep: &corev1.SleepAction{Seconds: seconds}}}
 }
