@@ -176,6 +176,11 @@ func New(opts Options) (*DataPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registering data plane metrics: %w", err)
 	}
+	if e, ok := kernel.(*ebpfPath); ok {
+		if err := registerEBPFMetrics(opts.Registerer, e); err != nil {
+			return nil, fmt.Errorf("registering data plane metrics: %w", err)
+		}
+	}
 	d := &DataPlane{
 		log: opts.Logger, dial: opts.DialContext, clock: opts.Clock, m: m,
 		conns: newConnTable(), stopSweep: make(chan struct{}),

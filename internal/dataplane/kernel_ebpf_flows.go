@@ -32,11 +32,23 @@ const (
 	bpfFlowFinBackend = 2
 	bpfFlowRST        = 4
 	bpfFlowAnswered   = 8
+	bpfFlowOpening    = 32 // half-open: the client has not acknowledged the backend's answer
 )
 
-// bpfUnansweredTimeout ends a flow the backend never answered (a
-// client's SYN retries are over by then).
-const bpfUnansweredTimeout = 30 * time.Second
+// A half-open flow is one the backend never answered, or whose client
+// never acknowledged the answer (a SYN flood from addresses that never see
+// the answers). Only the client's packets keep it alive.
+const (
+	// bpfHalfOpenTakeover is the program's HALF_OPEN_NS: a half-open
+	// flow whose client has been silent this long gives its source port
+	// to a new flow that found none free.
+	bpfHalfOpenTakeover = time.Second
+	// bpfHalfOpenTimeout is when the sweeper deletes a half-open flow
+	// whose client has been silent: longer than the takeover, which only
+	// a shortage of ports triggers, so that a client with a long round
+	// trip completes its handshake when nothing presses.
+	bpfHalfOpenTimeout = 5 * time.Second
+)
 
 // bpfSweepInterval is how often the sweeper reads the flow table. It
 // ends idle flows (minutes) and unanswered ones; ended flows it leaves
@@ -61,8 +73,8 @@ func (f *bpfFlow) expired(age, idle time.Duration) bool {
 	switch {
 	case f.over():
 		return false
-	case f.Flags&bpfFlowAnswered == 0:
-		return age > bpfUnansweredTimeout
+	case f.Flags&bpfFlowAnswered == 0, f.Flags&bpfFlowOpening != 0:
+		return age > bpfHalfOpenTimeout
 	}
 	return age > idle
 }
@@ -247,4 +259,28 @@ func monotonicNow() (uint64, error) {
 		return 0, fmt.Errorf("reading the monotonic clock: %w", err)
 	}
 	return uint64(ts.Nano()), nil
+}
+
+// The program's counters (its stats map, one value per CPU).
+const bpfStatNoSourcePort uint32 = 0
+
+// sourcePortsExhausted is how many new flows the program dropped because
+// no source port toward their backend was free, since its maps were
+// pinned (they outlive ebb lb's restarts); 0 while nothing is loaded.
+func (e *ebpfPath) sourcePortsExhausted() float64 {
+	e.use.RLock()
+	defer e.use.RUnlock()
+	if e.coll == nil {
+		return 0
+	}
+	var perCPU []uint64
+	if err := e.coll.Maps["stats"].Lookup(bpfStatNoSourcePort, &perCPU); err != nil {
+		e.log.Error(err, "Reading the eBPF kernel path's counters")
+		return 0
+	}
+	total := uint64(0)
+	for _, n := range perCPU {
+		total += n
+	}
+	return float64(total)
 }

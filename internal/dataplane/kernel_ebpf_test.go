@@ -13,8 +13,9 @@ import (
 )
 
 // Which flows the sweeper deletes: not those that ended (the LRU and the
-// program take them over), unanswered ones after 30 s, answered ones
-// after their frontend's idle timeout.
+// program take them over), half-open ones (unanswered, or whose client
+// never acknowledged the answer) after 5 s of the client's silence, open
+// ones after their frontend's idle timeout.
 func TestBPFFlowExpiry(t *testing.T) {
 	const idle = 4 * time.Minute
 	for _, tc := range []struct {
@@ -26,8 +27,11 @@ func TestBPFFlowExpiry(t *testing.T) {
 		{"answered, recent", bpfFlowAnswered, time.Minute, false},
 		{"answered, idle past the timeout", bpfFlowAnswered, idle + time.Second, true},
 		{"half closed, idle past the timeout", bpfFlowAnswered | bpfFlowFinClient, idle + time.Second, true},
-		{"unanswered, within the SYN retries", 0, 10 * time.Second, false},
-		{"unanswered, past them", 0, 31 * time.Second, true},
+		{"unanswered, within the SYN retries", 0, 4 * time.Second, false},
+		{"unanswered, silent past the half-open timeout", 0, 6 * time.Second, true},
+		{"answered, the client's acknowledgement not seen yet", bpfFlowAnswered | bpfFlowOpening, 4 * time.Second, false},
+		{"answered, never acknowledged", bpfFlowAnswered | bpfFlowOpening, 6 * time.Second, true},
+		{"opened by an earlier program, idle within the timeout", bpfFlowAnswered, 3 * time.Minute, false},
 		{"reset, long ago", bpfFlowAnswered | bpfFlowRST, time.Hour, false},
 		{"closed both ways, long ago", bpfFlowAnswered | bpfFlowFinClient | bpfFlowFinBackend, time.Hour, false},
 	} {

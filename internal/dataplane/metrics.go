@@ -110,6 +110,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// registerEBPFMetrics registers the eBPF kernel path's counters, which
+// its program keeps and the path reads at each scrape.
+func registerEBPFMetrics(reg prometheus.Registerer, e *ebpfPath) error {
+	return reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "ebb_dataplane_bpf_source_ports_exhausted_total",
+		Help: "New TCP connections the eBPF kernel path dropped because every source port they tried toward their backend was held by an open flow (33,512 ports per backend and LB host address; a half-open flow whose client has been silent for 5 s gives its port up). The client retries its SYN.",
+	}, e.sourcePortsExhausted))
+}
+
 // backendMetrics are one backend's series, resolved once so the hot path
 // only does atomic adds.
 type backendMetrics struct {

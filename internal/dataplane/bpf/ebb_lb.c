@@ -11,11 +11,11 @@
 //
 // A flow is translated both ways, like a masquerading DNAT: the client's
 // packets to the frontend leave to the backend from this host's address
-// and a source port of its own (SNAT_MIN..SNAT_MAX, outside the host's
-// ephemeral ports), and the backend's replies to that address and port go
-// back to the client from the frontend. Packets are redirected to the
-// interface the route names (bpf_redirect_neigh), so they skip the
-// host's IP stack and netfilter.
+// and a source port of its own (snat_port: outside the host's ephemeral
+// ports and the node ports), and the backend's replies to that address
+// and port go back to the client from the frontend. Packets are
+// redirected to the interface the route names (bpf_redirect_neigh), so
+// they skip the host's IP stack and netfilter.
 //
 // A backend at an address of this host (its own node, when the LB host is
 // also a node of the cluster: the Service's node port there) is reached
@@ -33,7 +33,14 @@
 //
 // A flow leaves the table with its last segment (a reset, the
 // acknowledgement of the second FIN); ebb lb reads the table to count a
-// backend's connections, and sweeps the idle and unanswered flows. Built by `make generate` with
+// backend's connections, and sweeps the idle and half-open flows.
+//
+// A flow is half-open (FLOW_OPENING) from the client's SYN until the
+// client acknowledges the backend's answer. Only the client's packets
+// keep a half-open flow alive: one whose client has been silent for
+// HALF_OPEN_NS gives its source port to the next flow that finds none
+// free, so that SYNs whose answers never reach their sender (a SYN flood
+// from spoofed addresses) cannot hold a backend's source ports. Built by `make generate` with
 // clang; the object is committed (ebb_lb.o). No libbpf headers.
 
 #include <linux/bpf.h>
@@ -60,12 +67,18 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 
 #define AF_INET 2
 
-// The source ports of translated flows: above the host's ephemeral ports
-// (net.ipv4.ip_local_port_range, 32768..60999 by default), so that the
-// replies of the host's own connections (ebb's probes) are never taken
-// for a flow's.
-#define SNAT_MIN 61000
-#define SNAT_COUNT 4536
+// The source ports of translated flows, toward each backend from each of
+// this host's addresses: 61000..65535 and 1024..29999, outside the
+// host's ephemeral ports (net.ipv4.ip_local_port_range, 32768..60999 by
+// default), so that the replies of the host's own connections (ebb's
+// probes) are never taken for a flow's, and outside the node ports
+// (30000..32767). That is how many connections one LB host address can
+// have open to one backend at once.
+#define SNAT_HIGH_MIN 61000
+#define SNAT_HIGH_COUNT 4536
+#define SNAT_LOW_MIN 1024
+#define SNAT_LOW_COUNT 28976
+#define SNAT_COUNT (SNAT_HIGH_COUNT + SNAT_LOW_COUNT)
 // How many ports a new flow tries before it is dropped (its client
 // retries its SYN).
 #define SNAT_TRIES 8
@@ -75,6 +88,14 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 #define MAX_OWNERS 65536
 #define MAX_RANGES 65536
 #define MAX_FLOWS 262144
+
+// How long a half-open flow's client may be silent before the flow gives
+// its source port to a new flow that found none free: a flood then holds
+// a backend's ports only if it sends more SYNs a second than there are
+// ports (SNAT_COUNT). A real client answers within its round trip; one
+// whose SYN was not answered retransmits it after 1 s (its retransmission
+// then opens a flow of its own).
+#define HALF_OPEN_NS 1000000000ULL
 
 // An endpoint: address and port in network order.
 struct endpoint {
@@ -132,6 +153,7 @@ struct tuple {
 #define FLOW_RST 4        // either side reset the flow
 #define FLOW_ANSWERED 8   // the backend answered
 #define FLOW_LOCAL 16     // the backend is this host's: the flow goes through its stack
+#define FLOW_OPENING 32   // half-open: the client has not acknowledged the backend's answer
 #define FLOW_FIN_BOTH (FLOW_FIN_CLIENT | FLOW_FIN_BACKEND)
 
 struct flow {
@@ -235,6 +257,19 @@ struct {
 	__type(key, struct tuple);
 	__type(value, struct flow);
 } flows SEC(".maps");
+
+// stats: counters ebb lb exports, per CPU. STAT_NO_SOURCE_PORT: new
+// flows dropped because every source port they tried toward their
+// backend was held by a live flow.
+#define STAT_NO_SOURCE_PORT 0
+#define STATS 1
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STATS);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -355,12 +390,40 @@ static __always_inline int owns(struct flow *f, struct tuple *rk) {
 	return f->source.addr == rk->daddr && f->source.port == rk->dport && f->backend.addr == rk->saddr && f->backend.port == rk->sport;
 }
 
-// live reports whether the reply entry r at rk belongs to a flow that has
-// not ended.
+// snat_port is the i-th source port of translated flows, in network
+// order.
+static __always_inline __u16 snat_port(__u32 i) {
+	return __builtin_bswap16(i < SNAT_HIGH_COUNT ? SNAT_HIGH_MIN + i : SNAT_LOW_MIN + (i - SNAT_HIGH_COUNT));
+}
+
+// is_snat_port reports whether the port p (host order) is one of
+// translated flows.
+static __always_inline int is_snat_port(__u16 p) {
+	return p >= SNAT_HIGH_MIN || (p >= SNAT_LOW_MIN && p < SNAT_LOW_MIN + SNAT_LOW_COUNT);
+}
+
+// count adds one to the counter stat.
+static __always_inline void count(__u32 stat) {
+	__u64 *n = bpf_map_lookup_elem(&stats, &stat);
+	if (n)
+		*n += 1;
+}
+
+// live reports whether the reply entry r at rk belongs to a flow that
+// holds its port: one that has not ended and is not a half-open flow whose
+// client has been silent for HALF_OPEN_NS. A flow that does not is
+// deleted, so that the port's next flow can have its entry.
 static __always_inline int live(struct reply *r, struct tuple *rk) {
 	struct tuple client = r->client;
 	struct flow *f = bpf_map_lookup_elem(&flows, &client);
-	return f && owns(f, rk) && !(f->flags & FLOW_RST) && (f->flags & FLOW_FIN_BOTH) != FLOW_FIN_BOTH;
+	if (!f || !owns(f, rk))
+		return 0;
+	__u32 flags = f->flags;
+	if (!(flags & FLOW_RST) && (flags & FLOW_FIN_BOTH) != FLOW_FIN_BOTH &&
+	    !((flags & FLOW_OPENING) && bpf_ktime_get_ns() - f->seen > HALF_OPEN_NS))
+		return 1;
+	bpf_map_delete_elem(&flows, &client);
+	return 0;
 }
 
 // start stores the flow f of the client's packet t, its replies entry at
@@ -387,9 +450,10 @@ static __always_inline int take_over(struct tuple *rk, struct reply *r) {
 // on_free_port stores the flow f of the client's packet t with a source
 // port toward its backend that no flow holds (failing that, one whose flow
 // has ended: the table keeps ended flows until they are evicted or taken
-// over), chosen by a hash of the client's address and ports; rk is the
-// replies entry's key but for the port, r its value. It returns 0 when no
-// port could be had. (A function of its own, not inlined: inlined in both
+// over, or a half-open one whose client fell silent), chosen by a hash
+// of the client's address and ports; rk is the replies entry's key but
+// for the port, r its value. It returns 0 when no port could be had,
+// counted in stats. (A function of its own, not inlined: inlined in both
 // of open's cases, it made the compiler reuse a spilled pointer's stack
 // slot for a narrower store, which the verifier of a process without
 // CAP_PERFMON refuses.)
@@ -398,17 +462,18 @@ static __attribute__((noinline)) int on_free_port(struct tuple *t, struct flow *
 	int i;
 #pragma unroll
 	for (i = 0; i < SNAT_TRIES; i++) {
-		rk->dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
+		rk->dport = snat_port((h + i * 2654435761u) % SNAT_COUNT);
 		if (bpf_map_update_elem(&replies, rk, r, BPF_NOEXIST) == 0)
 			return start(t, f, rk) != 0;
 	}
 #pragma unroll
 	for (i = 0; i < SNAT_TRIES; i++) {
-		rk->dport = __builtin_bswap16(SNAT_MIN + (h + i * 2654435761u) % SNAT_COUNT);
+		rk->dport = snat_port((h + i * 2654435761u) % SNAT_COUNT);
 		struct reply *old = bpf_map_lookup_elem(&replies, rk);
 		if (old && !live(old, rk) && bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0)
 			return start(t, f, rk) != 0;
 	}
+	count(STAT_NO_SOURCE_PORT);
 	return 0;
 }
 
@@ -438,7 +503,7 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 			.backend = {.addr = be->addr, .port = be->port, .pad = isn >> 16},
 			.source = {.addr = t->saddr, .pad = isn & 0xffff},
 			.seen = bpf_ktime_get_ns(),
-			.flags = FLOW_LOCAL,
+			.flags = FLOW_LOCAL | FLOW_OPENING,
 		};
 		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
 		if (again)
@@ -456,6 +521,7 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		.backend = {.addr = be->addr, .port = be->port, .pad = isn >> 16},
 		.source = {.addr = fib.ipv4_src, .pad = isn & 0xffff},
 		.seen = bpf_ktime_get_ns(),
+		.flags = FLOW_OPENING,
 		.out_ifindex = fib.ifindex,
 	};
 	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
@@ -558,6 +624,10 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	__u32 before = f->flags;
 	if (seg && (before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
+	// The client's acknowledgement of the backend's answer: the flow is
+	// open.
+	if ((before & (FLOW_OPENING | FLOW_ANSWERED)) == (FLOW_OPENING | FLOW_ANSWERED) && tcp->ack && !tcp->syn)
+		__sync_fetch_and_and(&f->flags, ~FLOW_OPENING);
 	struct tuple to = {.saddr = f->source.addr, .daddr = f->backend.addr, .sport = f->source.port, .dport = f->backend.port};
 	__u32 ifindex = f->out_ifindex;
 	__u32 local = before & FLOW_LOCAL;
@@ -570,11 +640,14 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 
 // backend_segment records a backend's segment tcp in its flow f (keyed by
 // client): answered, its FIN or reset, the flow's end; and returns the
-// addresses and ports it goes back to the client with.
+// addresses and ports it goes back to the client with. A half-open flow's
+// time is the client's: the backend's retransmitted answers do not keep
+// it.
 static __always_inline struct tuple backend_segment(struct tcphdr *tcp, struct tuple *client, struct flow *f) {
 	__u32 seg = FLOW_ANSWERED | (tcp->fin ? FLOW_FIN_BACKEND : 0) | (tcp->rst ? FLOW_RST : 0);
-	f->seen = bpf_ktime_get_ns();
 	__u32 before = f->flags;
+	if (!(before & FLOW_OPENING))
+		f->seen = bpf_ktime_get_ns();
 	if ((before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
 	if (ends(tcp, before))
@@ -604,7 +677,7 @@ int ebb_ingress(struct __sk_buff *skb) {
 	if (!ip)
 		return TC_ACT_OK;
 	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
-	if (__builtin_bswap16(t.dport) >= SNAT_MIN) {
+	if (is_snat_port(__builtin_bswap16(t.dport))) {
 		struct reply *r = bpf_map_lookup_elem(&replies, &t);
 		if (r)
 			return to_client(skb, ip, tcp, &t, r);

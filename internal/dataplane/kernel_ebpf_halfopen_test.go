@@ -1,0 +1,112 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ebbdev/ebb/internal/synflood"
+)
+
+// A SYN flood whose SYN-ACKs never reach the sender (spoofed or dropped
+// sources) must not keep the eBPF path's source ports toward a backend:
+// the flows it opens are half-open until the client acknowledges the
+// backend's answer, and a half-open flow silent for bpfHalfOpenTakeover
+// gives its port to the next new flow. The flood here sends a SYN from
+// every port of two addresses of the client's host (about 129,000),
+// more than the source ports toward one backend; the client's host drops
+// the backend's SYN-ACKs to those addresses, so that it never resets
+// them. Then: the flows that could not get a port are counted, a
+// connection established before the flood still works, and a new
+// connection after the half-open timeout is served.
+func TestEBPFPathHalfOpenFloodGivesItsSourcePortsBack(t *testing.T) {
+	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+	be, _ := n.echo(t, 8080)
+	n.apply(t, n.frontendOn(80, be))
+	before := n.established(t, 80, 1)[0]
+
+	flooders := []netip.Addr{netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.4")}
+	for _, a := range flooders {
+		if err := n.client.AddAddress("eth0", netip.PrefixFrom(a, 24)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const dropSynAcks = `table inet flood {
+	chain in {
+		type filter hook input priority 0;
+		ip daddr { 10.2.0.3, 10.2.0.4 } tcp flags & (syn | ack) == syn | ack drop
+	}
+}
+`
+	if err := n.client.Do(func() error {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(dropSynAcks)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nft: %w: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	var s *synflood.Sender
+	if err := n.client.Do(func() (err error) { s, err = synflood.Open(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	frontend := netip.AddrPortFrom(n.ip.frontend, 80)
+	start := time.Now()
+	sent := 0
+	for _, a := range flooders {
+		for port := 1024; port <= 65535; port++ {
+			if err := s.Send(netip.AddrPortFrom(a, uint16(port)), frontend, uint32(port)*2654435761); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+	}
+	t.Logf("sent %d SYNs in %s", sent, time.Since(start).Round(time.Millisecond))
+
+	got := counterValue(t, n.reg, "ebb_dataplane_bpf_source_ports_exhausted_total")
+	t.Logf("%.0f new flows found no source port", got)
+	if got == 0 {
+		t.Errorf("no new flow counted as refused for want of a source port after %d SYNs; want some (the flood holds more ports than a backend has)", sent)
+	}
+	if err := roundTrip(before, []byte("still here")); err != nil {
+		t.Errorf("a connection established before the flood: %v", err)
+	}
+	time.Sleep(bpfHalfOpenTakeover + time.Second)
+	c, err := n.dialWithin(t, 80, 3000)
+	if err != nil {
+		t.Fatalf("a new connection %s after the flood: %v; want it served (the flood's half-open flows give their source ports back)", bpfHalfOpenTakeover+time.Second, err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("hello")); err != nil {
+		t.Errorf("a new connection after the flood: %v", err)
+	}
+}
+
+// counterValue is the sum of the counter name's series in reg (0 when it
+// has none).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
