@@ -54,11 +54,18 @@ func serveBackends(h *network.Host) (stop func(), err error) {
 	return func() { ln.Close(); pc.Close() }, nil
 }
 
-// request opens one connection to the TCP frontend and reads the answer.
-func request(ctx context.Context, client *network.Host) error {
+// The TCP frontends: the proxy's, and the eBPF kernel path's.
+const (
+	proxyFrontend = "10.78.9.1:80"
+	ebpfFrontend  = "10.78.9.1:81"
+)
+
+// request opens one connection to the TCP frontend at addr and reads the
+// answer.
+func request(ctx context.Context, client *network.Host, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	c, err := client.DialContext(ctx, "tcp", "10.78.9.1:80")
+	c, err := client.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
@@ -74,24 +81,24 @@ func request(ctx context.Context, client *network.Host) error {
 	return nil
 }
 
-// waitServing waits until the TCP frontend answers.
-func waitServing(ctx context.Context, client *network.Host) error {
+// waitServing waits until the TCP frontend at addr answers.
+func waitServing(ctx context.Context, client *network.Host, addr string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := request(ctx, client)
+		err := request(ctx, client, addr)
 		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("ebb lb does not serve 10.78.9.1:80 after 30 s: %w", err)
+			return fmt.Errorf("ebb lb does not serve %s after 30 s: %w", addr, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-// legitRate is the rate of successful new connections 8 workers make
-// for d.
-func legitRate(ctx context.Context, client *network.Host, d time.Duration) float64 {
+// legitRate is the rate of successful new connections to the TCP
+// frontend at addr 8 workers make for d.
+func legitRate(ctx context.Context, client *network.Host, addr string, d time.Duration) float64 {
 	var ok atomic.Int64
 	end := time.Now().Add(d)
 	var wg sync.WaitGroup
@@ -100,7 +107,7 @@ func legitRate(ctx context.Context, client *network.Host, d time.Duration) float
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(end) {
-				if request(ctx, client) == nil {
+				if request(ctx, client, addr) == nil {
 					ok.Add(1)
 				}
 			}
@@ -158,7 +165,7 @@ func udpFlood(ctx context.Context, h *hosts, pid, rate int, d time.Duration) (fl
 	// measured over the flood's second half, when they are most.
 	time.Sleep(d / 2)
 	cpu := cpuSeconds(pid)
-	res.legitRate = legitRate(ctx, h.client, d/2)
+	res.legitRate = legitRate(ctx, h.client, proxyFrontend, d/2)
 	res.cpu = (cpuSeconds(pid) - cpu) / (d / 2).Seconds()
 	close(stop)
 	wg.Wait()

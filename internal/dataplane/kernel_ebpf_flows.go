@@ -11,8 +11,8 @@ import (
 )
 
 // The flow table of the eBPF kernel path (bpf/ebb_lb.c): flows, keyed by
-// the client's packets' addresses and ports. (Its twin, replies, keyed by
-// the backend's, only the program reads; deleteFlows deletes by key.)
+// the client's packets' addresses and ports, and its twin, replies, keyed
+// by the backend's (the program reads it; deleteFlows deletes from it).
 type (
 	bpfTuple struct {
 		Saddr, Daddr [4]byte
@@ -23,6 +23,12 @@ type (
 		Seen            uint64 // CLOCK_MONOTONIC, ns
 		Flags           uint32
 		OutIfindex      uint32
+	}
+	// bpfReply is a replies entry: the key of the flow whose port it is.
+	bpfReply struct {
+		Client    bpfTuple
+		InIfindex uint32
+		Pad       uint32
 	}
 )
 
@@ -144,30 +150,59 @@ func (e *ebpfPath) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 }
 
 // deleteFlows deletes the flows gone says to, with their replies'
-// entries. e.use is held, and e.coll is set.
+// entries. e.use is held, and e.coll is set. The program goes on while
+// the pass reads the table and deletes: a flow is deleted only if it is
+// still as the pass read it (a packet since, or a new flow of the same
+// client port, keeps it), and a replies entry only if it is still the
+// flow's (the program may have given the port to another flow, whose
+// replies would otherwise go to the host's stack and be reset).
 func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
 	type doomed struct {
 		key   bpfTuple
+		flow  bpfFlow
 		reply bpfTuple
 	}
 	var del []doomed
 	if err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
 		if gone(k, f) {
-			del = append(del, doomed{k, f.replyKey()})
+			del = append(del, doomed{k, f, f.replyKey()})
 		}
 	}); err != nil {
 		return err
 	}
 	flows, replies := e.coll.Maps["flows"], e.coll.Maps["replies"]
 	for _, d := range del {
-		if err := deleteIfThere(flows, d.key); err != nil {
+		var now bpfFlow
+		if found, err := lookup(flows, d.key, &now); err != nil {
 			return err
+		} else if found && now == d.flow {
+			if err := deleteIfThere(flows, d.key); err != nil {
+				return err
+			}
 		}
-		if err := deleteIfThere(replies, d.reply); err != nil {
+		var r bpfReply
+		if found, err := lookup(replies, d.reply, &r); err != nil {
 			return err
+		} else if found && r.Client == d.key {
+			if err := deleteIfThere(replies, d.reply); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// lookup reads m's element at key into value, and reports whether there
+// was one.
+func lookup(m *ebpf.Map, key, value any) (bool, error) {
+	err := m.Lookup(key, value)
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading an element of %s: %w", m.String(), err)
+	}
+	return true, nil
 }
 
 // sweepEvery sweeps the flow table every interval until stop closes.

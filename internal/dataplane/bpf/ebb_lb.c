@@ -81,7 +81,7 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 #define SNAT_COUNT (SNAT_HIGH_COUNT + SNAT_LOW_COUNT)
 // How many ports a new flow tries before it is dropped (its client
 // retries its SYN).
-#define SNAT_TRIES 8
+#define SNAT_TRIES 16
 
 #define MAX_FRONTENDS 4096
 #define MAX_SLOTS 1048576
@@ -448,14 +448,20 @@ static __always_inline int take_over(struct tuple *rk, struct reply *r) {
 }
 
 // on_free_port stores the flow f of the client's packet t with a source
-// port toward its backend that no flow holds (failing that, one whose flow
-// has ended: the table keeps ended flows until they are evicted or taken
-// over, or a half-open one whose client fell silent), chosen by a hash
-// of the client's address and ports; rk is the replies entry's key but
-// for the port, r its value. It returns 0 when no port could be had,
-// counted in stats. (A function of its own, not inlined: inlined in both
-// of open's cases, it made the compiler reuse a spilled pointer's stack
-// slot for a narrower store, which the verifier of a process without
+// port toward its backend that no flow holds, or whose flow has ended
+// (the table keeps ended flows until they are evicted or taken over) or
+// is half-open with its client silent (live): the first of SNAT_TRIES
+// ports chosen by a hash of the client's address and ports. rk is the
+// replies entry's key but for the port, r its value. It returns 0 when no
+// port could be had, counted in stats. (One pass, taking the first port
+// that is free or can be taken over: when a flood holds most ports, the
+// free ones are mostly those that connections just closed, whose backend
+// may still hold their end in TIME_WAIT and would answer a new SYN on
+// them with an acknowledgement of the old connection, which costs the
+// client a reset and a retransmitted SYN; the flood's stale ports have
+// no such state. A function of its own, not inlined: inlined in both of
+// open's cases, it made the compiler reuse a spilled pointer's stack slot
+// for a narrower store, which the verifier of a process without
 // CAP_PERFMON refuses.)
 static __attribute__((noinline)) int on_free_port(struct tuple *t, struct flow *f, struct tuple *rk, struct reply *r) {
 	__u32 h = mix(t->saddr ^ mix(((__u32)t->sport << 16) | t->dport));
@@ -465,10 +471,6 @@ static __attribute__((noinline)) int on_free_port(struct tuple *t, struct flow *
 		rk->dport = snat_port((h + i * 2654435761u) % SNAT_COUNT);
 		if (bpf_map_update_elem(&replies, rk, r, BPF_NOEXIST) == 0)
 			return start(t, f, rk) != 0;
-	}
-#pragma unroll
-	for (i = 0; i < SNAT_TRIES; i++) {
-		rk->dport = snat_port((h + i * 2654435761u) % SNAT_COUNT);
 		struct reply *old = bpf_map_lookup_elem(&replies, rk);
 		if (old && !live(old, rk) && bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0)
 			return start(t, f, rk) != 0;
