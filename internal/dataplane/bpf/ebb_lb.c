@@ -38,10 +38,12 @@
 // A flow is half-open (FLOW_OPENING) from the client's SYN until the
 // client acknowledges the backend's answer. Only the client's packets
 // keep a half-open flow alive: one whose client has been silent for
-// HALF_OPEN_NS gives its source port to the next flow that finds none
-// free, so that SYNs whose answers never reach their sender (a SYN flood
-// from spoofed addresses) cannot hold a backend's source ports. Built by `make generate` with
-// clang; the object is committed (ebb_lb.o). No libbpf headers.
+// HALF_OPEN_NS gives its source port to the first new flow that tries
+// it, so that SYNs whose answers never reach their sender (a SYN flood
+// from spoofed addresses) cannot hold a backend's source ports.
+//
+// Built by `make generate` with clang; the object is committed
+// (ebb_lb.o). No libbpf headers.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -80,8 +82,10 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 #define SNAT_LOW_COUNT 28976
 #define SNAT_COUNT (SNAT_HIGH_COUNT + SNAT_LOW_COUNT)
 // How many ports a new flow tries before it is dropped (its client
-// retries its SYN).
-#define SNAT_TRIES 16
+// retries its SYN): with a fraction p of the ports held by live flows, a
+// new flow finds none with probability p^SNAT_TRIES (a flood of 20,000
+// SYNs a second toward one backend holds about 0.6 of them).
+#define SNAT_TRIES 32
 
 #define MAX_FRONTENDS 4096
 #define MAX_SLOTS 1048576
@@ -90,7 +94,7 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 #define MAX_FLOWS 262144
 
 // How long a half-open flow's client may be silent before the flow gives
-// its source port to a new flow that found none free: a flood then holds
+// its source port to the first new flow that tries it: a flood then holds
 // a backend's ports only if it sends more SYNs a second than there are
 // ports (SNAT_COUNT). A real client answers within its round trip; one
 // whose SYN was not answered retransmits it after 1 s (its retransmission
