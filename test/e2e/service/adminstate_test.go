@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
+	"github.com/ebbdev/ebb/internal/loadgen"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -34,12 +35,8 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 
 	// A long-lived connection through the load balancer that exchanges a
 	// message with the app every 100 ms (HTTP keep-alive with agnhost, a
-	// raw echo on simulated nodes).
-	conn, err := e2eutil.OpenLongLived(cluster, nil, addr, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	// raw echo on simulated nodes), through the node the test taints.
+	conn, node := openLongLivedThroughANode(t, ns, "drain", addr)
 	// echo waits for the next round trip; a broken connection says why.
 	echo := func(when string) error {
 		before := conn.Echoes()
@@ -60,7 +57,6 @@ func TestDrainingTaintStopsNewConnectionsOnly(t *testing.T) {
 	// In node mode a pod's answer does not say which node the load
 	// balancer chose (the node forwards to any pod), so the load
 	// balancer's own per-node connection counter tells.
-	node := cluster.Nodes[0].Name
 	downEvents, noneEvents := nodeEvents(t, ctx, node, "LoadBalancerAdminStateDown"), nodeEvents(t, ctx, node, "LoadBalancerAdminStateNone")
 	setTaint(t, ctx, node, true)
 	// A failure below must not leave the taint to the tests after this
@@ -155,6 +151,35 @@ func setTaint(t *testing.T, ctx context.Context, name string, on bool) {
 func setUnschedulable(t *testing.T, ctx context.Context, name string, on bool) {
 	t.Helper()
 	updateNode(t, ctx, name, func(n *corev1.Node) { n.Spec.Unschedulable = on })
+}
+
+// openLongLivedThroughANode opens long-lived connections to addr, the
+// Service svc's, until the load balancer sends one through a node other
+// than the LB node (whose taint would make the LB host itself leave), and
+// returns it and that node; the others close when the test ends. The load
+// balancer's per-node connection counter tells which node it chose: in
+// node mode a pod's answer does not (the node forwards to any pod).
+func openLongLivedThroughANode(t *testing.T, ns, svc, addr string) (*loadgen.LongLived, string) {
+	t.Helper()
+	for range 2 * len(cluster.Nodes) {
+		before := map[string]float64{}
+		for _, n := range cluster.Nodes {
+			before[n.Name] = frontendConnections(t, ns, svc, n.Name)
+		}
+		conn, err := e2eutil.OpenLongLived(cluster, nil, addr, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		for _, n := range cluster.Nodes {
+			if n.Name != lbNode.Name && frontendConnections(t, ns, svc, n.Name) > before[n.Name] {
+				t.Logf("the long-lived connection goes through %s", n.Name)
+				return conn, n.Name
+			}
+		}
+	}
+	t.Fatalf("no long-lived connection to %s went through a node other than the LB node %s", addr, lbNode.Name)
+	return nil, ""
 }
 
 // lbMetrics scrapes the metrics of the LB node's ebb lb.
