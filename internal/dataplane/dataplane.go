@@ -95,6 +95,10 @@ type DataPlane struct {
 	udpFlows  atomic.Int64
 	// held counts TCP connections paused between dial rounds (maxHeld).
 	held       atomic.Int64
+	// looking counts the TCP connections accepted that have neither a
+	// backend nor a refusal yet (dialing, or held between rounds): a
+	// graceful stop waits for them as for the established ones.
+	looking atomic.Int64
 	udpBuffers *sync.Pool
 	// udpUnansweredIdle: the idle timeout of a flow its backend never
 	// answered (tests shorten it).
@@ -486,5 +490,8 @@ func (d *DataPlane) StopAccepting() {
 	}
 }
 
-// Connections counts the user-space proxy's established TCP connections.
-func (d *DataPlane) Connections() int { return d.conns.len() }
+// Connections counts the user-space proxy's TCP connections: the
+// established ones, and those accepted that are still looking for a
+// backend (dialing, or held while their backends refuse), which a
+// graceful stop must wait for too.
+func (d *DataPlane) Connections() int { return d.conns.len() + int(d.looking.Load()) }

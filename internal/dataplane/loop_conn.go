@@ -44,6 +44,9 @@ type loopConn struct {
 	// holding is set while the connection pauses between rounds, in one
 	// of the data plane's maxHeld places.
 	holding bool
+	// looking is set from the accept until the connection is
+	// established or closed: it counts in the data plane's looking.
+	looking bool
 	at      int // index in l.connecting while connecting
 }
 
@@ -94,6 +97,8 @@ func (l *eventLoop) newConn(f *frontend, fd int, from netip.AddrPort) {
 		resetClose(fd)
 		return
 	}
+	c.looking = true
+	l.d.looking.Add(1)
 	l.dial(c)
 }
 
@@ -142,6 +147,7 @@ func (l *eventLoop) dial(c *loopConn) {
 // refuse closes a client connection that found no backend with a reset,
 // so that the client fails fast instead of waiting.
 func (l *eventLoop) refuse(c *loopConn) {
+	c.endLooking()
 	c.state = connClosed
 	setResetOnClose(c.client.fd)
 	l.closeFD(c.client.fd)
@@ -293,6 +299,7 @@ func (l *eventLoop) established(c *loopConn) {
 	c.tc.ends, c.tc.backend = c, b
 	c.tc.idleTimeout, c.tc.quietSince = cfg.IdleTimeout.Duration, c.f.d.clock.Now()
 	c.f.d.conns.add(&c.tc)
+	c.endLooking()
 	b.active.Add(1)
 	b.m.active.Inc()
 	b.m.total.Inc()
@@ -418,6 +425,7 @@ func (l *eventLoop) endDirection(src *loopSide) {
 // closeConn closes both sides of a connection and settles its counts.
 func (l *eventLoop) closeConn(c *loopConn) {
 	c.endHold()
+	c.endLooking()
 	switch c.state {
 	case connClosed:
 		return
@@ -465,6 +473,15 @@ func setKeepAliveFD(fd int, idle time.Duration) {
 	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPIDLE, secs(ka.Idle))
 	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPINTVL, secs(ka.Interval))
 	_ = unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_KEEPCNT, ka.Count)
+}
+
+// endLooking takes the connection out of the data plane's count of those
+// looking for a backend, if it is in it.
+func (c *loopConn) endLooking() {
+	if c.looking {
+		c.looking = false
+		c.f.d.looking.Add(-1)
+	}
 }
 
 // endHold gives back the connection's place among the held ones, if it

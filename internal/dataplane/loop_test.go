@@ -246,6 +246,28 @@ func TestHeldConnectionsAreBounded(t *testing.T) {
 		if got := d.held.Load(); got != maxHeld {
 			t.Errorf("%d places taken after the refusal, want %d (none taken or leaked)", got, maxHeld)
 		}
+		waitFor(t, "the refused connection to leave the count", func() bool { return d.Connections() == 0 })
+	})
+}
+
+// A graceful stop waits for a connection that is still looking for a
+// backend as it waits for an established one: Connections counts it, and
+// once the listeners are closed it still gets its backend. (Until
+// 2026-11-29 it counted only established connections, so a stop that
+// found none closed the data plane under a held connection, and its
+// client got a FIN instead of its answer.)
+func TestAGracefulStopWaitsForAHeldConnection(t *testing.T) {
+	bothProxies(t, func(t *testing.T, proxy Options) {
+		h := holdConnection(t, proxy)
+		h.d.StopAccepting()
+		if got := h.d.Connections(); got != 1 {
+			t.Errorf("Connections() = %d while a connection is held, want 1 (a stop would not wait for it)", got)
+		}
+		mustApply(t, h.d, tcpFrontend("web", h.at, h.answering))
+		if err := <-h.done; err != nil {
+			t.Fatalf("the held connection after the listeners closed: %v, want its answer", err)
+		}
+		waitFor(t, "the connection to end", func() bool { return h.d.Connections() == 0 })
 	})
 }
 

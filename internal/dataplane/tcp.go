@@ -80,11 +80,13 @@ func (f *frontend) handleTCP(client *net.TCPConn) {
 		refuse(client)
 		return
 	}
+	f.d.looking.Add(1)
 	set, b, upstream, refusal := f.dialBackend(set, "tcp", clientAddr.Addr())
 	if b != nil {
-		f.proxy(set, client, upstream, b)
+		f.proxy(set, client, upstream, b, func() { f.d.looking.Add(-1) })
 		return
 	}
+	f.d.looking.Add(-1)
 	f.d.m.refused.WithLabelValues(set.cfg.Name, refusal).Inc()
 	refuse(client)
 }
@@ -183,14 +185,16 @@ func refuse(c *net.TCPConn) {
 }
 
 // proxy copies both ways between client and upstream until both sides are
-// done, then closes them.
-func (f *frontend) proxy(set *backendSet, client *net.TCPConn, upstream net.Conn, b *backend) {
+// done, then closes them. found is called once the connection is in the
+// connection table (so that Connections never misses it in between).
+func (f *frontend) proxy(set *backendSet, client *net.TCPConn, upstream net.Conn, b *backend, found func()) {
 	if ka := set.cfg.TCPKeepAlive.Duration; ka > 0 {
 		setKeepAlive(client, ka)
 		setKeepAlive(upstream, ka)
 	}
 	c := &tcpConn{ends: netConns{client, upstream}, backend: b, idleTimeout: set.cfg.IdleTimeout.Duration, quietSince: f.d.clock.Now()}
 	f.d.conns.add(c)
+	found()
 	b.active.Add(1)
 	b.m.active.Inc()
 	b.m.total.Inc()
