@@ -94,11 +94,11 @@ type DataPlane struct {
 	udpLimits UDPLimits
 	udpFlows  atomic.Int64
 	// held counts TCP connections paused between dial rounds (maxHeld).
-	held       atomic.Int64
+	held atomic.Int64
 	// looking counts the TCP connections accepted that have neither a
 	// backend nor a refusal yet (dialing, or held between rounds): a
 	// graceful stop waits for them as for the established ones.
-	looking atomic.Int64
+	looking    atomic.Int64
 	udpBuffers *sync.Pool
 	// udpUnansweredIdle: the idle timeout of a flow its backend never
 	// answered (tests shorten it).
