@@ -48,6 +48,7 @@ release: image tools
 ## tools: build the pinned tools that are not cached yet (a cold build takes about 10 minutes on 2 cores)
 tools:
 	@hack/tools.sh >/dev/null
+	@hack/promtool.sh >/dev/null
 
 ## upstream-e2e: build Kubernetes' e2e.test (k8s.io/kubernetes/test/e2e) when it is not cached yet (a cold build takes about 15 minutes on 2 cores)
 upstream-e2e:
