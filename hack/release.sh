@@ -5,7 +5,10 @@
 # config/components/kernel-ebpf (ebb lb's kernel engine on its eBPF path);
 # dist/install-eviction-guard.yaml, with config/components/eviction-guard;
 # dist/install-webhook-client-auth.yaml, with
-# config/components/webhook-client-auth.
+# config/components/webhook-client-auth; dist/install-monitoring.yaml, with
+# config/components/monitoring (the alert rules as a PrometheusRule, for
+# clusters with the Prometheus operator); and dist/ebb-alert-rules.yaml,
+# the same rules as a plain Prometheus rules file (docs/alerts.md).
 #
 #   hack/release.sh IMAGE KUBECTL     e.g. hack/release.sh ghcr.io/ebbdev/ebb /path/to/kubectl
 set -euo pipefail
@@ -36,3 +39,6 @@ render install.yaml
 render install-kernel-ebpf.yaml kernel-ebpf
 render install-eviction-guard.yaml eviction-guard
 render install-webhook-client-auth.yaml webhook-client-auth
+render install-monitoring.yaml monitoring
+cp "$root/config/monitoring/rules.yaml" "$root/dist/ebb-alert-rules.yaml"
+echo "dist/ebb-alert-rules.yaml"
