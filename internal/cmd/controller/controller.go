@@ -259,6 +259,10 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		if certs, err = o.ensureWebhookCerts(ctx, direct); err != nil {
 			return err
 		}
+		// tls.crt: controller-runtime's webhook server's default name.
+		if err := ebbwebhook.RegisterCertificateExpiry(metrics.Registry, filepath.Join(o.Webhook.CertDir, "tls.crt")); err != nil {
+			return fmt.Errorf("registering the webhook certificate's metric: %w", err)
+		}
 		tlsOpts := []func(*tls.Config){onlyHTTP1}
 		if o.Webhook.ClientCAFile != "" {
 			verify, err := clientCertsVerified(o.Webhook.ClientCAFile)
