@@ -368,6 +368,13 @@ func (a *Allocator) Collisions(addr netip.Addr, h Holder) []string {
 	return out
 }
 
+// Pools are the AddressPools by name, then the flags' pool.
+func (a *Allocator) Pools() []Pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.poolsLocked()
+}
+
 // Usage counts the addresses of p held by Services, by family.
 func (a *Allocator) Usage(p Pool) (v4, v6 int64) {
 	a.mu.Lock()

@@ -28,6 +28,19 @@ type Pool struct {
 // FlagPoolName names the pool of the --vip-pool flags.
 const FlagPoolName = "--vip-pool"
 
+// size counts the pool's addresses by family (each capped at the largest
+// int64).
+func (p Pool) size() (v4, v6 int64) {
+	for _, rg := range p.Ranges {
+		if rg.From.Is4() {
+			v4 = saturatingAdd(v4, rg.Size())
+		} else {
+			v6 = saturatingAdd(v6, rg.Size())
+		}
+	}
+	return v4, v6
+}
+
 func (p Pool) contains(a netip.Addr) bool {
 	for _, r := range p.Ranges {
 		if r.Contains(a) {

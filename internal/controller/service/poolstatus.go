@@ -157,14 +157,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 
 // usage fills the counts and the conditions of a pool that can be read.
 func (r *PoolReconciler) usage(p Pool, st *lbv1alpha1.AddressPoolStatus) {
-	var size4, size6 int64
-	for _, rg := range p.Ranges {
-		if rg.From.Is4() {
-			size4 = saturatingAdd(size4, rg.Size())
-		} else {
-			size6 = saturatingAdd(size6, rg.Size())
-		}
-	}
+	size4, size6 := p.size()
 	st.AssignedIPv4, st.AssignedIPv6 = r.IPAM.Usage(p)
 	st.AvailableIPv4, st.AvailableIPv6 = max(0, size4-st.AssignedIPv4), max(0, size6-st.AssignedIPv6)
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: lbv1alpha1.ReadyCondition, Status: metav1.ConditionTrue,
