@@ -146,17 +146,18 @@ func (e *ebpfPath) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 	}
 	return e.deleteFlows(func(k bpfTuple, f bpfFlow) bool {
 		return k.frontendKey() == fe && f.Backend.addrPort() == backend
-	})
+	}, sameConnection)
 }
 
 // deleteFlows deletes the flows gone says to, with their replies'
 // entries. e.use is held, and e.coll is set. The program goes on while
-// the pass reads the table and deletes: a flow is deleted only if it is
-// still as the pass read it (a packet since, or a new flow of the same
-// client port, keeps it), and a replies entry only if it is still the
-// flow's (the program may have given the port to another flow, whose
-// replies would otherwise go to the host's stack and be reset).
-func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
+// the pass reads the table and deletes: a flow is deleted only if same
+// says it is still the one the pass read (for the sweeper, no packet
+// since; for a drop, the same connection), and its replies entry only
+// with it and only if the entry still names it (the program may have
+// given the port to another flow, whose replies would otherwise go to the
+// host's stack and be reset). A flow kept keeps its entry.
+func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool, same func(then, now bpfFlow) bool) error {
 	type doomed struct {
 		key   bpfTuple
 		flow  bpfFlow
@@ -175,10 +176,13 @@ func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
 		var now bpfFlow
 		if found, err := lookup(flows, d.key, &now); err != nil {
 			return err
-		} else if found && now == d.flow {
-			if err := deleteIfThere(flows, d.key); err != nil {
-				return err
-			}
+		} else if !found || !same(d.flow, now) {
+			// Kept (a packet since, or a new flow of the port), or gone
+			// already: its replies entry is the program's to manage.
+			continue
+		}
+		if err := deleteIfThere(flows, d.key); err != nil {
+			return err
 		}
 		var r bpfReply
 		if found, err := lookup(replies, d.reply, &r); err != nil {
@@ -190,6 +194,18 @@ func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool) error {
 		}
 	}
 	return nil
+}
+
+// sameFlow: the flow is as the pass read it, no packet since (the
+// sweeper deletes only what stayed idle).
+func sameFlow(then, now bpfFlow) bool { return then == now }
+
+// sameConnection: the flow is the connection the pass read, whatever
+// passed since (the drain timeout drops busy connections too); a new
+// connection of the same client port has another initial sequence
+// number, or another port toward the backend.
+func sameConnection(then, now bpfFlow) bool {
+	return then.Backend == now.Backend && then.Source == now.Source
 }
 
 // lookup reads m's element at key into value, and reports whether there
@@ -267,7 +283,7 @@ func (e *ebpfPath) sweepFlows(now uint64) (map[bpfFrontendKey]bool, error) {
 			live[fe] = true
 		}
 		return false
-	})
+	}, sameFlow)
 	return live, err
 }
 

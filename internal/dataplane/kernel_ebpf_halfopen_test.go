@@ -110,3 +110,32 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return total
 }
+
+// The sweeper (and the drain timeout's drop) reads the flow table, then
+// deletes; a packet of a connection that arrives in between keeps the
+// flow, and must keep its replies entry too. (Until 2026-11-29 the entry
+// went, the backend's segments met the host's stack, and the connection
+// hung: found by review.)
+func TestDeletingFlowsKeepsTheRepliesOfAFlowThatChangedMeanwhile(t *testing.T) {
+	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+	be, _ := n.echo(t, 8080)
+	n.apply(t, n.frontendOn(80, be))
+	c := n.established(t, 80, 1)[0]
+	e := n.d.kernel.(*ebpfPath)
+	e.use.RLock()
+	err := e.deleteFlows(func(bpfTuple, bpfFlow) bool {
+		// A segment of the connection arrives after the pass read it.
+		if err := roundTrip(c, []byte("meanwhile")); err != nil {
+			t.Errorf("a round trip during the pass: %v", err)
+		}
+		return true
+	}, sameFlow)
+	e.use.RUnlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if err := roundTrip(c, []byte("after")); err != nil {
+		t.Errorf("the connection after the pass: %v, want it served (its flow changed, so the pass kept it)", err)
+	}
+}
