@@ -317,21 +317,22 @@ const bpfStatNoSourcePort uint32 = 0
 
 // sourcePortsExhausted is how many new flows the program dropped because
 // no source port toward their backend was free, since its maps were
-// pinned (they outlive ebb lb's restarts); 0 while nothing is loaded.
-func (e *ebpfPath) sourcePortsExhausted() float64 {
+// pinned (they outlive ebb lb's restarts); ok is false while nothing is
+// loaded, or the counter cannot be read.
+func (e *ebpfPath) sourcePortsExhausted() (n float64, ok bool) {
 	e.use.RLock()
 	defer e.use.RUnlock()
 	if e.coll == nil {
-		return 0
+		return 0, false
 	}
 	var perCPU []uint64
 	if err := e.coll.Maps["stats"].Lookup(bpfStatNoSourcePort, &perCPU); err != nil {
 		e.log.Error(err, "Reading the eBPF kernel path's counters")
-		return 0
+		return 0, false
 	}
 	total := uint64(0)
-	for _, n := range perCPU {
-		total += n
+	for _, v := range perCPU {
+		total += v
 	}
-	return float64(total)
+	return float64(total), true
 }

@@ -26,6 +26,18 @@ import (
 // connection after the half-open timeout is served.
 func TestEBPFPathHalfOpenFloodGivesItsSourcePortsBack(t *testing.T) {
 	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+	// No series before the maps are loaded: they are pinned, and a
+	// series from 0 to their total at each restart would look like an
+	// increase.
+	if families, err := n.reg.Gather(); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, f := range families {
+			if f.GetName() == "ebb_dataplane_bpf_source_ports_exhausted_total" {
+				t.Errorf("%s exported before the eBPF path loaded its maps", f.GetName())
+			}
+		}
+	}
 	be, _ := n.echo(t, 8080)
 	n.apply(t, n.frontendOn(80, be))
 	before := n.established(t, 80, 1)[0]

@@ -113,10 +113,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // registerEBPFMetrics registers the eBPF kernel path's counters, which
 // its program keeps and the path reads at each scrape.
 func registerEBPFMetrics(reg prometheus.Registerer, e *ebpfPath) error {
-	return reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "ebb_dataplane_bpf_source_ports_exhausted_total",
-		Help: "New TCP connections the eBPF kernel path dropped because every source port they tried toward their backend was held by an open flow (33,512 ports per backend and LB host address; a half-open flow whose client has been silent for 5 s gives its port up). The client retries its SYN.",
-	}, e.sourcePortsExhausted))
+	return reg.Register(ebpfCounters{e})
+}
+
+// ebpfCounters collects the program's counters. It exports nothing until
+// the path has loaded its maps: they are pinned, so the first value is
+// the total since they were made, and a series that went from 0 to that
+// total at each restart would look like an increase to alerts.
+type ebpfCounters struct{ e *ebpfPath }
+
+var bpfSourcePortsExhausted = prometheus.NewDesc("ebb_dataplane_bpf_source_ports_exhausted_total",
+	"New TCP connections the eBPF kernel path dropped because every source port they tried toward their backend was held by an open flow (33,512 ports per backend and LB host address; a half-open flow whose client has been silent for 1 s gives its port to a new flow). The client retries its SYN. Counted since the path's maps were made (they outlive restarts); no series until they are loaded.",
+	nil, nil)
+
+func (c ebpfCounters) Describe(ch chan<- *prometheus.Desc) { ch <- bpfSourcePortsExhausted }
+
+func (c ebpfCounters) Collect(ch chan<- prometheus.Metric) {
+	if n, ok := c.e.sourcePortsExhausted(); ok {
+		ch <- prometheus.MustNewConstMetric(bpfSourcePortsExhausted, prometheus.CounterValue, n)
+	}
 }
 
 // backendMetrics are one backend's series, resolved once so the hot path

@@ -423,8 +423,9 @@ static __always_inline int live(struct reply *r, struct tuple *rk) {
 	if (!f || !owns(f, rk))
 		return 0;
 	__u32 flags = f->flags;
+	// Signed: another CPU may have stored a later seen since now was read.
 	if (!(flags & FLOW_RST) && (flags & FLOW_FIN_BOTH) != FLOW_FIN_BOTH &&
-	    !((flags & FLOW_OPENING) && bpf_ktime_get_ns() - f->seen > HALF_OPEN_NS))
+	    !((flags & FLOW_OPENING) && (__s64)(bpf_ktime_get_ns() - f->seen) > (__s64)HALF_OPEN_NS))
 		return 1;
 	bpf_map_delete_elem(&flows, &client);
 	return 0;
@@ -462,8 +463,9 @@ static __always_inline int take_over(struct tuple *rk, struct reply *r) {
 // free ones are mostly those that connections just closed, whose backend
 // may still hold their end in TIME_WAIT and would answer a new SYN on
 // them with an acknowledgement of the old connection, which costs the
-// client a reset and a retransmitted SYN; the flood's stale ports have
-// no such state. A function of its own, not inlined: inlined in both of
+// client a reset and a retransmitted SYN; most of the flood's stale
+// ports have none either (past its SYN queue, a backend answers with SYN
+// cookies and keeps nothing). A function of its own, not inlined: inlined in both of
 // open's cases, it made the compiler reuse a spilled pointer's stack slot
 // for a narrower store, which the verifier of a process without
 // CAP_PERFMON refuses.)
