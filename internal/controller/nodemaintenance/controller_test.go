@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -249,6 +250,25 @@ func TestNodeStatusCountsPodsAsTheKEPDoes(t *testing.T) {
 	}
 	status() // advances the plan; the Evacuation is created on the next pass
 	check("5000 drained", status(), 1, 1, drainplan.Level{Rank: 0, Priority: 15000, General: 15000})
+	if n := testutil.CollectAndCount(r.Metrics.pods); n != 2 {
+		t.Errorf("%d series of ebb_nodemaintenance_pods while draining, want 2 (pending, evacuating)", n)
+	}
+
+	// Moved on to Complete with a pod left: no longer draining, so no
+	// pod counts (a gauge frozen at the drain's last value would read as
+	// a drain that stopped moving).
+	cur := &v1alpha1.NodeMaintenance{}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Stage = v1alpha1.Complete
+	if err := cl.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	reconcileMaintenance(t, r, cl, cur)
+	if n := testutil.CollectAndCount(r.Metrics.pods); n != 0 {
+		t.Errorf("%d series of ebb_nodemaintenance_pods after the maintenance left Drain, want none", n)
+	}
 }
 
 // A newer maintenance whose node an older one has already drained further

@@ -57,6 +57,10 @@ func (m *Metrics) setPods(name string, statuses []v1alpha1.NodeMaintenanceNodeSt
 	m.pods.WithLabelValues(name, "evacuating").Set(float64(evacuating))
 }
 
+// forget drops a maintenance's pod counts; a nil Metrics has none.
 func (m *Metrics) forget(name string) {
+	if m == nil {
+		return
+	}
 	m.pods.DeletePartialMatch(prometheus.Labels{"nodemaintenance": name})
 }

@@ -29,6 +29,11 @@ func (r *Reconciler) updateStatus(ctx context.Context, nm *v1alpha1.NodeMaintena
 	if drain != nil && drain.self != nil {
 		st.DrainPlanIndex = int32(drain.self.Index)
 		r.Metrics.setPods(nm.Name, st.NodeStatuses)
+	} else {
+		// Not draining (another stage, or waiting for a slot): no pods
+		// of its are being evacuated, and a gauge left at its last drain's
+		// value would read as a drain that stopped moving.
+		r.Metrics.forget(nm.Name)
 	}
 	r.setDrained(nm, drain, waitMsg, waiting)
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ReconciledCondition, Status: metav1.ConditionTrue, Reason: "Succeeded",
