@@ -182,6 +182,7 @@ func (e *ebpfPath) load() error {
 	e.use.Lock()
 	e.coll, e.links, e.contents = coll, links, contents
 	e.use.Unlock()
+	e.warnIfEphemeralPortsOverlap()
 	e.loaded = true
 	e.slotState = slotState{}
 	e.stopWorkers = make(chan struct{})
