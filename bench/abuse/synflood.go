@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,14 +16,6 @@ import (
 // stay half-open and the client's host never resets them, as a flood from
 // spoofed addresses does.
 var synFloodSources = []netip.Prefix{netip.MustParsePrefix("10.78.1.3/24"), netip.MustParsePrefix("10.78.1.4/24")}
-
-const dropSynAcks = `table inet bench-abuse-flood {
-	chain in {
-		type filter hook input priority 0;
-		ip daddr { 10.78.1.3, 10.78.1.4 } tcp flags & (syn | ack) == syn | ack drop
-	}
-}
-`
 
 // synFloodResult is what the SYN flood cost the eBPF path's legitimate
 // clients.
@@ -42,14 +32,11 @@ func addSYNFloodSources(h *hosts) error {
 			return fmt.Errorf("adding the SYN flood's source %s: %w", p, err)
 		}
 	}
-	return h.client.Do(func() error {
-		cmd := exec.Command("nft", "-f", "-")
-		cmd.Stdin = strings.NewReader(dropSynAcks)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("dropping the SYN flood's answers on the client's host: %w: %s", err, out)
-		}
-		return nil
-	})
+	to := make([]netip.Addr, len(synFloodSources))
+	for i, p := range synFloodSources {
+		to[i] = p.Addr()
+	}
+	return h.client.Do(func() error { return synflood.DropAnswers("bench-abuse-flood", to) })
 }
 
 // synFlood sends rate SYNs a second to target for d, each from the next

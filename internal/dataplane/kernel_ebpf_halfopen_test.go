@@ -1,14 +1,9 @@
 package dataplane
 
 import (
-	"fmt"
 	"net/netip"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ebbdev/ebb/internal/synflood"
 )
@@ -48,21 +43,7 @@ func TestEBPFPathHalfOpenFloodGivesItsSourcePortsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const dropSynAcks = `table inet flood {
-	chain in {
-		type filter hook input priority 0;
-		ip daddr { 10.2.0.3, 10.2.0.4 } tcp flags & (syn | ack) == syn | ack drop
-	}
-}
-`
-	if err := n.client.Do(func() error {
-		cmd := exec.Command("nft", "-f", "-")
-		cmd.Stdin = strings.NewReader(dropSynAcks)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("nft: %w: %s", err, out)
-		}
-		return nil
-	}); err != nil {
+	if err := n.client.Do(func() error { return synflood.DropAnswers("flood", flooders) }); err != nil {
 		t.Fatal(err)
 	}
 
@@ -84,7 +65,7 @@ func TestEBPFPathHalfOpenFloodGivesItsSourcePortsBack(t *testing.T) {
 	}
 	t.Logf("sent %d SYNs in %s", sent, time.Since(start).Round(time.Millisecond))
 
-	got := counterValue(t, n.reg, "ebb_dataplane_bpf_source_ports_exhausted_total")
+	got := sumCounters(t, n.reg, "ebb_dataplane_bpf_source_ports_exhausted_total")
 	t.Logf("%.0f new flows found no source port", got)
 	if got == 0 {
 		t.Errorf("no new flow counted as refused for want of a source port after %d SYNs; want some (the flood holds more ports than a backend has)", sent)
@@ -101,26 +82,6 @@ func TestEBPFPathHalfOpenFloodGivesItsSourcePortsBack(t *testing.T) {
 	if err := roundTrip(c, []byte("hello")); err != nil {
 		t.Errorf("a new connection after the flood: %v", err)
 	}
-}
-
-// counterValue is the sum of the counter name's series in reg (0 when it
-// has none).
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
 }
 
 // The sweeper (and the drain timeout's drop) reads the flow table, then

@@ -9,6 +9,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"os/exec"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -95,4 +97,32 @@ func tcpChecksum(src, dst [4]byte, seg []byte) uint16 {
 		sum = sum&0xffff + sum>>16
 	}
 	return ^uint16(sum)
+}
+
+// DropAnswers has the calling thread's network namespace drop the TCP
+// SYN-ACKs to the addresses to (an nftables table of that name), so that
+// SYNs sent from them stay half-open and the host never resets them, as
+// with a flood from spoofed addresses. Needs the nft binary.
+func DropAnswers(table string, to []netip.Addr) error {
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(dropAnswersRuleset(table, to))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("dropping the SYN-ACKs to %v (nft): %w: %s", to, err, out)
+	}
+	return nil
+}
+
+// dropAnswersRuleset is DropAnswers' nftables table.
+func dropAnswersRuleset(table string, to []netip.Addr) string {
+	addrs := make([]string, len(to))
+	for i, a := range to {
+		addrs[i] = a.String()
+	}
+	return fmt.Sprintf(`table inet %s {
+	chain in {
+		type filter hook input priority 0;
+		ip daddr { %s } tcp flags & (syn | ack) == syn | ack drop
+	}
+}
+`, table, strings.Join(addrs, ", "))
 }

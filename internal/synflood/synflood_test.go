@@ -48,3 +48,11 @@ func TestChecksumOfAKnownSegment(t *testing.T) {
 		t.Errorf("checksum %#04x, want 0x7065", got)
 	}
 }
+
+func TestDropAnswersRuleset(t *testing.T) {
+	got := dropAnswersRuleset("flood", []netip.Addr{netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.4")})
+	want := "table inet flood {\n\tchain in {\n\t\ttype filter hook input priority 0;\n\t\tip daddr { 10.2.0.3, 10.2.0.4 } tcp flags & (syn | ack) == syn | ack drop\n\t}\n}\n"
+	if got != want {
+		t.Errorf("ruleset:\n%s\nwant:\n%s", got, want)
+	}
+}
