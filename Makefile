@@ -25,7 +25,7 @@ DEMO_FLAGS ?=
 IMAGE ?= ghcr.io/ebbdev/ebb
 VERSION ?= v0.1.0-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-.PHONY: all build image release tools test unit supply-chain e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse upstream-e2e conformance clean
+.PHONY: all build image release tools test unit supply-chain e2e lint verify generate bpf demo fuzz bench-dataplane bench-dataplane-routed bench-service bench-cutover bench-drain bench-maintenance bench-lb-lifecycle bench-failover bench-abuse bench-faults upstream-e2e conformance clean
 
 all: build
 
@@ -163,6 +163,12 @@ bench-lb-lifecycle: tools build release
 bench-failover: tools build release
 	$(GO) build -o bin/bench-failover ./bench/failover
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist -real-kubelets
+
+## bench-faults: the drain scenario (1,000 req/s, 50 long-lived connections, a NodeMaintenance from Drain to Complete) once without a fault, then once per fault injected at a seeded random moment of the drain (controller leader or both replicas killed, ebb lb or node-agent killed, kube-apiserver or etcd down, the LB host cut off the control plane): failed requests, reset connections, time to be whole again, what was left half done; on real kubelets (needs root; about 25 min)
+bench-faults: tools build release
+	command -v nft >/dev/null || { apt-get update && apt-get install -y nftables; }
+	$(GO) build -o bin/bench-faults ./bench/faults
+	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-faults -dist dist
 
 ## bench-abuse: hostile input against a standalone ebb lb: what a UDP flood from one source costs in memory and in legitimate new connections, forged L2 heartbeats refused, and the time to repair after nft flush ruleset (needs root; about 2 min)
 bench-abuse: build

@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/kubectl/pkg/drain"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,11 +42,24 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 		return 0, nil, fmt.Errorf("creating the NodeMaintenance: %w", err)
 	}
 	s.step("ebb: NodeMaintenance %s in stage Drain on %s: load balancers first, then pods", nm.Name, node)
+	s.drainStarted(ctx, node)
+	unanswered := false
 	for {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			return 0, nil, err
+			if ctx.Err() != nil {
+				return 0, nil, ctx.Err()
+			}
+			// The API server may be away (a fault injected on purpose):
+			// the maintenance goes on without this process watching.
+			if !unanswered {
+				s.step("ebb: reading NodeMaintenance %s: %v (trying again)", nm.Name, err)
+				unanswered = true
+			}
+			sleep(ctx, 250*time.Millisecond)
+			continue
 		}
+		unanswered = false
 		if m.FirstEviction == 0 {
 			for _, st := range got.Status.NodeStatuses {
 				if st.PodsEvacuating > 0 {
@@ -58,7 +71,7 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 			end := since()
 			s.step("ebb: %s drained in %.1fs (pods gone, no connection left through it)", node, (end - m.Drain).Seconds())
 			complete := func(ctx context.Context) error {
-				return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				return untilWritten(ctx, func(ctx context.Context) error {
 					cur := &v1alpha1.NodeMaintenance{}
 					if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), cur); err != nil {
 						return err
@@ -74,6 +87,20 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 		}
 		sleep(ctx, 50*time.Millisecond)
 	}
+}
+
+// untilWritten retries write on any error (a conflict, or an API server
+// away for a while) for up to 5 minutes.
+func untilWritten(ctx context.Context, write func(context.Context) error) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		last = write(ctx)
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (last error: %v)", err, last)
+	}
+	return nil
 }
 
 // baselineDrain cordons and drains with kubectl's drain library.
@@ -95,6 +122,7 @@ func (s *scenario) baselineDrain(ctx context.Context, ns, node string, since fun
 	if err := drain.RunCordonOrUncordon(h, n, true); err != nil {
 		return 0, nil, fmt.Errorf("cordoning %s: %w", node, err)
 	}
+	s.drainStarted(ctx, node)
 	if err := drain.RunNodeDrain(h, node); err != nil {
 		return 0, nil, fmt.Errorf("draining %s: %w", node, err)
 	}

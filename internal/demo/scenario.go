@@ -58,6 +58,12 @@ type Options struct {
 	// AppNodes, when set, are the only nodes the apps run on (the others,
 	// LB hosts, take none of their pods), and the nodes the report shows.
 	AppNodes []string
+	// DuringDrain, when set, runs beside the scenario from the moment the
+	// drain of node started (the NodeMaintenance exists, or the node is
+	// cordoned), e.g. to inject a fault; Run returns once it has returned
+	// too. The scenario's own API calls wait out an API server that does
+	// not answer meanwhile.
+	DuringDrain func(ctx context.Context, node string)
 }
 
 // DefaultOptions are the demo's.
@@ -114,6 +120,27 @@ type scenario struct {
 	// pods maps the apps' pods to their nodes (real nodes: the answers
 	// name pods).
 	pods *podNodes
+	// duringDrain is closed when Options.DuringDrain has returned.
+	duringDrain chan struct{}
+}
+
+// drainStarted starts Options.DuringDrain.
+func (s *scenario) drainStarted(ctx context.Context, node string) {
+	if s.o.DuringDrain == nil {
+		return
+	}
+	s.duringDrain = make(chan struct{})
+	go func() {
+		defer close(s.duringDrain)
+		s.o.DuringDrain(ctx, node)
+	}()
+}
+
+// waitDuringDrain waits for Options.DuringDrain to return.
+func (s *scenario) waitDuringDrain() {
+	if s.duringDrain != nil {
+		<-s.duringDrain
+	}
 }
 
 func (s *scenario) step(format string, args ...any) {
@@ -163,6 +190,7 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		web.Stop()
 		solo.Stop()
 		long.stop()
+		s.waitDuringDrain()
 		return nil, err
 	}
 	m.Drained = drainEnd
@@ -177,6 +205,7 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	m.Complete = since()
+	s.waitDuringDrain()
 	sleep(ctx, s.o.Settle)
 	web.Stop()
 	solo.Stop()

@@ -444,30 +444,41 @@ func (c *Cluster) PodHost(pod *corev1.Pod) (h *network.Host, close func(), err e
 	return h, h.Close, nil
 }
 
-// podProcess finds a process of the pod (its sandbox's or a container's)
-// in the node's cgroups (kubelet makes the pod's cgroup in every
-// hierarchy; the first that has it will do).
+// podProcess finds a process of the pod (its sandbox's or a container's).
 func (rn *realNode) podProcess(pod *corev1.Pod) (int, error) {
+	pids, err := rn.podProcesses(pod)
+	if err != nil {
+		return 0, err
+	}
+	return pids[0], nil
+}
+
+// podProcesses lists the processes of the pod (its sandbox's and its
+// containers') in the node's cgroups: kubelet makes the pod's cgroup in
+// every hierarchy, and the first that has it will do.
+func (rn *realNode) podProcesses(pod *corev1.Pod) ([]int, error) {
 	want := "pod" + string(pod.UID)
 	for _, mount := range rn.cgroups.Mounts {
 		root := filepath.Join(mount, rn.spec.CgroupRoot, "kubepods")
-		pid := 0
+		var pids []int
 		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-			if err != nil || pid != 0 || !d.IsDir() || !strings.Contains(p, want) || d.Name() == want {
-				return nil // unreadable (gone meanwhile), found, or not the pod's container
+			if err != nil || !d.IsDir() || !strings.Contains(p, want) || d.Name() == want {
+				return nil // unreadable (gone meanwhile), or not one of the pod's containers
 			}
 			data, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
 			if err != nil {
 				return nil
 			}
-			if first, _, _ := strings.Cut(string(data), "\n"); first != "" {
-				pid, _ = strconv.Atoi(first)
+			for _, line := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(line); err == nil {
+					pids = append(pids, pid)
+				}
 			}
 			return nil
 		})
-		if pid != 0 {
-			return pid, nil
+		if len(pids) > 0 {
+			return pids, nil
 		}
 	}
-	return 0, fmt.Errorf("no process of the pod in the cgroups %s under %s/kubepods", want, rn.spec.CgroupRoot)
+	return nil, fmt.Errorf("no process of the pod in the cgroups %s under %s/kubepods", want, rn.spec.CgroupRoot)
 }
