@@ -22,9 +22,22 @@ import (
 )
 
 // whole says what keeps ebb from being whole again ("" when it is): every
-// ebb pod Ready, a controller leading with a fresh Lease, every ebb lb
-// reporting on time.
-func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client) string {
+// killed pod restarted (or replaced), every ebb pod Ready, a controller
+// leading with a fresh Lease, every ebb lb reporting on time.
+func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client, killed []corev1.Pod) string {
+	for _, k := range killed {
+		var p corev1.Pod
+		err := cl.Get(ctx, client.ObjectKeyFromObject(&k), &p)
+		if apierrors.IsNotFound(err) || (err == nil && p.UID != k.UID) {
+			continue // replaced: its Deployment or DaemonSet says when the new one is Ready
+		}
+		if err != nil {
+			return "reading pod " + k.Name + ": " + err.Error()
+		}
+		if restarts(&p) <= restarts(&k) {
+			return "kubelet has not restarted the killed " + k.Name + " yet"
+		}
+	}
 	var d appsv1.Deployment
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: ebbNamespace, Name: "ebb-controller"}, &d); err != nil {
 		return "reading the controller's Deployment: " + err.Error()
@@ -54,6 +67,15 @@ func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client) strin
 	return ""
 }
 
+// restarts adds up the restarts of a pod's containers.
+func restarts(p *corev1.Pod) int32 {
+	var n int32
+	for _, s := range p.Status.ContainerStatuses {
+		n += s.RestartCount
+	}
+	return n
+}
+
 // staleReports names the ebb lb reports not renewed within three of their
 // heartbeats ("" when none).
 func staleReports(ctx context.Context, cl client.Client) string {
@@ -75,11 +97,11 @@ func staleReports(ctx context.Context, cl client.Client) string {
 
 // waitWhole polls whole until it holds or timeout passes; it returns how
 // long that took and, on timeout, what was still missing.
-func waitWhole(ctx context.Context, c *localcluster.Cluster, cl client.Client, timeout time.Duration) (time.Duration, string) {
+func waitWhole(ctx context.Context, c *localcluster.Cluster, cl client.Client, killed []corev1.Pod, timeout time.Duration) (time.Duration, string) {
 	start := time.Now()
 	missing := ""
 	for time.Since(start) < timeout && ctx.Err() == nil {
-		if missing = whole(ctx, c, cl); missing == "" {
+		if missing = whole(ctx, c, cl, killed); missing == "" {
 			return time.Since(start), ""
 		}
 		sleep(ctx, 250*time.Millisecond)

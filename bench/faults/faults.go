@@ -32,6 +32,8 @@ type faultEnv struct {
 	// drained is the node the maintenance drains.
 	drained string
 	logf    func(format string, args ...any)
+	// killed are the pods a fault killed, as they were just before.
+	killed []corev1.Pod
 }
 
 // faults are the issue's, in its order. The clock jump on an LB host is
@@ -107,6 +109,7 @@ func kill(f *faultEnv, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
+	f.killed = append(f.killed, *pod)
 	f.logf("killed %s (%d processes, on %s)", pod.Name, n, pod.Spec.NodeName)
 	return nil
 }
@@ -138,6 +141,7 @@ func killControllersFor(d time.Duration) func(context.Context, *faultEnv) error 
 				// to kill yet.
 				if n, err := f.c.KillPod(&pods[i]); err == nil && n > 0 {
 					kills++
+					f.killed = append(f.killed, pods[i])
 				}
 			}
 			time.Sleep(100 * time.Millisecond)

@@ -27,6 +27,7 @@ import (
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/demo"
 	"github.com/ebbdev/ebb/internal/localcluster"
+	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 )
 
 type config struct {
@@ -37,6 +38,8 @@ type config struct {
 	window    time.Duration
 	faults    []fault
 	out       string
+	// engine is ebb lb's --engine ("": the manifest's).
+	engine string
 }
 
 func main() {
@@ -48,6 +51,7 @@ func main() {
 	flag.DurationVar(&cfg.window, "window", 10*time.Second, "a fault is injected at a moment drawn from [0, window) after the drain started (a drain takes about 10 to 18 s here)")
 	list := flag.String("faults", "all", "the faults to inject, comma-separated, or all")
 	flag.StringVar(&cfg.out, "out", "bench/results/faults.json", "where to write the JSON summary")
+	flag.StringVar(&cfg.engine, "engine", "", "ebb lb's --engine (Proxy, Kernel or Auto; empty: the manifest's default, Proxy)")
 	flag.Parse()
 	var err error
 	if cfg.faults, err = selectFaults(*list); err != nil {
@@ -86,6 +90,11 @@ func run(cfg config) error {
 	if err := demo.Install(ctx, c, manifest, &opts); err != nil {
 		return err
 	}
+	if cfg.engine != "" {
+		if err := ebbrun.UpdateLBArgs(ctx, c, func(args []string) []string { return append(args, "--engine="+cfg.engine) }); err != nil {
+			return err
+		}
+	}
 	cl, err := client.NewWithWatch(c.Config, client.Options{Scheme: demo.Scheme()})
 	if err != nil {
 		return err
@@ -101,12 +110,19 @@ func run(cfg config) error {
 		results = append(results, b.runOnce(ctx, i+1, &f, at))
 	}
 	summary := map[string]any{
-		"date": time.Now().UTC().Format(time.RFC3339), "nodes": benchcluster.NodesKind(true), "seed": cfg.seed,
+		"date": time.Now().UTC().Format(time.RFC3339), "nodes": benchcluster.NodesKind(true), "seed": cfg.seed, "engine": engineName(cfg.engine),
 		"rate_per_second": cfg.rate, "long_lived": cfg.longLived, "window_s": cfg.window.Seconds(),
 		"baseline_failed_requests": baseline.FailedRequests, "baseline_reset_connections": baseline.ResetConnections,
 		"baseline_violations": baseline.Violations, "baseline": baseline, "faults": results,
 	}
 	return report.WriteSummary(cfg.out, summary)
+}
+
+func engineName(e string) string {
+	if e == "" {
+		return "Proxy"
+	}
+	return e
 }
 
 type bench struct {
@@ -139,7 +155,7 @@ func (b *bench) runOnce(ctx context.Context, i int, f *fault, at time.Duration) 
 				out.Error = "injecting: " + err.Error()
 				b.logf("%s: %v", f.name, err)
 			}
-			took, missing := waitWhole(ctx, b.c, b.cl, 5*time.Minute)
+			took, missing := waitWhole(ctx, b.c, b.cl, env.killed, 5*time.Minute)
 			if missing != "" {
 				out.ViolationList = append(out.ViolationList, fmt.Sprintf("not whole %s after the fault: %s", took.Round(time.Second), missing))
 				return
