@@ -164,7 +164,7 @@ bench-failover: tools build release
 	$(GO) build -o bin/bench-failover ./bench/failover
 	EBB_TOOLS_BIN=$(TOOLS_BIN) bin/bench-failover -dist dist -real-kubelets
 
-## bench-faults: the drain scenario (1,000 req/s, 50 long-lived connections, a NodeMaintenance from Drain to Complete) once without a fault, then once per fault injected at a seeded random moment of the drain (controller leader or both replicas killed, ebb lb or node-agent killed, kube-apiserver or etcd down, the LB host cut off the control plane): failed requests, reset connections, time to be whole again, what was left half done; on real kubelets (needs root; about 25 min)
+## bench-faults: the drain scenario (200 req/s, 10 long-lived connections, a NodeMaintenance from Drain to Complete) once without a fault, then once per fault injected at a seeded random moment of the drain (controller leader or both replicas killed, ebb lb or node-agent killed, kube-apiserver or etcd down, the LB host cut off the control plane): failed requests, reset connections, time to be whole again, what was left half done; on real kubelets (needs root; about 25 min)
 bench-faults: tools build release
 	command -v nft >/dev/null || { apt-get update && apt-get install -y nftables; }
 	$(GO) build -o bin/bench-faults ./bench/faults

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/ebbdev/ebb/api/v1alpha1"
@@ -21,11 +23,30 @@ import (
 	"github.com/ebbdev/ebb/internal/localcluster"
 )
 
+// after is what must have happened since a fault ended for ebb to be
+// whole again, beyond every pod being Ready: a dead process's last Lease
+// renewal or report is still fresh for a while, and must not count.
+type after struct {
+	// since is when the fault ended.
+	since time.Time
+	// killed are the pods the fault killed, as they were just before.
+	killed []corev1.Pod
+	// lease: a controller renewed the leader Lease since, and not
+	// notHolder (the killed leader's identity, if one was).
+	lease     bool
+	notHolder string
+	// reportsFrom are the hosts whose ebb lb must have written its report
+	// since; allReports: every replica's.
+	reportsFrom []string
+	allReports  bool
+}
+
 // whole says what keeps ebb from being whole again ("" when it is): every
 // killed pod restarted (or replaced), every ebb pod Ready, a controller
-// leading with a fresh Lease, every ebb lb reporting on time.
-func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client, killed []corev1.Pod) string {
-	for _, k := range killed {
+// leading with a fresh Lease, every ebb lb reporting on time, and what a
+// requires since the fault.
+func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client, a after) string {
+	for _, k := range a.killed {
 		var p corev1.Pod
 		err := cl.Get(ctx, client.ObjectKeyFromObject(&k), &p)
 		if apierrors.IsNotFound(err) || (err == nil && p.UID != k.UID) {
@@ -34,7 +55,7 @@ func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client, kille
 		if err != nil {
 			return "reading pod " + k.Name + ": " + err.Error()
 		}
-		if restarts(&p) <= restarts(&k) {
+		if !startedSince(&p, a.since) {
 			return "kubelet has not restarted the killed " + k.Name + " yet"
 		}
 	}
@@ -58,55 +79,78 @@ func whole(ctx context.Context, c *localcluster.Cluster, cl client.Client, kille
 	if err != nil {
 		return "reading the controller's Lease: " + err.Error()
 	}
-	if lease.Spec.RenewTime == nil || time.Since(lease.Spec.RenewTime.Time) > 15*time.Second {
-		return "no controller renewed the leader Lease in the last 15 s"
+	renewed := lease.Spec.RenewTime != nil && time.Since(lease.Spec.RenewTime.Time) <= 15*time.Second
+	if a.lease {
+		renewed = renewed && lease.Spec.RenewTime.After(a.since) && ptr.Deref(lease.Spec.HolderIdentity, "") != a.notHolder
 	}
+	if !renewed {
+		return "no controller has renewed the leader Lease yet"
+	}
+	return reportsMissing(ctx, cl, a)
+}
+
+// startedSince says whether every container of the pod runs, and started
+// after t (a restart count can be read before kubelet counted a kill).
+func startedSince(p *corev1.Pod, t time.Time) bool {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return false
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Running == nil || !s.State.Running.StartedAt.After(t.Add(-time.Second)) { // the API keeps whole seconds
+			return false
+		}
+	}
+	return true
+}
+
+// reportsMissing names a report that is stale, or not written since the
+// fault although a requires it ("" when none).
+func reportsMissing(ctx context.Context, cl client.Client, a after) string {
 	if stale := staleReports(ctx, cl); stale != "" {
 		return stale
+	}
+	var reports v1alpha1.LoadBalancerReportList
+	if err := cl.List(ctx, &reports); err != nil {
+		return "listing the LoadBalancerReports: " + err.Error()
+	}
+	for _, r := range reports.Items {
+		must := a.allReports || slices.Contains(a.reportsFrom, r.Status.HostNode)
+		if must && (r.Status.RenewTime == nil || !r.Status.RenewTime.After(a.since)) {
+			return fmt.Sprintf("LoadBalancerReport %s not written since the fault", r.Name)
+		}
 	}
 	return ""
 }
 
-// restarts adds up the restarts of a pod's containers.
-func restarts(p *corev1.Pod) int32 {
-	var n int32
-	for _, s := range p.Status.ContainerStatuses {
-		n += s.RestartCount
-	}
-	return n
-}
-
-// staleReports names the ebb lb reports not renewed within three of their
-// heartbeats ("" when none).
+// staleReports names the ebb lb reports that are not fresh ("" when none).
 func staleReports(ctx context.Context, cl client.Client) string {
 	var reports v1alpha1.LoadBalancerReportList
-	if err := cl.List(ctx, &reports, client.InNamespace(ebbNamespace)); err != nil {
+	if err := cl.List(ctx, &reports); err != nil {
 		return "listing the LoadBalancerReports: " + err.Error()
 	}
 	if len(reports.Items) == 0 {
 		return "no LoadBalancerReport"
 	}
 	for _, r := range reports.Items {
-		limit := 3 * time.Duration(max(r.Status.HeartbeatSeconds, 1)) * time.Second
-		if r.Status.RenewTime == nil || time.Since(r.Status.RenewTime.Time) > limit {
-			return fmt.Sprintf("LoadBalancerReport %s not renewed within %s", r.Name, limit)
+		if !r.Fresh(metav1.Now()) {
+			return fmt.Sprintf("LoadBalancerReport %s not renewed within three heartbeats", r.Name)
 		}
 	}
 	return ""
 }
 
 // waitWhole polls whole until it holds or timeout passes; it returns how
-// long that took and, on timeout, what was still missing.
-func waitWhole(ctx context.Context, c *localcluster.Cluster, cl client.Client, killed []corev1.Pod, timeout time.Duration) (time.Duration, string) {
-	start := time.Now()
+// long that took from the end of the fault and, on timeout, what was still
+// missing.
+func waitWhole(ctx context.Context, c *localcluster.Cluster, cl client.Client, a after, timeout time.Duration) (time.Duration, string) {
 	missing := ""
-	for time.Since(start) < timeout && ctx.Err() == nil {
-		if missing = whole(ctx, c, cl, killed); missing == "" {
-			return time.Since(start), ""
+	for time.Since(a.since) < timeout && ctx.Err() == nil {
+		if missing = whole(ctx, c, cl, a); missing == "" {
+			return time.Since(a.since), ""
 		}
 		sleep(ctx, 250*time.Millisecond)
 	}
-	return time.Since(start), missing
+	return time.Since(a.since), missing
 }
 
 // endState lists what is left half done once the scenario is over: a

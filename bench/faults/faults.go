@@ -32,8 +32,9 @@ type faultEnv struct {
 	// drained is the node the maintenance drains.
 	drained string
 	logf    func(format string, args ...any)
-	// killed are the pods a fault killed, as they were just before.
-	killed []corev1.Pod
+	// need is what the fault requires of ebb before it is whole again
+	// (its since is set when the fault ends).
+	need after
 }
 
 // faults are the issue's, in its order. The clock jump on an LB host is
@@ -77,6 +78,9 @@ func selectFaults(list string) ([]fault, error) {
 
 // moment draws when, after the drain started, a fault is injected.
 func moment(rng *rand.Rand, window time.Duration) time.Duration {
+	if window <= 0 {
+		return 0
+	}
 	return time.Duration(rng.Int64N(int64(window)))
 }
 
@@ -109,7 +113,10 @@ func kill(f *faultEnv, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
-	f.killed = append(f.killed, *pod)
+	if n == 0 {
+		return fmt.Errorf("pod %s had no process to kill", pod.Name)
+	}
+	f.need.killed = append(f.need.killed, *pod)
 	f.logf("killed %s (%d processes, on %s)", pod.Name, n, pod.Spec.NodeName)
 	return nil
 }
@@ -125,6 +132,9 @@ func killLeader(ctx context.Context, f *faultEnv) error {
 	if err != nil {
 		return fmt.Errorf("finding the leader %q: %w", name, err)
 	}
+	// Its last renewal stays fresh for the Lease's duration: only another
+	// process's counts (a restarted one has a new identity).
+	f.need.lease, f.need.notHolder = true, ptr.Deref(lease.Spec.HolderIdentity, "")
 	return kill(f, pod)
 }
 
@@ -141,11 +151,12 @@ func killControllersFor(d time.Duration) func(context.Context, *faultEnv) error 
 				// to kill yet.
 				if n, err := f.c.KillPod(&pods[i]); err == nil && n > 0 {
 					kills++
-					f.killed = append(f.killed, pods[i])
+					f.need.killed = append(f.need.killed, pods[i])
 				}
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+		f.need.lease = true
 		f.logf("killed ebb controller replicas %d times in %s", kills, d)
 		if kills == 0 {
 			return fmt.Errorf("no controller replica was found running to kill")
@@ -159,6 +170,7 @@ func killLB(ctx context.Context, f *faultEnv) error {
 	if err != nil {
 		return err
 	}
+	f.need.reportsFrom = append(f.need.reportsFrom, f.lbHost)
 	return kill(f, pod)
 }
 
@@ -177,6 +189,7 @@ func controlPlaneDown(component string, d time.Duration) func(context.Context, *
 			return err
 		}
 		f.logf("killed %s; starting it again in %s", component, d)
+		f.need.lease, f.need.allReports = true, true
 		sleep(ctx, d)
 		return restart()
 	}
@@ -189,6 +202,7 @@ func cutLBHost(d time.Duration) func(context.Context, *faultEnv) error {
 			return err
 		}
 		f.logf("cut %s off the control plane for %s", f.lbHost, d)
+		f.need.reportsFrom = append(f.need.reportsFrom, f.lbHost)
 		sleep(ctx, d)
 		return heal()
 	}

@@ -2,7 +2,9 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -10,8 +12,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/kubectl/pkg/drain"
 	"k8s.io/utils/ptr"
@@ -47,8 +51,8 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 	for {
 		got := &v1alpha1.NodeMaintenance{}
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
-			if ctx.Err() != nil {
-				return 0, nil, ctx.Err()
+			if ctx.Err() != nil || !transient(err) {
+				return 0, nil, fmt.Errorf("reading NodeMaintenance %s: %w", nm.Name, err)
 			}
 			// The API server may be away (a fault injected on purpose):
 			// the maintenance goes on without this process watching.
@@ -71,7 +75,7 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 			end := since()
 			s.step("ebb: %s drained in %.1fs (pods gone, no connection left through it)", node, (end - m.Drain).Seconds())
 			complete := func(ctx context.Context) error {
-				return untilWritten(ctx, func(ctx context.Context) error {
+				err := untilWritten(ctx, func(ctx context.Context) error {
 					cur := &v1alpha1.NodeMaintenance{}
 					if err := cl.Get(ctx, client.ObjectKeyFromObject(nm), cur); err != nil {
 						return err
@@ -79,6 +83,10 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 					cur.Spec.Stage = v1alpha1.Complete
 					return cl.Update(ctx, cur)
 				})
+				if err != nil {
+					return fmt.Errorf("moving NodeMaintenance %s to Complete: %w", nm.Name, err)
+				}
+				return nil
 			}
 			return end, complete, nil
 		}
@@ -89,18 +97,36 @@ func (s *scenario) ebbDrain(ctx context.Context, ns, node string, since func() t
 	}
 }
 
-// untilWritten retries write on any error (a conflict, or an API server
-// away for a while) for up to 5 minutes.
+// untilWritten retries write while it fails with a conflict or an API
+// server that does not answer (for up to 5 minutes); any other error ends
+// it at once.
 func untilWritten(ctx context.Context, write func(context.Context) error) error {
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		last = write(ctx)
+		if last != nil && !transient(last) {
+			return false, last
+		}
 		return last == nil, nil
 	})
-	if err != nil {
-		return fmt.Errorf("%w (last error: %v)", err, last)
+	if err != nil && last != nil && !errors.Is(err, last) {
+		return fmt.Errorf("%w (last error: %w)", err, last)
 	}
-	return nil
+	return err
+}
+
+// transient says whether a request may succeed if made again: a conflict,
+// or an API server that is away, busy or timing out.
+func transient(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) ||
+		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || isNetTimeout(err)
+}
+
+func isNetTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // baselineDrain cordons and drains with kubectl's drain library.

@@ -153,6 +153,8 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		mode = "baseline"
 	}
 	res := &Result{Mode: mode}
+	// Whatever ends the run, Options.DuringDrain has returned by then.
+	defer s.waitDuringDrain()
 	res.Nodes = s.o.AppNodes
 	if len(res.Nodes) == 0 {
 		for _, n := range s.c.Nodes {
@@ -190,7 +192,6 @@ func (s *scenario) run(ctx context.Context) (*Result, error) {
 		web.Stop()
 		solo.Stop()
 		long.stop()
-		s.waitDuringDrain()
 		return nil, err
 	}
 	m.Drained = drainEnd

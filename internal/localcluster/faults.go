@@ -37,7 +37,11 @@ func (c *Cluster) KillPod(pod *corev1.Pod) (int, error) {
 		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "pause" {
 			continue
 		}
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		err := syscall.Kill(pid, syscall.SIGKILL)
+		if errors.Is(err, syscall.ESRCH) {
+			continue // ended meanwhile: not this kill's
+		}
+		if err != nil {
 			return killed, fmt.Errorf("killing process %d of pod %s/%s: %w", pid, pod.Namespace, pod.Name, err)
 		}
 		killed++
@@ -54,7 +58,8 @@ const (
 // KillControlPlane kills etcd or kube-apiserver with SIGKILL and returns
 // a function that starts it again with the same command line, environment
 // and working directory (its data and certificates are where they were).
-// The restarted process is the cluster's to stop.
+// The restarted process is the cluster's to stop; restart must not be
+// called while the cluster stops.
 func (c *Cluster) KillControlPlane(component string) (restart func() error, err error) {
 	var marker string // an argument only this cluster's process has
 	switch component {
