@@ -14,10 +14,6 @@ import (
 	"os"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
 	"github.com/ebbdev/ebb/bench/internal/report"
 	"github.com/ebbdev/ebb/internal/demo"
@@ -81,7 +77,7 @@ func run(dist string, cluster localcluster.Options, runs, rate, longLived int, w
 			// The apps of a finished run go before the next starts, so runs
 			// do not add up nor overlap (the next run's Services may get
 			// the addresses and node ports they release).
-			if err := deleteNamespace(ctx, c, o.Namespace); err != nil {
+			if err := benchcluster.DeleteNamespace(ctx, c, o.Namespace); err != nil {
 				return err
 			}
 		}
@@ -110,13 +106,3 @@ func run(dist string, cluster localcluster.Options, runs, rate, longLived int, w
 
 // median is the median to one decimal.
 func median(v []float64) float64 { return float64(int(stats.Median(v)*10)) / 10 }
-
-func deleteNamespace(ctx context.Context, c *localcluster.Cluster, name string) error {
-	if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-		return err
-	}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-}

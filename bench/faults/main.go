@@ -18,9 +18,6 @@ import (
 	"os"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ebbdev/ebb/bench/internal/benchcluster"
@@ -209,22 +206,8 @@ func (b *bench) leftHalfDone(ctx context.Context, ns string) []string {
 	}
 	v = append(v, loops...)
 	v = append(v, released(ctx, b.cl, time.Minute)...)
-	if err := deleteNamespace(ctx, b.c, ns); err != nil {
+	if err := benchcluster.DeleteNamespace(ctx, b.c, ns); err != nil {
 		v = append(v, err.Error())
 	}
 	return v
-}
-
-func deleteNamespace(ctx context.Context, c *localcluster.Cluster, name string) error {
-	if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting namespace %s: %w", name, err)
-	}
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-	if err != nil {
-		return fmt.Errorf("namespace %s not gone 2 min after its deletion", name)
-	}
-	return nil
 }

@@ -11,6 +11,10 @@ import (
 	"path/filepath"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -96,4 +100,22 @@ func KubeProxyMinSyncPeriodFlag() *time.Duration {
 		return nil
 	})
 	return &d
+}
+
+// DeleteNamespace deletes a run's namespace and waits up to 2 minutes for
+// it to be gone, so that runs neither add up nor overlap (the next run's
+// Services may get the addresses and node ports it releases); a namespace
+// that stays is an error (a finalizer nobody removes).
+func DeleteNamespace(ctx context.Context, c *localcluster.Cluster, name string) error {
+	if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting namespace %s: %w", name, err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		return fmt.Errorf("namespace %s not gone 2 min after its deletion", name)
+	}
+	return nil
 }
