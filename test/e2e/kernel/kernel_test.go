@@ -74,6 +74,7 @@ func rollingUpgradeDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGP
 		t.Fatal(err)
 	}
 
+	resets := e2eutil.WatchResets(t, ctx, cluster)
 	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
 	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 4)
 	routes := e2eutil.WatchRoute(t, ctx, router, s.Route, s.NextHops)
@@ -102,6 +103,9 @@ func rollingUpgradeDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGP
 	expectServed(t, requests)
 	if n := long.Failed.Load(); n > 0 {
 		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
+	}
+	if long.Failed.Load() > 0 || requests.Failed.Load() > 0 {
+		resets.Log(t)
 	}
 	if long.OK.Load() == 0 || requests.OK.Load() == 0 {
 		t.Error("no traffic went through during the upgrade")
