@@ -72,8 +72,12 @@ supply-chain: image
 # One suite at a time (-p 1): each starts a cluster of its own, and the
 # suites assert on timing (zero failed requests through a drain); two
 # clusters on two cores made a suite fail now and then for want of CPU.
+# The output is also kept in bin/e2e.log; on a failure, what each failed
+# test logged is printed again last (hack/failures.sh), since a long run's
+# end is what a CI log shows.
 e2e: tools upstream-e2e build release
-	EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb EBB_UPSTREAM_E2E=$(UPSTREAM_E2E) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/...
+	rc=0; EBB_TOOLS_BIN=$(TOOLS_BIN) EBB_BIN=$(CURDIR)/bin/ebb EBB_UPSTREAM_E2E=$(UPSTREAM_E2E) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | tee bin/e2e.log || rc=$$?; \
+	if [ $$rc -ne 0 ]; then hack/failures.sh bin/e2e.log; fi; exit $$rc
 
 ## conformance: Kubernetes' own LoadBalancer and Service e2e cases (k8s.io/kubernetes v1.36.3) against ebb on real kubelets; prints the table (bench/results/conformance.md) and, last, the JSON summary (bench/results/conformance.json)
 conformance: tools upstream-e2e build release
