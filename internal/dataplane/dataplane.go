@@ -476,6 +476,16 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 	return n, nil
 }
 
+// ForgetOwnerAdminState ends SetOwnerAdminState's hold on owner: from the
+// next Apply on, its backends carry the configuration's admin states
+// again, which may then differ from one frontend to another (lbmodel's
+// BlindNode).
+func (d *DataPlane) ForgetOwnerAdminState(owner string) {
+	d.owners.mu.Lock()
+	defer d.owners.mu.Unlock()
+	delete(d.owners.states, owner)
+}
+
 // StopAccepting closes every frontend's TCP listener, the first step of a
 // graceful stop: established connections continue, and a new connection
 // finds no socket (the host refuses it). UDP sockets stay open until

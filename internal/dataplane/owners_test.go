@@ -99,6 +99,29 @@ func TestAnOlderConfigurationDoesNotUndoTheFastPath(t *testing.T) {
 	}
 }
 
+// Once the fast path's hold on an owner is forgotten, the configuration's
+// admin states apply again, from the next Apply on (a blind LB host's own
+// node, Down in one frontend and not in another).
+func TestAForgottenOwnerTakesTheConfigurationsState(t *testing.T) {
+	d := newDataPlane(t, Options{})
+	a, b := newTestBackend(t), newTestBackend(t)
+	at := freeAddr(t, "tcp")
+	fe := tcpFrontend("fe", at, a.backend(), b.backend())
+	mustApply(t, d, fe)
+	if _, err := d.SetOwnerAdminState(a.backend().Owner, AdminNone); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, d, withOwnerState(fe, a.backend().Owner, AdminDown))
+	if took := newConnectionsTo(t, at.String(), 8, a, b); fmt.Sprint(took) != "[4 4]" {
+		t.Fatalf("held None by the fast path: new connections went %v to a and b, want [4 4]", took)
+	}
+	d.ForgetOwnerAdminState(a.backend().Owner)
+	mustApply(t, d, withOwnerState(fe, a.backend().Owner, AdminDown))
+	if took := newConnectionsTo(t, at.String(), 8, a, b); fmt.Sprint(took) != "[0 8]" {
+		t.Errorf("forgotten, then Down by the configuration: new connections went %v to a and b, want [0 8]", took)
+	}
+}
+
 // withOwnerState is fe with owner's backends in state.
 func withOwnerState(fe Frontend, owner string, state AdminState) Frontend {
 	fe.Backends = append([]Backend(nil), fe.Backends...)

@@ -104,6 +104,13 @@ type Syncer struct {
 	// replica drains itself before anyone evicts it.
 	HostNode      string
 	OnHostLeaving func(leaving bool, reason string)
+	// CutOff, if set, says whether this replica has lost the API server
+	// (Reporter.SilentFor), checked every second. While it holds, the
+	// caches are as stale as HostNode's kube-proxy probably is: HostNode
+	// is lbmodel's BlindNode.
+	CutOff func() bool
+	// blind: CutOff held at the last check.
+	blind atomic.Bool
 
 	ready atomic.Bool
 	// hostLeaving is the last value given OnHostLeaving; only the node
@@ -176,6 +183,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	s.kick()
 	go s.unreachable.run(ctx, log, s.status)
+	if s.CutOff != nil && s.HostNode != "" {
+		go s.watchCutOff(ctx, log, metrics.cutOff)
+	}
 	go func() {
 		<-ctx.Done()
 		s.queue.ShutDown()
@@ -196,6 +206,36 @@ func (s *Syncer) Run(ctx context.Context) error {
 			s.queue.Forget(key)
 		}
 		s.queue.Done(key)
+	}
+}
+
+// watchCutOff checks CutOff every second until ctx is done, and resyncs
+// each time it changes. Cut off, the host's own node leaves the fast
+// path's hold, so that its admin state may differ between frontends (Down
+// only where another node can take its connections).
+func (s *Syncer) watchCutOff(ctx context.Context, log logr.Logger, gauge prometheus.Gauge) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cut := s.CutOff()
+		if cut == s.blind.Load() {
+			continue
+		}
+		s.blind.Store(cut)
+		if cut {
+			gauge.Set(1)
+			log.Info("Cut off the API server: this node's own kube-proxy is probably too, so it takes no new connection wherever another node can", "node", s.HostNode)
+			s.DataPlane.ForgetOwnerAdminState(s.HostNode)
+		} else {
+			gauge.Set(0)
+			log.Info("Reaching the API server again: this node's own backends take new connections again", "node", s.HostNode)
+		}
+		s.kick()
 	}
 }
 
@@ -343,12 +383,16 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 	working := sync.OnceValue(func() map[backendRef]bool { return backendsWhere(s.status(), provenWorking) })
 	seen := map[string]bool{}
 	owners := map[string]*corev1.Service{}
+	model := s.Model
+	if s.blind.Load() {
+		model.BlindNode = s.HostNode
+	}
 	for _, svc := range svcs {
 		if !s.serves(svc) {
 			continue
 		}
 		key := svc.Namespace + "/" + svc.Name
-		fes, err := lbmodel.Frontends(svc, byService[key], nodes, s.Model)
+		fes, err := lbmodel.Frontends(svc, byService[key], nodes, model)
 		if err != nil {
 			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
 		}

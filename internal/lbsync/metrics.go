@@ -7,6 +7,7 @@ type syncMetrics struct {
 	seconds     prometheus.Histogram
 	frontends   prometheus.Gauge
 	unannounced prometheus.Gauge
+	cutOff      prometheus.Gauge
 }
 
 func newSyncMetrics() syncMetrics {
@@ -19,11 +20,13 @@ func newSyncMetrics() syncMetrics {
 		frontends: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lbsync_frontends", Help: "Frontends served from the cluster's Services."}),
 		unannounced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lb_unannounced_addresses",
 			Help: "Load-balancer addresses served here that a way of announcing meant for them (BGP, L2) cannot announce (Warning AddressNotAnnounced on their Services)."}),
+		cutOff: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lb_api_cut_off",
+			Help: "1 while this replica could write no report for one and a half heartbeats (it cannot reach the API server): its own node's backends are admin Down wherever another node can take their new connections."}),
 	}
 }
 
 func (m syncMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.seconds, m.frontends, m.unannounced}
+	return []prometheus.Collector{m.seconds, m.frontends, m.unannounced, m.cutOff}
 }
 
 // adminMetrics are the admin-state fast path's.

@@ -53,6 +53,18 @@ type Reporter struct {
 	// joinTime (SetJoining).
 	joining  atomic.Bool
 	joinTime atomic.Pointer[time.Time]
+	// lastWrite is when Run started or last wrote the report (Unix ns);
+	// 0 before Run.
+	lastWrite atomic.Int64
+}
+
+// SilentFor reports whether the report has not been written for longer
+// than d since Run started: the replica cannot reach the API server (or
+// the server refuses it), so what it knows of the cluster is getting
+// stale. False before Run.
+func (r *Reporter) SilentFor(d time.Duration) bool {
+	at := r.lastWrite.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) > d
 }
 
 // SetJoining says whether the replica started announcing a short while ago
@@ -85,6 +97,7 @@ func (r *Reporter) Run(ctx context.Context) {
 	if r.Poll <= 0 {
 		r.Poll = 100 * time.Millisecond
 	}
+	r.lastWrite.Store(time.Now().UnixNano())
 	var last []v1alpha1.NodeTraffic
 	var written, retryAt time.Time
 	var backoff time.Duration
@@ -125,6 +138,7 @@ func (r *Reporter) Run(ctx context.Context) {
 				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
 				last, written, backoff, wroteDraining, wroteJoining, wroteAnn, wroteServed = nodes, time.Now(), 0, draining, joining, ann, served
+				r.lastWrite.Store(written.UnixNano())
 			}
 		}
 		select {

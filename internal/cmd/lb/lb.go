@@ -376,6 +376,12 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 		join.open(o.JoinForward)
 	}
 	syncer.HostNode = o.NodeName
+	if reporter != nil {
+		// A heartbeat and a half without a report written: one due write
+		// failed, at least.
+		heartbeat := o.ReportHeartbeat
+		syncer.CutOff = func() bool { return reporter.SilentFor(heartbeat * 3 / 2) }
+	}
 	syncer.OnHostLeaving = func(leaving bool, reason string) {
 		if leaving {
 			log.Info("This node is leaving: withdrawing the announcements, serving the established connections", "node", o.NodeName, "reason", reason, "connections", dp.Connections())
