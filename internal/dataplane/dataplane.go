@@ -476,14 +476,16 @@ func (d *DataPlane) SetOwnerAdminState(owner string, state AdminState) (int, err
 	return n, nil
 }
 
-// ForgetOwnerAdminState ends SetOwnerAdminState's hold on owner: from the
-// next Apply on, its backends carry the configuration's admin states
-// again, which may then differ from one frontend to another (lbmodel's
-// BlindNode).
-func (d *DataPlane) ForgetOwnerAdminState(owner string) {
+// ForgetOwnerAdminState ends SetOwnerAdminState's hold on owner, and
+// reports whether there was one: from the next Apply on, its backends
+// carry the configuration's admin states again, which may then differ from
+// one frontend to another (lbsync's cut-off LB host).
+func (d *DataPlane) ForgetOwnerAdminState(owner string) bool {
 	d.owners.mu.Lock()
 	defer d.owners.mu.Unlock()
+	_, held := d.owners.states[owner]
 	delete(d.owners.states, owner)
+	return held
 }
 
 // StopAccepting closes every frontend's TCP listener, the first step of a

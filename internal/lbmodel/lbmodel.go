@@ -108,13 +108,6 @@ type Options struct {
 	// AdminStateDisabled leaves every backend's admin state None: only the
 	// probes decide (the provider's toggle).
 	AdminStateDisabled bool
-	// BlindNode names the node of an LB host that cannot reach the API
-	// server. Its kube-proxy most likely cannot either, and forwards to
-	// where pods were when it lost it: the node's node-mode backend is
-	// admin Down in each frontend where another backend is not, so that
-	// nodes whose kube-proxies follow the cluster take the new
-	// connections. Empty: none.
-	BlindNode string
 }
 
 // BackendMode says where a Service's traffic goes.
@@ -360,29 +353,8 @@ func nodeBackends(svc *corev1.Service, port corev1.ServicePort, vip netip.Addr, 
 		byAddr[ip] = kept{len(out), n}
 		out = append(out, b)
 	}
-	if opts.BlindNode != "" && !opts.AdminStateDisabled {
-		spareBlindNode(out, opts.BlindNode)
-	}
 	sortBackends(out)
 	return out, hc
-}
-
-// spareBlindNode makes the blind node's backend admin Down (see
-// Options.BlindNode) when another backend is not Down: only then can the
-// others take its new connections.
-func spareBlindNode(backends []dataplane.Backend, blind string) {
-	at, other := -1, false
-	for i, b := range backends {
-		switch {
-		case b.Owner == blind:
-			at = i
-		case b.AdminState != dataplane.AdminDown:
-			other = true
-		}
-	}
-	if at >= 0 && other {
-		backends[at].AdminState = dataplane.AdminDown
-	}
 }
 
 // podBackends: the endpoints of the port in the VIP's family, ready ones or,

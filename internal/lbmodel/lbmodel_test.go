@@ -118,22 +118,6 @@ func TestFrontends(t *testing.T) {
 		wantBackends: []dataplane.Backend{be("10.0.0.1", 30080, "n1", none), be("10.0.0.2", 30080, "n2", none)},
 		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 32000},
 	}, {
-		name: "a blind LB host's own node is admin Down while another node can take its connections", svc: service(), nodes: threeNodes,
-		opts:         Options{BlindNode: "n2"},
-		wantBackends: []dataplane.Backend{be("10.0.0.1", 30080, "n1", none), be("10.0.0.2", 30080, "n2", down), be("10.0.0.3", 30080, "n3", none)},
-		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 10256},
-	}, {
-		name: "a blind LB host's own node stays when every other node is Down",
-		svc:  service(), nodes: []*corev1.Node{node("n1", "10.0.0.1", tainted(TaintDraining)), node("n2", "10.0.0.2")},
-		opts:         Options{BlindNode: "n2"},
-		wantBackends: []dataplane.Backend{be("10.0.0.1", 30080, "n1", down), be("10.0.0.2", 30080, "n2", none)},
-		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 10256},
-	}, {
-		name: "a blind LB host's own node stays when admin states are off", svc: service(), nodes: threeNodes[:2],
-		opts:         Options{BlindNode: "n2", AdminStateDisabled: true},
-		wantBackends: []dataplane.Backend{be("10.0.0.1", 30080, "n1", none), be("10.0.0.2", 30080, "n2", none)},
-		wantHC:       &dataplane.HealthCheck{Protocol: dataplane.ProbeHTTP, Path: "/healthz", Port: 10256},
-	}, {
 		name: "admin Down for each leaving taint; cordon and other taints leave it None",
 		svc:  service(),
 		nodes: []*corev1.Node{

@@ -105,11 +105,12 @@ type Syncer struct {
 	HostNode      string
 	OnHostLeaving func(leaving bool, reason string)
 	// CutOff, if set, says whether this replica has lost the API server
-	// (Reporter.SilentFor), checked every second. While it holds, the
-	// caches are as stale as HostNode's kube-proxy probably is: HostNode
-	// is lbmodel's BlindNode.
-	CutOff func() bool
-	// blind: CutOff held at the last check.
+	// (Reporter.CutOff), checked every second. While it holds, and for
+	// CutOffHold after, HostNode's own kube-proxy is probably as stale as
+	// this replica's caches: see spareOwnNode.
+	CutOff     func() bool
+	CutOffHold time.Duration
+	// blind: the replica counts itself cut off (watchCutOff).
 	blind atomic.Bool
 
 	ready atomic.Bool
@@ -206,36 +207,6 @@ func (s *Syncer) Run(ctx context.Context) error {
 			s.queue.Forget(key)
 		}
 		s.queue.Done(key)
-	}
-}
-
-// watchCutOff checks CutOff every second until ctx is done, and resyncs
-// each time it changes. Cut off, the host's own node leaves the fast
-// path's hold, so that its admin state may differ between frontends (Down
-// only where another node can take its connections).
-func (s *Syncer) watchCutOff(ctx context.Context, log logr.Logger, gauge prometheus.Gauge) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		cut := s.CutOff()
-		if cut == s.blind.Load() {
-			continue
-		}
-		s.blind.Store(cut)
-		if cut {
-			gauge.Set(1)
-			log.Info("Cut off the API server: this node's own kube-proxy is probably too, so it takes no new connection wherever another node can", "node", s.HostNode)
-			s.DataPlane.ForgetOwnerAdminState(s.HostNode)
-		} else {
-			gauge.Set(0)
-			log.Info("Reaching the API server again: this node's own backends take new connections again", "node", s.HostNode)
-		}
-		s.kick()
 	}
 }
 
@@ -383,18 +354,18 @@ func (s *Syncer) desired(log logr.Logger, services corelisters.ServiceLister, sl
 	working := sync.OnceValue(func() map[backendRef]bool { return backendsWhere(s.status(), provenWorking) })
 	seen := map[string]bool{}
 	owners := map[string]*corev1.Service{}
-	model := s.Model
-	if s.blind.Load() {
-		model.BlindNode = s.HostNode
-	}
+	blind := s.blind.Load() && s.HostNode != "" && !s.Model.AdminStateDisabled
 	for _, svc := range svcs {
 		if !s.serves(svc) {
 			continue
 		}
 		key := svc.Namespace + "/" + svc.Name
-		fes, err := lbmodel.Frontends(svc, byService[key], nodes, model)
+		fes, err := lbmodel.Frontends(svc, byService[key], nodes, s.Model)
 		if err != nil {
 			log.V(2).Info("Serving only part of a Service", "service", klog.KObj(svc), "reason", err.Error())
+		}
+		if blind {
+			spareOwnNode(svc, fes, s.HostNode, working)
 		}
 		inPools := fes[:0:0]
 		for _, fe := range fes {

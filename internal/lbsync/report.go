@@ -67,6 +67,18 @@ func (r *Reporter) SilentFor(d time.Duration) bool {
 	return at != 0 && time.Since(time.Unix(0, at)) > d
 }
 
+// CutOff reports whether the report has not been written for a heartbeat
+// and a half: one write that was due failed, at least (Syncer.CutOff).
+func (r *Reporter) CutOff() bool { return r.SilentFor(r.heartbeat() * 3 / 2) }
+
+// heartbeat is Heartbeat, or its default.
+func (r *Reporter) heartbeat() time.Duration {
+	if r.Heartbeat <= 0 {
+		return 10 * time.Second
+	}
+	return r.Heartbeat
+}
+
 // SetJoining says whether the replica started announcing a short while ago
 // (at since) and forwards the segments of the flows the routers move to it.
 func (r *Reporter) SetJoining(on bool, since time.Time) {
@@ -91,9 +103,7 @@ func (r *Reporter) isDraining() bool { return r.draining.Load() || r.retired.Loa
 // Run reports until ctx is done.
 func (r *Reporter) Run(ctx context.Context) {
 	log := logr.FromContextOrDiscard(ctx).WithName("report")
-	if r.Heartbeat <= 0 {
-		r.Heartbeat = 10 * time.Second
-	}
+	heartbeat := r.heartbeat()
 	if r.Poll <= 0 {
 		r.Poll = 100 * time.Millisecond
 	}
@@ -122,7 +132,7 @@ func (r *Reporter) Run(ctx context.Context) {
 		if r.Served != nil && !draining {
 			served = r.Served()
 		}
-		due := urgent(last, nodes) || draining != wroteDraining || joining != wroteJoining || time.Since(written) >= r.Heartbeat ||
+		due := urgent(last, nodes) || draining != wroteDraining || joining != wroteJoining || time.Since(written) >= heartbeat ||
 			!equality.Semantic.DeepEqual(ann, wroteAnn) || !slices.Equal(served, wroteServed)
 		// While draining, the replica's own connections are what its
 		// host's maintenance waits for: write each change.
@@ -133,7 +143,7 @@ func (r *Reporter) Run(ctx context.Context) {
 			if err := r.write(ctx, nodes, draining, joining, ann, served); err != nil {
 				// Back off, so that a rejected write (say, a token no
 				// longer valid) is not retried at every poll.
-				backoff = min(max(2*backoff, time.Second), r.Heartbeat)
+				backoff = min(max(2*backoff, time.Second), heartbeat)
 				retryAt = time.Now().Add(backoff)
 				log.Error(err, "Writing the load balancer report", "retryIn", backoff)
 			} else {
@@ -239,7 +249,7 @@ func (r *Reporter) write(ctx context.Context, nodes []v1alpha1.NodeTraffic, drai
 	now := metav1.NowMicro()
 	report.Status = v1alpha1.LoadBalancerReportStatus{
 		Replica: r.Name, HostNode: r.HostNode, Draining: draining, Joining: joining && !draining, JoinTime: r.joinTimeStatus(),
-		RenewTime: &now, HeartbeatSeconds: int32(r.Heartbeat / time.Second), Nodes: slices.Clone(nodes),
+		RenewTime: &now, HeartbeatSeconds: int32(r.heartbeat() / time.Second), Nodes: slices.Clone(nodes),
 		NodeCount: int32(len(nodes)), Announcement: ann, Served: served,
 	}
 	for _, n := range nodes {

@@ -377,10 +377,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	}
 	syncer.HostNode = o.NodeName
 	if reporter != nil {
-		// A heartbeat and a half without a report written: one due write
-		// failed, at least.
-		heartbeat := o.ReportHeartbeat
-		syncer.CutOff = func() bool { return reporter.SilentFor(heartbeat * 3 / 2) }
+		syncer.CutOff, syncer.CutOffHold = reporter.CutOff, max(o.ReportHeartbeat, time.Second)
 	}
 	syncer.OnHostLeaving = func(leaving bool, reason string) {
 		if leaving {

@@ -17,7 +17,9 @@ import (
 
 // RSTTap records the TCP resets (IPv4 segments with RST set) that cross
 // the root host's interfaces, the bridge's ports among them: every reset
-// one host of the network sends another. A test that sees a connection
+// one host of the network sends another (not those the root host, where
+// the control plane runs, sends itself; those it receives are seen on its
+// port and on the bridge, twice). A test that sees a connection
 // reset reads from it which host sent the reset (by its source MAC
 // address), for which connection, and when.
 type RSTTap struct {
@@ -61,7 +63,7 @@ func (n *Network) TapRSTs(ctx context.Context) (*RSTTap, error) {
 		return nil, fmt.Errorf("binding the packet socket to every interface: %w", err)
 	}
 	t := &RSTTap{file: os.NewFile(uintptr(fd), "rsttap")}
-	go t.read()
+	go t.read(ctx)
 	go func() {
 		<-ctx.Done()
 		_ = t.file.Close()
@@ -83,7 +85,7 @@ func (t *RSTTap) Since(from time.Time) ([]RST, int) {
 	return out, t.missed
 }
 
-func (t *RSTTap) read() {
+func (t *RSTTap) read(ctx context.Context) {
 	buf := make([]byte, snapLen)
 	rc, err := t.file.SyscallConn()
 	if err != nil {
@@ -97,8 +99,8 @@ func (t *RSTTap) read() {
 			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
 			return !errors.Is(rerr, unix.EAGAIN)
 		})
-		if errors.Is(err, os.ErrClosed) {
-			return
+		if ctx.Err() != nil || errors.Is(err, os.ErrClosed) {
+			return // closed: RawConn.Read says so in its own words
 		}
 		if err != nil || rerr != nil {
 			time.Sleep(time.Millisecond) // ENETDOWN while a link is cut

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
@@ -42,12 +43,30 @@ func TestAnLBHostCutOffTheControlPlaneSendsNoNewConnectionThroughItsOwnNode(t *t
 	}
 	healed := false
 	healOnce := func() {
-		if !healed {
-			healed = true
-			if err := heal(); err != nil {
-				t.Error(err)
-			}
+		if healed {
+			return
 		}
+		healed = true
+		if err := heal(); err != nil {
+			t.Error(err)
+			return
+		}
+		// The next test needs the node Ready (a cut of 40 s makes it
+		// NotReady) and ebb lb back to normal.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		eventually(t, ctx, 2*time.Minute, lbNode.Name+" Ready and ebb lb no longer cut off after the cut healed", func(ctx context.Context) (bool, string) {
+			n, err := cluster.Client.CoreV1().Nodes().Get(ctx, lbNode.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			ready := false
+			for _, c := range n.Status.Conditions {
+				ready = ready || (c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue)
+			}
+			cut := slices.Contains(strings.Split(lbMetrics(t), "\n"), "ebb_lb_api_cut_off 1")
+			return ready && !cut, fmt.Sprintf("Ready %v, cut off %v", ready, cut)
+		})
 	}
 	t.Cleanup(healOnce)
 	// ebb lb counts itself cut off once a report heartbeat (10 s) and a
@@ -72,9 +91,21 @@ func TestAnLBHostCutOffTheControlPlaneSendsNoNewConnectionThroughItsOwnNode(t *t
 		}
 		return len(nodes) == 1 && cluster.WaitDeploymentAvailable(ctx, ns, "web", time.Second) == nil, fmt.Sprintf("pods %v", nodes)
 	})
-	// The app nodes' kube-proxies program the move (waitServes' reason).
-	time.Sleep(3 * time.Second)
+	// The app nodes' kube-proxies program the move (waitServes' reason):
+	// each app node's node port answers, from the new pod.
+	svc, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range appNodes() {
+		at := fmt.Sprintf("http://%s:%d/", n.IP, svc.Spec.Ports[0].NodePort)
+		eventually(t, ctx, 30*time.Second, n.Name+"'s node port reaching the moved pod", func(ctx context.Context) (bool, string) {
+			_, err := getVia(ctx, client, at)
+			return err == nil, fmt.Sprint(err)
+		})
+	}
 
+	before := frontendConnections(t, ns, "web", lbNode.Name)
 	failed, first := 0, error(nil)
 	const requests = 40
 	for range requests {
@@ -87,6 +118,9 @@ func TestAnLBHostCutOffTheControlPlaneSendsNoNewConnectionThroughItsOwnNode(t *t
 	}
 	if failed > 0 {
 		t.Errorf("%d of %d requests failed while %s was cut off the control plane, after the pod moved; first: %v", failed, requests, lbNode.Name, first)
+	}
+	if n := frontendConnections(t, ns, "web", lbNode.Name) - before; n > 0 {
+		t.Errorf("%v of %d new connections went through %s's own node port while it was cut off", n, requests, lbNode.Name)
 	}
 	if !adminDown(t, lbNode.Name) {
 		t.Errorf("%s's own backends are not admin Down while it is cut off", lbNode.Name)
