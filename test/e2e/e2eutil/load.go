@@ -28,6 +28,7 @@ type Load struct {
 	FirstErr atomic.Value
 	errsMu   sync.Mutex
 	errs     []error
+	errTimes []time.Time
 	stop     chan struct{}
 	once     sync.Once
 	wg       sync.WaitGroup
@@ -44,14 +45,23 @@ func NewLoad(t *testing.T) *Load {
 // Fail counts one failure. Its error keeps the time it came (UTC), to be
 // read beside the cluster's logs.
 func (l *Load) Fail(err error) {
-	err = fmt.Errorf("at %s: %w", time.Now().UTC().Format("15:04:05.000"), err)
+	now := time.Now()
+	err = fmt.Errorf("at %s: %w", now.UTC().Format("15:04:05.000"), err)
 	l.Failed.Add(1)
 	l.FirstErr.CompareAndSwap(nil, err)
 	l.errsMu.Lock()
 	defer l.errsMu.Unlock()
 	if len(l.errs) < maxErrors {
 		l.errs = append(l.errs, err)
+		l.errTimes = append(l.errTimes, now)
 	}
+}
+
+// FailTimes returns when the first failures came (up to 20).
+func (l *Load) FailTimes() []time.Time {
+	l.errsMu.Lock()
+	defer l.errsMu.Unlock()
+	return slices.Clone(l.errTimes)
 }
 
 // maxErrors is how many failures' errors a load keeps.

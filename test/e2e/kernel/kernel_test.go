@@ -103,9 +103,12 @@ func rollingUpgradeDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGP
 	expectServed(t, requests)
 	if n := long.Failed.Load(); n > 0 {
 		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
+		for _, err := range long.Errors() {
+			t.Logf("  %v", err)
+		}
 	}
 	if long.Failed.Load() > 0 || requests.Failed.Load() > 0 {
-		resets.Log(t)
+		resets.Log(t, append(long.FailTimes(), requests.FailTimes()...)...)
 	}
 	if long.OK.Load() == 0 || requests.OK.Load() == 0 {
 		t.Error("no traffic went through during the upgrade")
