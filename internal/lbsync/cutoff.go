@@ -49,23 +49,24 @@ func (s *Syncer) watchCutOff(ctx context.Context, log logr.Logger, gauge prometh
 			log.Info("Cut off the API server: serving with what this replica last knew; this node's own kube-proxy is probably as stale, so it takes no new connection of a Service where another node can", "node", s.HostNode, "adminStateDisabled", s.Model.AdminStateDisabled)
 			s.DataPlane.ForgetOwnerAdminState(s.HostNode)
 			s.kick()
+			continue
+		case !blind:
+			continue
 		case cut:
 			reached = time.Time{}
-			if s.DataPlane.ForgetOwnerAdminState(s.HostNode) {
-				s.kick()
-			}
-		case blind && reached.IsZero():
+		case reached.IsZero():
 			reached = time.Now()
-		case blind && time.Since(reached) >= s.CutOffHold:
+		case time.Since(reached) >= s.CutOffHold:
 			reached = time.Time{}
 			s.blind.Store(false)
 			gauge.Set(0)
 			log.Info("Reaching the API server again: this node's own backends take new connections again", "node", s.HostNode)
 			s.kick()
-		case blind:
-			if s.DataPlane.ForgetOwnerAdminState(s.HostNode) {
-				s.kick()
-			}
+			continue
+		}
+		// Still cut off: a hold the fast path put back goes again.
+		if s.DataPlane.ForgetOwnerAdminState(s.HostNode) {
+			s.kick()
 		}
 	}
 }

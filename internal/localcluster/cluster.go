@@ -414,7 +414,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		}
 		ready := 0
 		for i := range nodes.Items {
-			if nodeReady(&nodes.Items[i]) {
+			if NodeReady(&nodes.Items[i]) {
 				ready++
 			}
 		}

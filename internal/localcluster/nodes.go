@@ -51,7 +51,7 @@ func (c *Cluster) ReplaceNode(ctx context.Context, name string) (*corev1.Node, e
 	var node *corev1.Node
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		n, err := nodes.Get(ctx, name, metav1.GetOptions{})
-		if err != nil || !nodeReady(n) {
+		if err != nil || !NodeReady(n) {
 			return false, nil
 		}
 		node = n
@@ -88,7 +88,7 @@ func (c *Cluster) AddBareNodes(ctx context.Context, prefix string, n int, labels
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		for _, name := range names {
 			node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil || !nodeReady(node) {
+			if err != nil || !NodeReady(node) {
 				return false, nil
 			}
 		}
@@ -100,7 +100,8 @@ func (c *Cluster) AddBareNodes(ctx context.Context, prefix string, n int, labels
 	return names, nil
 }
 
-func nodeReady(n *corev1.Node) bool {
+// NodeReady reports whether the node's Ready condition is True.
+func NodeReady(n *corev1.Node) bool {
 	for _, cond := range n.Status.Conditions {
 		if cond.Type == corev1.NodeReady {
 			return cond.Status == corev1.ConditionTrue

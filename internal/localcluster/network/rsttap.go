@@ -46,23 +46,11 @@ const maxRSTs = 10000
 
 // TapRSTs starts an RSTTap; it stops when ctx is done.
 func (n *Network) TapRSTs(ctx context.Context) (*RSTTap, error) {
-	filter, err := rstFilter()
+	file, err := openTap(rstFilter(), "rsttap")
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
-	if err != nil {
-		return nil, fmt.Errorf("opening a packet socket to watch resets: %w", err)
-	}
-	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
-		_ = unix.Close(fd)
-		return nil, fmt.Errorf("attaching the reset filter: %w", err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: 0}); err != nil {
-		_ = unix.Close(fd)
-		return nil, fmt.Errorf("binding the packet socket to every interface: %w", err)
-	}
-	t := &RSTTap{file: os.NewFile(uintptr(fd), "rsttap")}
+	t := &RSTTap{file: file}
 	go t.read(ctx)
 	go func() {
 		<-ctx.Done()
@@ -128,10 +116,10 @@ func (t *RSTTap) read(ctx context.Context) {
 
 // rstFilter passes only IPv4 TCP segments with RST set (first fragments),
 // cut to snapLen.
-func rstFilter() ([]unix.SockFilter, error) {
+func rstFilter() []bpf.Instruction {
 	const rst = 0x04
 	const drop = 10
-	prog := []bpf.Instruction{
+	return []bpf.Instruction{
 		/* 0 */ bpf.LoadAbsolute{Off: 12, Size: 2}, // ethertype
 		/* 1 */ bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 0x0800, SkipTrue: drop - 2},
 		/* 2 */ bpf.LoadAbsolute{Off: 14 + 9, Size: 1}, // IPv4 protocol
@@ -144,15 +132,6 @@ func rstFilter() ([]unix.SockFilter, error) {
 		/* 9 */ bpf.RetConstant{Val: snapLen},
 		/* drop */ bpf.RetConstant{Val: 0},
 	}
-	raw, err := bpf.Assemble(prog)
-	if err != nil {
-		return nil, fmt.Errorf("assembling the reset filter: %w", err)
-	}
-	out := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		out[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
-	}
-	return out, nil
 }
 
 // parseRST reads the sender's MAC address and the addresses of an
@@ -173,19 +152,20 @@ func parseRST(frame []byte) (RST, bool) {
 	}, true
 }
 
-// HostWithMAC names the host whose eth0 (its port on the bridge) has mac;
-// "" if none does.
-func (n *Network) HostWithMAC(mac net.HardwareAddr) string {
+// HostsByMAC maps each host's eth0 (its port on the bridge) MAC address,
+// as net.HardwareAddr.String writes it, to the host's name.
+func (n *Network) HostsByMAC() map[string]string {
 	n.mu.Lock()
 	hosts := make([]*Host, 0, len(n.hosts))
 	for _, h := range n.hosts {
 		hosts = append(hosts, h)
 	}
 	n.mu.Unlock()
+	out := make(map[string]string, len(hosts))
 	for _, h := range hosts {
-		if hw, err := h.HardwareAddr("eth0"); err == nil && hw.String() == mac.String() {
-			return h.Name
+		if hw, err := h.HardwareAddr("eth0"); err == nil {
+			out[hw.String()] = h.Name
 		}
 	}
-	return ""
+	return out
 }

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
-
-	"golang.org/x/net/bpf"
 )
 
 // rstFrame builds an Ethernet frame of an IPv4 TCP segment with flags.
@@ -24,15 +22,7 @@ func rstFrame(proto byte, flags byte) []byte {
 }
 
 func TestRSTFilterPassesResetsOnly(t *testing.T) {
-	filter, err := rstFilter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	insns := make([]bpf.RawInstruction, len(filter))
-	for i, f := range filter {
-		insns[i] = bpf.RawInstruction{Op: f.Code, Jt: f.Jt, Jf: f.Jf, K: f.K}
-	}
-	vm, err := bpf.NewVM(mustDisassemble(t, insns))
+	vm, err := filterVM(rstFilter())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,13 +49,4 @@ func TestRSTFilterPassesResetsOnly(t *testing.T) {
 	if !ok || r.Src != netip.MustParseAddrPort("10.96.240.1:80") || r.Dst != netip.MustParseAddrPort("10.1.0.2:40000") || r.From.String() != "02:00:00:00:00:07" {
 		t.Errorf("parseRST = %v, %v", r, ok)
 	}
-}
-
-func mustDisassemble(t *testing.T, raw []bpf.RawInstruction) []bpf.Instruction {
-	t.Helper()
-	out, ok := bpf.Disassemble(raw)
-	if !ok {
-		t.Fatal("the filter does not disassemble")
-	}
-	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"sync"
@@ -38,27 +37,13 @@ type SYNTap struct {
 // TapSYNs starts a SYNTap for connections to dst on ports
 // firstPort..lastPort; it stops when ctx is done.
 func (n *Network) TapSYNs(ctx context.Context, dst netip.Addr, firstPort, lastPort uint16) (*SYNTap, error) {
-	filter, err := synFilter()
+	file, err := openTap(synFilter(), "syntap-"+dst.String())
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
-	if err != nil {
-		return nil, fmt.Errorf("opening a packet socket to watch %s: %w", dst, err)
-	}
-	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
-		_ = unix.Close(fd)
-		return nil, fmt.Errorf("attaching the SYN filter: %w", err)
-	}
-	// Every interface (index 0): the bridge device carries what the root
-	// host sends, the hosts' ports what the hosts send each other. A SYN
-	// seen twice on its way (the bridge, then the node's port) changes no
-	// "last".
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: 0}); err != nil {
-		_ = unix.Close(fd)
-		return nil, fmt.Errorf("binding the packet socket to every interface: %w", err)
-	}
-	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, last: map[uint16]time.Time{}, file: os.NewFile(uintptr(fd), "syntap-"+dst.String())}
+	// A SYN seen twice on its way (the bridge, then the node's port)
+	// changes no "last".
+	t := &SYNTap{dst: dst, firstPort: firstPort, lastPort: lastPort, last: map[uint16]time.Time{}, file: file}
 	go t.read()
 	go func() {
 		<-ctx.Done()
@@ -116,13 +101,13 @@ const snapLen = 96
 
 // synFilter passes only TCP segments with SYN set and ACK clear, over IPv4
 // (no fragments) or IPv6 (TCP as the first next header), cut to snapLen.
-func synFilter() ([]unix.SockFilter, error) {
+func synFilter() []bpf.Instruction {
 	const (
 		synAck = 0x12
 		syn    = 0x02
 	)
 	const drop = 17
-	prog := []bpf.Instruction{
+	return []bpf.Instruction{
 		/* 0 */ bpf.LoadAbsolute{Off: 12, Size: 2}, // ethertype
 		/* 1 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0x0800, SkipFalse: 10 - 2}, // IPv4, else try IPv6
 		/* 2 */ bpf.LoadAbsolute{Off: 14 + 9, Size: 1}, // IPv4 protocol
@@ -142,15 +127,6 @@ func synFilter() ([]unix.SockFilter, error) {
 		/* 16 */ bpf.RetConstant{Val: snapLen},
 		/* drop */ bpf.RetConstant{Val: 0},
 	}
-	raw, err := bpf.Assemble(prog)
-	if err != nil {
-		return nil, fmt.Errorf("assembling the SYN filter: %w", err)
-	}
-	out := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		out[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
-	}
-	return out, nil
 }
 
 // synDestination reads the destination address and port of an Ethernet

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
-
-	"golang.org/x/net/bpf"
 )
 
 // frame builds an Ethernet frame carrying a TCP segment to dst:port with
@@ -35,19 +33,7 @@ func frame(dst netip.Addr, port uint16, flags byte, fragOffset uint16) []byte {
 }
 
 func TestSYNFilterAndDestination(t *testing.T) {
-	filter, err := synFilter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	prog := make([]bpf.RawInstruction, len(filter))
-	for i, f := range filter {
-		prog[i] = bpf.RawInstruction{Op: f.Code, Jt: f.Jt, Jf: f.Jf, K: f.K}
-	}
-	insns, ok := bpf.Disassemble(prog)
-	if !ok {
-		t.Fatal("the filter does not disassemble")
-	}
-	vm, err := bpf.NewVM(insns)
+	vm, err := filterVM(synFilter())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,10 +41,11 @@ func (r *Resets) Log(t *testing.T, near ...time.Time) {
 		return
 	}
 	seen, missed := r.tap.Since(r.from)
+	hosts := r.net.HostsByMAC()
 	senders := map[string]int{}
 	var shown []network.RST
 	for _, rst := range seen {
-		senders[r.net.HostWithMAC(rst.From)]++
+		senders[hosts[rst.From.String()]]++
 		if len(near) == 0 || closeTo(rst.At, near, time.Second) {
 			shown = append(shown, rst)
 		}
@@ -58,7 +59,7 @@ func (r *Resets) Log(t *testing.T, near ...time.Time) {
 			t.Logf("... and %d more", len(shown)-i)
 			break
 		}
-		t.Logf("  reset %s, sent by %q", rst, r.net.HostWithMAC(rst.From))
+		t.Logf("  reset %s, sent by %q", rst, hosts[rst.From.String()])
 	}
 }
 

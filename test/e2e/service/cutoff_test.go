@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -60,10 +60,7 @@ func TestAnLBHostCutOffTheControlPlaneSendsNoNewConnectionThroughItsOwnNode(t *t
 			if err != nil {
 				return false, err.Error()
 			}
-			ready := false
-			for _, c := range n.Status.Conditions {
-				ready = ready || (c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue)
-			}
+			ready := localcluster.NodeReady(n)
 			cut := slices.Contains(strings.Split(lbMetrics(t), "\n"), "ebb_lb_api_cut_off 1")
 			return ready && !cut, fmt.Sprintf("Ready %v, cut off %v", ready, cut)
 		})
