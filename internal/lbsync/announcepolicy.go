@@ -3,6 +3,7 @@ package lbsync
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/addrrange"
+	"github.com/ebbdev/ebb/internal/announce/bgp"
 )
 
 // +kubebuilder:rbac:groups=lb.ebb.dev,resources=announcementpolicies;addresspools,verbs=get;list;watch
@@ -36,7 +38,9 @@ type announceRule struct {
 	ranges []addrrange.Range
 	all    bool
 	bgp    bool
-	l2     bool
+	// bgpAttrs are what its routes carry (communities, local preference).
+	bgpAttrs bgp.Attributes
+	l2       bool
 	// interfaces limit L2 (nil: every interface).
 	interfaces []string
 }
@@ -51,6 +55,19 @@ func (p AnnouncementPlan) BGP(a netip.Addr) bool {
 		return true
 	}
 	return slices.ContainsFunc(p.rules, func(r announceRule) bool { return r.bgp && r.covers(a) })
+}
+
+// BGPAttributes are what a's route carries: every community of the
+// policies announcing it by BGP from this host, and the highest local
+// preference among them.
+func (p AnnouncementPlan) BGPAttributes(a netip.Addr) bgp.Attributes {
+	var out bgp.Attributes
+	for _, r := range p.rules {
+		if r.bgp && r.covers(a) {
+			out = out.Merge(r.bgpAttrs)
+		}
+	}
+	return out
 }
 
 // L2 says whether a is announced by L2, and on which interfaces (nil: on
@@ -91,7 +108,7 @@ func (p AnnouncementPlan) L2Interfaces() []string {
 // Equal compares two plans.
 func (p AnnouncementPlan) Equal(q AnnouncementPlan) bool {
 	return p.Policies == q.Policies && slices.EqualFunc(p.rules, q.rules, func(a, b announceRule) bool {
-		return a.name == b.name && a.all == b.all && a.bgp == b.bgp && a.l2 == b.l2 &&
+		return a.name == b.name && a.all == b.all && a.bgp == b.bgp && a.bgpAttrs.Equal(b.bgpAttrs) && a.l2 == b.l2 &&
 			slices.Equal(a.ranges, b.ranges) && slices.Equal(a.interfaces, b.interfaces)
 	})
 }
@@ -148,12 +165,53 @@ func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPoli
 			}
 			r.ranges = append(r.ranges, ranges...)
 		}
+		if pol.Spec.BGP != nil {
+			var bad []string
+			r.bgpAttrs, bad = routeAttributes(pol.Spec.BGP)
+			for _, b := range bad {
+				problems = append(problems, fmt.Sprintf("AnnouncementPolicy %s: %s (left out)", pol.Name, b))
+			}
+		}
 		if pol.Spec.L2 != nil && len(pol.Spec.L2.Interfaces) > 0 {
 			r.interfaces = slices.Sorted(slices.Values(pol.Spec.L2.Interfaces))
 		}
 		plan.rules = append(plan.rules, r)
 	}
 	return plan, problems
+}
+
+// routeAttributes reads a policy's BGP attributes; what does not parse
+// (admission refuses it, but an object may predate the rule) is left out
+// and said.
+func routeAttributes(spec *lbv1alpha1.BGPAnnouncement) (bgp.Attributes, []string) {
+	var attrs bgp.Attributes
+	var bad []string
+	for _, s := range spec.Communities {
+		c, err := bgp.ParseCommunity(s)
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		attrs.Communities = append(attrs.Communities, c)
+	}
+	for _, s := range spec.LargeCommunities {
+		c, err := bgp.ParseLargeCommunity(s)
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		attrs.LargeCommunities = append(attrs.LargeCommunities, c)
+	}
+	if lp := spec.LocalPreference; lp != nil {
+		if *lp < 0 || *lp > math.MaxUint32 {
+			bad = append(bad, fmt.Sprintf("localPreference %d: must be 0 to 4294967295", *lp))
+		} else {
+			v := uint32(*lp)
+			attrs.LocalPreference = &v
+		}
+	}
+	// Merge sorts and drops duplicates.
+	return bgp.Attributes{}.Merge(attrs), bad
 }
 
 // AnnouncementPolicies follows the AnnouncementPolicies and AddressPools

@@ -98,3 +98,54 @@ func TestPlanAnnouncements(t *testing.T) {
 		})
 	}
 }
+
+// Where several policies announce an address by BGP from this host, its
+// route carries every community of each and the highest local
+// preference; policies of other addresses, of L2 only or of other hosts
+// add nothing; a community that does not parse is left out and said.
+func TestPlanBGPAttributes(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "lb-1", Labels: map[string]string{"rack": "a"}}}
+	pools := []lbv1alpha1.AddressPool{
+		{ObjectMeta: metav1.ObjectMeta{Name: "public"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.240.0/28"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "office"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.250.0/28"}}},
+	}
+	lp := func(v int64) *int64 { return &v }
+	policy := func(name, pool string, b *lbv1alpha1.BGPAnnouncement, rack string) lbv1alpha1.AnnouncementPolicy {
+		p := lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{pool}, BGP: b}}
+		if b == nil {
+			p.Spec.L2 = &lbv1alpha1.L2Announcement{}
+		}
+		if rack != "" {
+			p.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"rack": rack}}
+		}
+		return p
+	}
+	policies := []lbv1alpha1.AnnouncementPolicy{
+		policy("transit", "public", &lbv1alpha1.BGPAnnouncement{Communities: []string{"64512:100", "no-export"}, LocalPreference: lp(150)}, ""),
+		policy("backup", "public", &lbv1alpha1.BGPAnnouncement{Communities: []string{"64512:100", "64512:7", "70000:1"}, LargeCommunities: []string{"4200000000:1:2"}, LocalPreference: lp(300)}, ""),
+		policy("other-rack", "public", &lbv1alpha1.BGPAnnouncement{Communities: []string{"1:1"}, LocalPreference: lp(900)}, "b"),
+		policy("by-l2", "public", nil, ""),
+		policy("office", "office", &lbv1alpha1.BGPAnnouncement{}, ""),
+	}
+	plan, problems := PlanAnnouncements(node, policies, pools)
+	if want := []string{`AnnouncementPolicy backup: community "70000:1": both parts must be numbers 0 to 65535 (left out)`}; !slices.Equal(problems, want) {
+		t.Errorf("problems %q, want %q", problems, want)
+	}
+	for addr, want := range map[string]string{
+		"10.96.240.3": "64512:7 64512:100 65535:65281 4200000000:1:2 local-preference 300",
+		"10.96.250.3": "",
+		"10.1.1.1":    "",
+	} {
+		if got := plan.BGPAttributes(netip.MustParseAddr(addr)).String(); got != want {
+			t.Errorf("%s's route carries %q, want %q", addr, got, want)
+		}
+	}
+	// A change of attributes alone is a change of plan (ebb lb announces
+	// the routes again).
+	changed := slices.Clone(policies)
+	changed[0].Spec.BGP = &lbv1alpha1.BGPAnnouncement{Communities: []string{"64512:101"}}
+	other, _ := PlanAnnouncements(node, changed, pools)
+	if plan.Equal(other) {
+		t.Error("plans with different communities are equal")
+	}
+}

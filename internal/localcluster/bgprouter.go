@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -196,6 +197,84 @@ func (r *BGPRouter) RouteDetail(ctx context.Context, prefix netip.Prefix) string
 		return err.Error()
 	}
 	return string(out)
+}
+
+// BGPPath is one path FRR holds for a prefix (`show bgp`): its next hop
+// and the attributes it came with.
+type BGPPath struct {
+	NextHop netip.Addr
+	// Communities as FRR writes them ("64512:100", "noExport").
+	Communities []string
+	// LargeCommunities as FRR writes them ("4200000000:1:2").
+	LargeCommunities []string
+	// LocalPreference, when the path carries one.
+	LocalPreference *uint32
+}
+
+// Paths returns the BGP paths FRR holds for prefix, from every peer.
+func (r *BGPRouter) Paths(ctx context.Context, prefix netip.Prefix) ([]BGPPath, error) {
+	family := "ipv4"
+	if prefix.Addr().Is6() {
+		family = "ipv6"
+	}
+	out, err := r.vtysh(ctx, fmt.Sprintf("show bgp %s unicast %s json", family, prefix))
+	if err != nil {
+		return nil, err
+	}
+	return parseBGPPaths(out)
+}
+
+// parseBGPPaths reads FRR's JSON of one prefix's paths.
+func parseBGPPaths(out []byte) ([]BGPPath, error) {
+	var detail struct {
+		Paths []struct {
+			LocPrf    *uint32 `json:"locPrf"`
+			Community *struct {
+				String string `json:"string"`
+			} `json:"community"`
+			LargeCommunity *struct {
+				String string `json:"string"`
+			} `json:"largeCommunity"`
+			Nexthops []struct {
+				IP string `json:"ip"`
+			} `json:"nexthops"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(out, &detail); err != nil {
+		return nil, fmt.Errorf("decoding FRR's paths %q: %w", out, err)
+	}
+	var paths []BGPPath
+	for _, p := range detail.Paths {
+		path := BGPPath{LocalPreference: p.LocPrf}
+		if len(p.Nexthops) > 0 {
+			path.NextHop, _ = netip.ParseAddr(p.Nexthops[0].IP)
+		}
+		if p.Community != nil {
+			path.Communities = strings.Fields(p.Community.String)
+		}
+		if p.LargeCommunity != nil {
+			path.LargeCommunities = strings.Fields(p.LargeCommunity.String)
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
+}
+
+// Configure changes FRR's running configuration: each line as typed
+// after `configure terminal` (e.g. "router bgp 64500", then a line of
+// that section).
+func (r *BGPRouter) Configure(ctx context.Context, lines ...string) error {
+	args := []string{"--vty_socket", r.dir, "-c", "configure terminal"}
+	for _, l := range lines {
+		args = append(args, "-c", l)
+	}
+	cmd := exec.CommandContext(ctx, "vtysh", args...)
+	out, err := cmd.CombinedOutput()
+	// vtysh exits 0 on some refused lines; FRR says "% ..." then.
+	if err != nil || bytes.Contains(out, []byte("% ")) {
+		return fmt.Errorf("configuring FRR with %q: %v: %s", lines, err, out)
+	}
+	return nil
 }
 
 // installedRoutes adds the installed routes and next hops of FRR's JSON

@@ -33,8 +33,39 @@ type AnnouncementPolicySpec struct {
 	L2 *L2Announcement `json:"l2,omitempty"`
 }
 
-// BGPAnnouncement is announcement by BGP.
-type BGPAnnouncement struct{}
+// BGPAnnouncement is announcement by BGP, and the attributes the routes
+// carry. Where several policies announce one address from a host, its
+// route carries every community of each and the highest local
+// preference.
+type BGPAnnouncement struct {
+	// Communities are standard communities (RFC 1997) the routes carry,
+	// each "ASN:VALUE" with both parts 0 to 65535 (as 64512:100), or a
+	// well-known name: no-export, no-advertise, no-export-subconfed,
+	// no-peer, graceful-shutdown, blackhole.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=19
+	// +kubebuilder:validation:XValidation:rule="self.all(c, c in ['no-export', 'no-advertise', 'no-export-subconfed', 'no-peer', 'graceful-shutdown', 'blackhole'] || (c.matches('^[0-9]{1,5}:[0-9]{1,5}$') && c.split(':').all(p, int(p) <= 65535)))",message="each community is ASN:VALUE with both parts 0 to 65535 (as 64512:100), or no-export, no-advertise, no-export-subconfed, no-peer, graceful-shutdown or blackhole"
+	Communities []string `json:"communities,omitempty"`
+
+	// LargeCommunities are large communities (RFC 8092) the routes carry,
+	// each "GLOBAL:LOCAL1:LOCAL2" with every part 0 to 4294967295 (as
+	// 4200000000:1:2).
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.all(c, c.matches('^[0-9]{1,10}:[0-9]{1,10}:[0-9]{1,10}$') && c.split(':').all(p, int(p) <= 4294967295))",message="each large community is GLOBAL:LOCAL1:LOCAL2 with every part 0 to 4294967295 (as 4200000000:1:2)"
+	LargeCommunities []string `json:"largeCommunities,omitempty"`
+
+	// LocalPreference the routes carry (0 to 4294967295; higher is
+	// preferred). Routers take it from iBGP sessions only (a BGPPeer
+	// whose myASN equals its peerASN); RFC 4271 keeps it off eBGP
+	// sessions, where ebb does not send it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	LocalPreference *int64 `json:"localPreference,omitempty"`
+}
 
 // L2Announcement is announcement by ARP and NDP.
 type L2Announcement struct {

@@ -108,7 +108,7 @@ type Speaker struct {
 	connected bool
 	// sessions are the peers added to the server (after Connect).
 	sessions  map[netip.Addr]Peer
-	announced map[netip.Addr]uuid.UUID
+	announced map[netip.Addr]announcement
 	// refused holds the wanted addresses that cannot be announced, and
 	// why; each is returned as an error once, not at every sync.
 	refused map[netip.Addr]string
@@ -133,7 +133,7 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	if cfg.ReopenAfter <= 0 {
 		cfg.ReopenAfter = 30 * time.Second
 	}
-	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]uuid.UUID{}, refused: map[netip.Addr]string{}}
+	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]announcement{}, refused: map[netip.Addr]string{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -286,23 +286,33 @@ func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 // warning at 80 %.
 const MaxReceivedPrefixes = 1000
 
-// Sync announces exactly the addresses of want: new ones are announced,
-// ones no longer wanted are withdrawn. IPv6 addresses need an IPv6 next hop
-// (Config.NextHopIPv6): without one, each is returned as an error the
-// first time it is seen, and the others are announced.
-func (sp *Speaker) Sync(want []netip.Addr) error {
+// announcement is a route announced: its path's id in GoBGP and the
+// attributes it carries.
+type announcement struct {
+	id    uuid.UUID
+	attrs Attributes
+}
+
+// Sync announces exactly the routes of want: new ones are announced,
+// ones whose attributes changed announced again (the router replaces the
+// route, with no withdrawal between), ones no longer wanted withdrawn.
+// IPv6 addresses need an IPv6 next hop (Config.NextHopIPv6): without one,
+// each is returned as an error the first time it is seen, and the others
+// are announced. An address given twice takes the first route's
+// attributes.
+func (sp *Speaker) Sync(want []Route) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	wanted := map[netip.Addr]bool{}
 	refused := map[netip.Addr]string{}
 	var errs []error
-	for _, a := range want {
-		a = a.Unmap()
+	for _, r := range want {
+		a := r.Addr.Unmap()
 		if wanted[a] {
 			continue
 		}
 		wanted[a] = true
-		if _, ok := sp.announced[a]; ok {
+		if was, ok := sp.announced[a]; ok && was.attrs.Equal(r.Attrs) {
 			continue
 		}
 		if a.Is6() && !sp.cfg.NextHopIPv6.IsValid() {
@@ -313,20 +323,20 @@ func (sp *Speaker) Sync(want []netip.Addr) error {
 			refused[a] = why
 			continue
 		}
-		id, err := sp.add(a)
+		id, err := sp.add(a, r.Attrs)
 		if err != nil {
 			errs = append(errs, err)
 			refused[a] = err.Error()
 			continue
 		}
-		sp.announced[a] = id
+		sp.announced[a] = announcement{id: id, attrs: r.Attrs}
 	}
 	sp.refused = refused
-	for a, id := range sp.announced {
+	for a, was := range sp.announced {
 		if wanted[a] {
 			continue
 		}
-		if err := sp.s.DeletePath(apiutil.DeletePathRequest{UUIDs: []uuid.UUID{id}}); err != nil {
+		if err := sp.s.DeletePath(apiutil.DeletePathRequest{UUIDs: []uuid.UUID{was.id}}); err != nil {
 			errs = append(errs, fmt.Errorf("BGP: withdrawing %s: %w", a, err))
 			continue
 		}
@@ -335,7 +345,9 @@ func (sp *Speaker) Sync(want []netip.Addr) error {
 	return errors.Join(errs...)
 }
 
-func (sp *Speaker) add(a netip.Addr) (uuid.UUID, error) {
+// add announces a's route with attrs; a route of a announced before is
+// replaced (GoBGP keys a local path by its prefix).
+func (sp *Speaker) add(a netip.Addr, attrs Attributes) (uuid.UUID, error) {
 	nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(a, a.BitLen()))
 	if err != nil {
 		return uuid.UUID{}, fmt.Errorf("BGP: the route of %s: %w", a, err)
@@ -357,6 +369,7 @@ func (sp *Speaker) add(a netip.Addr) (uuid.UUID, error) {
 		}
 		path.Attrs = []bgp.PathAttributeInterface{origin, reach}
 	}
+	path.Attrs = append(path.Attrs, attrs.pathAttributes()...)
 	resp, err := sp.s.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{path}})
 	if err != nil {
 		return uuid.UUID{}, fmt.Errorf("BGP: announcing %s: %w", a, err)

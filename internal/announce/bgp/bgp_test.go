@@ -52,6 +52,13 @@ const routerAddr = "127.0.79.1"
 // a TCP MD5 password when one is given.
 func startRouter(t *testing.T, password string) *server.BgpServer {
 	t.Helper()
+	return startRouterFor(t, password, 64512)
+}
+
+// startRouterFor is startRouter with the speakers' AS number (64500:
+// iBGP).
+func startRouterFor(t *testing.T, password string, speakerASN uint32) *server.BgpServer {
+	t.Helper()
 	ctx := context.Background()
 	r := server.NewBgpServer()
 	go r.Serve()
@@ -63,7 +70,7 @@ func startRouter(t *testing.T, password string) *server.BgpServer {
 	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
 		afis = append(afis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}})
 	}
-	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 64512, AuthPassword: password},
+	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: speakerASN, AuthPassword: password},
 		AfiSafis: afis, Transport: &api.Transport{PassiveMode: true}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +120,7 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Stop()
-	if err := sp.Sync([]netip.Addr{v4, v6}); err != nil {
+	if err := sp.Sync(Routes(v4, v6)); err != nil {
 		t.Fatal(err)
 	}
 	want4 := map[netip.Prefix]netip.Addr{netip.MustParsePrefix("10.96.240.1/32"): netip.MustParseAddr("10.0.0.1")}
@@ -124,7 +131,7 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 	}
 	waitRoutes(bgp.RF_IPv4_UC, want4)
 	waitRoutes(bgp.RF_IPv6_UC, want6)
-	if err := sp.Sync([]netip.Addr{v4}); err != nil {
+	if err := sp.Sync(Routes(v4)); err != nil {
 		t.Fatal(err)
 	}
 	waitRoutes(bgp.RF_IPv6_UC, map[netip.Prefix]netip.Addr{})
@@ -135,11 +142,11 @@ func TestSpeakerAnnouncesBothFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plain.Stop()
-	if err := plain.Sync([]netip.Addr{v6}); err == nil || !strings.Contains(err.Error(), "--bgp-next-hop-ipv6") {
+	if err := plain.Sync(Routes(v6)); err == nil || !strings.Contains(err.Error(), "--bgp-next-hop-ipv6") {
 		t.Fatalf("an IPv6 address without an IPv6 next hop: %v", err)
 	}
 	// Said once as an error, kept as refused while it is wanted.
-	if err := plain.Sync([]netip.Addr{v6}); err != nil {
+	if err := plain.Sync(Routes(v6)); err != nil {
 		t.Fatalf("the same refusal again: %v", err)
 	}
 	if r := plain.Refused(); len(r) != 1 || !strings.Contains(r[v6], "IPv6 next hop") {
@@ -181,7 +188,7 @@ func TestSetPeersOpensChangesAndClosesSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Stop()
-	if err := sp.Sync([]netip.Addr{netip.MustParseAddr("10.96.240.7")}); err != nil {
+	if err := sp.Sync(Routes(netip.MustParseAddr("10.96.240.7"))); err != nil {
 		t.Fatal(err)
 	}
 	peer := Peer{Address: netip.MustParseAddr(routerAddr), ASN: 64500, LocalASN: 64512, Password: "s3cret", HoldTime: 3 * time.Second}

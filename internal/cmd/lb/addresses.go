@@ -297,6 +297,18 @@ func (a *addressSinks) repairParts() []repairPart {
 	return parts
 }
 
+// bgpRoutes are the routes of the addresses of want that the plan
+// announces by BGP, with the attributes it gives them.
+func bgpRoutes(want []netip.Addr, plan lbsync.AnnouncementPlan) []bgp.Route {
+	var out []bgp.Route
+	for _, addr := range want {
+		if plan.BGP(addr) {
+			out = append(out, bgp.Route{Addr: addr, Attrs: plan.BGPAttributes(addr)})
+		}
+	}
+	return out
+}
+
 // announceLocked announces the wanted addresses as the plan says, or none
 // while withdrawn.
 func (a *addressSinks) announceLocked() error {
@@ -316,7 +328,7 @@ func (a *addressSinks) announceLocked() error {
 	var errs []error
 	a.l2Refused = nil
 	if a.bgp != nil {
-		errs = append(errs, a.bgp.Sync(slices.DeleteFunc(slices.Clone(want), func(addr netip.Addr) bool { return !a.plan.BGP(addr) })))
+		errs = append(errs, a.bgp.Sync(bgpRoutes(want, a.plan)))
 	}
 	if a.l2 != nil {
 		offer, only := l2Offer(want, a.plan, a.l2.Interfaces())

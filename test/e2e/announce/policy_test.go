@@ -169,6 +169,11 @@ func TestAnnouncementPolicyValidation(t *testing.T) {
 	}{
 		{"neither bgp nor l2", lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{"default"}}, "say how the addresses are announced: bgp: {}, l2: {} or both"},
 		{"interface name too long", lbv1alpha1.AnnouncementPolicySpec{L2: &lbv1alpha1.L2Announcement{Interfaces: []string{"an-interface-name-longer-than-15"}}}, "spec.l2.interfaces[0]"},
+		{"community part above 65535", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{Communities: []string{"64512:100", "70000:1"}}}, "each community is ASN:VALUE with both parts 0 to 65535 (as 64512:100), or no-export"},
+		{"community of another form", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{Communities: []string{"noexport"}}}, "each community is ASN:VALUE"},
+		{"large community of two parts", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{LargeCommunities: []string{"4200000000:1"}}}, "each large community is GLOBAL:LOCAL1:LOCAL2"},
+		{"large community part above 32 bits", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{LargeCommunities: []string{"4294967296:1:2"}}}, "every part 0 to 4294967295"},
+		{"negative local preference", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{LocalPreference: ptrTo[int64](-1)}}, "spec.bgp.localPreference"},
 	}
 	for _, tt := range tests {
 		p := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "invalid"}, Spec: tt.spec}
@@ -188,6 +193,18 @@ func TestAnnouncementPolicyValidation(t *testing.T) {
 		t.Fatalf("creating a policy with bgp: {}: %v", err)
 	}
 	if err := api.Delete(ctx, ok); err != nil {
+		t.Fatal(err)
+	}
+	// So is one with every attribute at its limits.
+	full := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "valid-attributes"}, Spec: lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{"no-such-pool"}, BGP: &lbv1alpha1.BGPAnnouncement{
+		Communities:      []string{"0:0", "65535:65535", "no-export", "no-advertise", "no-export-subconfed", "no-peer", "graceful-shutdown", "blackhole"},
+		LargeCommunities: []string{"0:0:0", "4294967295:4294967295:4294967295"},
+		LocalPreference:  ptrTo[int64](4294967295),
+	}}}
+	if err := api.Create(ctx, full); err != nil {
+		t.Fatalf("creating a policy with every attribute at its limits: %v", err)
+	}
+	if err := api.Delete(ctx, full); err != nil {
 		t.Fatal(err)
 	}
 }
