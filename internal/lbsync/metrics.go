@@ -21,7 +21,7 @@ func newSyncMetrics() syncMetrics {
 		unannounced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lb_unannounced_addresses",
 			Help: "Load-balancer addresses served here that a way of announcing meant for them (BGP, L2) cannot announce (Warning AddressNotAnnounced on their Services)."}),
 		cutOff: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_lb_api_cut_off",
-			Help: "1 while this replica could write no report for one and a half heartbeats (it cannot reach the API server): its own node's backends are admin Down wherever another node can take their new connections."}),
+			Help: "1 while this replica could write no report for one and a half heartbeats (it cannot reach the API server): its own node's backends are then admin Down wherever another node can take their new connections (with --disable-admin-state, counted only)."}),
 	}
 }
 

@@ -13,6 +13,9 @@ type Metrics struct {
 	maintenances *prometheus.GaugeVec
 	pods         *prometheus.GaugeVec
 	stageSeconds *prometheus.HistogramVec
+	// trafficTimeouts counts nodes whose traffic drain gave up on
+	// established connections (the alert EbbTrafficDrainTimedOut).
+	trafficTimeouts prometheus.Counter
 }
 
 // NewMetrics registers the metrics with reg.
@@ -28,8 +31,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ebb_nodemaintenance_stage_duration_seconds", Help: "How long a maintenance stayed in a stage.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}, []string{"stage"}),
+		trafficTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ebb_nodemaintenance_traffic_drain_timeouts_total",
+			Help: "Nodes (LB hosts among them) whose traffic drain reached the maintenance's trafficDrainTimeoutSeconds with established connections left, which the drain then no longer waits for (Warning TrafficDrainTimeout names the node).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.maintenances, m.pods, m.stageSeconds} {
+	for _, c := range []prometheus.Collector{m.maintenances, m.pods, m.stageSeconds, m.trafficTimeouts} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering node maintenance metrics: %w", err)
 		}
@@ -55,6 +62,14 @@ func (m *Metrics) setPods(name string, statuses []v1alpha1.NodeMaintenanceNodeSt
 	}
 	m.pods.WithLabelValues(name, "pending").Set(float64(pending))
 	m.pods.WithLabelValues(name, "evacuating").Set(float64(evacuating))
+}
+
+// trafficDrainTimedOut counts a node whose traffic drain timed out; a nil
+// Metrics counts nothing.
+func (m *Metrics) trafficDrainTimedOut() {
+	if m != nil {
+		m.trafficTimeouts.Inc()
+	}
 }
 
 // forget drops a maintenance's pod counts; a nil Metrics has none.

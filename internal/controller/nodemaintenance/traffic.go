@@ -123,5 +123,6 @@ func (r *Reconciler) reportTraffic(nm *v1alpha1.NodeMaintenance, node string, nd
 	}
 	if nd.trafficTimedOut && (old == nil || !strings.Contains(old.DrainMessage, timedOutText)) {
 		event.Publish(r.Recorder, trafficDrainTimeout(nm, node, nd.connections))
+		r.Metrics.trafficDrainTimedOut()
 	}
 }

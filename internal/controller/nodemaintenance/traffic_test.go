@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -235,5 +236,33 @@ func TestNodeConditionsDoNotDependOnListOrder(t *testing.T) {
 	}
 	if !slices.Equal(first, []string{"maint-a", "maint-b", "maint-c"}) {
 		t.Errorf("covering: %v, want sorted by name", first)
+	}
+}
+
+// A node whose traffic drain times out is said once, by a Warning and by
+// ebb_nodemaintenance_traffic_drain_timeouts_total (the alert
+// EbbTrafficDrainTimedOut), not again on the reconciles after the status
+// recorded it.
+func TestATrafficDrainTimeoutIsCountedOnce(t *testing.T) {
+	r, _, rec := newFakeReconciler(t)
+	nm := &v1alpha1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Name: "m"},
+		Status: v1alpha1.NodeMaintenanceStatus{NodeStatuses: []v1alpha1.NodeMaintenanceNodeStatus{{NodeRef: v1alpha1.NodeReference{Name: "a"}}}}}
+	nd := &nodeDrain{lbDown: true, trafficDone: true, trafficTimedOut: true, connections: 3}
+	r.reportTraffic(nm, "a", nd)
+	if got := testutil.ToFloat64(r.Metrics.trafficTimeouts); got != 1 {
+		t.Errorf("counted %v, want 1", got)
+	}
+	if ev := <-rec.Events; !strings.Contains(ev, v1alpha1.ReasonTrafficDrainTimeout) {
+		t.Errorf("event %q, want %s", ev, v1alpha1.ReasonTrafficDrainTimeout)
+	}
+	nm.Status.NodeStatuses[0].DrainMessage = trafficMessage(nd)
+	r.reportTraffic(nm, "a", nd)
+	if got := testutil.ToFloat64(r.Metrics.trafficTimeouts); got != 1 {
+		t.Errorf("counted %v after the status recorded the timeout, want 1", got)
+	}
+	select {
+	case ev := <-rec.Events:
+		t.Errorf("a second event: %q", ev)
+	default:
 	}
 }
