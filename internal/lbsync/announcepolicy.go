@@ -40,7 +40,12 @@ type announceRule struct {
 	bgp    bool
 	// bgpAttrs are what its routes carry (communities, local preference).
 	bgpAttrs bgp.Attributes
-	l2       bool
+	// aggregate4 and aggregate6 are its aggregation lengths (0: host
+	// routes); pools are the entries of its pools, inside which an
+	// aggregate must lie.
+	aggregate4, aggregate6 int
+	pools                  []poolEntry
+	l2                     bool
 	// interfaces limit L2 (nil: every interface).
 	interfaces []string
 }
@@ -57,17 +62,86 @@ func (p AnnouncementPlan) BGP(a netip.Addr) bool {
 	return slices.ContainsFunc(p.rules, func(r announceRule) bool { return r.bgp && r.covers(a) })
 }
 
-// BGPAttributes are what a's route carries: every community of the
-// policies announcing it by BGP from this host, and the highest local
-// preference among them.
-func (p AnnouncementPlan) BGPAttributes(a netip.Addr) bgp.Attributes {
-	var out bgp.Attributes
+// BGPRoute is a's route: its host route, or the aggregate the policies
+// announcing it by BGP from this host give it (the longest of theirs, so
+// the most specific, that lies inside the policy's pools), carrying every
+// community of those policies and the highest local preference among
+// them.
+func (p AnnouncementPlan) BGPRoute(a netip.Addr) bgp.Route {
+	a = a.Unmap()
+	route := bgp.Route{Addr: a}
+	bits := 0
 	for _, r := range p.rules {
-		if r.bgp && r.covers(a) {
-			out = out.Merge(r.bgpAttrs)
+		if !r.bgp || !r.covers(a) {
+			continue
 		}
+		route.Attrs = route.Attrs.Merge(r.bgpAttrs)
+		l := r.aggregate(a)
+		bits = max(bits, l)
 	}
-	return out
+	if bits > 0 && bits < a.BitLen() {
+		route.Prefix = netip.PrefixFrom(a, bits).Masked()
+	}
+	return route
+}
+
+// aggregate is the prefix length of a's route by this rule: its
+// aggregation length where the aggregate lies inside one of its pools'
+// entries, a's host route otherwise.
+func (r announceRule) aggregate(a netip.Addr) int {
+	l := r.aggregate4
+	if a.Is6() {
+		l = r.aggregate6
+	}
+	if l == 0 || l >= a.BitLen() {
+		return a.BitLen()
+	}
+	agg := netip.PrefixFrom(a, l).Masked()
+	if slices.ContainsFunc(r.pools, func(e poolEntry) bool { return e.holds(agg) }) {
+		return l
+	}
+	return a.BitLen()
+}
+
+// poolEntry is one entry of an AddressPool's addresses, as written: a
+// CIDR (its network and broadcast addresses, which the pool does not give
+// out, still belong to it) or a range.
+type poolEntry struct {
+	prefix netip.Prefix
+	rg     addrrange.Range
+}
+
+func parsePoolEntry(s string) (poolEntry, bool) {
+	if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+		return poolEntry{prefix: p.Masked()}, true
+	}
+	rg, err := addrrange.Parse(s)
+	return poolEntry{rg: rg}, err == nil
+}
+
+// holds says whether the whole of p lies inside the entry.
+func (e poolEntry) holds(p netip.Prefix) bool {
+	if e.prefix.IsValid() {
+		return e.prefix.Addr().Is4() == p.Addr().Is4() && e.prefix.Bits() <= p.Bits() && e.prefix.Contains(p.Addr())
+	}
+	return e.rg.Contains(p.Addr()) && e.rg.Contains(lastOf(p))
+}
+
+// lastOf is the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func (e poolEntry) String() string {
+	if e.prefix.IsValid() {
+		return e.prefix.String()
+	}
+	return e.rg.From.String() + "-" + e.rg.To.String()
 }
 
 // L2 says whether a is announced by L2, and on which interfaces (nil: on
@@ -109,6 +183,7 @@ func (p AnnouncementPlan) L2Interfaces() []string {
 func (p AnnouncementPlan) Equal(q AnnouncementPlan) bool {
 	return p.Policies == q.Policies && slices.EqualFunc(p.rules, q.rules, func(a, b announceRule) bool {
 		return a.name == b.name && a.all == b.all && a.bgp == b.bgp && a.bgpAttrs.Equal(b.bgpAttrs) && a.l2 == b.l2 &&
+			a.aggregate4 == b.aggregate4 && a.aggregate6 == b.aggregate6 && slices.Equal(a.pools, b.pools) &&
 			slices.Equal(a.ranges, b.ranges) && slices.Equal(a.interfaces, b.interfaces)
 	})
 }
@@ -133,10 +208,14 @@ func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPoli
 	plan := AnnouncementPlan{Policies: len(policies) > 0}
 	var problems []string
 	byName := map[string][]addrrange.Range{}
+	entries := map[string][]poolEntry{}
 	for _, p := range pools {
 		for _, s := range p.Spec.Addresses {
 			if r, err := addrrange.Parse(s); err == nil {
 				byName[p.Name] = append(byName[p.Name], r)
+			}
+			if e, ok := parsePoolEntry(s); ok {
+				entries[p.Name] = append(entries[p.Name], e)
 			}
 		}
 	}
@@ -164,6 +243,7 @@ func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPoli
 				problems = append(problems, fmt.Sprintf("AnnouncementPolicy %s: no AddressPool %s", pol.Name, name))
 			}
 			r.ranges = append(r.ranges, ranges...)
+			r.pools = append(r.pools, entries[name]...)
 		}
 		if pol.Spec.BGP != nil {
 			var bad []string
@@ -171,6 +251,8 @@ func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPoli
 			for _, b := range bad {
 				problems = append(problems, fmt.Sprintf("AnnouncementPolicy %s: %s (left out)", pol.Name, b))
 			}
+			r.aggregate4, r.aggregate6 = aggregationLength(pol.Spec.BGP.AggregationLength, 32), aggregationLength(pol.Spec.BGP.AggregationLengthV6, 128)
+			problems = append(problems, r.aggregationProblems(pol.Name)...)
 		}
 		if pol.Spec.L2 != nil && len(pol.Spec.L2.Interfaces) > 0 {
 			r.interfaces = slices.Sorted(slices.Values(pol.Spec.L2.Interfaces))
@@ -178,6 +260,40 @@ func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPoli
 		plan.rules = append(plan.rules, r)
 	}
 	return plan, problems
+}
+
+// aggregationLength reads an aggregation length of a family of bits
+// (0: host routes, also for a value out of range, which admission
+// refuses).
+func aggregationLength(l *int32, bits int) int {
+	if l == nil || *l <= 0 || int(*l) >= bits {
+		return 0
+	}
+	return int(*l)
+}
+
+// aggregationProblems names the pool entries of an aggregating rule whose
+// edges its aggregates would reach past: those addresses go as host
+// routes.
+func (r announceRule) aggregationProblems(policy string) []string {
+	var out []string
+	for _, e := range r.pools {
+		first, last := e.rg.From, e.rg.To
+		if e.prefix.IsValid() {
+			first, last = e.prefix.Addr(), lastOf(e.prefix)
+		}
+		l := r.aggregate4
+		if first.Is6() {
+			l = r.aggregate6
+		}
+		if l == 0 {
+			continue
+		}
+		if r.aggregate(first) != l || r.aggregate(last) != l {
+			out = append(out, fmt.Sprintf("AnnouncementPolicy %s: the /%d aggregates of %s would reach outside the policy's pools: addresses whose aggregate does go as host routes", policy, l, e))
+		}
+	}
+	return out
 }
 
 // routeAttributes reads a policy's BGP attributes; what does not parse

@@ -136,7 +136,7 @@ func TestPlanBGPAttributes(t *testing.T) {
 		"10.96.250.3": "",
 		"10.1.1.1":    "",
 	} {
-		if got := plan.BGPAttributes(netip.MustParseAddr(addr)).String(); got != want {
+		if got := plan.BGPRoute(netip.MustParseAddr(addr)).Attrs.String(); got != want {
 			t.Errorf("%s's route carries %q, want %q", addr, got, want)
 		}
 	}
@@ -147,5 +147,73 @@ func TestPlanBGPAttributes(t *testing.T) {
 	other, _ := PlanAnnouncements(node, changed, pools)
 	if plan.Equal(other) {
 		t.Error("plans with different communities are equal")
+	}
+}
+
+// An aggregating policy gives an address the aggregate that holds it
+// where the aggregate lies inside one of the policy's pools, and its host
+// route where it would reach outside (said once per pool entry); of
+// several policies, the most specific aggregate wins.
+func TestPlanBGPAggregates(t *testing.T) {
+	pools := []lbv1alpha1.AddressPool{
+		{ObjectMeta: metav1.ObjectMeta{Name: "public"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.240.0/24", "fd00:96::/112"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "edge"}, Spec: lbv1alpha1.AddressPoolSpec{Addresses: []string{"10.96.250.10-10.96.250.40"}}},
+	}
+	l := func(v int32) *int32 { return &v }
+	policy := func(name string, b *lbv1alpha1.BGPAnnouncement, pools ...string) lbv1alpha1.AnnouncementPolicy {
+		return lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lbv1alpha1.AnnouncementPolicySpec{AddressPools: pools, BGP: b}}
+	}
+	tests := []struct {
+		name     string
+		policies []lbv1alpha1.AnnouncementPolicy
+		want     map[string]string // address -> prefix ("" for the host route)
+		problems []string
+	}{
+		{
+			name:     "a /24 pool by /24 and /120",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("agg", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(24), AggregationLengthV6: l(120)}, "public")},
+			want:     map[string]string{"10.96.240.1": "10.96.240.0/24", "10.96.240.254": "10.96.240.0/24", "fd00:96::5": "fd00:96::/120", "10.96.250.20": "invalid Prefix"},
+		},
+		{
+			name:     "a range by /28: the inner blocks aggregate, the edges do not",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("agg", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(28)}, "edge")},
+			want:     map[string]string{"10.96.250.10": "invalid Prefix", "10.96.250.17": "10.96.250.16/28", "10.96.250.31": "10.96.250.16/28", "10.96.250.32": "invalid Prefix", "10.96.250.40": "invalid Prefix"},
+			problems: []string{"AnnouncementPolicy agg: the /28 aggregates of 10.96.250.10-10.96.250.40 would reach outside the policy's pools: addresses whose aggregate does go as host routes"},
+		},
+		{
+			name:     "a /16 aggregate reaches outside a /24 pool",
+			policies: []lbv1alpha1.AnnouncementPolicy{policy("wide", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(16)}, "public")},
+			want:     map[string]string{"10.96.240.1": "invalid Prefix"},
+			problems: []string{"AnnouncementPolicy wide: the /16 aggregates of 10.96.240.0/24 would reach outside the policy's pools: addresses whose aggregate does go as host routes"},
+		},
+		{
+			name: "the most specific of two policies",
+			policies: []lbv1alpha1.AnnouncementPolicy{
+				policy("a24", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(24)}, "public"),
+				policy("b26", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(26)}, "public"),
+			},
+			want: map[string]string{"10.96.240.70": "10.96.240.64/26"},
+		},
+		{
+			name: "a policy without aggregation beside one with it: host routes",
+			policies: []lbv1alpha1.AnnouncementPolicy{
+				policy("a24", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(24)}, "public"),
+				policy("plain", &lbv1alpha1.BGPAnnouncement{}, "public"),
+			},
+			want: map[string]string{"10.96.240.70": "invalid Prefix"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan, problems := PlanAnnouncements(nil, tt.policies, pools)
+			if !slices.Equal(problems, tt.problems) {
+				t.Errorf("problems %q, want %q", problems, tt.problems)
+			}
+			for addr, want := range tt.want {
+				if got := plan.BGPRoute(netip.MustParseAddr(addr)).Prefix.String(); got != want {
+					t.Errorf("%s's route %s, want %s", addr, got, want)
+				}
+			}
+		})
 	}
 }

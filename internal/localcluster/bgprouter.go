@@ -203,7 +203,7 @@ func (r *BGPRouter) RouteDetail(ctx context.Context, prefix netip.Prefix) string
 // and the attributes it came with.
 type BGPPath struct {
 	NextHop netip.Addr
-	// Communities as FRR writes them ("64512:100", "noExport").
+	// Communities as FRR writes them ("64512:100", "no-export").
 	Communities []string
 	// LargeCommunities as FRR writes them ("4200000000:1:2").
 	LargeCommunities []string
@@ -270,9 +270,12 @@ func (r *BGPRouter) Configure(ctx context.Context, lines ...string) error {
 	}
 	cmd := exec.CommandContext(ctx, "vtysh", args...)
 	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("configuring FRR with %q: %w: %s", lines, err, out)
+	}
 	// vtysh exits 0 on some refused lines; FRR says "% ..." then.
-	if err != nil || bytes.Contains(out, []byte("% ")) {
-		return fmt.Errorf("configuring FRR with %q: %v: %s", lines, err, out)
+	if bytes.Contains(out, []byte("% ")) {
+		return fmt.Errorf("configuring FRR with %q: refused: %s", lines, out)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 // for (BGPPeers or --bgp-peer, --l2-interface); once one exists, an
 // address is announced in a way only where a policy says so.
 // +kubebuilder:validation:XValidation:rule="has(self.bgp) || has(self.l2)",message="say how the addresses are announced: bgp: {}, l2: {} or both"
+// +kubebuilder:validation:XValidation:rule="!has(self.bgp) || (!has(self.bgp.aggregationLength) && !has(self.bgp.aggregationLengthV6)) || (has(self.addressPools) && size(self.addressPools) > 0)",message="bgp.aggregationLength and aggregationLengthV6 need addressPools: an aggregate is announced only where it lies inside the policy's pools"
 type AnnouncementPolicySpec struct {
 	// AddressPools names the AddressPools whose addresses the policy
 	// announces (empty or absent: every address, in a pool or not).
@@ -65,6 +66,24 @@ type BGPAnnouncement struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=4294967295
 	LocalPreference *int64 `json:"localPreference,omitempty"`
+
+	// AggregationLength announces, for each IPv4 address, the prefix of
+	// this length that holds it (one route for all the addresses the host
+	// serves in it) instead of its /32 (8 to 32; absent: 32). An aggregate
+	// that would reach outside the policy's pools is not announced: those
+	// addresses go as /32. Routers then send the host traffic for every
+	// address of the prefix, also ones it does not serve (dropped there).
+	// +optional
+	// +kubebuilder:validation:Minimum=8
+	// +kubebuilder:validation:Maximum=32
+	AggregationLength *int32 `json:"aggregationLength,omitempty"`
+
+	// AggregationLengthV6 is AggregationLength for IPv6 addresses (16 to
+	// 128; absent: 128).
+	// +optional
+	// +kubebuilder:validation:Minimum=16
+	// +kubebuilder:validation:Maximum=128
+	AggregationLengthV6 *int32 `json:"aggregationLengthV6,omitempty"`
 }
 
 // L2Announcement is announcement by ARP and NDP.

@@ -165,10 +165,24 @@ func (a Attributes) pathAttributes() []bgp.PathAttributeInterface {
 	return out
 }
 
-// Route is an address to announce and the attributes its route carries.
+// Route is an address to announce, the prefix that carries it and the
+// attributes the route carries.
 type Route struct {
-	Addr  netip.Addr
-	Attrs Attributes
+	Addr netip.Addr
+	// Prefix is an aggregate that holds Addr (AnnouncementPolicy
+	// aggregationLength); the zero Prefix, or one that does not hold
+	// Addr, is Addr's host route.
+	Prefix netip.Prefix
+	Attrs  Attributes
+}
+
+// prefix is the route's prefix, masked.
+func (r Route) prefix() netip.Prefix {
+	a := r.Addr.Unmap()
+	if p := r.Prefix.Masked(); p.IsValid() && p.Contains(a) {
+		return p
+	}
+	return netip.PrefixFrom(a, a.BitLen())
 }
 
 // Routes are routes of addrs with no attributes.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -192,5 +193,62 @@ func TestSpeakerCarriesCommunitiesAndLocalPreference(t *testing.T) {
 				t.Errorf("the route was withdrawn %d times while its attributes changed", n)
 			}
 		})
+	}
+}
+
+// Addresses that share an aggregate share one route, which carries the
+// attributes of all of them and stays while any of them is wanted; each
+// address counts as announced.
+func TestSpeakerAggregatesRoutes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the test router listens on port 179 (make test runs as root)")
+	}
+	router := startRouter(t, "")
+	sp, err := Start(context.Background(), slog.New(slog.DiscardHandler), Config{ASN: 64512, RouterID: netip.MustParseAddr("10.0.0.1"),
+		Peers: []Peer{{Address: netip.MustParseAddr(routerAddr), ASN: 64500, HoldTime: 3 * time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Stop()
+	a, b, c := netip.MustParseAddr("10.96.240.1"), netip.MustParseAddr("10.96.240.9"), netip.MustParseAddr("10.96.240.20")
+	agg := netip.MustParsePrefix("10.96.240.0/28")
+	nextHop := netip.MustParseAddr("10.0.0.1")
+	route := func(addr netip.Addr, p netip.Prefix, communities ...uint32) Route {
+		return Route{Addr: addr, Prefix: p, Attrs: Attributes{Communities: communities}}
+	}
+	steps := []struct {
+		name       string
+		want       []Route
+		routes     map[netip.Prefix]netip.Addr
+		attrs      string
+		announced  []netip.Addr
+		routeCount int
+	}{
+		{"two addresses in the /28, one outside as a host route",
+			[]Route{route(a, agg, 1), route(b, netip.MustParsePrefix("10.96.240.9/28"), 2), route(c, netip.Prefix{})},
+			map[netip.Prefix]netip.Addr{agg: nextHop, netip.MustParsePrefix("10.96.240.20/32"): nextHop}, "0:1 0:2", []netip.Addr{a, b, c}, 2},
+		{"one of them left: the aggregate stays, with its attributes",
+			[]Route{route(b, agg, 2)},
+			map[netip.Prefix]netip.Addr{agg: nextHop}, "0:2", []netip.Addr{b}, 1},
+		{"a prefix that does not hold the address is its host route",
+			[]Route{route(c, agg)},
+			map[netip.Prefix]netip.Addr{netip.MustParsePrefix("10.96.240.20/32"): nextHop}, "", []netip.Addr{c}, 1},
+	}
+	for _, step := range steps {
+		if err := sp.Sync(step.want); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		waitForRoutes(t, router, bgp.RF_IPv4_UC, step.routes)
+		if step.attrs != "" {
+			if got, _ := routeAttributes(t, router, agg); got.String() != step.attrs {
+				t.Errorf("%s: the aggregate carries %q, want %q", step.name, got, step.attrs)
+			}
+		}
+		if got := sp.Announced(); !slices.Equal(got, step.announced) {
+			t.Errorf("%s: announced %v, want %v", step.name, got, step.announced)
+		}
+		if got := sp.AnnouncedRoutes(); got != step.routeCount {
+			t.Errorf("%s: %d routes, want %d", step.name, got, step.routeCount)
+		}
 	}
 }

@@ -108,7 +108,10 @@ type Speaker struct {
 	connected bool
 	// sessions are the peers added to the server (after Connect).
 	sessions  map[netip.Addr]Peer
-	announced map[netip.Addr]announcement
+	announced map[netip.Prefix]announcement
+	// addrs are the addresses whose routes are announced, and each one's
+	// route (its host route or an aggregate holding it).
+	addrs map[netip.Addr]netip.Prefix
 	// refused holds the wanted addresses that cannot be announced, and
 	// why; each is returned as an error once, not at every sync.
 	refused map[netip.Addr]string
@@ -133,7 +136,7 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	if cfg.ReopenAfter <= 0 {
 		cfg.ReopenAfter = 30 * time.Second
 	}
-	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Addr]announcement{}, refused: map[netip.Addr]string{}}
+	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Prefix]announcement{}, addrs: map[netip.Addr]netip.Prefix{}, refused: map[netip.Addr]string{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -296,23 +299,21 @@ type announcement struct {
 // Sync announces exactly the routes of want: new ones are announced,
 // ones whose attributes changed announced again (the router replaces the
 // route, with no withdrawal between), ones no longer wanted withdrawn.
-// IPv6 addresses need an IPv6 next hop (Config.NextHopIPv6): without one,
-// each is returned as an error the first time it is seen, and the others
-// are announced. An address given twice takes the first route's
-// attributes.
+// Addresses that share an aggregate share one route, which carries the
+// attributes of all of them. IPv6 addresses need an IPv6 next hop
+// (Config.NextHopIPv6): without one, each is returned as an error the
+// first time it is seen, and the others are announced. An address given
+// twice takes its first route.
 func (sp *Speaker) Sync(want []Route) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	wanted := map[netip.Addr]bool{}
+	byAddr := map[netip.Addr]netip.Prefix{}
+	prefixes := map[netip.Prefix]Attributes{}
 	refused := map[netip.Addr]string{}
 	var errs []error
 	for _, r := range want {
 		a := r.Addr.Unmap()
-		if wanted[a] {
-			continue
-		}
-		wanted[a] = true
-		if was, ok := sp.announced[a]; ok && was.attrs.Equal(r.Attrs) {
+		if _, seen := byAddr[a]; seen || refused[a] != "" {
 			continue
 		}
 		if a.Is6() && !sp.cfg.NextHopIPv6.IsValid() {
@@ -323,34 +324,60 @@ func (sp *Speaker) Sync(want []Route) error {
 			refused[a] = why
 			continue
 		}
-		id, err := sp.add(a, r.Attrs)
-		if err != nil {
-			errs = append(errs, err)
-			refused[a] = err.Error()
+		p := r.prefix()
+		byAddr[a] = p
+		prefixes[p] = prefixes[p].Merge(r.Attrs)
+	}
+	for p, attrs := range prefixes {
+		if was, ok := sp.announced[p]; ok && was.attrs.Equal(attrs) {
 			continue
 		}
-		sp.announced[a] = announcement{id: id, attrs: r.Attrs}
+		id, err := sp.add(p, attrs)
+		if err != nil {
+			errs = append(errs, err)
+			if _, ok := sp.announced[p]; ok {
+				// Its route stays, with the attributes it had: the
+				// addresses are still announced, not refused.
+				continue
+			}
+			for a, ap := range byAddr {
+				if ap == p {
+					refused[a] = err.Error()
+				}
+			}
+			continue
+		}
+		sp.announced[p] = announcement{id: id, attrs: attrs}
 	}
 	sp.refused = refused
-	for a, was := range sp.announced {
-		if wanted[a] {
+	for p, was := range sp.announced {
+		if _, ok := prefixes[p]; ok {
 			continue
 		}
 		if err := sp.s.DeletePath(apiutil.DeletePathRequest{UUIDs: []uuid.UUID{was.id}}); err != nil {
-			errs = append(errs, fmt.Errorf("BGP: withdrawing %s: %w", a, err))
+			errs = append(errs, fmt.Errorf("BGP: withdrawing %s: %w", p, err))
 			continue
 		}
-		delete(sp.announced, a)
+		delete(sp.announced, p)
+	}
+	// An address counts as announced while its route is (a failed
+	// re-announcement leaves the earlier one).
+	sp.addrs = map[netip.Addr]netip.Prefix{}
+	for a, p := range byAddr {
+		if _, ok := sp.announced[p]; ok {
+			sp.addrs[a] = p
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// add announces a's route with attrs; a route of a announced before is
-// replaced (GoBGP keys a local path by its prefix).
-func (sp *Speaker) add(a netip.Addr, attrs Attributes) (uuid.UUID, error) {
-	nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(a, a.BitLen()))
+// add announces the route of p with attrs; a route of p announced
+// before is replaced (GoBGP keys a local path by its prefix).
+func (sp *Speaker) add(p netip.Prefix, attrs Attributes) (uuid.UUID, error) {
+	a := p.Addr()
+	nlri, err := bgp.NewIPAddrPrefix(p)
 	if err != nil {
-		return uuid.UUID{}, fmt.Errorf("BGP: the route of %s: %w", a, err)
+		return uuid.UUID{}, fmt.Errorf("BGP: the route of %s: %w", p, err)
 	}
 	path := &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri}
 	origin := bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)
@@ -385,16 +412,25 @@ func (sp *Speaker) Refused() map[netip.Addr]string {
 	return maps.Clone(sp.refused)
 }
 
-// Announced returns the addresses announced now, sorted.
+// Announced returns the addresses whose routes are announced now,
+// sorted.
 func (sp *Speaker) Announced() []netip.Addr {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	out := make([]netip.Addr, 0, len(sp.announced))
-	for a := range sp.announced {
+	out := make([]netip.Addr, 0, len(sp.addrs))
+	for a := range sp.addrs {
 		out = append(out, a)
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return out
+}
+
+// AnnouncedRoutes counts the routes announced now (host routes and
+// aggregates).
+func (sp *Speaker) AnnouncedRoutes() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.announced)
 }
 
 // PeerState is one session's state.

@@ -11,7 +11,7 @@ var (
 	sessionUpDesc = prometheus.NewDesc("ebb_lb_bgp_session_up",
 		"1 while the BGP session with the peer is established, 0 while not.", []string{"peer"}, nil)
 	announcedDesc = prometheus.NewDesc("ebb_lb_bgp_announced_routes",
-		"Load-balancer addresses this host announces by BGP now.", nil, nil)
+		"Routes this host announces by BGP now: host routes of load-balancer addresses, and aggregates (AnnouncementPolicy aggregationLength) each counted once.", nil, nil)
 )
 
 // Collector returns a Prometheus collector of the speaker's sessions and
@@ -37,5 +37,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(sessionUpDesc, prometheus.GaugeValue, up, p.Address.String())
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(announcedDesc, prometheus.GaugeValue, float64(len(c.sp.Announced())))
+	ch <- prometheus.MustNewConstMetric(announcedDesc, prometheus.GaugeValue, float64(c.sp.AnnouncedRoutes()))
 }

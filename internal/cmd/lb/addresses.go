@@ -303,7 +303,7 @@ func bgpRoutes(want []netip.Addr, plan lbsync.AnnouncementPlan) []bgp.Route {
 	var out []bgp.Route
 	for _, addr := range want {
 		if plan.BGP(addr) {
-			out = append(out, bgp.Route{Addr: addr, Attrs: plan.BGPAttributes(addr)})
+			out = append(out, plan.BGPRoute(addr))
 		}
 	}
 	return out

@@ -3,12 +3,15 @@ package announce_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
@@ -44,16 +47,22 @@ func TestAnnouncementPolicyAttributesReachTheRouter(t *testing.T) {
 	if err := api.Create(ctx, policy); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = api.Delete(context.Background(), policy) })
+	// A policy left behind would announce the default pool its way in
+	// the suite's later tests.
+	t.Cleanup(func() {
+		if err := api.Delete(context.Background(), policy); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting AnnouncementPolicy %s: %v", policy.Name, err)
+		}
+	})
 	waitPath(t, ctx, route, hop, []string{"64512:100", "no-export"}, []string{"4200000000:1:2"}, func(lp *uint32) bool { return lp == nil || *lp != 250 })
 
 	// A new community replaces the route's, without the route going.
+	routes := e2eutil.WatchRoute(t, ctx, router, route, []netip.Addr{hop})
 	before := policy.DeepCopy()
 	policy.Spec.BGP.Communities = []string{"64512:200"}
 	if err := api.Patch(ctx, policy, ctrlclient.MergeFrom(before)); err != nil {
 		t.Fatal(err)
 	}
-	routes := e2eutil.WatchRoute(t, ctx, router, route, []netip.Addr{hop})
 	waitPath(t, ctx, route, hop, []string{"64512:200"}, []string{"4200000000:1:2"}, func(lp *uint32) bool { return lp == nil || *lp != 250 })
 	routes.Halt()
 	if n := routes.Failed.Load(); n > 0 {
@@ -61,37 +70,46 @@ func TestAnnouncementPolicyAttributesReachTheRouter(t *testing.T) {
 	}
 
 	// iBGP: the router's peer group and the BGPPeer's own AS number.
-	setIBGP(t, ctx, api, true)
+	// The clean-up, registered first, puts both back even if one half
+	// failed: the suite's later tests peer by eBGP.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		setIBGP(t, ctx, api, false)
+		for _, err := range setIBGP(ctx, api, false) {
+			t.Errorf("back to eBGP: %v", err)
+		}
 		waitNextHops(t, ctx, route, []netip.Addr{hop})
 	})
+	for _, err := range setIBGP(ctx, api, true) {
+		t.Fatalf("to iBGP: %v", err)
+	}
 	waitPath(t, ctx, route, hop, []string{"64512:200"}, []string{"4200000000:1:2"}, func(lp *uint32) bool { return lp != nil && *lp == 250 })
 }
 
 // setIBGP turns the router's sessions with the LB hosts, and the BGPPeer
 // "router" of e2eutil.SetUpBGP, iBGP (both in the router's AS) or back
-// to eBGP.
-func setIBGP(t *testing.T, ctx context.Context, api ctrlclient.Client, on bool) {
-	t.Helper()
+// to eBGP. It tries both halves and returns what failed.
+func setIBGP(ctx context.Context, api ctrlclient.Client, on bool) []error {
 	remote, mine := fmt.Sprint(localcluster.LBASN), int64(localcluster.LBASN)
 	if on {
 		remote, mine = "internal", localcluster.RouterASN
 	}
+	var errs []error
 	if err := router.Configure(ctx, fmt.Sprintf("router bgp %d", localcluster.RouterASN), "neighbor ebb remote-as "+remote); err != nil {
-		t.Fatal(err)
+		errs = append(errs, err)
 	}
-	var peer lbv1alpha1.BGPPeer
-	if err := api.Get(ctx, ctrlclient.ObjectKey{Name: "router"}, &peer); err != nil {
-		t.Fatal(err)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var peer lbv1alpha1.BGPPeer
+		if err := api.Get(ctx, ctrlclient.ObjectKey{Name: "router"}, &peer); err != nil {
+			return err
+		}
+		peer.Spec.MyASN = mine
+		return api.Update(ctx, &peer)
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("BGPPeer router's myASN to %d: %w", mine, err))
 	}
-	before := peer.DeepCopy()
-	peer.Spec.MyASN = mine
-	if err := api.Patch(ctx, &peer, ctrlclient.MergeFrom(before)); err != nil {
-		t.Fatal(err)
-	}
+	return errs
 }
 
 // waitPath waits until the router holds a path for route via hop with
@@ -126,3 +144,61 @@ func showLocalPref(lp *uint32) string {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// An AnnouncementPolicy with aggregationLength announces the /28 that
+// holds the address instead of its /32: the router's route is the
+// aggregate, the client reaches the Service through it, the host's
+// report still lists the address as announced; without the policy the
+// /32 comes back.
+func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	lb := cluster.Nodes[0]
+	startLB(t, ctx, lb)
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1)
+	host, aggregate := netip.PrefixFrom(vip, 32), netip.PrefixFrom(vip, 28).Masked()
+	hop := netip.MustParseAddr(lb.IP)
+	waitNextHops(t, ctx, host, []netip.Addr{hop})
+
+	api := e2eutil.APIClient(t, cluster)
+	policy := &lbv1alpha1.AnnouncementPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "aggregated"},
+		Spec: lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{ebbrun.DefaultPoolName},
+			BGP: &lbv1alpha1.BGPAnnouncement{AggregationLength: ptrTo[int32](28)}},
+	}
+	if err := api.Create(ctx, policy); err != nil {
+		t.Fatal(err)
+	}
+	deleted := false
+	t.Cleanup(func() {
+		if err := api.Delete(context.Background(), policy); err != nil && !(deleted && apierrors.IsNotFound(err)) {
+			t.Errorf("deleting AnnouncementPolicy %s: %v", policy.Name, err)
+		}
+	})
+	waitNextHops(t, ctx, aggregate, []netip.Addr{hop})
+	waitNextHops(t, ctx, host, nil)
+	t.Logf("%s announced as %s via %s", vip, aggregate, hop)
+
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
+	url := fmt.Sprintf("http://%s/", vip)
+	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url+" through "+aggregate.String(), func(ctx context.Context) (bool, string) {
+		err := e2eutil.Answered(ctx, cluster, client, url)
+		return err == nil, fmt.Sprint(err)
+	})
+	e2eutil.Eventually(t, ctx, 30*time.Second, lb.Name+"'s report listing "+vip.String()+" as announced", func(ctx context.Context) (bool, string) {
+		r, err := e2eutil.ReportOn(ctx, api, lb.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		a := r.Status.Announcement
+		return a != nil && slices.Contains(a.BGPAnnounced, vip.String()), fmt.Sprintf("%+v", a)
+	})
+
+	if err := api.Delete(ctx, policy); err != nil {
+		t.Fatal(err)
+	}
+	deleted = true
+	waitNextHops(t, ctx, host, []netip.Addr{hop})
+	waitNextHops(t, ctx, aggregate, nil)
+}

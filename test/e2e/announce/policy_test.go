@@ -173,6 +173,9 @@ func TestAnnouncementPolicyValidation(t *testing.T) {
 		{"community of another form", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{Communities: []string{"noexport"}}}, "each community is ASN:VALUE"},
 		{"large community of two parts", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{LargeCommunities: []string{"4200000000:1"}}}, "each large community is GLOBAL:LOCAL1:LOCAL2"},
 		{"large community part above 32 bits", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{LargeCommunities: []string{"4294967296:1:2"}}}, "every part 0 to 4294967295"},
+		{"aggregation without pools", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{AggregationLength: ptrTo[int32](24)}}, "bgp.aggregationLength and aggregationLengthV6 need addressPools"},
+		{"aggregation shorter than /8", lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{"default"}, BGP: &lbv1alpha1.BGPAnnouncement{AggregationLength: ptrTo[int32](7)}}, "spec.bgp.aggregationLength"},
+		{"IPv6 aggregation longer than /128", lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{"default"}, BGP: &lbv1alpha1.BGPAnnouncement{AggregationLengthV6: ptrTo[int32](129)}}, "spec.bgp.aggregationLengthV6"},
 		{"negative local preference", lbv1alpha1.AnnouncementPolicySpec{BGP: &lbv1alpha1.BGPAnnouncement{LocalPreference: ptrTo[int64](-1)}}, "spec.bgp.localPreference"},
 	}
 	for _, tt := range tests {
@@ -197,9 +200,10 @@ func TestAnnouncementPolicyValidation(t *testing.T) {
 	}
 	// So is one with every attribute at its limits.
 	full := &lbv1alpha1.AnnouncementPolicy{ObjectMeta: metav1.ObjectMeta{Name: "valid-attributes"}, Spec: lbv1alpha1.AnnouncementPolicySpec{AddressPools: []string{"no-such-pool"}, BGP: &lbv1alpha1.BGPAnnouncement{
-		Communities:      []string{"0:0", "65535:65535", "no-export", "no-advertise", "no-export-subconfed", "no-peer", "graceful-shutdown", "blackhole"},
-		LargeCommunities: []string{"0:0:0", "4294967295:4294967295:4294967295"},
-		LocalPreference:  ptrTo[int64](4294967295),
+		Communities:       []string{"0:0", "65535:65535", "no-export", "no-advertise", "no-export-subconfed", "no-peer", "graceful-shutdown", "blackhole"},
+		LargeCommunities:  []string{"0:0:0", "4294967295:4294967295:4294967295"},
+		LocalPreference:   ptrTo[int64](4294967295),
+		AggregationLength: ptrTo[int32](32), AggregationLengthV6: ptrTo[int32](16),
 	}}}
 	if err := api.Create(ctx, full); err != nil {
 		t.Fatalf("creating a policy with every attribute at its limits: %v", err)
