@@ -252,7 +252,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if err := unsupportedPorts(svc); err != nil {
 		event.Publish(r.Recorder, syncFailed(svc, err))
 		r.Metrics.failed("unsupported_protocol")
-		return ctrl.Result{}, nil // the Service must change first
+		// The Service must change first.
+		return ctrl.Result{}, r.writeNotAssigned(ctx, svc, nil, notAssignedCondition(svc, ReasonUnsupportedPort, err.Error()))
 	}
 	if !controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) || svc.Annotations[lbmodel.ServedByAnnotation] != r.Class {
 		patch := client.MergeFrom(svc.DeepCopy())
@@ -278,7 +279,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 		// An address another Service holds leaves the status now, with or
 		// without another to take its place: two Services must not be
 		// served at one address while this one waits.
-		if err := r.dropFromStatus(ctx, svc, conflicts); err != nil {
+		cond := notAssignedCondition(svc, ReasonAllocationFailed, err.Error()+" (ebb tries again every 30 s and at each change of the Service or the pools)")
+		if err := r.writeNotAssigned(ctx, svc, conflicts, cond); err != nil {
 			return ctrl.Result{}, err
 		}
 		// The cause (a pool full, an address taken) may clear.
@@ -312,13 +314,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 		result.RequeueAfter = awaitingRecheck
 	}
 	want, cond := ingressFor(svc, published), servedCondition(svc, awaiting)
+	assigned := assignedCondition(svc, addrs, skipped)
 	changed := !equalIngress(svc.Status.LoadBalancer.Ingress, want)
-	// A Service published before ebb wrote the condition gets it with its
+	// A Service published before ebb wrote a condition gets it with its
 	// next change of status, not a write of its own: one status write per
 	// Service at an upgrade would hold up the controller's queue for
 	// minutes at 10,000 Services.
 	noCondition := len(awaiting) == 0 && meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) == nil
-	if !changed && (noCondition || sameServedCondition(svc, cond)) {
+	assignedSays := hasCondition(svc.Status.Conditions, assigned) || meta.FindStatusCondition(svc.Status.Conditions, AddressAssignedCondition) == nil
+	if !changed && (noCondition || sameServedCondition(svc, cond)) && assignedSays {
 		return result, nil
 	}
 	if changed {
@@ -327,6 +331,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	patch := client.MergeFrom(svc.DeepCopy())
 	svc.Status.LoadBalancer.Ingress = want
 	meta.SetStatusCondition(&svc.Status.Conditions, cond)
+	meta.SetStatusCondition(&svc.Status.Conditions, assigned)
 	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
 		return ctrl.Result{}, fmt.Errorf("writing the load balancer status of %s: %w", klog.KObj(svc), err)
 	}
@@ -348,10 +353,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 // is not given to another Service while this one's status still shows it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) error {
 	event.Publish(r.Recorder, deleting(svc))
-	if svc.DeletionTimestamp == nil && (len(svc.Status.LoadBalancer.Ingress) > 0 || meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) != nil) {
+	if svc.DeletionTimestamp == nil && (len(svc.Status.LoadBalancer.Ingress) > 0 || meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) != nil ||
+		meta.FindStatusCondition(svc.Status.Conditions, AddressAssignedCondition) != nil) {
 		patch := client.MergeFrom(svc.DeepCopy())
 		svc.Status.LoadBalancer = corev1.LoadBalancerStatus{}
 		meta.RemoveStatusCondition(&svc.Status.Conditions, lbmodel.ServedCondition)
+		meta.RemoveStatusCondition(&svc.Status.Conditions, AddressAssignedCondition)
 		if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
 			return fmt.Errorf("clearing the load balancer status of %s: %w", klog.KObj(svc), err)
 		}
@@ -438,7 +445,7 @@ func (r *Reconciler) allocate(svc *corev1.Service, holder Holder) (addrs []netip
 
 // reportConflicts warns about each address in svc's status that other
 // Services hold and svc may not share, and returns them: svc gives them up
-// (allocate gives it others, or dropFromStatus takes them away).
+// (allocate gives it others, or writeNotAssigned takes them away).
 func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) []netip.Addr {
 	var out []netip.Addr
 	for _, addr := range lbmodel.Addresses(svc) {
@@ -449,23 +456,6 @@ func (r *Reconciler) reportConflicts(svc *corev1.Service, holder Holder) []netip
 		}
 	}
 	return out
-}
-
-// dropFromStatus takes addrs out of svc's status.
-func (r *Reconciler) dropFromStatus(ctx context.Context, svc *corev1.Service, addrs []netip.Addr) error {
-	if len(addrs) == 0 {
-		return nil
-	}
-	patch := client.MergeFrom(svc.DeepCopy())
-	svc.Status.LoadBalancer.Ingress = slices.DeleteFunc(slices.Clone(svc.Status.LoadBalancer.Ingress), func(in corev1.LoadBalancerIngress) bool {
-		addr, err := netip.ParseAddr(in.IP)
-		return err == nil && slices.Contains(addrs, addr.Unmap())
-	})
-	svc.Status.Conditions = withoutAwaiting(svc, addrs)
-	if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
-		return fmt.Errorf("taking the addresses another Service holds out of the status of %s: %w", klog.KObj(svc), err)
-	}
-	return nil
 }
 
 // releaseExcept frees the Service's addresses that it no longer uses, and

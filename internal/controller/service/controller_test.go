@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -107,7 +108,10 @@ func TestAllocationsSurviveRestart(t *testing.T) {
 	}
 }
 
-func TestBadRequestsGetAWarningAndNoStatus(t *testing.T) {
+// A Service ebb cannot give an address gets a Warning, no address, and
+// the False condition lb.ebb.dev/AddressAssigned saying why, written once
+// however often the retry comes.
+func TestBadRequestsGetAWarningAndAFalseCondition(t *testing.T) {
 	tests := []struct {
 		name      string
 		svc       *corev1.Service
@@ -144,7 +148,57 @@ func TestBadRequestsGetAWarningAndNoStatus(t *testing.T) {
 			if (res.RequeueAfter > 0) != tt.requeue {
 				t.Errorf("requeue after %s, want a retry: %v", res.RequeueAfter, tt.requeue)
 			}
+			reason := ReasonAllocationFailed
+			if !tt.requeue {
+				reason = ReasonUnsupportedPort
+			}
+			c := meta.FindStatusCondition(svc.Status.Conditions, AddressAssignedCondition)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason || !strings.Contains(c.Message, tt.wantEvent) {
+				t.Errorf("condition %+v, want False %s saying %q", c, reason, tt.wantEvent)
+			}
+			_, again := reconcile(t, r, tt.svc.Name)
+			if again.ResourceVersion != svc.ResourceVersion {
+				t.Errorf("the retry wrote the Service again (resourceVersion %s, then %s)", svc.ResourceVersion, again.ResourceVersion)
+			}
 		})
+	}
+}
+
+// A Service given its addresses has the True condition naming them; one
+// that failed first turns True once it gets them; a Service published
+// before ebb wrote the condition gets no write of its own for it.
+func TestAddressAssignedCondition(t *testing.T) {
+	r, _ := newReconciler(t,
+		lbSvc("web"),
+		lbSvc("late", func(s *corev1.Service) { s.Annotations = map[string]string{RequestedIPsAnnotation: "10.96.255.9"} }),
+		lbSvc("blocker", withStatus("10.96.255.9")),
+	)
+	_, web := reconcile(t, r, "web")
+	c := meta.FindStatusCondition(web.Status.Conditions, AddressAssignedCondition)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonAddressAssigned || c.Message != "assigned "+web.Status.LoadBalancer.Ingress[0].IP {
+		t.Errorf("web's condition %+v, want True naming %+v", c, web.Status.LoadBalancer.Ingress)
+	}
+	// As an earlier version left it: published, without the conditions.
+	web.Status.Conditions = nil
+	if err := r.Client.Status().Update(context.Background(), web); err != nil {
+		t.Fatal(err)
+	}
+	_, again := reconcile(t, r, "web")
+	if again.ResourceVersion != web.ResourceVersion || len(again.Status.Conditions) != 0 {
+		t.Errorf("a Service published before the conditions existed got a write for them: %+v", again.Status.Conditions)
+	}
+	_, blocker := reconcile(t, r, "blocker")
+	_, late := reconcile(t, r, "late")
+	if c := meta.FindStatusCondition(late.Status.Conditions, AddressAssignedCondition); c == nil || c.Reason != ReasonAllocationFailed {
+		t.Fatalf("late's condition %+v, want AllocationFailed", c)
+	}
+	if err := r.Client.Delete(context.Background(), blocker); err != nil {
+		t.Fatal(err)
+	}
+	r.IPAM.Release(holderOf(blocker, nil).Service)
+	_, late = reconcile(t, r, "late")
+	if c := meta.FindStatusCondition(late.Status.Conditions, AddressAssignedCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != "assigned 10.96.255.9" {
+		t.Errorf("late's condition %+v once the address was free, want True", c)
 	}
 }
 

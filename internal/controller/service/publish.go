@@ -119,7 +119,7 @@ func (r *Reconciler) awaitingServices(ctx context.Context, obj client.Object) []
 }
 
 // withoutAwaiting is the Service's conditions without the addresses in
-// drop in its ServedCondition (dropFromStatus takes them out of the
+// drop in its ServedCondition (writeNotAssigned takes them out of the
 // ingress first).
 func withoutAwaiting(svc *corev1.Service, drop []netip.Addr) []metav1.Condition {
 	awaiting := slices.DeleteFunc(lbmodel.AwaitingAddresses(svc), func(a netip.Addr) bool { return slices.Contains(drop, a) })

@@ -90,6 +90,12 @@ func TestAddressPoolsDecideWhoGetsWhichAddress(t *testing.T) {
 		evs := serviceEvents(t, ctx, ns, "three", service.ReasonSyncFailed)
 		return len(evs) > 0 && strings.Contains(evs[0], "every address of the pools is in use"), fmt.Sprint(evs)
 	})
+	// The Service's own status says why it has no address, for kubectl
+	// wait and any tool that reads conditions.
+	kubectlWait(t, ctx, ns, "three", "condition=lb.ebb.dev/AddressAssigned=false")
+	if msg := kubectlJSONPath(t, ctx, ns, "three", `{.status.conditions[?(@.type=="lb.ebb.dev/AddressAssigned")].reason}: {.status.conditions[?(@.type=="lb.ebb.dev/AddressAssigned")].message}`); !strings.HasPrefix(msg, "AllocationFailed: ") || !strings.Contains(msg, "every address of the pools is in use") {
+		t.Errorf("three's AddressAssigned condition says %q", msg)
+	}
 	create("outsider", "")
 	eventually(t, ctx, 30*time.Second, "a Warning that pool blue refuses the Service", func(ctx context.Context) (bool, string) {
 		evs := serviceEvents(t, ctx, ns, "outsider", service.ReasonSyncFailed)
@@ -103,7 +109,34 @@ func TestAddressPoolsDecideWhoGetsWhichAddress(t *testing.T) {
 	if ip := waitAddress(t, ctx, ns, "three"); ip != "10.96.250.1" {
 		t.Fatalf("the waiting Service got %s, want the freed 10.96.250.1", ip)
 	}
+	kubectlWait(t, ctx, ns, "three", "condition=lb.ebb.dev/AddressAssigned")
+	kubectlWait(t, ctx, ns, "three", "condition=lb.ebb.dev/Served")
+	if msg := kubectlJSONPath(t, ctx, ns, "three", `{.status.conditions[?(@.type=="lb.ebb.dev/AddressAssigned")].message}`); msg != "assigned 10.96.250.1" {
+		t.Errorf("three's AddressAssigned condition says %q once it has its address", msg)
+	}
 	waitServes(t, ctx, "http://10.96.250.1/")
+}
+
+// kubectlWait runs kubectl wait --for=for on a Service, as a user's
+// script would.
+func kubectlWait(t *testing.T, ctx context.Context, ns, name, forWhat string) {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), "--kubeconfig", cluster.Kubeconfig, "-n", ns,
+		"wait", "--for="+forWhat, "--timeout=60s", "service/"+name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl wait --for=%s service/%s: %v\n%s", forWhat, name, err, out)
+	}
+}
+
+// kubectlJSONPath is kubectl get -o jsonpath=path of a Service.
+func kubectlJSONPath(t *testing.T, ctx context.Context, ns, name, path string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, filepath.Join(cluster.BinDir, "kubectl"), "--kubeconfig", cluster.Kubeconfig, "-n", ns,
+		"get", "service", name, "-o", "jsonpath="+path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl get service %s -o jsonpath: %v\n%s", name, err, out)
+	}
+	return string(out)
 }
 
 // spec.ipFamilyPolicy decides what a Service gets from a pool that has one
