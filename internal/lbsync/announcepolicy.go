@@ -259,7 +259,44 @@ func PlanAnnouncements(node *corev1.Node, policies []lbv1alpha1.AnnouncementPoli
 		}
 		plan.rules = append(plan.rules, r)
 	}
-	return plan, problems
+	return plan, append(problems, overriddenAggregation(plan.rules)...)
+}
+
+// overriddenAggregation names the aggregating policies whose addresses
+// another policy announces by BGP without aggregation from the same host:
+// those addresses go as host routes (the most specific route wins), which
+// would otherwise be silent.
+func overriddenAggregation(rules []announceRule) []string {
+	var out []string
+	for _, r := range rules {
+		if !r.bgp || (r.aggregate4 == 0 && r.aggregate6 == 0) {
+			continue
+		}
+		for _, o := range rules {
+			if o.name == r.name || !o.bgp || !o.overlaps(r) {
+				continue
+			}
+			if (r.aggregate4 > 0 && o.aggregate4 == 0) || (r.aggregate6 > 0 && o.aggregate6 == 0) {
+				out = append(out, fmt.Sprintf("AnnouncementPolicy %s announces addresses of AnnouncementPolicy %s by BGP without aggregation: those go as host routes", o.name, r.name))
+			}
+		}
+	}
+	return out
+}
+
+// overlaps says whether r and o cover an address in common.
+func (r announceRule) overlaps(o announceRule) bool {
+	if r.all || o.all {
+		return true
+	}
+	for _, a := range r.ranges {
+		for _, b := range o.ranges {
+			if a.Contains(b.From) || a.Contains(b.To) || b.Contains(a.From) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // aggregationLength reads an aggregation length of a family of bits

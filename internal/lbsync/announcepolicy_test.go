@@ -200,7 +200,8 @@ func TestPlanBGPAggregates(t *testing.T) {
 				policy("a24", &lbv1alpha1.BGPAnnouncement{AggregationLength: l(24)}, "public"),
 				policy("plain", &lbv1alpha1.BGPAnnouncement{}, "public"),
 			},
-			want: map[string]string{"10.96.240.70": "invalid Prefix"},
+			want:     map[string]string{"10.96.240.70": "invalid Prefix"},
+			problems: []string{"AnnouncementPolicy plain announces addresses of AnnouncementPolicy a24 by BGP without aggregation: those go as host routes"},
 		},
 	}
 	for _, tt := range tests {

@@ -28,6 +28,9 @@ type Metric struct {
 	Component string
 	// Source is the file that defines it, relative to the root.
 	Source string
+	// descVar names the variable or field a NewDesc is kept in, whose
+	// MustNewConstMetric calls give its type.
+	descVar string
 }
 
 // components maps where a metric is defined to the process that serves
@@ -45,6 +48,13 @@ var components = []struct{ prefix, component string }{
 	{"internal/lbsync/", "ebb lb"},
 	{"internal/vipguard/", "ebb lb"},
 	{"internal/flowfwd/", "ebb lb"},
+}
+
+// exclusions are packages of test tooling, whose metrics are not ebb's.
+var exclusions = []string{"internal/localcluster/", "internal/demo/", "internal/cmd/demo/"}
+
+func excluded(rel string) bool {
+	return slices.ContainsFunc(exclusions, func(p string) bool { return strings.HasPrefix(rel, p) })
 }
 
 func componentOf(rel string) string {
@@ -79,8 +89,9 @@ func Extract(root string) ([]Metric, error) {
 		if err != nil {
 			return nil, err
 		}
-		component := componentOf(filepath.ToSlash(relDir) + "/")
-		if component == "" {
+		slashed := filepath.ToSlash(relDir) + "/"
+		component := componentOf(slashed)
+		if component == "" && excluded(slashed) {
 			continue
 		}
 		files := map[string]*ast.File{}
@@ -91,14 +102,23 @@ func Extract(root string) ([]Metric, error) {
 			}
 			files[path] = f
 		}
-		pkgVars := packageVars(files)
+		pkgVars, types := packageVars(files), constMetricTypes(files)
 		for path, f := range files {
 			rel, _ := filepath.Rel(root, path)
 			ms, err := fromFile(f, pkgVars)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", filepath.ToSlash(rel), err)
 			}
+			if len(ms) > 0 && component == "" {
+				return nil, fmt.Errorf("%s defines metrics (%s) but serves in no component: add its package to metricsdoc's components, or to its exclusions if it is test tooling", filepath.ToSlash(rel), ms[0].Name)
+			}
 			for _, m := range ms {
+				if m.descVar != "" {
+					if t, ok := types[m.descVar]; ok {
+						m.Type = t
+					}
+					m.descVar = ""
+				}
 				m.Component, m.Source = component, filepath.ToSlash(rel)
 				out = append(out, m)
 			}
@@ -136,6 +156,15 @@ func cmpStrings(a, b string) int { return strings.Compare(a, b) }
 // labels) in a file. A metric whose name or help is not a constant
 // string is an error: the reference could not say what it is.
 func fromFile(f *ast.File, pkgVars map[string]ast.Expr) ([]Metric, error) {
+	for _, imp := range f.Imports {
+		path, _ := strconv.Unquote(imp.Path.Value)
+		switch {
+		case path == "github.com/prometheus/client_golang/prometheus" && imp.Name != nil && imp.Name.Name != "prometheus":
+			return nil, fmt.Errorf("imports the Prometheus client as %s: metricsdoc reads prometheus.New... calls only", imp.Name.Name)
+		case path == "github.com/prometheus/client_golang/prometheus/promauto":
+			return nil, fmt.Errorf("uses promauto: metricsdoc reads prometheus.New... calls only")
+		}
+	}
 	var out []Metric
 	for _, d := range f.Decls {
 		// A function's own variables, over the package's.
@@ -159,6 +188,29 @@ func fromFile(f *ast.File, pkgVars map[string]ast.Expr) ([]Metric, error) {
 func fromDecl(decl ast.Decl, vars map[string]ast.Expr) ([]Metric, error) {
 	var out []Metric
 	var err error
+	// bound names the variable or field each NewDesc call is kept in.
+	bound := map[*ast.CallExpr]string{}
+	ast.Inspect(decl, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.ValueSpec:
+			for i, v := range n.Values {
+				if c, ok := v.(*ast.CallExpr); ok && i < len(n.Names) {
+					bound[c] = n.Names[i].Name
+				}
+			}
+		case *ast.AssignStmt:
+			for i, v := range n.Rhs {
+				if c, ok := v.(*ast.CallExpr); ok && i < len(n.Lhs) {
+					bound[c] = lastName(n.Lhs[i])
+				}
+			}
+		case *ast.KeyValueExpr:
+			if c, ok := n.Value.(*ast.CallExpr); ok {
+				bound[c] = lastName(n.Key)
+			}
+		}
+		return true
+	})
 	ast.Inspect(decl, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
 		if !ok || err != nil {
@@ -182,16 +234,18 @@ func fromDecl(decl ast.Decl, vars map[string]ast.Expr) ([]Metric, error) {
 			if m.Labels, ok = stringsOf(call.Args[2], vars); !ok && err == nil {
 				err = fmt.Errorf("labels of %s: not a []string literal, a variable set to one, or an append to one", m.Name)
 			}
-			// A Desc's type is where a collector uses it; ebb names
-			// its counters _total, as Prometheus asks.
-			m.Type = "gauge"
+			// A Desc's type is where a collector uses it
+			// (MustNewConstMetric's value type, set by Extract); without
+			// one, by Prometheus' naming: counters end in _total.
+			m.Type, m.descVar = "gauge", bound[call]
 			if strings.HasSuffix(m.Name, "_total") {
 				m.Type = "counter"
 			}
 		case strings.HasPrefix(fn, "New") && metricType(fn) != "" && len(call.Args) >= 1:
 			lit, ok := call.Args[0].(*ast.CompositeLit)
 			if !ok {
-				return true
+				err = fmt.Errorf("options not a literal: metricsdoc cannot read the metric's name")
+				break
 			}
 			m.Type = metricType(fn)
 			for _, e := range lit.Elts {
@@ -224,13 +278,14 @@ func fromDecl(decl ast.Decl, vars map[string]ast.Expr) ([]Metric, error) {
 		default:
 			return true
 		}
+		if err == nil && m.Name == "" {
+			err = fmt.Errorf("no Name: metricsdoc cannot list the metric")
+		}
 		if err != nil {
 			err = fmt.Errorf("prometheus.%s at offset %d: %w", sel.Sel.Name, call.Pos(), err)
 			return false
 		}
-		if m.Name != "" {
-			out = append(out, m)
-		}
+		out = append(out, m)
 		return true
 	})
 	return out, err
@@ -250,8 +305,50 @@ func metricType(fn string) string {
 		return "histogram"
 	case "Summary":
 		return "summary"
+	case "Untyped":
+		return "untyped"
 	}
 	return ""
+}
+
+// lastName is the identifier an expression ends in (x, a.b.x).
+func lastName(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.Ident:
+		return e.Name
+	case *ast.SelectorExpr:
+		return e.Sel.Name
+	}
+	return ""
+}
+
+// constMetricTypes maps, in a package, the variables and fields that
+// prometheus.MustNewConstMetric and NewConstMetric take a Desc from to the
+// value type they give it.
+func constMetricTypes(files map[string]*ast.File) map[string]string {
+	out := map[string]string{}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) < 2 {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || (sel.Sel.Name != "MustNewConstMetric" && sel.Sel.Name != "NewConstMetric") {
+				return true
+			}
+			switch lastName(call.Args[1]) {
+			case "CounterValue":
+				out[lastName(call.Args[0])] = "counter"
+			case "GaugeValue":
+				out[lastName(call.Args[0])] = "gauge"
+			case "UntypedValue":
+				out[lastName(call.Args[0])] = "untyped"
+			}
+			return true
+		})
+	}
+	return out
 }
 
 // stringOf is the value of a string literal or a + of them.

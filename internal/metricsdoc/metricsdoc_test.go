@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,7 +38,7 @@ var r = prometheus.NewRegistry()
 		t.Fatal(err)
 	}
 	want := []Metric{
-		{Name: "ebb_x_things_total", Type: "counter", Labels: []string{"kind"}, Help: "Things seen."},
+		{Name: "ebb_x_things_total", Type: "counter", Labels: []string{"kind"}, Help: "Things seen.", descVar: "d"},
 		{Name: "ebb_x_level", Type: "gauge", Labels: []string{"a", "b"}, Help: "The level."},
 		{Name: "ebb_x_seconds", Type: "histogram", Help: "How long."},
 		{Name: "ebb_x_read_total", Type: "counter", Help: "Read."},
@@ -54,6 +55,16 @@ var g = prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: "h"})`,
 var g = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "ebb", Name: "x", Help: "h"})`,
 		`package x
 var g = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "x", Help: "h"}, labelsFromElsewhere())`,
+		`package x
+var g = prometheus.NewGauge(opts)`,
+		`package x
+var g = prometheus.NewGauge(prometheus.GaugeOpts{Help: "no name"})`,
+		`package x
+import prom "github.com/prometheus/client_golang/prometheus"
+var g = prom.NewGauge(prom.GaugeOpts{Name: "x", Help: "h"})`,
+		`package x
+import "github.com/prometheus/client_golang/prometheus/promauto"
+var g = promauto.NewGauge(prometheus.GaugeOpts{Name: "x", Help: "h"})`,
 	} {
 		f, err := parser.ParseFile(token.NewFileSet(), "x.go", bad, 0)
 		if err != nil {
@@ -62,6 +73,49 @@ var g = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "x", Help: "h"}, label
 		if ms, err := fromFile(f, nil); err == nil {
 			t.Errorf("%s: read as %+v, want an error", bad, ms)
 		}
+	}
+}
+
+// Extract takes a Desc's type from the collector's value type, and
+// refuses a package that defines metrics in no component.
+func TestExtract(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, src string) {
+		t.Helper()
+		path := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("internal/controller/x/desc.go", `package x
+import "github.com/prometheus/client_golang/prometheus"
+var seen = prometheus.NewDesc("ebb_x_seen", "Seen, a counter without _total.", nil, nil)
+`)
+	write("internal/controller/x/collect.go", `package x
+import "github.com/prometheus/client_golang/prometheus"
+func collect(ch chan<- prometheus.Metric) { ch <- prometheus.MustNewConstMetric(seen, prometheus.CounterValue, 1) }
+`)
+	write("internal/localcluster/y/y.go", `package y
+import "github.com/prometheus/client_golang/prometheus"
+var g = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tooling_gauge", Help: "Not ebb's."})
+`)
+	got, err := Extract(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Metric{{Name: "ebb_x_seen", Type: "counter", Help: "Seen, a counter without _total.", Component: "ebb controller", Source: "internal/controller/x/desc.go"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+	write("internal/newthing/z.go", `package z
+import "github.com/prometheus/client_golang/prometheus"
+var g = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ebb_z", Help: "Where?"})
+`)
+	if _, err := Extract(root); err == nil || !strings.Contains(err.Error(), "serves in no component") {
+		t.Errorf("a package in no component: %v", err)
 	}
 }
 
@@ -99,11 +153,14 @@ func TestAlertRulesNameDefinedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defined := map[string]bool{}
+	labels := map[string][]string{}
 	for _, m := range metrics {
 		defined[m.Name] = true
+		labels[m.Name] = m.Labels
 		if m.Type == "histogram" || m.Type == "summary" {
 			for _, s := range []string{"_bucket", "_sum", "_count"} {
 				defined[m.Name+s] = true
+				labels[m.Name+s] = slices.Concat(m.Labels, []string{"le", "quantile"})
 			}
 		}
 	}
@@ -127,5 +184,21 @@ func TestAlertRulesNameDefinedMetrics(t *testing.T) {
 		if !defined[n] {
 			t.Errorf("an alert rule names %s, which no component defines", n)
 		}
+	}
+	// The labels a selector matches on: a renamed label leaves a rule
+	// that selects nothing. instance and job are the scrape's.
+	selectors := regexp.MustCompile(`\b(ebb_[a-z0-9_]+)\{([^}]*)\}`).FindAllStringSubmatch(strings.Join(exprs, "\n"), -1)
+	matchers := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
+	checked := 0
+	for _, sel := range selectors {
+		for _, m := range matchers.FindAllStringSubmatch(sel[2], -1) {
+			checked++
+			if l := m[1]; l != "instance" && l != "job" && !slices.Contains(labels[sel[1]], l) {
+				t.Errorf("an alert rule selects %s on label %s, which it does not have (labels %v)", sel[1], l, labels[sel[1]])
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no label matcher found in the rules: is the file's form changed?")
 	}
 }

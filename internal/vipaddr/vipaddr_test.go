@@ -128,3 +128,56 @@ func freeBindListen(a netip.Addr) (net.Listener, error) {
 	}}
 	return lc.Listen(context.Background(), "tcp", netip.AddrPortFrom(a, 0).String())
 }
+
+// An announced aggregate gets a blackhole route, so that traffic to its
+// addresses the host does not serve is dropped, while a served address
+// stays local (the local table wins); routes no longer wanted go.
+func TestSyncAggregatesDropsWhatIsNotServed(t *testing.T) {
+	inNewNamespace(t, func() {
+		tbl, err := New()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer tbl.Close()
+		served := netip.MustParseAddr("198.51.100.1")
+		agg4, agg6 := netip.MustParsePrefix("198.51.100.0/28"), netip.MustParsePrefix("2001:db8::/124")
+		if err := tbl.Sync([]netip.Addr{served}); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := tbl.SyncAggregates([]netip.Prefix{agg4, agg6}); err != nil {
+			t.Error(err)
+			return
+		}
+		kind := func(a string) int {
+			routes, err := netlink.RouteGet(net.ParseIP(a))
+			if err != nil {
+				// The kernel answers a blackhole's lookup with EINVAL.
+				if errors.Is(err, unix.EINVAL) {
+					return unix.RTN_BLACKHOLE
+				}
+				t.Errorf("route of %s: %v", a, err)
+				return -1
+			}
+			return routes[0].Type
+		}
+		if k := kind("198.51.100.1"); k != unix.RTN_LOCAL {
+			t.Errorf("the served address's route is of type %d, want local", k)
+		}
+		if k := kind("198.51.100.9"); k != unix.RTN_BLACKHOLE {
+			t.Errorf("an unserved address of the aggregate routes as type %d, want blackhole", k)
+		}
+		have, err := tbl.listBlackholes()
+		if err != nil || len(have) != 2 || !have[agg4] || !have[agg6] {
+			t.Errorf("blackhole routes %v (%v), want %s and %s", have, err, agg4, agg6)
+		}
+		if err := tbl.SyncAggregates(nil); err != nil {
+			t.Error(err)
+			return
+		}
+		if have, err := tbl.listBlackholes(); err != nil || len(have) != 0 {
+			t.Errorf("blackhole routes left: %v (%v)", have, err)
+		}
+	})
+}

@@ -328,6 +328,11 @@ func (sp *Speaker) Sync(want []Route) error {
 		byAddr[a] = p
 		prefixes[p] = prefixes[p].Merge(r.Attrs)
 	}
+	// keep are announced prefixes no longer wanted that still carry an
+	// address whose new route failed: withdrawing them would leave the
+	// address unannounced (a move between its host route and an
+	// aggregate).
+	keep := map[netip.Prefix]bool{}
 	for p, attrs := range prefixes {
 		if was, ok := sp.announced[p]; ok && was.attrs.Equal(attrs) {
 			continue
@@ -341,9 +346,15 @@ func (sp *Speaker) Sync(want []Route) error {
 				continue
 			}
 			for a, ap := range byAddr {
-				if ap == p {
-					refused[a] = err.Error()
+				if ap != p {
+					continue
 				}
+				if old, ok := sp.addrs[a]; ok && old != p {
+					keep[old] = true
+					byAddr[a] = old
+					continue
+				}
+				refused[a] = err.Error()
 			}
 			continue
 		}
@@ -351,7 +362,7 @@ func (sp *Speaker) Sync(want []Route) error {
 	}
 	sp.refused = refused
 	for p, was := range sp.announced {
-		if _, ok := prefixes[p]; ok {
+		if _, ok := prefixes[p]; ok || keep[p] {
 			continue
 		}
 		if err := sp.s.DeletePath(apiutil.DeletePathRequest{UUIDs: []uuid.UUID{was.id}}); err != nil {
@@ -422,6 +433,22 @@ func (sp *Speaker) Announced() []netip.Addr {
 		out = append(out, a)
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+// Aggregates returns the announced routes that are aggregates (shorter
+// than a host route), sorted: the host must drop the traffic of their
+// addresses it does not serve (vipaddr.Table.SyncAggregates).
+func (sp *Speaker) Aggregates() []netip.Prefix {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	var out []netip.Prefix
+	for p := range sp.announced {
+		if p.Bits() < p.Addr().BitLen() {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return out
 }
 

@@ -329,6 +329,11 @@ func (a *addressSinks) announceLocked() error {
 	a.l2Refused = nil
 	if a.bgp != nil {
 		errs = append(errs, a.bgp.Sync(bgpRoutes(want, a.plan)))
+		if a.local != nil {
+			// The aggregates' addresses this host does not serve are
+			// dropped here, not routed back to the router.
+			errs = append(errs, a.local.SyncAggregates(a.bgp.Aggregates()))
+		}
 	}
 	if a.l2 != nil {
 		offer, only := l2Offer(want, a.plan, a.l2.Interfaces())

@@ -67,7 +67,7 @@ func (r *Reconciler) writeNotAssigned(ctx context.Context, svc *corev1.Service, 
 	if len(ingress) == len(svc.Status.LoadBalancer.Ingress) && hasCondition(svc.Status.Conditions, cond) {
 		return nil
 	}
-	patch := client.MergeFrom(svc.DeepCopy())
+	patch := client.MergeFromWithOptions(svc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	svc.Status.LoadBalancer.Ingress = ingress
 	svc.Status.Conditions = withoutAwaiting(svc, drop)
 	meta.SetStatusCondition(&svc.Status.Conditions, cond)

@@ -249,12 +249,9 @@ func (r *Reconciler) initialize(ctx context.Context) error {
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
 	logger := log.FromContext(ctx).WithValues("service", klog.KObj(svc))
-	if err := unsupportedPorts(svc); err != nil {
-		event.Publish(r.Recorder, syncFailed(svc, err))
-		r.Metrics.failed("unsupported_protocol")
-		// The Service must change first.
-		return ctrl.Result{}, r.writeNotAssigned(ctx, svc, nil, notAssignedCondition(svc, ReasonUnsupportedPort, err.Error()))
-	}
+	// The finalizer and the mark first, also for a Service refused below:
+	// they make the clean-up (reconcileDelete) take its condition away
+	// when it stops being ours.
 	if !controllerutil.ContainsFinalizer(svc, lbmodel.CleanupFinalizer) || svc.Annotations[lbmodel.ServedByAnnotation] != r.Class {
 		patch := client.MergeFrom(svc.DeepCopy())
 		controllerutil.AddFinalizer(svc, lbmodel.CleanupFinalizer)
@@ -265,6 +262,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 		if err := r.Client.Patch(ctx, svc, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(svc), err)
 		}
+	}
+	if err := unsupportedPorts(svc); err != nil {
+		event.Publish(r.Recorder, syncFailed(svc, err))
+		r.Metrics.failed("unsupported_protocol")
+		msg := err.Error()
+		if len(svc.Status.LoadBalancer.Ingress) > 0 {
+			msg += "; the addresses it has keep serving its other ports until then"
+		}
+		// The Service must change first.
+		return ctrl.Result{}, r.writeNotAssigned(ctx, svc, nil, notAssignedCondition(svc, ReasonUnsupportedPort, msg))
 	}
 	holder, err := r.holder(ctx, svc)
 	if err != nil {
@@ -328,7 +335,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	if changed {
 		event.Publish(r.Recorder, ensuring(svc))
 	}
-	patch := client.MergeFrom(svc.DeepCopy())
+	// The optimistic lock: the patch replaces the whole list of
+	// conditions, and one computed from a stale cache would drop another
+	// writer's, or a condition of ours written meanwhile.
+	patch := client.MergeFromWithOptions(svc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	svc.Status.LoadBalancer.Ingress = want
 	meta.SetStatusCondition(&svc.Status.Conditions, cond)
 	meta.SetStatusCondition(&svc.Status.Conditions, assigned)

@@ -2,6 +2,7 @@ package announce_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -17,6 +20,7 @@ import (
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
+	"github.com/ebbdev/ebb/internal/localcluster/network"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
 
@@ -157,9 +161,9 @@ func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
 	startLB(t, ctx, lb)
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1)
-	host, aggregate := netip.PrefixFrom(vip, 32), netip.PrefixFrom(vip, 28).Masked()
+	hostRoute, aggregate := netip.PrefixFrom(vip, 32), netip.PrefixFrom(vip, 28).Masked()
 	hop := netip.MustParseAddr(lb.IP)
-	waitNextHops(t, ctx, host, []netip.Addr{hop})
+	waitNextHops(t, ctx, hostRoute, []netip.Addr{hop})
 
 	api := e2eutil.APIClient(t, cluster)
 	policy := &lbv1alpha1.AnnouncementPolicy{
@@ -177,7 +181,7 @@ func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
 		}
 	})
 	waitNextHops(t, ctx, aggregate, []netip.Addr{hop})
-	waitNextHops(t, ctx, host, nil)
+	waitNextHops(t, ctx, hostRoute, nil)
 	t.Logf("%s announced as %s via %s", vip, aggregate, hop)
 
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cluster.ExternalClient.DialContext}}
@@ -185,6 +189,18 @@ func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
 	e2eutil.Eventually(t, ctx, 30*time.Second, "the client reaching "+url+" through "+aggregate.String(), func(ctx context.Context) (bool, string) {
 		err := e2eutil.Answered(ctx, cluster, client, url)
 		return err == nil, fmt.Sprint(err)
+	})
+	// An address of the aggregate that nothing serves is dropped on the
+	// LB host, not routed back to the router (where it would loop until
+	// its TTL ran out).
+	unserved := lastOf(aggregate).Prev()
+	host, ok := cluster.Network.Host(lb.Name)
+	if !ok {
+		t.Fatalf("no host %s", lb.Name)
+	}
+	e2eutil.Eventually(t, ctx, 30*time.Second, lb.Name+" dropping "+unserved.String(), func(ctx context.Context) (bool, string) {
+		kind := routeKind(host, unserved)
+		return kind == "blackhole", "its route is " + kind
 	})
 	e2eutil.Eventually(t, ctx, 30*time.Second, lb.Name+"'s report listing "+vip.String()+" as announced", func(ctx context.Context) (bool, string) {
 		r, err := e2eutil.ReportOn(ctx, api, lb.Name)
@@ -199,6 +215,49 @@ func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleted = true
-	waitNextHops(t, ctx, host, []netip.Addr{hop})
+	waitNextHops(t, ctx, hostRoute, []netip.Addr{hop})
 	waitNextHops(t, ctx, aggregate, nil)
+	e2eutil.Eventually(t, ctx, 30*time.Second, lb.Name+" no longer dropping "+unserved.String(), func(ctx context.Context) (bool, string) {
+		kind := routeKind(host, unserved)
+		return kind != "blackhole", "its route is " + kind
+	})
+}
+
+// routeKind is how the host's kernel routes a: "blackhole", "local",
+// "unicast" or the lookup's error.
+func routeKind(host *network.Host, a netip.Addr) string {
+	kind := ""
+	err := host.Do(func() error {
+		routes, err := netlink.RouteGet(a.AsSlice())
+		switch {
+		case errors.Is(err, unix.EINVAL):
+			// The kernel answers a lookup that meets a blackhole so.
+			kind = "blackhole"
+		case err != nil:
+			return err
+		case len(routes) == 0:
+			kind = "none"
+		case routes[0].Type == unix.RTN_BLACKHOLE:
+			kind = "blackhole"
+		case routes[0].Type == unix.RTN_LOCAL:
+			kind = "local"
+		default:
+			kind = "unicast"
+		}
+		return nil
+	})
+	if err != nil {
+		return err.Error()
+	}
+	return kind
+}
+
+// lastOf is the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }

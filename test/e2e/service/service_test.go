@@ -330,6 +330,30 @@ func TestUnsupportedProtocolIsReported(t *testing.T) {
 	if !strings.Contains(e2eutil.ControllerMetrics(t, ctx, cluster), `ebb_service_lb_sync_failures_total{reason="unsupported_protocol"}`) {
 		t.Error("the controller's metrics do not count the failure")
 	}
+	kubectlWait(t, ctx, ns, "sctp", "condition=lb.ebb.dev/AddressAssigned=false")
+	if reason := kubectlJSONPath(t, ctx, ns, "sctp", `{.status.conditions[?(@.type=="lb.ebb.dev/AddressAssigned")].reason}`); reason != "UnsupportedPort" {
+		t.Errorf("the AddressAssigned condition's reason is %q, want UnsupportedPort", reason)
+	}
+	// No longer a LoadBalancer: nothing of ebb's stays on it.
+	cur, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "sctp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Type = corev1.ServiceTypeClusterIP
+	cur.Spec.LoadBalancerClass, cur.Spec.AllocateLoadBalancerNodePorts, cur.Spec.ExternalTrafficPolicy = nil, nil, ""
+	for i := range cur.Spec.Ports {
+		cur.Spec.Ports[i].NodePort = 0
+	}
+	if _, err := cluster.Client.CoreV1().Services(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, 30*time.Second, "the condition and the finalizer gone once it is a ClusterIP Service", func(ctx context.Context) (bool, string) {
+		got, err := cluster.Client.CoreV1().Services(ns).Get(ctx, "sctp", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(got.Status.Conditions) == 0 && len(got.Finalizers) == 0, fmt.Sprintf("conditions %+v, finalizers %v", got.Status.Conditions, got.Finalizers)
+	})
 }
 
 // Two Services that ask to share (the same lb.ebb.dev/allow-shared-ip) and
