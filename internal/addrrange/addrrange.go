@@ -34,15 +34,16 @@ func Parse(s string) (Range, error) {
 		return Range{}, fmt.Errorf("%q is not a CIDR like 10.96.255.0/24 or fd00:96::/112, nor a range like 10.96.240.10-10.96.240.20", s)
 	}
 	p = p.Masked()
-	r := Range{From: p.Addr(), To: lastAddr(p)}
+	r := Range{From: p.Addr(), To: Last(p)}
 	if p.Addr().Is4() && p.Bits() <= 24 {
 		r.From, r.To = r.From.Next(), r.To.Prev()
 	}
 	return r, nil
 }
 
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
+// Last is the last address of p (its broadcast address, for IPv4).
+func Last(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
 	for i := p.Bits(); i < len(b)*8; i++ {
 		b[i/8] |= 0x80 >> (i % 8)
 	}

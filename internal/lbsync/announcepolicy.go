@@ -124,17 +124,7 @@ func (e poolEntry) holds(p netip.Prefix) bool {
 	if e.prefix.IsValid() {
 		return e.prefix.Addr().Is4() == p.Addr().Is4() && e.prefix.Bits() <= p.Bits() && e.prefix.Contains(p.Addr())
 	}
-	return e.rg.Contains(p.Addr()) && e.rg.Contains(lastOf(p))
-}
-
-// lastOf is the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
+	return e.rg.Contains(p.Addr()) && e.rg.Contains(addrrange.Last(p))
 }
 
 func (e poolEntry) String() string {
@@ -317,7 +307,7 @@ func (r announceRule) aggregationProblems(policy string) []string {
 	for _, e := range r.pools {
 		first, last := e.rg.From, e.rg.To
 		if e.prefix.IsValid() {
-			first, last = e.prefix.Addr(), lastOf(e.prefix)
+			first, last = e.prefix.Addr(), addrrange.Last(e.prefix)
 		}
 		l := r.aggregate4
 		if first.Is6() {

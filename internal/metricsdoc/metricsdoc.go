@@ -125,7 +125,7 @@ func Extract(root string) ([]Metric, error) {
 		}
 	}
 	slices.SortFunc(out, func(a, b Metric) int {
-		return cmpStrings(a.Component+" "+a.Name, b.Component+" "+b.Name)
+		return strings.Compare(a.Component+" "+a.Name, b.Component+" "+b.Name)
 	})
 	for i := 1; i < len(out); i++ {
 		if out[i].Name == out[i-1].Name && out[i].Component == out[i-1].Component {
@@ -148,8 +148,6 @@ func packageVars(files map[string]*ast.File) map[string]ast.Expr {
 	}
 	return stringSliceVars(specs...)
 }
-
-func cmpStrings(a, b string) int { return strings.Compare(a, b) }
 
 // fromFile finds prometheus.NewDesc("name", "help", labels, ...) and
 // prometheus.New<Type>[Vec](prometheus.<Type>Opts{Name: ..., Help: ...},

@@ -329,7 +329,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 	// minutes at 10,000 Services.
 	noCondition := len(awaiting) == 0 && meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) == nil
 	assignedSays := hasCondition(svc.Status.Conditions, assigned) || meta.FindStatusCondition(svc.Status.Conditions, AddressAssignedCondition) == nil
-	if !changed && (noCondition || sameServedCondition(svc, cond)) && assignedSays {
+	if !changed && (noCondition || hasCondition(svc.Status.Conditions, cond)) && assignedSays {
 		return result, nil
 	}
 	if changed {

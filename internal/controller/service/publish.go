@@ -93,13 +93,6 @@ func servedCondition(svc *corev1.Service, awaiting []netip.Addr) metav1.Conditio
 	return lbmodel.ServedConditionTrue(svc.Generation)
 }
 
-// sameServedCondition says whether the Service's ServedCondition already
-// says what c says.
-func sameServedCondition(svc *corev1.Service, c metav1.Condition) bool {
-	old := meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition)
-	return old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message && old.ObservedGeneration == c.ObservedGeneration
-}
-
 // awaitingServices are the Services of ours with an address that awaits
 // an LB host and that the changed report now lists as served. Only those:
 // every report changes at every address it starts serving, and waking

@@ -18,6 +18,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lbv1alpha1 "github.com/ebbdev/ebb/api/lb/v1alpha1"
+	"github.com/ebbdev/ebb/internal/addrrange"
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/internal/localcluster/network"
@@ -31,13 +32,8 @@ import (
 func TestAnnouncementPolicyAttributesReachTheRouter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	lb := cluster.Nodes[0]
-	startLB(t, ctx, lb)
-	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1)
+	_, vip, hop := webBehindOneLBHost(t, ctx)
 	route := netip.PrefixFrom(vip, 32)
-	hop := netip.MustParseAddr(lb.IP)
-	waitNextHops(t, ctx, route, []netip.Addr{hop})
 
 	api := e2eutil.APIClient(t, cluster)
 	policy := &lbv1alpha1.AnnouncementPolicy{
@@ -88,6 +84,20 @@ func TestAnnouncementPolicyAttributesReachTheRouter(t *testing.T) {
 		t.Fatalf("to iBGP: %v", err)
 	}
 	waitPath(t, ctx, route, hop, []string{"64512:200"}, []string{"4200000000:1:2"}, func(lp *uint32) bool { return lp != nil && *lp == 250 })
+}
+
+// webBehindOneLBHost starts ebb lb on the first node and a one-replica
+// Service of the test app, and waits until the router's only next hop for
+// its address is that host.
+func webBehindOneLBHost(t *testing.T, ctx context.Context) (lb localcluster.Node, vip, hop netip.Addr) {
+	t.Helper()
+	lb = cluster.Nodes[0]
+	startLB(t, ctx, lb)
+	ns := e2eutil.NewNamespace(t, ctx, cluster)
+	vip = e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1)
+	hop = netip.MustParseAddr(lb.IP)
+	waitNextHops(t, ctx, netip.PrefixFrom(vip, 32), []netip.Addr{hop})
+	return lb, vip, hop
 }
 
 // setIBGP turns the router's sessions with the LB hosts, and the BGPPeer
@@ -157,13 +167,8 @@ func ptrTo[T any](v T) *T { return &v }
 func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	lb := cluster.Nodes[0]
-	startLB(t, ctx, lb)
-	ns := e2eutil.NewNamespace(t, ctx, cluster)
-	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 1)
+	lb, vip, hop := webBehindOneLBHost(t, ctx)
 	hostRoute, aggregate := netip.PrefixFrom(vip, 32), netip.PrefixFrom(vip, 28).Masked()
-	hop := netip.MustParseAddr(lb.IP)
-	waitNextHops(t, ctx, hostRoute, []netip.Addr{hop})
 
 	api := e2eutil.APIClient(t, cluster)
 	policy := &lbv1alpha1.AnnouncementPolicy{
@@ -193,7 +198,7 @@ func TestAnnouncementPolicyAggregatesRoutes(t *testing.T) {
 	// An address of the aggregate that nothing serves is dropped on the
 	// LB host, not routed back to the router (where it would loop until
 	// its TTL ran out).
-	unserved := lastOf(aggregate).Prev()
+	unserved := addrrange.Last(aggregate).Prev()
 	host, ok := cluster.Network.Host(lb.Name)
 	if !ok {
 		t.Fatalf("no host %s", lb.Name)
@@ -250,14 +255,4 @@ func routeKind(host *network.Host, a netip.Addr) string {
 		return err.Error()
 	}
 	return kind
-}
-
-// lastOf is the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
