@@ -41,14 +41,15 @@ image:
 	cd hack/image && $(GO) tool cyclonedx-gomod bin -json -std -noserial -notimestamp -version $(VERSION) -output ../../dist/sbom.cdx.json ../../dist/ebb-linux-amd64
 	@echo "$(IMAGE):$(VERSION)@$$(cat dist/image.digest) in dist/oci"
 
-## release: dist/install.yaml, config/default with the image pinned by digest (kubectl apply -f dist/install.yaml)
+## release: dist/install.yaml, config/default with the image pinned by digest (kubectl apply -f dist/install.yaml), and the Helm chart with the same image, dist/ebb-VERSION.tgz (helm install ebb dist/ebb-*.tgz; helm push to an OCI registry)
 release: image tools
-	hack/release.sh $(IMAGE) $(TOOLS_BIN)/kubectl
+	hack/release.sh $(IMAGE) $(TOOLS_BIN)/kubectl $$(hack/helm.sh) $(VERSION)
 
 ## tools: build the pinned tools that are not cached yet (a cold build takes about 10 minutes on 2 cores)
 tools:
 	@hack/tools.sh >/dev/null
 	@hack/promtool.sh >/dev/null
+	@hack/helm.sh >/dev/null
 
 ## upstream-e2e: build Kubernetes' e2e.test (k8s.io/kubernetes/test/e2e) when it is not cached yet (a cold build takes about 15 minutes on 2 cores)
 upstream-e2e:
@@ -58,7 +59,7 @@ upstream-e2e:
 test: tools unit supply-chain e2e
 
 unit:
-	$(GO) test -race -count=1 ./internal/... ./cmd/... ./bench/... ./config/...
+	$(GO) test -race -count=1 ./internal/... ./cmd/... ./bench/... ./config/... ./charts/...
 	$(GO) test -run '^$$' -fuzz FuzzOneOddObjectBreaksNoOtherService -fuzztime 20s ./internal/lbmodel/
 	$(GO) test -count=1 -tags ebb_image ./cmd/ebb/
 	cd hack/image && $(GO) test -count=1 ./...
@@ -94,7 +95,7 @@ lint: tools
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
-## generate: regenerate deepcopy, CRDs, webhook configurations and RBAC from the markers, and the eBPF kernel path's object
+## generate: regenerate deepcopy, CRDs, webhook configurations and RBAC from the markers, the Helm chart's copy of them, and the eBPF kernel path's object
 generate: tools bpf
 	$(TOOLS_BIN)/controller-gen object paths=./api/...
 	$(TOOLS_BIN)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
@@ -102,6 +103,8 @@ generate: tools bpf
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...,./internal/cmd/controller/...}" output:rbac:artifacts:config=config/rbac/controller
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
 	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
+	# The Helm chart's copy of config/'s objects (charts/ebb/files).
+	$(GO) test ./charts -run TestChartFilesAreGeneratedFromConfig -update-chart
 
 ## bpf: build the eBPF kernel path's object (internal/dataplane/bpf/ebb_lb.o, committed so that building ebb needs no clang) with the pinned clang-14 (hack/bpf.sh installs it with apt-get if missing)
 bpf:

@@ -8,12 +8,17 @@
 # config/components/webhook-client-auth; dist/install-monitoring.yaml, with
 # config/components/monitoring (the alert rules as a PrometheusRule, for
 # clusters with the Prometheus operator); and dist/ebb-alert-rules.yaml,
-# the same rules as a plain Prometheus rules file (docs/alerts.md).
+# the same rules as a plain Prometheus rules file (docs/alerts.md); and
+# dist/ebb-VERSION.tgz, the Helm chart charts/ebb with the same image
+# (docs/helm.md), which helm push uploads to an OCI registry.
 #
-#   hack/release.sh IMAGE KUBECTL     e.g. hack/release.sh ghcr.io/ebbdev/ebb /path/to/kubectl
+#   hack/release.sh IMAGE KUBECTL HELM VERSION
+#   e.g. hack/release.sh ghcr.io/ebbdev/ebb /path/to/kubectl /path/to/helm v0.1.0-dev.0123abcd
 set -euo pipefail
 image=$1
 kubectl=$2
+helm=$3
+version=$4
 root=$(cd "$(dirname "$0")/.." && pwd)
 digest=$(cat "$root/dist/image.digest")
 [[ "$digest" == sha256:* ]] || { echo "dist/image.digest holds no digest: run 'make image'" >&2; exit 1; }
@@ -42,3 +47,22 @@ render install-webhook-client-auth.yaml webhook-client-auth
 render install-monitoring.yaml monitoring
 cp "$root/config/monitoring/rules.yaml" "$root/dist/ebb-alert-rules.yaml"
 echo "dist/ebb-alert-rules.yaml"
+
+# The chart: its values pin the image by digest, its version is ebb's
+# (SemVer without the v; a prerelease identifier of digits only may not
+# start with 0, so a commit hash of digits only gets a g before it).
+chart_version=${version#v}
+if [[ "$chart_version" =~ ^([^-]*-.*\.)(0[0-9]+)$ ]]; then
+  chart_version="${BASH_REMATCH[1]}g${BASH_REMATCH[2]}"
+fi
+chart="$overlay/chart/ebb"
+mkdir -p "$overlay/chart"
+cp -r "$root/charts/ebb" "$chart"
+sed -i -e "s|^  repository: ebb\$|  repository: $image|" -e "s|^  tag: dev\$|  tag: \"$version\"|" -e "s|^  digest: \"\"\$|  digest: \"$digest\"|" "$chart/values.yaml"
+rm -f "$root"/dist/ebb-*.tgz
+HELM_CONFIG_HOME="$overlay/helm" HELM_CACHE_HOME="$overlay/helm" HELM_DATA_HOME="$overlay/helm" \
+  "$helm" package "$chart" --version "$chart_version" --app-version "$version" -d "$root/dist" >/dev/null
+packaged="$root/dist/ebb-$chart_version.tgz"
+HELM_CONFIG_HOME="$overlay/helm" HELM_CACHE_HOME="$overlay/helm" HELM_DATA_HOME="$overlay/helm" \
+  "$helm" template ebb "$packaged" --namespace ebb-system | grep -q "image: $image@$digest" || { echo "$packaged does not pin $image@$digest" >&2; exit 1; }
+echo "dist/ebb-$chart_version.tgz: $image@$digest"
