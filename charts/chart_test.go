@@ -153,7 +153,7 @@ func TestChartValues(t *testing.T) {
 			}
 		},
 	}, {
-		name: "another namespace",
+		name:      "another namespace",
 		namespace: "lb-system",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			for _, o := range objs {

@@ -22,12 +22,12 @@ const filesHeader = "# Generated from config/ by go test ./charts -update-chart:
 // write themselves, because values change them; every other object is
 // copied into files/config/ and rendered as it is (namespace apart).
 var templated = map[string]bool{
-	"Namespace/ebb-system":            true, // helm install --create-namespace
-	"Deployment/ebb-controller":       true,
+	"Namespace/ebb-system":               true, // helm install --create-namespace
+	"Deployment/ebb-controller":          true,
 	"PodDisruptionBudget/ebb-controller": true,
-	"DaemonSet/ebb-lb":                true,
-	"DaemonSet/ebb-node-agent":        true,
-	"ConfigMap/ebb-leaving-signals":   true,
+	"DaemonSet/ebb-lb":                   true,
+	"DaemonSet/ebb-node-agent":           true,
+	"ConfigMap/ebb-leaving-signals":      true,
 }
 
 // copiedKinds are the kinds copied as they are, by the directory of
