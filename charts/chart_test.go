@@ -16,13 +16,14 @@ import (
 var helmOnlyAnnotations = []string{"helm.sh/resource-policy", "checksum/leaving-signals"}
 
 // comparable returns objs by key, without what only one side has: the
-// Namespace (helm install --create-namespace makes it) and the
-// annotations of helmOnlyAnnotations.
+// Namespace (helm install --create-namespace makes it), Helm's hooks
+// (helm uninstall's clean-up, which kubectl delete has no place for) and
+// the annotations of helmOnlyAnnotations.
 func comparable(t *testing.T, objs []*unstructured.Unstructured) map[string]map[string]any {
 	t.Helper()
 	out := map[string]map[string]any{}
 	for _, o := range objs {
-		if o.GetKind() == "Namespace" {
+		if _, hook := o.GetAnnotations()["helm.sh/hook"]; hook || o.GetKind() == "Namespace" {
 			continue
 		}
 		o = o.DeepCopy()

@@ -8,6 +8,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/controller"
 	"github.com/ebbdev/ebb/internal/cmd/lb"
 	"github.com/ebbdev/ebb/internal/cmd/nodeagent"
+	"github.com/ebbdev/ebb/internal/cmd/uninstall"
 	"github.com/ebbdev/ebb/internal/version"
 )
 
@@ -24,7 +25,7 @@ declarative node maintenance that drains the load balancer before the pods.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(azurecmd.NewCommand(), controller.NewCommand(), lb.NewCommand(), nodeagent.NewCommand())
+	cmd.AddCommand(azurecmd.NewCommand(), controller.NewCommand(), lb.NewCommand(), nodeagent.NewCommand(), uninstall.NewCommand())
 	cmd.AddCommand(extra...)
 	return cmd
 }

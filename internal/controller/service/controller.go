@@ -363,13 +363,28 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, svc *corev1.Service) (
 // is not given to another Service while this one's status still shows it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) error {
 	event.Publish(r.Recorder, deleting(svc))
+	if err := Forget(ctx, r.Client, svc); err != nil {
+		return err
+	}
+	r.release(client.ObjectKeyFromObject(svc))
+	event.Publish(r.Recorder, deleted(svc))
+	return nil
+}
+
+// Forget takes away what ebb wrote on a Service it served: first its
+// load-balancer status and ebb's conditions (unless it is being deleted),
+// then the cleanup finalizer and ebb's mark, so that a failure half-way
+// leaves it still marked as ebb's and a retry completes it. The
+// controller's clean-up uses it, and `ebb uninstall` once the controller
+// is gone.
+func Forget(ctx context.Context, c client.Client, svc *corev1.Service) error {
 	if svc.DeletionTimestamp == nil && (len(svc.Status.LoadBalancer.Ingress) > 0 || meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) != nil ||
 		meta.FindStatusCondition(svc.Status.Conditions, AddressAssignedCondition) != nil) {
 		patch := client.MergeFrom(svc.DeepCopy())
 		svc.Status.LoadBalancer = corev1.LoadBalancerStatus{}
 		meta.RemoveStatusCondition(&svc.Status.Conditions, lbmodel.ServedCondition)
 		meta.RemoveStatusCondition(&svc.Status.Conditions, AddressAssignedCondition)
-		if err := r.Client.Status().Patch(ctx, svc, patch); err != nil {
+		if err := c.Status().Patch(ctx, svc, patch); err != nil {
 			return fmt.Errorf("clearing the load balancer status of %s: %w", klog.KObj(svc), err)
 		}
 	}
@@ -379,11 +394,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 	patch := client.MergeFrom(svc.DeepCopy())
 	controllerutil.RemoveFinalizer(svc, lbmodel.CleanupFinalizer)
 	delete(svc.Annotations, lbmodel.ServedByAnnotation)
-	if err := r.Client.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {
+	if err := c.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(svc), err)
 	}
-	r.release(client.ObjectKeyFromObject(svc))
-	event.Publish(r.Recorder, deleted(svc))
 	return nil
 }
 
