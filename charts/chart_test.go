@@ -163,7 +163,10 @@ func TestChartValues(t *testing.T) {
 					t.Errorf("%s still names ebb-system", key(o))
 				}
 			}
-			wantArg(t, objs, "Deployment", "ebb-controller", "--lb-namespace=lb-system")
+			// The flags that name ebb's own objects default to the pod's namespace.
+			if env := field(t, objs, "Deployment", "ebb-controller", "spec", "template", "spec", "containers", "0", "env"); !strings.Contains(env, "name:POD_NAMESPACE valueFrom:map[fieldRef:map[fieldPath:metadata.namespace]]") {
+				t.Errorf("the controller is not told its namespace: %s", env)
+			}
 			wantArg(t, objs, "Deployment", "ebb-controller", "--leader-election-namespace=lb-system")
 			if got := dump(find(objs, "ValidatingAdmissionPolicy", "ebb-controller-node-writes")); !strings.Contains(got, "system:serviceaccount:lb-system:ebb-controller") {
 				t.Errorf("the admission policy does not name the controller of lb-system: %s", got)
@@ -188,6 +191,32 @@ func TestChartValues(t *testing.T) {
 			}
 			if got := field(t, objs, "Certificate", "ebb-webhook-cert", "spec", "issuerRef"); got != "map[kind:ClusterIssuer name:corp-ca]" {
 				t.Errorf("issuerRef %s", got)
+			}
+		},
+	}, {
+		name: "cert-manager injects the eviction guard's CA too",
+		set:  []string{"webhook.certManager.enabled=true", "evictionGuard.enabled=true"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, name := range []string{"ebb-validating-webhook-configuration", "ebb-eviction-guard"} {
+				if got := field(t, objs, "ValidatingWebhookConfiguration", name, "metadata", "annotations"); got != "map[cert-manager.io/inject-ca-from:ebb-system/ebb-webhook-cert]" {
+					t.Errorf("%s's annotations: %s", name, got)
+				}
+			}
+		},
+	}, {
+		name: "another load-balancer class, for the clean-up too",
+		set:  []string{"loadBalancerClass=example.com/lb"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, w := range []struct{ kind, name string }{{"Deployment", "ebb-controller"}, {"DaemonSet", "ebb-lb"}, {"Job", "ebb-uninstall"}} {
+				wantArg(t, objs, w.kind, w.name, "--load-balancer-class=example.com/lb")
+			}
+		},
+	}, {
+		name: "no leaving signal but ebb's own",
+		set:  []string{"leavingSignals="},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if got := find(objs, "ConfigMap", "ebb-leaving-signals"); got == nil || strings.TrimSpace(formatValue(got.Object["data"].(map[string]any)["signals"])) != "" {
+				t.Errorf("want the ConfigMap with no signal (else the components fall back to the default list): %s", dump(got))
 			}
 		},
 	}} {
@@ -230,6 +259,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"controller.replicas=0", "minimum"},
 		{"azure.enabled=true,azure.configSecret=azure-cloud-provider", "NAMESPACE/NAME"},
 		{"image.digest=abc", "sha256:"},
+		// A misspelt value is refused rather than ignored.
+		{"lb.nodeSelectr.role=edge", "nodeSelectr"},
+		{"imagePullSecrets[0]=regcred", "imagePullSecrets"},
 	} {
 		t.Run(tc.set, func(t *testing.T) {
 			_, err := helm(t, templateArgs("ebb-system", tc.set)...)

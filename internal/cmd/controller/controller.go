@@ -42,6 +42,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/azurecmd"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/cmd/leavingflag"
+	"github.com/ebbdev/ebb/internal/cmd/podns"
 	"github.com/ebbdev/ebb/internal/controller/adminstate"
 	"github.com/ebbdev/ebb/internal/controller/announcestatus"
 	"github.com/ebbdev/ebb/internal/controller/azureadminstate"
@@ -52,7 +53,6 @@ import (
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/controller/spot"
 	"github.com/ebbdev/ebb/internal/controller/surge"
-	"github.com/ebbdev/ebb/internal/lbhost"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/provider/azure"
 	ebbwebhook "github.com/ebbdev/ebb/internal/webhook"
@@ -160,6 +160,9 @@ func NewCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	// ebb's own objects are in the pod's namespace: the defaults below
+	// name them there.
+	ns := podns.Namespace()
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&o.LoadBalancerClass, "load-balancer-class", lbmodel.ClassL4, "spec.loadBalancerClass of the Services to serve")
 	f.BoolVar(&o.DefaultLoadBalancer, "default-load-balancer", false, "also serve LoadBalancer Services that set no class")
@@ -171,7 +174,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
 	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added (value spot-eviction) to a node on its first PreemptScheduled event (default with --cloud azure: cloudprovider.azure.microsoft.com/draining, as cloud-provider-azure's design says); empty turns this off")
 	f.StringSliceVar(&o.SpotEventSources, "spot-event-sources", spot.DefaultTrustedSources, "emitters (an Event's source.component or reportingController) whose PreemptScheduled Events about a Node are acted on; the Event must also be in namespace default or kube-system and name the Node without a namespace, which a namespace user cannot write")
-	f.StringVar(&o.LBNamespace, "lb-namespace", lbhost.DefaultNamespace, "namespace of the ebb-lb DaemonSet: its running pods without a fresh LoadBalancerReport count as replicas whose state is unknown (drains wait for them, up to 30 s; the last load-balancer host is kept)")
+	f.StringVar(&o.LBNamespace, "lb-namespace", ns, "namespace of the ebb-lb DaemonSet (default: $POD_NAMESPACE, else ebb-system): its running pods without a fresh LoadBalancerReport count as replicas whose state is unknown (drains wait for them, up to 30 s; the last load-balancer host is kept)")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	leavingflag.Add(f, &o.Model.LeavingSignals)
 	f.BoolVar(&o.DeletionHold, "autoscaler-deletion-hold", false, "keep the annotation "+deletionhold.Annotation+" on every node in load-balancer rotation and remove it from a leaving node only once no load-balancer connection goes through it (or --deletion-hold-timeout passed): cluster-autoscaler waits for it before deleting the instance, up to its --node-deletion-delay-timeout (which starts once it has evicted the node's pods: docs/nodes-that-leave.md). Off: ebb removes its annotation from every node")
@@ -187,15 +190,15 @@ func NewCommand() *cobra.Command {
 	f.IntVar(&o.MaxEvictionsInFlight, "max-evictions-in-flight", 5, "Evacuations handled (and evictions sent) at once")
 	f.IntVar(&o.MaxDrainingNodes, "max-draining-nodes", 0, "nodes NodeMaintenances drain at once across maintenances; a maintenance that would exceed it waits in Drain, cordoned, with condition Drained=False reason WaitingForDrainSlot (0: no limit)")
 	f.BoolVar(&o.EvictionGuard, "eviction-guard", false, "serve the eviction guard at "+ebbwebhook.EvictionGuardPath+": evictions of pods that register evacuators are refused (429) until their evacuators had their turn (KEP-4212). Install config/components/eviction-guard to have the API server call it")
-	f.StringSliceVar(&o.EvictionGuardExempt, "eviction-guard-exempt", []string{"system:serviceaccount:ebb-system:ebb-controller"}, "users whose evictions the eviction guard lets through: ebb controller's own service account, whose Evacuation controller evicts when no evacuator is left")
+	f.StringSliceVar(&o.EvictionGuardExempt, "eviction-guard-exempt", []string{"system:serviceaccount:" + ns + ":ebb-controller"}, "users whose evictions the eviction guard lets through: ebb controller's own service account, whose Evacuation controller evicts when no evacuator is left")
 	f.IntVar(&o.Webhook.Port, "webhook-port", 9443, "port of the admission webhook server (0 turns admission off: not for production)")
 	f.StringVar(&o.Webhook.Host, "webhook-bind-host", "", "address the webhook server binds (default: all)")
 	f.StringVar(&o.Webhook.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "ebb-webhook-certs"), "directory of the webhook's tls.crt and tls.key")
 	f.StringVar(&o.Webhook.ClientCAFile, "webhook-client-ca-file", "", "PEM file of the CA(s) whose client certificates the webhook server requires of every caller: the API server's, which its --admission-control-config-file has it present to webhooks (config/components/webhook-client-auth, docs/security.md); empty: any caller that reaches the port is served")
 	f.StringSliceVar(&o.Webhook.ClientNames, "webhook-client-names", []string{"kube-apiserver"}, "with --webhook-client-ca-file: the common names of the client certificates accepted (empty: any the CA signed; use a CA of its own for the API server's webhook client certificate)")
-	f.StringVar(&o.L2KeySecret, "l2-key-secret", "ebb-system/ebb-l2-key", "Secret (namespace/name) of the keys that sign ebb lb's L2 heartbeats: created with one random key when missing, never changed once there (docs/l2.md); empty: you provide it")
-	f.StringVar(&o.Webhook.CertSecret, "webhook-cert-secret", "ebb-system/ebb-webhook-cert", "Secret (namespace/name) in which ebb keeps a self-signed CA and serving certificate and injects the CA into the webhook configurations; empty when cert-manager (or you) put the certificate in --webhook-cert-dir")
-	f.StringSliceVar(&o.Webhook.DNSNames, "webhook-dns-name", []string{"ebb-webhook-service.ebb-system.svc", "ebb-webhook-service.ebb-system.svc.cluster.local"}, "DNS names of the self-signed serving certificate")
+	f.StringVar(&o.L2KeySecret, "l2-key-secret", ns+"/ebb-l2-key", "Secret (namespace/name) of the keys that sign ebb lb's L2 heartbeats: created with one random key when missing, never changed once there (docs/l2.md); empty: you provide it")
+	f.StringVar(&o.Webhook.CertSecret, "webhook-cert-secret", ns+"/ebb-webhook-cert", "Secret (namespace/name) in which ebb keeps a self-signed CA and serving certificate and injects the CA into the webhook configurations; empty when cert-manager (or you) put the certificate in --webhook-cert-dir")
+	f.StringSliceVar(&o.Webhook.DNSNames, "webhook-dns-name", []string{"ebb-webhook-service." + ns + ".svc", "ebb-webhook-service." + ns + ".svc.cluster.local"}, "DNS names of the self-signed serving certificate")
 	f.StringSliceVar(&o.Webhook.IPs, "webhook-ip-address", nil, "IP addresses of the self-signed serving certificate")
 	f.StringSliceVar(&o.Webhook.Mutating, "webhook-mutating-configuration", []string{"ebb-mutating-webhook-configuration"}, "MutatingWebhookConfigurations to inject the self-signed CA into")
 	f.StringSliceVar(&o.Webhook.Validating, "webhook-validating-configuration", []string{"ebb-validating-webhook-configuration"}, "ValidatingWebhookConfigurations to inject the self-signed CA into")

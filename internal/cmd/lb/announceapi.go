@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
@@ -25,16 +24,6 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/lbsync"
 )
-
-// defaultSecretNamespace is where BGPPeers' password Secrets are read:
-// this pod's namespace ($POD_NAMESPACE, from the downward API), else
-// ebb-system.
-func defaultSecretNamespace() string {
-	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
-		return ns
-	}
-	return "ebb-system"
-}
 
 // followAnnouncementAPI follows the lb.ebb.dev objects that decide how
 // this host announces, until ctx is done: the BGPPeers that choose it

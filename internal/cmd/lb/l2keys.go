@@ -17,11 +17,12 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ebbdev/ebb/internal/announce/l2"
+	"github.com/ebbdev/ebb/internal/cmd/podns"
 )
 
 // defaultL2KeySecret is the Secret of the L2 heartbeat keys: the
 // controller creates it with one random key (docs/l2.md).
-func defaultL2KeySecret() string { return defaultSecretNamespace() + "/ebb-l2-key" }
+func defaultL2KeySecret() string { return podns.Namespace() + "/ebb-l2-key" }
 
 // followL2Keys keeps the L2 heartbeat keys from --l2-key-dir (re-read
 // every l2KeyDirEvery) or else the --l2-key-secret Secret, watched through

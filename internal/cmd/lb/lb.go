@@ -31,6 +31,7 @@ import (
 	"github.com/ebbdev/ebb/internal/announce/l2"
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
 	"github.com/ebbdev/ebb/internal/cmd/leavingflag"
+	"github.com/ebbdev/ebb/internal/cmd/podns"
 	"github.com/ebbdev/ebb/internal/dataplane"
 	"github.com/ebbdev/ebb/internal/event"
 	"github.com/ebbdev/ebb/internal/lbmodel"
@@ -196,7 +197,7 @@ See docs/dataplane.md for the format.`,
 	cmd.Flags().DurationVar(&o.BGPHoldTime, "bgp-hold-time", 90*time.Second, "BGP hold time offered to the --bgp-peer routers (keepalives every third of it); a dead host's routes last this long at most")
 	cmd.Flags().BoolVar(&o.BGPPeersFromAPI, "bgp-peers-from-api", true, "peer with the routers of the BGPPeer objects (lb.ebb.dev) whose nodeSelector matches this node, besides any --bgp-peer; cluster mode")
 	cmd.Flags().StringSliceVar(&o.VIPPools, "vip-pool", nil, "deprecated, as the controller's: CIDRs whose addresses are served besides the AddressPools' (an address in a Service's status that lies in neither is not served; give the controller's --vip-pool values here too)")
-	cmd.Flags().StringVar(&o.BGPSecretNamespace, "bgp-secret-namespace", defaultSecretNamespace(), "namespace of the Secrets holding BGPPeers' passwords (default: $POD_NAMESPACE, else ebb-system)")
+	cmd.Flags().StringVar(&o.BGPSecretNamespace, "bgp-secret-namespace", podns.Namespace(), "namespace of the Secrets holding BGPPeers' passwords (default: $POD_NAMESPACE, else ebb-system)")
 	cmd.Flags().StringArrayVar(&o.L2.Interfaces, "l2-interface", nil, "announce every address served on this interface's segment by ARP and NDP, one ebb lb replica owning each address (repeatable; needs CAP_NET_RAW and CAP_NET_ADMIN; see docs/l2.md)")
 	cmd.Flags().StringVar(&o.L2KeySecret, "l2-key-secret", defaultL2KeySecret(), "Secret (namespace/name) of the keys that sign the L2 heartbeats, which the controller creates with one random key; without a key no L2 address is owned (docs/l2.md, \"Heartbeat keys\")")
 	cmd.Flags().StringVar(&o.L2KeyDir, "l2-key-dir", "", "directory of the L2 heartbeat keys laid out like a mounted Secret (a file per key, signing-key naming the one to sign with), read every 10 s; replaces --l2-key-secret")

@@ -8,22 +8,24 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/ebbdev/ebb/internal/cmd/kubeconfig"
+	"github.com/ebbdev/ebb/internal/cmd/podns"
 	"github.com/ebbdev/ebb/internal/controller/service"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -66,7 +68,7 @@ NodeMaintenances) are not touched.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&o.Class, "load-balancer-class", lbmodel.ClassL4, "spec.loadBalancerClass of the Services ebb served")
-	f.StringVar(&o.Namespace, "namespace", defaultNamespace(), "namespace ebb controller ran in (default: $POD_NAMESPACE, else ebb-system)")
+	f.StringVar(&o.Namespace, "namespace", podns.Namespace(), "namespace ebb controller ran in (default: $POD_NAMESPACE, else ebb-system)")
 	f.StringVar(&o.ControllerSelector, "controller-selector", "app.kubernetes.io/name=ebb-controller", "label selector of ebb controller's pods")
 	f.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for ebb controller's pods to go")
 	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
@@ -75,25 +77,16 @@ NodeMaintenances) are not touched.`,
 	return cmd
 }
 
-// defaultNamespace is this pod's namespace ($POD_NAMESPACE, from the
-// downward API), else ebb-system.
-func defaultNamespace() string {
-	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
-		return ns
-	}
-	return "ebb-system"
-}
-
 // Run waits for the controller's pods to go, then releases every Service
 // ebb served.
 func (o *Options) Run(ctx context.Context) error {
 	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
-		return err
+		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
+		return fmt.Errorf("making the client's scheme: %w", err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
@@ -112,10 +105,11 @@ func waitControllerGone(ctx context.Context, c client.Client, namespace, selecto
 		return fmt.Errorf("--controller-selector %q: %w", selector, err)
 	}
 	var left []string
+	var listErr error
 	err = wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		var pods corev1.PodList
-		if err := c.List(ctx, &pods, client.InNamespace(namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-			return false, fmt.Errorf("listing ebb controller's pods in %s: %w", namespace, err)
+		if listErr = c.List(ctx, &pods, client.InNamespace(namespace), client.MatchingLabelsSelector{Selector: sel}); listErr != nil {
+			return false, nil // an API server restarting: try again
 		}
 		left = left[:0]
 		for _, p := range pods.Items {
@@ -123,10 +117,14 @@ func waitControllerGone(ctx context.Context, c client.Client, namespace, selecto
 		}
 		return len(left) == 0, nil
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+		return nil
+	case listErr != nil:
+		return fmt.Errorf("listing ebb controller's pods in %s: %w", namespace, listErr)
+	default:
 		return fmt.Errorf("ebb controller's pods %v in %s are still there (remove ebb's Deployment first; a running controller serves the Services again): %w", left, namespace, err)
 	}
-	return nil
 }
 
 // ReleaseServices forgets every Service ebb served (service.Forget):
@@ -146,7 +144,7 @@ func ReleaseServices(ctx context.Context, c client.Client, class string) error {
 		if !servedBy(svc, class) {
 			continue
 		}
-		if err := service.Forget(ctx, c, svc); err != nil {
+		if err := forget(ctx, c, svc, class); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -155,6 +153,26 @@ func ReleaseServices(ctx context.Context, c client.Client, class string) error {
 	}
 	logger.Info("Released the Services ebb served", "released", released, "failed", len(errs))
 	return errors.Join(errs...)
+}
+
+// forget is service.Forget, read again and retried when another writer
+// changed svc meanwhile (the list may be stale).
+func forget(ctx context.Context, c client.Client, svc *corev1.Service, class string) error {
+	first := true
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(svc), svc); apierrors.IsNotFound(err) {
+				return nil
+			} else if err != nil {
+				return fmt.Errorf("reading Service %s again: %w", klog.KObj(svc), err)
+			}
+			if !servedBy(svc, class) {
+				return nil
+			}
+		}
+		first = false
+		return service.Forget(ctx, c, svc)
+	})
 }
 
 // servedBy reports whether ebb of class served svc: it holds the cleanup

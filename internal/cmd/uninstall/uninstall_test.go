@@ -2,16 +2,20 @@ package uninstall
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/ebbdev/ebb/internal/lbmodel"
 )
@@ -105,5 +109,53 @@ func TestWaitControllerGone(t *testing.T) {
 	}
 	if err := waitControllerGone(context.Background(), c, "ebb-system", "a in (", time.Second); err == nil || !strings.Contains(err.Error(), "--controller-selector") {
 		t.Errorf("a bad selector: %v", err)
+	}
+}
+
+// A Service changed since the list (a conflict) is read again and
+// released; another writer's finalizer stays.
+func TestReleaseServicesRetriesAConflict(t *testing.T) {
+	svc := lbService("busy", ptr.To(lbmodel.ClassL4), true, lbmodel.ClassL4)
+	conflicts := 0
+	c := fake.NewClientBuilder().WithObjects(svc).WithStatusSubresource(&corev1.Service{}).WithInterceptorFuncs(interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if conflicts == 0 {
+				conflicts++
+				// Another controller adds its finalizer meanwhile.
+				var cur corev1.Service
+				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), &cur); err != nil {
+					return err
+				}
+				cur.Finalizers = append(cur.Finalizers, "example.com/other")
+				if err := c.Update(ctx, &cur); err != nil {
+					return err
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}).Build()
+	if err := ReleaseServices(context.Background(), c, lbmodel.ClassL4); err != nil {
+		t.Fatal(err)
+	}
+	var got corev1.Service
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(svc), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Finalizers, []string{"example.com/other"}) || len(got.Status.LoadBalancer.Ingress) != 0 {
+		t.Errorf("finalizers %v, ingress %v; want only the other writer's finalizer, no address", got.Finalizers, got.Status.LoadBalancer.Ingress)
+	}
+}
+
+// An API error while waiting for the controller's pods says so, rather
+// than that pods are left.
+func TestWaitControllerGoneSaysWhyItCannotList(t *testing.T) {
+	c := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+		List: func(context.Context, client.WithWatch, client.ObjectList, ...client.ListOption) error {
+			return apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("no RBAC"))
+		},
+	}).Build()
+	err := waitControllerGone(context.Background(), c, "ebb-system", "app.kubernetes.io/name=ebb-controller", 1500*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "listing ebb controller's pods") || !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("got %v", err)
 	}
 }

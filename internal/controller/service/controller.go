@@ -374,24 +374,29 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, svc *corev1.Service) e
 // Forget takes away what ebb wrote on a Service it served: first its
 // load-balancer status and ebb's conditions (unless it is being deleted),
 // then the cleanup finalizer and ebb's mark, so that a failure half-way
-// leaves it still marked as ebb's and a retry completes it. The
-// controller's clean-up uses it, and `ebb uninstall` once the controller
-// is gone.
+// leaves it still marked as ebb's and a retry completes it. Both patches
+// carry the optimistic lock: conditions and finalizers are lists, which a
+// merge patch replaces whole, so a stale svc would drop what another
+// writer added meanwhile (a conflict asks the caller to read it again). A
+// Service already gone is done. The controller's clean-up uses it, and
+// `ebb uninstall` once the controller is gone.
 func Forget(ctx context.Context, c client.Client, svc *corev1.Service) error {
 	if svc.DeletionTimestamp == nil && (len(svc.Status.LoadBalancer.Ingress) > 0 || meta.FindStatusCondition(svc.Status.Conditions, lbmodel.ServedCondition) != nil ||
 		meta.FindStatusCondition(svc.Status.Conditions, AddressAssignedCondition) != nil) {
-		patch := client.MergeFrom(svc.DeepCopy())
+		patch := client.MergeFromWithOptions(svc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		svc.Status.LoadBalancer = corev1.LoadBalancerStatus{}
 		meta.RemoveStatusCondition(&svc.Status.Conditions, lbmodel.ServedCondition)
 		meta.RemoveStatusCondition(&svc.Status.Conditions, AddressAssignedCondition)
-		if err := c.Status().Patch(ctx, svc, patch); err != nil {
+		if err := c.Status().Patch(ctx, svc, patch); apierrors.IsNotFound(err) {
+			return nil
+		} else if err != nil {
 			return fmt.Errorf("clearing the load balancer status of %s: %w", klog.KObj(svc), err)
 		}
 	}
 	// Without the mark, a restart never takes the Service for ebb's again:
 	// the finalizer is KEP-1959's, shared by every implementation, and the
 	// one that serves the Service next may add it.
-	patch := client.MergeFrom(svc.DeepCopy())
+	patch := client.MergeFromWithOptions(svc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(svc, lbmodel.CleanupFinalizer)
 	delete(svc.Annotations, lbmodel.ServedByAnnotation)
 	if err := c.Patch(ctx, svc, patch); err != nil && !apierrors.IsNotFound(err) {

@@ -76,6 +76,10 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The packaged chart lints and renders, as a user's CI would check it.
+	helm(t, ctx, "lint", "--strict", chart)
+	helm(t, ctx, "template", "ebb", chart, "--namespace", ebbrun.Namespace)
+
 	started := time.Now()
 	helm(t, ctx, "install", "ebb", chart, "--namespace", ebbrun.Namespace, "--create-namespace", "--wait", "--timeout", "5m")
 	if err := ebbrun.WaitInstalled(ctx, cluster, 1); err != nil {
