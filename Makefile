@@ -100,9 +100,9 @@ generate: tools bpf
 	$(TOOLS_BIN)/controller-gen object paths=./api/...
 	$(TOOLS_BIN)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(TOOLS_BIN)/controller-gen webhook paths=./internal/webhook/... output:webhook:artifacts:config=config/webhook
-	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...,./internal/cmd/controller/...}" output:rbac:artifacts:config=config/rbac/controller
-	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths=./internal/lbsync/... output:rbac:artifacts:config=config/rbac/lb
-	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths=./internal/cmd/nodeagent/... output:rbac:artifacts:config=config/rbac/node-agent
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-controller paths="{./internal/controller/...,./internal/webhook/...,./internal/cmd/controller/...,./internal/securemetrics/...}" output:rbac:artifacts:config=config/rbac/controller
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-lb paths="{./internal/lbsync/...,./internal/securemetrics/...}" output:rbac:artifacts:config=config/rbac/lb
+	$(TOOLS_BIN)/controller-gen rbac:roleName=ebb-node-agent paths="{./internal/cmd/nodeagent/...,./internal/securemetrics/...}" output:rbac:artifacts:config=config/rbac/node-agent
 	# The Helm chart's copy of config/'s objects (charts/ebb/files).
 	$(GO) test ./charts -run TestChartFilesAreGeneratedFromConfig -update-chart
 

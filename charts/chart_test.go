@@ -74,6 +74,7 @@ func TestChartRendersWhatConfigRenders(t *testing.T) {
 		{name: "eviction guard", set: []string{"evictionGuard.enabled=true"}, components: []string{"eviction-guard"}},
 		{name: "webhook client authentication", set: []string{"webhook.clientAuth.enabled=true"}, components: []string{"webhook-client-auth"}},
 		{name: "alert rules", set: []string{"monitoring.prometheusRule.enabled=true"}, components: []string{"monitoring"}},
+		{name: "ServiceMonitor", set: []string{"monitoring.serviceMonitor.enabled=true"}, components: []string{"servicemonitor"}},
 		{name: "Azure configuration Secret", set: []string{"azure.enabled=true"}, components: []string{"azure-config-secret"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -212,6 +213,18 @@ func TestChartValues(t *testing.T) {
 			}
 		},
 	}, {
+		name: "the scraper's service account bound to read the metrics",
+		set:  []string{"monitoring.metricsReader=monitoring/prometheus-k8s", "lb.metricsPort=19474", "monitoring.serviceMonitor.enabled=true"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if got := field(t, objs, "ClusterRoleBinding", "ebb-metrics-reader", "subjects"); got != "[map[kind:ServiceAccount name:prometheus-k8s namespace:monitoring]]" {
+				t.Errorf("subjects %s", got)
+			}
+			wantArg(t, objs, "DaemonSet", "ebb-lb", "--secure-metrics-bind-address=:19474")
+			if got := field(t, objs, "Service", "ebb-lb-metrics", "spec", "ports"); got != "[map[name:https-metrics port:19474 targetPort:19474]]" {
+				t.Errorf("ebb-lb-metrics ports %s", got)
+			}
+		},
+	}, {
 		name: "no leaving signal but ebb's own",
 		set:  []string{"leavingSignals="},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
@@ -261,6 +274,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"image.digest=abc", "sha256:"},
 		// A misspelt value is refused rather than ignored.
 		{"lb.nodeSelectr.role=edge", "nodeSelectr"},
+		{"monitoring.metricsReader=prometheus", "NAMESPACE/NAME"},
 		{"imagePullSecrets[0]=regcred", "imagePullSecrets"},
 	} {
 		t.Run(tc.set, func(t *testing.T) {
@@ -278,7 +292,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 // helm lint finds nothing wrong, with the defaults and with every option
 // on.
 func TestChartLints(t *testing.T) {
-	for _, set := range []string{"", "webhook.certManager.enabled=true,evictionGuard.enabled=true,azure.enabled=true,monitoring.prometheusRule.enabled=true,lb.kernelPath=ebpf,defaultLoadBalancer=true"} {
+	for _, set := range []string{"", "webhook.certManager.enabled=true,evictionGuard.enabled=true,azure.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.serviceMonitor.enabled=true,monitoring.metricsReader=monitoring/prometheus,lb.kernelPath=ebpf,defaultLoadBalancer=true"} {
 		args := []string{"lint", "--strict", chartDir}
 		if set != "" {
 			args = append(args, "--set", set)

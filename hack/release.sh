@@ -7,7 +7,9 @@
 # dist/install-webhook-client-auth.yaml, with
 # config/components/webhook-client-auth; dist/install-monitoring.yaml, with
 # config/components/monitoring (the alert rules as a PrometheusRule, for
-# clusters with the Prometheus operator); and dist/ebb-alert-rules.yaml,
+# clusters with the Prometheus operator); dist/install-servicemonitor.yaml,
+# with config/components/servicemonitor (a ServiceMonitor of the
+# components' metrics over HTTPS); and dist/ebb-alert-rules.yaml,
 # the same rules as a plain Prometheus rules file (docs/alerts.md); and
 # dist/ebb-VERSION.tgz, the Helm chart charts/ebb with the same image
 # (docs/helm.md), which helm push uploads to an OCI registry.
@@ -45,6 +47,7 @@ render install-kernel-ebpf.yaml kernel-ebpf
 render install-eviction-guard.yaml eviction-guard
 render install-webhook-client-auth.yaml webhook-client-auth
 render install-monitoring.yaml monitoring
+render install-servicemonitor.yaml servicemonitor
 cp "$root/config/monitoring/rules.yaml" "$root/dist/ebb-alert-rules.yaml"
 echo "dist/ebb-alert-rules.yaml"
 

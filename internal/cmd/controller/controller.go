@@ -70,6 +70,7 @@ type Options struct {
 	LeaderElect            bool
 	LeaderElectionNS       string
 	MetricsAddress         string
+	SecureMetricsAddress   string
 	HealthAddress          string
 	// L2KeySecret (namespace/name) is created with a random key for ebb
 	// lb's L2 heartbeats when missing; empty: not managed.
@@ -171,6 +172,7 @@ func NewCommand() *cobra.Command {
 	f.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader so that only one replica acts")
 	f.StringVar(&o.LeaderElectionNS, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:8080", "address serving /metrics, unauthenticated (0 turns it off); the default is reachable from this host only")
+	f.StringVar(&o.SecureMetricsAddress, "secure-metrics-bind-address", "", "address serving /metrics over HTTPS (a self-signed certificate) to callers whose token the API server authenticates and allows GET on /metrics, e.g. Prometheus through a ServiceMonitor (empty: off)")
 	f.StringVar(&o.HealthAddress, "health-probe-bind-address", ":8081", "address serving /healthz and /readyz")
 	f.StringVar(&o.SpotTaintKey, "spot-taint-key", lbmodel.TaintDraining, "taint added (value spot-eviction) to a node on its first PreemptScheduled event (default with --cloud azure: cloudprovider.azure.microsoft.com/draining, as cloud-provider-azure's design says); empty turns this off")
 	f.StringSliceVar(&o.SpotEventSources, "spot-event-sources", spot.DefaultTrustedSources, "emitters (an Event's source.component or reportingController) whose PreemptScheduled Events about a Node are acted on; the Event must also be in namespace default or kube-system and name the Node without a namespace, which a namespace user cannot write")
@@ -296,6 +298,9 @@ func (o *Options) Run(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	if err := o.setupMaintenance(ctx, mgr); err != nil {
+		return err
+	}
+	if err := o.addSecureMetrics(ctx, mgr, cfg); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

@@ -13,15 +13,20 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/rest"
+
+	"github.com/ebbdev/ebb/internal/securemetrics"
 )
 
 // serveDebug serves /metrics, /healthz and /readyz (ready says when) on
-// --metrics-bind-address, and pprof on --pprof-bind-address, when set; stop
+// --metrics-bind-address, /metrics to callers cfg's API server authorizes
+// on --secure-metrics-bind-address (cfg nil: no cluster), and pprof on
+// --pprof-bind-address, when set; stop
 // closes them. An address in use is taken as soon as it is free instead of
 // failing: in a rolling update the old pod of the host (same host network)
 // holds it until it hands over to this process. Until then /readyz does
 // not answer for this process, so it is not ready.
-func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready func() bool) (stop func(), err error) {
+func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, cfg *rest.Config, ready func() bool) (stop func(), err error) {
 	var servers []*http.Server
 	stopped := make(chan struct{})
 	var once sync.Once
@@ -31,15 +36,23 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready fu
 			_ = srv.Close()
 		}
 	}
-	serve := func(what, address string, mux *http.ServeMux) error {
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// serveOn serves srv on address (over TLS when srv has a TLS
+	// configuration).
+	serveOn := func(what, address string, srv *http.Server) error {
+		run := func(ln net.Listener) {
+			if srv.TLSConfig != nil {
+				_ = securemetrics.Serve(srv, ln)
+				return
+			}
+			_ = srv.Serve(ln)
+		}
 		ln, err := net.Listen("tcp", address)
 		if err != nil && errors.Is(err, syscall.EADDRINUSE) {
 			servers = append(servers, srv)
 			log.Info("Another process serves on the "+what+" address (the ebb lb this one takes over from?): serving "+what+" once it is free", "address", address)
 			go listenWhenFree(address, stopped, func(ln net.Listener) {
 				log.Info("Serving "+what, "address", ln.Addr().String())
-				_ = srv.Serve(ln)
+				run(ln)
 			})
 			return nil
 		}
@@ -47,9 +60,12 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready fu
 			return fmt.Errorf("listening for %s on %s: %w", what, address, err)
 		}
 		servers = append(servers, srv)
-		go func() { _ = srv.Serve(ln) }()
+		go run(ln)
 		log.Info("Serving "+what, "address", ln.Addr().String())
 		return nil
+	}
+	serve := func(what, address string, mux *http.ServeMux) error {
+		return serveOn(what, address, &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second})
 	}
 	if o.MetricsAddress != "" {
 		mux := http.NewServeMux()
@@ -63,6 +79,22 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, ready fu
 			_, _ = w.Write([]byte("ok\n"))
 		})
 		if err := serve("metrics", o.MetricsAddress, mux); err != nil {
+			return stop, err
+		}
+	}
+	if o.SecureMetricsAddress != "" {
+		if cfg == nil {
+			return stop, errors.New("--secure-metrics-bind-address needs the cluster, whose API server authenticates the callers: not with --config")
+		}
+		handler, err := securemetrics.Handler(log, cfg, reg)
+		if err != nil {
+			return stop, err
+		}
+		tlsConfig, err := securemetrics.TLSConfig()
+		if err != nil {
+			return stop, err
+		}
+		if err := serveOn("secure metrics", o.SecureMetricsAddress, securemetrics.NewServer(handler, tlsConfig)); err != nil {
 			return stop, err
 		}
 	}

@@ -44,6 +44,9 @@ type Options struct {
 	ConfigFile string
 	// MetricsAddress serves /metrics; empty turns it off.
 	MetricsAddress string
+	// SecureMetricsAddress serves /metrics over HTTPS to callers the API
+	// server authorizes; empty turns it off.
+	SecureMetricsAddress string
 	// PollInterval is how often the file is checked for changes. Polled,
 	// not watched with inotify: a ConfigMap volume replaces the file by
 	// swapping a symlinked directory, which file watchers must special-
@@ -185,6 +188,7 @@ See docs/dataplane.md for the format.`,
 	leavingflag.Add(cmd.Flags(), &o.Model.LeavingSignals)
 	cmd.Flags().BoolVar(&o.Model.AdminStateDisabled, "disable-admin-state", false, "leave admin states None: only health probes decide")
 	cmd.Flags().StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9464", "address serving Prometheus /metrics (empty: off)")
+	cmd.Flags().StringVar(&o.SecureMetricsAddress, "secure-metrics-bind-address", "", "address serving /metrics over HTTPS (a self-signed certificate) to callers whose token the API server authenticates and allows GET on /metrics, e.g. Prometheus through a ServiceMonitor (empty: off; not with --config)")
 	cmd.Flags().StringVar(&o.PprofAddress, "pprof-bind-address", "", "address serving /debug/pprof for profiling (empty: off)")
 	cmd.Flags().DurationVar(&o.PollInterval, "poll-interval", time.Second, "how often to check the configuration file for changes")
 	cmd.Flags().StringVar(&o.ReportName, "report-name", defaultReportName(), "name of this replica's LoadBalancerReport (per-node admin state and connections, read by NodeMaintenance); empty: no report")
@@ -324,7 +328,7 @@ func (o *Options) runFile(ctx context.Context, log logr.Logger, reg *prometheus.
 	}
 	reloads.WithLabelValues("success").Inc()
 	log.Info("Serving", "config", o.ConfigFile)
-	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && !dp.KernelFailing() }))
+	stop, err := o.serveDebug(log, reg, nil, s.ready(func() bool { return h.ready() && !dp.KernelFailing() }))
 	if err != nil {
 		return err
 	}
@@ -393,7 +397,11 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 			reporter.SetDraining(leaving)
 		}
 	}
-	stop, err := o.serveDebug(log, reg, s.ready(func() bool { return h.ready() && syncer.Ready() && !dp.KernelFailing() }))
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	stop, err := o.serveDebug(log, reg, cfg, s.ready(func() bool { return h.ready() && syncer.Ready() && !dp.KernelFailing() }))
 	if err != nil {
 		return err
 	}

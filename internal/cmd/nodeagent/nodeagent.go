@@ -29,6 +29,7 @@ import (
 	"github.com/ebbdev/ebb/internal/cmd/leavingflag"
 	"github.com/ebbdev/ebb/internal/lbmodel"
 	"github.com/ebbdev/ebb/internal/nodehealth"
+	"github.com/ebbdev/ebb/internal/securemetrics"
 )
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
@@ -39,6 +40,9 @@ type Options struct {
 	NodeName       string
 	BindAddress    string
 	MetricsAddress string
+	// SecureMetricsAddress serves /metrics over HTTPS to callers the API
+	// server authorizes; empty turns it off.
+	SecureMetricsAddress string
 	// StateFile keeps the node's last known state across restarts.
 	StateFile string
 	// Model says which signals make the node leaving: the same as the
@@ -75,6 +79,7 @@ cannot be read.`,
 	f.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "the node to answer for (default $NODE_NAME)")
 	f.StringVar(&o.BindAddress, "bind-address", fmt.Sprintf(":%d", nodehealth.AgentPort), "address serving /healthz and /livez")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", "127.0.0.1:9465", "address serving /metrics, unauthenticated (empty: off); the default is reachable from this host only")
+	f.StringVar(&o.SecureMetricsAddress, "secure-metrics-bind-address", "", "address serving /metrics over HTTPS (a self-signed certificate) to callers whose token the API server authenticates and allows GET on /metrics, e.g. Prometheus through a ServiceMonitor (empty: off)")
 	f.BoolVar(&o.Model.IgnoreAutoscalerTaint, "ignore-autoscaler-taint", false, "do not treat ToBeDeletedByClusterAutoscaler as leaving (set it as on ebb lb)")
 	leavingflag.Add(f, &o.Model.LeavingSignals)
 	f.StringVar(&o.StateFile, "state-file", "", "file that keeps the node's last known state across restarts, so that an agent restarted while the API server is unreachable answers as it did (empty: start as eligible until the node is read)")
@@ -137,13 +142,30 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.MetricsAddress != "" {
 		servers = append(servers, newServer(o.MetricsAddress, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), idleTimeout))
 	}
+	if o.SecureMetricsAddress != "" {
+		handler, err := securemetrics.Handler(log, cfg, reg)
+		if err != nil {
+			return err
+		}
+		tlsConfig, err := securemetrics.TLSConfig()
+		if err != nil {
+			return err
+		}
+		secure := securemetrics.NewServer(handler, tlsConfig)
+		secure.Addr = o.SecureMetricsAddress
+		servers = append(servers, secure)
+	}
 	errs := make(chan error, len(servers))
 	for _, s := range servers {
 		ln, err := net.Listen("tcp", s.Addr)
 		if err != nil {
 			return fmt.Errorf("listening on %s: %w", s.Addr, err)
 		}
-		go func() { errs <- s.Serve(ln) }()
+		if s.TLSConfig != nil {
+			go func() { errs <- securemetrics.Serve(s, ln) }()
+		} else {
+			go func() { errs <- s.Serve(ln) }()
+		}
 		defer s.Close()
 	}
 	log.Info("Serving node health", "node", o.NodeName, "address", o.BindAddress)

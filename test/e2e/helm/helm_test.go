@@ -63,7 +63,9 @@ func runHelm(ctx context.Context, args ...string) (string, error) {
 	return string(combined), nil
 }
 
-// A user installs ebb with helm, serves a Service through it, upgrades the
+// A user installs ebb with helm (with the ServiceMonitor, the alert rules
+// and the scraper's role, against the Prometheus operator's CRDs), scrapes
+// every component as Prometheus would, serves a Service through it, upgrades the
 // release under traffic (every ebb pod replaced) without a failed request
 // or a broken connection, and uninstalls it: nothing of ebb's is left but
 // the CRDs and their objects, and the Service it served is released (no
@@ -76,16 +78,19 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	installMonitoringCRDs(t, ctx)
 	// The packaged chart lints and renders, as a user's CI would check it.
 	helm(t, ctx, "lint", "--strict", chart)
 	helm(t, ctx, "template", "ebb", chart, "--namespace", ebbrun.Namespace)
 
 	started := time.Now()
-	helm(t, ctx, "install", "ebb", chart, "--namespace", ebbrun.Namespace, "--create-namespace", "--wait", "--timeout", "5m")
+	helm(t, ctx, "install", "ebb", chart, "--namespace", ebbrun.Namespace, "--create-namespace", "--wait", "--timeout", "5m", "--set", monitoringValues)
 	if err := ebbrun.WaitInstalled(ctx, cluster, 1); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("helm install to ready (controller replicas Ready, the webhook's CA injected, ebb lb Ready): %s", time.Since(started).Round(100*time.Millisecond))
+
+	checkScrapes(t, ctx)
 
 	if err := ebbrun.ApplyYAML(ctx, cluster, "addresspool", fmt.Sprintf("apiVersion: lb.ebb.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: default\nspec:\n  addresses: [%s]\n", localcluster.VIPCIDR)); err != nil {
 		t.Fatal(err)
