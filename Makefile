@@ -50,6 +50,7 @@ tools:
 	@hack/tools.sh >/dev/null
 	@hack/promtool.sh >/dev/null
 	@hack/helm.sh >/dev/null
+	@hack/prometheus.sh >/dev/null
 
 ## upstream-e2e: build Kubernetes' e2e.test (k8s.io/kubernetes/test/e2e) when it is not cached yet (a cold build takes about 15 minutes on 2 cores)
 upstream-e2e:

@@ -75,6 +75,7 @@ func TestChartRendersWhatConfigRenders(t *testing.T) {
 		{name: "webhook client authentication", set: []string{"webhook.clientAuth.enabled=true"}, components: []string{"webhook-client-auth"}},
 		{name: "alert rules", set: []string{"monitoring.prometheusRule.enabled=true"}, components: []string{"monitoring"}},
 		{name: "ServiceMonitor", set: []string{"monitoring.serviceMonitor.enabled=true"}, components: []string{"servicemonitor"}},
+		{name: "dashboards", set: []string{"monitoring.dashboards.enabled=true"}, components: []string{"dashboards"}},
 		{name: "Azure configuration Secret", set: []string{"azure.enabled=true"}, components: []string{"azure-config-secret"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -292,7 +293,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 // helm lint finds nothing wrong, with the defaults and with every option
 // on.
 func TestChartLints(t *testing.T) {
-	for _, set := range []string{"", "webhook.certManager.enabled=true,evictionGuard.enabled=true,azure.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.serviceMonitor.enabled=true,monitoring.metricsReader=monitoring/prometheus,lb.kernelPath=ebpf,defaultLoadBalancer=true"} {
+	for _, set := range []string{"", "webhook.certManager.enabled=true,evictionGuard.enabled=true,azure.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.serviceMonitor.enabled=true,monitoring.metricsReader=monitoring/prometheus,monitoring.dashboards.enabled=true,lb.kernelPath=ebpf,defaultLoadBalancer=true"} {
 		args := []string{"lint", "--strict", chartDir}
 		if set != "" {
 			args = append(args, "--set", set)

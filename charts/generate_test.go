@@ -51,8 +51,9 @@ var copiedKinds = map[string]string{
 // generatedFiles renders config/ and returns the chart's generated files,
 // by path under charts/ebb: files/config/DIR/KIND_NAME.yaml for every
 // object copied, files/config/eviction-guard/ for the objects that the
-// eviction-guard component adds, and files/alert-rules.yaml, the rules
-// of config/monitoring/rules.yaml.
+// eviction-guard component adds, files/alert-rules.yaml, the rules of
+// config/monitoring/rules.yaml, and files/dashboards/, the Grafana
+// dashboards of config/monitoring/dashboards.
 func generatedFiles(t *testing.T) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
@@ -79,6 +80,18 @@ func generatedFiles(t *testing.T) map[string][]byte {
 		if find(base, o.GetKind(), o.GetName()) == nil {
 			add("eviction-guard", o)
 		}
+	}
+	dashboards, err := filepath.Glob(filepath.Join(configDir, "monitoring", "dashboards", "*.json"))
+	if err != nil || len(dashboards) == 0 {
+		t.Fatalf("no dashboard in config/monitoring/dashboards: %v", err)
+	}
+	for _, d := range dashboards {
+		data, err := os.ReadFile(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// JSON has no comments: the file is as it is.
+		files[filepath.Join("files", "dashboards", filepath.Base(d))] = data
 	}
 	rules, err := os.ReadFile(filepath.Join(configDir, "monitoring", "rules.yaml"))
 	if err != nil {

@@ -9,7 +9,10 @@
 # config/components/monitoring (the alert rules as a PrometheusRule, for
 # clusters with the Prometheus operator); dist/install-servicemonitor.yaml,
 # with config/components/servicemonitor (a ServiceMonitor of the
-# components' metrics over HTTPS); and dist/ebb-alert-rules.yaml,
+# components' metrics over HTTPS); dist/install-dashboards.yaml, with
+# config/components/dashboards (the Grafana dashboards as ConfigMaps for
+# Grafana's sidecar) and the dashboards' JSON in dist/dashboards/; and
+# dist/ebb-alert-rules.yaml,
 # the same rules as a plain Prometheus rules file (docs/alerts.md); and
 # dist/ebb-VERSION.tgz, the Helm chart charts/ebb with the same image
 # (docs/helm.md), which helm push uploads to an OCI registry.
@@ -48,6 +51,10 @@ render install-eviction-guard.yaml eviction-guard
 render install-webhook-client-auth.yaml webhook-client-auth
 render install-monitoring.yaml monitoring
 render install-servicemonitor.yaml servicemonitor
+render install-dashboards.yaml dashboards
+mkdir -p "$root/dist/dashboards"
+cp "$root"/config/monitoring/dashboards/*.json "$root/dist/dashboards/"
+echo "dist/dashboards/"
 cp "$root/config/monitoring/rules.yaml" "$root/dist/ebb-alert-rules.yaml"
 echo "dist/ebb-alert-rules.yaml"
 

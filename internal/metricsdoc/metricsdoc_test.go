@@ -148,6 +148,46 @@ func TestMetricsReferenceIsUpToDate(t *testing.T) {
 // Every metric an alert rule names is one a component defines: a
 // renamed metric must not leave an alert that can never fire.
 func TestAlertRulesNameDefinedMetrics(t *testing.T) {
+	rules, err := os.ReadFile(filepath.Join(root, "config", "monitoring", "rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	for _, line := range strings.Split(string(rules), "\n") {
+		// Only the expressions: annotations name metrics in prose.
+		if trimmed := strings.TrimSpace(line); strings.HasPrefix(trimmed, "summary:") || strings.HasPrefix(trimmed, "description:") {
+			continue
+		}
+		exprs = append(exprs, line)
+	}
+	checkNamedMetrics(t, "an alert rule", exprs)
+}
+
+// The dashboards' queries name only metrics and labels ebb defines (the
+// e2e test test/e2e/helm also evaluates them against a real scrape).
+func TestDashboardsNameDefinedMetrics(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(root, "config", "monitoring", "dashboards", "*.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no dashboard in config/monitoring/dashboards: %v", err)
+	}
+	for _, f := range files {
+		exprs, err := DashboardQueries(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(exprs) == 0 {
+			t.Errorf("%s has no query", f)
+		}
+		checkNamedMetrics(t, "a panel of "+filepath.Base(f), exprs)
+	}
+}
+
+// checkNamedMetrics fails t for each ebb metric the expressions name that
+// no component defines, and each label they match it on that it does not
+// have: a renamed metric or label leaves a rule or panel that selects
+// nothing.
+func checkNamedMetrics(t *testing.T, what string, exprs []string) {
+	t.Helper()
 	metrics, err := Extract(root)
 	if err != nil {
 		t.Fatal(err)
@@ -164,29 +204,16 @@ func TestAlertRulesNameDefinedMetrics(t *testing.T) {
 			}
 		}
 	}
-	rules, err := os.ReadFile(filepath.Join(root, "config", "monitoring", "rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var exprs []string
-	for _, line := range strings.Split(string(rules), "\n") {
-		// Only the expressions: annotations name metrics in prose.
-		if trimmed := strings.TrimSpace(line); strings.HasPrefix(trimmed, "summary:") || strings.HasPrefix(trimmed, "description:") {
-			continue
-		}
-		exprs = append(exprs, line)
-	}
 	names := regexp.MustCompile(`\bebb_[a-z0-9_]+`).FindAllString(strings.Join(exprs, "\n"), -1)
 	if len(names) == 0 {
-		t.Fatal("no ebb metric in the rules: is the file's form changed?")
+		t.Fatalf("%s: no ebb metric named: is the file's form changed?", what)
 	}
 	for _, n := range names {
 		if !defined[n] {
-			t.Errorf("an alert rule names %s, which no component defines", n)
+			t.Errorf("%s names %s, which no component defines", what, n)
 		}
 	}
-	// The labels a selector matches on: a renamed label leaves a rule
-	// that selects nothing. instance and job are the scrape's.
+	// instance and job are the scrape's.
 	selectors := regexp.MustCompile(`\b(ebb_[a-z0-9_]+)\{([^}]*)\}`).FindAllStringSubmatch(strings.Join(exprs, "\n"), -1)
 	matchers := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
 	checked := 0
@@ -194,11 +221,11 @@ func TestAlertRulesNameDefinedMetrics(t *testing.T) {
 		for _, m := range matchers.FindAllStringSubmatch(sel[2], -1) {
 			checked++
 			if l := m[1]; l != "instance" && l != "job" && !slices.Contains(labels[sel[1]], l) {
-				t.Errorf("an alert rule selects %s on label %s, which it does not have (labels %v)", sel[1], l, labels[sel[1]])
+				t.Errorf("%s selects %s on label %s, which it does not have (labels %v)", what, sel[1], l, labels[sel[1]])
 			}
 		}
 	}
 	if checked == 0 {
-		t.Error("no label matcher found in the rules: is the file's form changed?")
+		t.Errorf("%s: no label matcher found: is the file's form changed?", what)
 	}
 }

@@ -41,6 +41,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, fmt.Errorf("registering node maintenance metrics: %w", err)
 		}
 	}
+	// Every stage at 0 until a maintenance is counted: a cluster without
+	// maintenances shows zeros, not "no data" (the dashboard's panel).
+	m.observeStages(nil)
 	return m, nil
 }
 

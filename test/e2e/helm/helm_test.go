@@ -110,6 +110,9 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	})
 
 	upgradeUnderTraffic(t, ctx, chart, client, url, netip.AddrPortFrom(vip, 80))
+	// After the traffic and the upgrade (connections, hand-offs): every
+	// dashboard query and alert rule on what Prometheus scrapes.
+	evaluateQueries(t, ctx)
 	uninstall(t, ctx, ns, "web")
 }
 

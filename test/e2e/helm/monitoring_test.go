@@ -35,7 +35,7 @@ const (
 
 // monitoringValues are the chart's values that turn on the ServiceMonitor,
 // the alert rules and the scraper's binding.
-var monitoringValues = "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.metricsReader=" + monitoringNamespace + "/" + scraper
+var monitoringValues = "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.dashboards.enabled=true,monitoring.metricsReader=" + monitoringNamespace + "/" + scraper
 
 // installMonitoringCRDs installs the Prometheus operator's ServiceMonitor
 // and PrometheusRule CRDs (hack/monitoring-crds.sh generates them from
