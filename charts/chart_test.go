@@ -220,7 +220,7 @@ func TestChartValues(t *testing.T) {
 			if got := field(t, objs, "ClusterRoleBinding", "ebb-metrics-reader", "subjects"); got != "[map[kind:ServiceAccount name:prometheus-k8s namespace:monitoring]]" {
 				t.Errorf("subjects %s", got)
 			}
-			wantArg(t, objs, "DaemonSet", "ebb-lb", "--secure-metrics-bind-address=:19474")
+			wantArg(t, objs, "DaemonSet", "ebb-lb", "--secure-metrics-bind-address=$(NODE_IP):19474")
 			if got := field(t, objs, "Service", "ebb-lb-metrics", "spec", "ports"); got != "[map[name:https-metrics port:19474 targetPort:19474]]" {
 				t.Errorf("ebb-lb-metrics ports %s", got)
 			}
@@ -276,6 +276,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		// A misspelt value is refused rather than ignored.
 		{"lb.nodeSelectr.role=edge", "nodeSelectr"},
 		{"monitoring.metricsReader=prometheus", "NAMESPACE/NAME"},
+		{"monitoring.metricsReader=monitoring/", "NAMESPACE/NAME"},
+		{"lb.metricsPort=10266", "must differ"},
 		{"imagePullSecrets[0]=regcred", "imagePullSecrets"},
 	} {
 		t.Run(tc.set, func(t *testing.T) {

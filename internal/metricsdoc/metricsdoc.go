@@ -463,10 +463,11 @@ Where they are served: ` + "`ebb lb`" + ` on ` + "`--metrics-bind-address`" + `
 (` + "`127.0.0.1:9464`" + ` in the install, on each LB host's network), the
 controller on its ` + "`--metrics-bind-address`" + ` (` + "`127.0.0.1:8080`" + ` in its pod)
 and ` + "`ebb node-agent`" + ` on its ` + "`--metrics-bind-address`" + `
-(` + "`127.0.0.1:9465`" + `), unauthenticated; and all three over HTTPS on
-` + "`--secure-metrics-bind-address`" + ` (` + "`:8443`" + `, ` + "`:9474`" + ` and ` + "`:9475`" + ` in the
-install) to callers the API server authorizes for GET ` + "`/metrics`" + `;
-docs/alerts.md says how to scrape them. Besides
+(` + "`127.0.0.1:9465`" + `), unauthenticated; and, with
+` + "`config/components/servicemonitor`" + `, all three over HTTPS on
+` + "`--secure-metrics-bind-address`" + ` (` + "`:8443`" + `, and ` + "`:9474`" + ` and ` + "`:9475`" + ` on
+the node's address) to callers the API server authorizes for GET
+` + "`/metrics`" + `; docs/alerts.md says how to scrape them. Besides
 these, ` + "`ebb lb`" + ` and the controller serve the Go runtime's and the
 process's own metrics (` + "`go_*`" + `, ` + "`process_*`" + `), and the controller
 controller-runtime's (` + "`controller_runtime_*`" + `, ` + "`workqueue_*`" + `,

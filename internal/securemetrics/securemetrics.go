@@ -17,11 +17,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
+	"golang.org/x/time/rate"
 	"k8s.io/client-go/rest"
 	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -32,8 +35,26 @@ import (
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
+// Bounds on what callers may cost before the API server has said who they
+// are: every new token costs a TokenReview (cached only for tokens seen
+// before), which an unauthenticated client could send by the thousand.
+const (
+	// maxAuthorization bounds the Authorization header (a service
+	// account's token is about 1 KiB).
+	maxAuthorization = 4 << 10
+	// reviewsPerSecond and reviewBurst bound the requests that reach the
+	// authentication filter: a Prometheus scrapes every 15 to 60 s.
+	reviewsPerSecond = 5
+	reviewBurst      = 20
+	// MaxConnections bounds the connections a listener holds at once
+	// (Listen).
+	MaxConnections = 32
+)
+
 // Handler serves gatherer at /metrics (and nothing else) to callers whose
-// bearer token cfg's API server authenticates and authorizes.
+// bearer token cfg's API server authenticates and authorizes. Requests
+// beyond reviewsPerSecond get 429 and an Authorization header over
+// maxAuthorization gets 431, before any API call.
 func Handler(log logr.Logger, cfg *rest.Config, gatherer prometheus.Gatherer) (http.Handler, error) {
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
@@ -49,7 +70,53 @@ func Handler(log logr.Logger, cfg *rest.Config, gatherer prometheus.Gatherer) (h
 	if err != nil {
 		return nil, fmt.Errorf("wrapping the metrics in their authentication: %w", err)
 	}
-	return h, nil
+	return bounded(h, rate.NewLimiter(reviewsPerSecond, reviewBurst)), nil
+}
+
+// bounded refuses what would cost next an API call beyond limiter, and
+// oversized credentials.
+func bounded(next http.Handler, limiter *rate.Limiter) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Get("Authorization")) > maxAuthorization {
+			http.Error(w, "Authorization header too large", http.StatusRequestHeaderFieldsTooLarge)
+			return
+		}
+		if !limiter.Allow() {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many requests", http.StatusTooManyRequests)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Listen listens on address for the metrics, holding at most
+// MaxConnections at once. address may be "HOST:PORT" with an IPv6 HOST
+// unbracketed, as "$(NODE_IP):9474" becomes in a pod's arguments on an
+// IPv6 node.
+func Listen(address string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", NormalizeAddress(address))
+	if err != nil {
+		return nil, err
+	}
+	return netutil.LimitListener(ln, MaxConnections), nil
+}
+
+// NormalizeAddress brackets an unbracketed IPv6 host of address
+// ("fd00::1:9474" to "[fd00::1]:9474"); any other address is returned as
+// it is.
+func NormalizeAddress(address string) string {
+	if _, _, err := net.SplitHostPort(address); err == nil {
+		return address
+	}
+	i := strings.LastIndexByte(address, ':')
+	if i < 0 {
+		return address
+	}
+	if ip := net.ParseIP(address[:i]); ip != nil && ip.To4() == nil {
+		return net.JoinHostPort(address[:i], address[i+1:])
+	}
+	return address
 }
 
 // TLSConfig is a server configuration with a self-signed certificate for
@@ -101,7 +168,7 @@ type Server struct {
 
 // Start listens on s.Address and serves until ctx is done.
 func (s Server) Start(ctx context.Context) error {
-	ln, err := net.Listen("tcp", s.Address)
+	ln, err := Listen(s.Address)
 	if err != nil {
 		return fmt.Errorf("listening for metrics on %s: %w", s.Address, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	"k8s.io/client-go/rest"
@@ -133,5 +134,45 @@ func TestServerAnswersOnlyAuthorizedCallers(t *testing.T) {
 	}
 	if code, body := get("http", "/metrics", "reader"); code == http.StatusOK {
 		t.Errorf("plain HTTP answered: %s", body)
+	}
+}
+
+// What a caller without a valid token may cost is bounded before any API
+// call: an oversized header is refused, and requests beyond the rate get
+// 429.
+func TestBoundedRefusesBeforeTheAPIServer(t *testing.T) {
+	reached := 0
+	h := bounded(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached++ }), rate.NewLimiter(1, 2))
+	do := func(auth string) int {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		r.Header.Set("Authorization", auth)
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := do("Bearer " + strings.Repeat("x", maxAuthorization)); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("an oversized token: %d", code)
+	}
+	codes := []int{do("Bearer a"), do("Bearer b"), do("Bearer c")}
+	if codes[0] != http.StatusOK || codes[1] != http.StatusOK || codes[2] != http.StatusTooManyRequests {
+		t.Errorf("three requests at once with a burst of 2: %v, want 200 200 429", codes)
+	}
+	if reached != 2 {
+		t.Errorf("%d requests reached the authentication, want 2", reached)
+	}
+}
+
+func TestNormalizeAddress(t *testing.T) {
+	for in, want := range map[string]string{
+		":9474":             ":9474",
+		"10.0.0.1:9474":     "10.0.0.1:9474",
+		"fd00::1:9474":      "[fd00::1]:9474",
+		"[fd00::1]:9474":    "[fd00::1]:9474",
+		"localhost:9474":    "localhost:9474",
+		"2001:db8::12:9475": "[2001:db8::12]:9475",
+	} {
+		if got := NormalizeAddress(in); got != want {
+			t.Errorf("NormalizeAddress(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

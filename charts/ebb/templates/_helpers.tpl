@@ -48,3 +48,17 @@ release's namespace instead of ebb-system. Takes a dict: root, dir.
 {{ $root.Files.Get $path | replace "ebb-system" $root.Release.Namespace }}
 {{- end }}
 {{- end -}}
+
+{{/*
+"true" when the components serve their metrics over HTTPS
+(monitoring.secureMetrics, or a ServiceMonitor that scrapes them), else
+empty. Checks the ports: a metrics port equal to another would keep the
+component from serving it.
+*/}}
+{{- define "ebb.secureMetrics" -}}
+{{- $ports := list (toString .Values.lb.metricsPort) (toString .Values.nodeAgent.metricsPort) "10266" -}}
+{{- if ne (len (uniq $ports)) 3 -}}
+{{- fail "lb.metricsPort, nodeAgent.metricsPort and the node-agent's health port 10266 must differ" -}}
+{{- end -}}
+{{- if or .Values.monitoring.secureMetrics .Values.monitoring.serviceMonitor.enabled -}}true{{- end -}}
+{{- end -}}

@@ -46,11 +46,15 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, cfg *res
 			}
 			_ = srv.Serve(ln)
 		}
-		ln, err := net.Listen("tcp", address)
+		listen := func(address string) (net.Listener, error) { return net.Listen("tcp", address) }
+		if srv.TLSConfig != nil {
+			listen = securemetrics.Listen
+		}
+		ln, err := listen(address)
 		if err != nil && errors.Is(err, syscall.EADDRINUSE) {
 			servers = append(servers, srv)
 			log.Info("Another process serves on the "+what+" address (the ebb lb this one takes over from?): serving "+what+" once it is free", "address", address)
-			go listenWhenFree(address, stopped, func(ln net.Listener) {
+			go listenWhenFree(listen, address, stopped, func(ln net.Listener) {
 				log.Info("Serving "+what, "address", ln.Addr().String())
 				run(ln)
 			})
@@ -109,9 +113,9 @@ func (o *Options) serveDebug(log logr.Logger, reg *prometheus.Registry, cfg *res
 	return stop, nil
 }
 
-// listenWhenFree listens on address as soon as it is free, then serves on
-// it; it gives up when stopped closes first.
-func listenWhenFree(address string, stopped <-chan struct{}, serve func(net.Listener)) {
+// listenWhenFree listens on address with listen as soon as it is free,
+// then serves on it; it gives up when stopped closes first.
+func listenWhenFree(listen func(string) (net.Listener, error), address string, stopped <-chan struct{}, serve func(net.Listener)) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -120,7 +124,7 @@ func listenWhenFree(address string, stopped <-chan struct{}, serve func(net.List
 			return
 		case <-tick.C:
 		}
-		if ln, err := net.Listen("tcp", address); err == nil {
+		if ln, err := listen(address); err == nil {
 			serve(ln)
 			return
 		}

@@ -152,8 +152,10 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 		secure := securemetrics.NewServer(handler, tlsConfig)
-		secure.Addr = o.SecureMetricsAddress
-		servers = append(servers, secure)
+		defer secure.Close()
+		// Metrics are not worth the node's health: a port taken is
+		// retried, and /healthz keeps answering meanwhile.
+		go serveWhenFree(ctx, log, secure, o.SecureMetricsAddress)
 	}
 	errs := make(chan error, len(servers))
 	for _, s := range servers {
@@ -161,11 +163,7 @@ func (o *Options) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("listening on %s: %w", s.Addr, err)
 		}
-		if s.TLSConfig != nil {
-			go func() { errs <- securemetrics.Serve(s, ln) }()
-		} else {
-			go func() { errs <- s.Serve(ln) }()
-		}
+		go func() { errs <- s.Serve(ln) }()
 		defer s.Close()
 	}
 	log.Info("Serving node health", "node", o.NodeName, "address", o.BindAddress)
@@ -174,6 +172,29 @@ func (o *Options) Run(ctx context.Context) error {
 		return nil
 	case err := <-errs:
 		return fmt.Errorf("serving: %w", err)
+	}
+}
+
+// serveWhenFree serves the metrics over TLS on address once it can listen
+// there, trying every 5 s until ctx is done; the first failure is logged.
+func serveWhenFree(ctx context.Context, log logr.Logger, srv *http.Server, address string) {
+	logged := false
+	for {
+		ln, err := securemetrics.Listen(address)
+		if err == nil {
+			log.Info("Serving metrics to authorized callers", "address", address)
+			_ = securemetrics.Serve(srv, ln)
+			return
+		}
+		if !logged {
+			log.Error(err, "Cannot serve the metrics over HTTPS yet; trying again every 5 s", "address", address)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
 	}
 }
 

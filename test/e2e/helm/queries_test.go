@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -231,6 +232,8 @@ func startPrometheus(t *testing.T, ctx context.Context, host *network.Host, conf
 	}
 	cmd := exec.Command(lines[len(lines)-1], "--config.file="+configFile, "--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:9090")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Gone with the test process, even when a timeout skips the clean-up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := host.Start(cmd); err != nil {
 		t.Fatal(err)
 	}
