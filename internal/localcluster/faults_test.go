@@ -1,23 +1,31 @@
 package localcluster
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // findProcess finds a process by its executable's name and an argument,
 // and captures what restarting it needs.
 func TestFindProcess(t *testing.T) {
-	sleep, err := exec.LookPath("sleep")
+	tail, err := exec.LookPath("tail")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "marker")
-	cmd := exec.Command(sleep, "60", marker)
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// tail -f runs until killed, with the marker among its arguments.
+	// (The earlier sleep 60 MARKER exited at once, as sleep refuses a
+	// path for an interval: the test passed only when it read /proc first.)
+	cmd := exec.Command(tail, "-f", marker)
 	cmd.Env = []string{"EBB_FAULT_TEST=1"}
 	cmd.Dir = dir
 	if err := cmd.Start(); err != nil {
@@ -25,18 +33,26 @@ func TestFindProcess(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 
-	exe, err := filepath.EvalSymlinks(sleep)
+	exe, err := filepath.EvalSymlinks(tail)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := findProcess(filepath.Base(exe), marker)
+	// Until the child has exec'd, /proc shows the test binary's image.
+	var p *processImage
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if p, err = findProcess(filepath.Base(exe), marker); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.pid != cmd.Process.Pid {
 		t.Errorf("pid %d, want %d", p.pid, cmd.Process.Pid)
 	}
-	if want := []string{exe, "60", marker}; !slices.Equal(p.argv, want) {
+	if want := []string{exe, "-f", marker}; !slices.Equal(p.argv, want) {
 		t.Errorf("argv %q, want %q", p.argv, want)
 	}
 	if !slices.Equal(p.env, []string{"EBB_FAULT_TEST=1"}) {
