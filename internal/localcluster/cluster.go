@@ -465,6 +465,16 @@ func (c *Cluster) RealKubelets() bool { return c.opts.RealKubelets }
 // Dir is the cluster's working directory (logs are in Dir/logs).
 func (c *Cluster) Dir() string { return c.opts.Dir }
 
+// Node returns the node of the cluster's plan named name.
+func (c *Cluster) Node(name string) (Node, bool) {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return Node{}, false
+}
+
 // Stop stops every component by PID, newest first, and removes the
 // directory if Start made it.
 func (c *Cluster) Stop() error {

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -397,9 +398,13 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 			reporter.SetDraining(leaving)
 		}
 	}
-	cfg, err := kubeconfig.Load(o.Kubeconfig)
-	if err != nil {
-		return err
+	// The secure metrics' callers are reviewed by the API server: only
+	// they need its configuration here.
+	var cfg *rest.Config
+	if o.SecureMetricsAddress != "" {
+		if cfg, err = kubeconfig.Load(o.Kubeconfig); err != nil {
+			return err
+		}
 	}
 	stop, err := o.serveDebug(log, reg, cfg, s.ready(func() bool { return h.ready() && syncer.Ready() && !dp.KernelFailing() }))
 	if err != nil {

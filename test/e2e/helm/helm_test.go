@@ -97,7 +97,10 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	}
 	ns := e2eutil.NewNamespace(t, ctx, cluster)
 	vip := e2eutil.DeployLoadBalancedEcho(t, ctx, cluster, ns, "web", 2)
-	lb := nodeByName(t, lbNode)
+	lb, ok := cluster.Node(lbNode)
+	if !ok {
+		t.Fatalf("no node %s", lbNode)
+	}
 	if err := cluster.RouteVIPsVia(netip.MustParseAddr(lb.IP)); err != nil {
 		t.Fatal(err)
 	}
@@ -260,15 +263,4 @@ func uninstall(t *testing.T, ctx context.Context, ns, svcName string) {
 		_, err := cluster.Client.CoreV1().Services(ns).Get(ctx, svcName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-}
-
-func nodeByName(t *testing.T, name string) localcluster.Node {
-	t.Helper()
-	for _, n := range cluster.Nodes {
-		if n.Name == name {
-			return n
-		}
-	}
-	t.Fatalf("no node %s", name)
-	return localcluster.Node{}
 }

@@ -84,14 +84,7 @@ func checkScrapes(t *testing.T, ctx context.Context) {
 	if !ok {
 		t.Fatal("no host for the last node")
 	}
-	token := func(sa string) string {
-		tr, err := cluster.Client.CoreV1().ServiceAccounts(monitoringNamespace).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr.Status.Token
-	}
-	allowed, refused := token(scraper), token(stranger)
+	allowed, refused := serviceAccountToken(t, ctx, scraper), serviceAccountToken(t, ctx, stranger)
 	for _, svc := range []struct {
 		name, metric string
 		endpoints    int
@@ -126,6 +119,17 @@ func checkScrapes(t *testing.T, ctx context.Context) {
 		}
 		t.Logf("%s: %d endpoints scraped with the scraper's token; refused without one and to a service account without the role", svc.name, len(targets))
 	}
+}
+
+// serviceAccountToken is a 10-minute token of service account sa of the
+// monitoring namespace, as its pod would be given.
+func serviceAccountToken(t *testing.T, ctx context.Context, sa string) string {
+	t.Helper()
+	tr, err := cluster.Client.CoreV1().ServiceAccounts(monitoringNamespace).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
 }
 
 // serviceTargets are the ready address:port pairs of a Service of ebb's

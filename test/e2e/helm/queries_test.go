@@ -18,9 +18,6 @@ import (
 	"testing"
 	"time"
 
-	authnv1 "k8s.io/api/authentication/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ebbdev/ebb/internal/localcluster/network"
@@ -67,12 +64,8 @@ func evaluateQueries(t *testing.T, ctx context.Context) {
 		t.Fatal("no host for the last node")
 	}
 	dir := t.TempDir()
-	tr, err := cluster.Client.CoreV1().ServiceAccounts(monitoringNamespace).CreateToken(ctx, scraper, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(serviceAccountToken(t, ctx, scraper)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	rulesFile, err := filepath.Abs("../../../config/monitoring/rules.yaml")

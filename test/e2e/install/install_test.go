@@ -196,13 +196,11 @@ func nodeIP(t *testing.T, name string) string {
 
 func nodeByName(t *testing.T, name string) localcluster.Node {
 	t.Helper()
-	for _, n := range cluster.Nodes {
-		if n.Name == name {
-			return n
-		}
+	n, ok := cluster.Node(name)
+	if !ok {
+		t.Fatalf("no node %s", name)
 	}
-	t.Fatalf("no node %s", name)
-	return localcluster.Node{}
+	return n
 }
 
 // Killing the leading controller's pod hands leadership to the other

@@ -322,11 +322,9 @@ func waitPodGone(t *testing.T, ctx context.Context, ns, name string) {
 // nodeIP is a node's IPv4 InternalIP, from the cluster's plan.
 func nodeIP(t *testing.T, name string) string {
 	t.Helper()
-	for _, n := range cluster.Nodes {
-		if n.Name == name {
-			return n.IP
-		}
+	n, ok := cluster.Node(name)
+	if !ok {
+		t.Fatalf("the cluster has no node %s", name)
 	}
-	t.Fatalf("the cluster has no node %s", name)
-	return ""
+	return n.IP
 }

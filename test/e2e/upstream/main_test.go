@@ -58,14 +58,13 @@ func TestMain(m *testing.M) {
 // name, the LB host (and back to the default when the suite ends).
 func routeVIPsVia(name string) func(*localcluster.Cluster) (func(), error) {
 	return func(c *localcluster.Cluster) (func(), error) {
-		for _, n := range c.Nodes {
-			if n.Name == name {
-				if err := c.RouteVIPsVia(netip.MustParseAddr(n.IP), netip.MustParseAddr(n.IPv6)); err != nil {
-					return nil, err
-				}
-				return func() { _ = c.RouteVIPs() }, nil
-			}
+		n, ok := c.Node(name)
+		if !ok {
+			return nil, fmt.Errorf("no node %s to route the VIP pools through", name)
 		}
-		return nil, fmt.Errorf("no node %s to route the VIP pools through", name)
+		if err := c.RouteVIPsVia(netip.MustParseAddr(n.IP), netip.MustParseAddr(n.IPv6)); err != nil {
+			return nil, err
+		}
+		return func() { _ = c.RouteVIPs() }, nil
 	}
 }
