@@ -260,6 +260,60 @@ func parseBGPPaths(out []byte) ([]BGPPath, error) {
 	return paths, nil
 }
 
+// GracefulRestart is what a neighbour's last OPEN said of graceful
+// restart (RFC 4724), as FRR read it.
+type GracefulRestart struct {
+	// Restarted is the Restart State bit: the speaker restarted.
+	Restarted bool
+	// ForwardingKept is each negotiated family's Forwarding State bit
+	// (the speaker kept forwarding while it restarted), by FRR's name of
+	// the family ("ipv4Unicast", "ipv6Unicast").
+	ForwardingKept map[string]bool
+}
+
+// GracefulRestartOf returns what neighbor's last OPEN said of graceful
+// restart.
+func (r *BGPRouter) GracefulRestartOf(ctx context.Context, neighbor netip.Addr) (GracefulRestart, error) {
+	out, err := r.vtysh(ctx, fmt.Sprintf("show bgp neighbors %s json", neighbor))
+	if err != nil {
+		return GracefulRestart{}, err
+	}
+	return parseGracefulRestart(out, neighbor)
+}
+
+// parseGracefulRestart reads the graceful restart part of FRR's JSON of
+// one neighbour.
+func parseGracefulRestart(out []byte, neighbor netip.Addr) (GracefulRestart, error) {
+	var neighbors map[string]struct {
+		Info map[string]json.RawMessage `json:"gracefulRestartInfo"`
+	}
+	if err := json.Unmarshal(out, &neighbors); err != nil {
+		return GracefulRestart{}, fmt.Errorf("decoding FRR's neighbour %s %q: %w", neighbor, out, err)
+	}
+	n, ok := neighbors[neighbor.String()]
+	if !ok || n.Info == nil {
+		return GracefulRestart{}, fmt.Errorf("FRR has no graceful restart state of neighbour %s: %s", neighbor, out)
+	}
+	gr := GracefulRestart{ForwardingKept: map[string]bool{}}
+	if err := json.Unmarshal(n.Info["rBit"], &gr.Restarted); err != nil {
+		return GracefulRestart{}, fmt.Errorf("FRR's rBit of neighbour %s: %w", neighbor, err)
+	}
+	for _, family := range []string{"ipv4Unicast", "ipv6Unicast"} {
+		raw, ok := n.Info[family]
+		if !ok {
+			continue
+		}
+		var af struct {
+			FBit bool `json:"fBit"`
+		}
+		if err := json.Unmarshal(raw, &af); err != nil {
+			return GracefulRestart{}, fmt.Errorf("FRR's %s of neighbour %s: %w", family, neighbor, err)
+		}
+		gr.ForwardingKept[family] = af.FBit
+	}
+	return gr, nil
+}
+
 // Configure changes FRR's running configuration: each line as typed
 // after `configure terminal` (e.g. "router bgp 64500", then a line of
 // that section).

@@ -29,3 +29,24 @@ func TestParseBGPPaths(t *testing.T) {
 		t.Error("FRR's refusal parsed as paths")
 	}
 }
+
+// FRR 8.4's `show bgp neighbors ADDRESS json`, cut to the fields read: a
+// speaker that restarted keeping IPv4's forwarding state and not IPv6's;
+// a neighbour FRR does not know is an error.
+func TestParseGracefulRestart(t *testing.T) {
+	n := netip.MustParseAddr("10.0.0.1")
+	out := []byte(`{"10.0.0.1":{"remoteAs":64512,"gracefulRestartInfo":{"localGrMode":"Helper*","remoteGrMode":"Restart","rBit":true,"nBit":false,
+	  "timers":{"configuredRestartTimer":120,"receivedRestartTimer":15},
+	  "ipv4Unicast":{"fBit":true,"endOfRibStatus":{"endOfRibRecv":true}},"ipv6Unicast":{"fBit":false}}}}`)
+	got, err := parseGracefulRestart(out, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := GracefulRestart{Restarted: true, ForwardingKept: map[string]bool{"ipv4Unicast": true, "ipv6Unicast": false}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("parsed %+v, want %+v", got, want)
+	}
+	if _, err := parseGracefulRestart([]byte(`{"bgpNoSuchNeighbor":true}`), n); err == nil {
+		t.Error("an unknown neighbour parsed")
+	}
+}

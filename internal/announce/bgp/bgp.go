@@ -90,6 +90,19 @@ type Config struct {
 	// (a successor waits until its predecessor on the host closed its own,
 	// since a router keeps one session per neighbour address).
 	DeferPeers bool
+	// Restarting opens the first sessions as a restarting speaker's (RFC
+	// 4724 section 4.1): a successor whose predecessor on this host closed
+	// its sessions for graceful restart, the host's forwarding state (its
+	// kernel tables, its sockets) kept. The OPEN then says so (the Restart
+	// State bit, and the Forwarding State bit of each family), and a router
+	// keeps the routes it held for this host as stale until this
+	// speaker's End-of-RIB replaces them. Without it a router removes the
+	// stale routes at the OPEN (RFC 4724 section 4.2: FRR does) and adds
+	// them back at the first UPDATE: for that moment its ECMP sends this
+	// host's connections to the other LB hosts, which reset them. The
+	// speaker sends its routes once every peer's End-of-RIB came, or after
+	// GracefulRestartTime. Needs GracefulRestartTime.
+	Restarting bool
 	// ReopenAfter is how long a session closed for sending more than
 	// MaxReceivedPrefixes routes stays closed before it is opened again.
 	// Default: 30 s.
@@ -106,6 +119,9 @@ type Speaker struct {
 
 	mu        sync.Mutex
 	connected bool
+	// restarting: the next sessions opened are the first ones, and open
+	// as a restarting speaker's (Config.Restarting).
+	restarting bool
 	// sessions are the peers added to the server (after Connect).
 	sessions  map[netip.Addr]Peer
 	announced map[netip.Prefix]announcement
@@ -136,7 +152,7 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	if cfg.ReopenAfter <= 0 {
 		cfg.ReopenAfter = 30 * time.Second
 	}
-	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Prefix]announcement{}, addrs: map[netip.Addr]netip.Prefix{}, refused: map[netip.Addr]string{}}
+	sp := &Speaker{s: s, cfg: cfg, restarting: cfg.Restarting && cfg.GracefulRestartTime > 0, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Prefix]announcement{}, addrs: map[netip.Addr]netip.Prefix{}, refused: map[netip.Addr]string{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -224,11 +240,24 @@ func (sp *Speaker) syncPeersLocked(ctx context.Context) error {
 		}
 		delete(sp.sessions, addr)
 	}
+	restarting := sp.restarting
+	if len(want) > 0 {
+		// Only the sessions the predecessor held restart; a peer added
+		// or changed later is a new session.
+		sp.restarting = false
+	}
 	for addr, p := range want {
 		if _, ok := sp.sessions[addr]; ok {
 			continue
 		}
-		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, sp.cfg.GracefulRestartTime, sp.cfg.NextHopIPv6.IsValid())}); err != nil {
+		peer := apiPeer(p, sp.cfg.GracefulRestartTime, sp.cfg.NextHopIPv6.IsValid())
+		if restarting && peer.GracefulRestart != nil {
+			peer.GracefulRestart.LocalRestarting = true
+			// GoBGP's default is 360 s: a peer that never sends its
+			// End-of-RIB would keep this host's routes unsent that long.
+			peer.GracefulRestart.DeferralTime = peer.GracefulRestart.RestartTime
+		}
+		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
 			errs = append(errs, fmt.Errorf("adding BGP peer %s: %w", addr, err))
 			continue
 		}

@@ -64,6 +64,9 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 			cfg.ASN = peers[0].LocalASN
 		}
 		cfg.Peers, cfg.DeferPeers = peers, deferPeers
+		// A successor's sessions restart the predecessor's: the routers
+		// keep this host's routes until it re-announced them.
+		cfg.Restarting = deferBGP
 		sp, err := bgp.Start(ctx, slog.New(logr.ToSlogHandler(log.WithName("bgp"))), cfg)
 		if err != nil {
 			return nil, err

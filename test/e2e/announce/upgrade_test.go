@@ -21,7 +21,8 @@ import (
 // connection is served, long-lived connections opened before the upgrade
 // keep working through it, the router never loses a next hop (each new
 // pod takes its host's sockets and BGP session over; graceful restart keeps
-// the routes), and each new ebb lb says it took over.
+// the routes, the new session saying it restarted with its forwarding
+// state kept), and each new ebb lb says it took over.
 func TestRollingUpgradeDropsNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -70,6 +71,7 @@ func TestRollingUpgradeDropsNothing(t *testing.T) {
 	if n := routes.Failed.Load(); n > 0 {
 		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", route, n, routes.FirstErr.Load())
 	}
+	e2eutil.ExpectRestartedSessions(t, ctx, router, s.LBs)
 	for _, node := range []localcluster.Node{lbA, lbB} {
 		page, err := lbPage(ctx, node, "/metrics")
 		if err != nil {

@@ -225,3 +225,25 @@ func AvoidNode(node string) func(*appsv1.Deployment) {
 				{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{node}}}}}}}}
 	}
 }
+
+// ExpectRestartedSessions checks that the BGP session of each LB host in
+// nodes, opened again by the ebb lb that took over there, said it
+// restarted with its forwarding state kept (RFC 4724's Restart State bit
+// and IPv4's Forwarding State bit): the router then keeps the host's
+// routes until the new speaker's End-of-RIB. Without the bits FRR drops
+// them at the OPEN and adds them back at the first UPDATE, and for that
+// moment its ECMP sends the host's connections to the other LB hosts,
+// which reset them (too short for WatchRoute to see).
+func ExpectRestartedSessions(t *testing.T, ctx context.Context, router *localcluster.BGPRouter, nodes []localcluster.Node) {
+	t.Helper()
+	for _, n := range nodes {
+		gr, err := router.GracefulRestartOf(ctx, netip.MustParseAddr(n.IP))
+		if err != nil {
+			t.Errorf("reading the router's session with %s: %v", n.Name, err)
+			continue
+		}
+		if !gr.Restarted || !gr.ForwardingKept["ipv4Unicast"] {
+			t.Errorf("%s's session after the hand-off: restarted %v, forwarding kept %v; want a restart with IPv4's forwarding kept", n.Name, gr.Restarted, gr.ForwardingKept)
+		}
+	}
+}

@@ -116,6 +116,7 @@ func rollingUpgradeDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGP
 	if n := routes.Failed.Load(); n > 0 {
 		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", s.Route, n, routes.FirstErr.Load())
 	}
+	e2eutil.ExpectRestartedSessions(t, ctx, router, s.LBs)
 }
 
 // expectServed checks that every request on a new connection was

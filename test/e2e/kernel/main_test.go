@@ -24,10 +24,10 @@ var (
 
 func TestMain(m *testing.M) {
 	dist := e2eutil.DistDir()
-	// Real nodes. Not yet understood: the nftables upgrade test once lost
-	// 2 of its 4 long-lived connections (reset) here, on the code of
-	// 2026-11-27; three runs of the whole suite on 2026-11-28 broke none.
-	// A reset there is that failure again, not a new one.
+	// Real nodes. The upgrade tests lost long-lived connections in about
+	// one run in three until 2026-11-29: the successor's BGP session did
+	// not say it restarted, so FRR dropped the host's routes at its OPEN
+	// for a moment (e2eutil.ExpectRestartedSessions).
 	opts := localcluster.Options{Name: "e2e-kernel", Nodes: 3, RealKubelets: true, Images: []string{filepath.Join(dist, "oci")}}
 	os.Exit(localcluster.RunTests(m, opts, &cluster, func(c *localcluster.Cluster) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
