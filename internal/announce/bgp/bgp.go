@@ -101,7 +101,7 @@ type Config struct {
 	// them back at the first UPDATE: for that moment its ECMP sends this
 	// host's connections to the other LB hosts, which reset them. The
 	// speaker sends its routes once every peer's End-of-RIB came, or after
-	// GracefulRestartTime. Needs GracefulRestartTime.
+	// GracefulRestartTime (at most 15 s). Needs GracefulRestartTime.
 	Restarting bool
 	// ReopenAfter is how long a session closed for sending more than
 	// MaxReceivedPrefixes routes stays closed before it is opened again.
@@ -253,9 +253,11 @@ func (sp *Speaker) syncPeersLocked(ctx context.Context) error {
 		peer := apiPeer(p, sp.cfg.GracefulRestartTime, sp.cfg.NextHopIPv6.IsValid())
 		if restarting && peer.GracefulRestart != nil {
 			peer.GracefulRestart.LocalRestarting = true
-			// GoBGP's default is 360 s: a peer that never sends its
-			// End-of-RIB would keep this host's routes unsent that long.
-			peer.GracefulRestart.DeferralTime = peer.GracefulRestart.RestartTime
+			// GoBGP's default is 360 s: a peer that is down or never
+			// sends its End-of-RIB would keep this host's routes unsent
+			// to every peer that long (the routers keep the stale ones
+			// meanwhile; only a change waits).
+			peer.GracefulRestart.DeferralTime = min(peer.GracefulRestart.RestartTime, maxRestartDeferral)
 		}
 		if err := sp.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
 			errs = append(errs, fmt.Errorf("adding BGP peer %s: %w", addr, err))
@@ -307,6 +309,10 @@ func apiPeer(p Peer, gracefulRestart time.Duration, ipv6 bool) *api.Peer {
 	}
 	return peer
 }
+
+// maxRestartDeferral bounds, in seconds, how long a restarting speaker
+// waits for its peers' End-of-RIB before it sends its routes.
+const maxRestartDeferral = 15
 
 // MaxReceivedPrefixes bounds the routes a peer may send in each family.
 // ebb announces and learns nothing, but GoBGP keeps every route received
