@@ -103,6 +103,18 @@ func (d *DataPlane) settleKernelLocked() {
 	}
 }
 
+// KernelStateLeft reports whether an earlier ebb lb left the state of
+// this data plane's kernel path on the host (its tables or pinned maps):
+// the kernel went on forwarding that process's flows while none ran (a
+// crash, a stop without a successor). Ask before the first Apply, which
+// takes that state over.
+func (d *DataPlane) KernelStateLeft() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	found, err := d.kernel.hasState()
+	return err == nil && found
+}
+
 // kernelFrontendsLocked lists the frontends the kernel engine serves.
 // d.mu is held.
 func (d *DataPlane) kernelFrontendsLocked() []*frontend {

@@ -43,3 +43,35 @@ func TestRepairKernelReinstallsFlushedTables(t *testing.T) {
 		})
 	}
 }
+
+// KernelStateLeft tells a data plane started after an ebb lb that crashed
+// (its kernel path's tables or pins left, still forwarding) from one on a
+// clean host, so that its BGP sessions can say the host kept forwarding.
+// Each kernel path sees only its own state.
+func TestKernelStateLeftSeesWhatAnEarlierDataPlaneLeft(t *testing.T) {
+	for _, path := range []KernelPath{KernelPathNftables, KernelPathEBPF} {
+		t.Run(string(path), func(t *testing.T) {
+			n := newEngineNetOn(t, engineVariant{EngineKernel, path}, "IPv4")
+			if n.d.KernelStateLeft() {
+				t.Fatal("state left on a host where no data plane ran")
+			}
+			a, _ := n.echo(t, 8080)
+			n.apply(t, n.frontendOn(80, a))
+			if err := n.d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			other := KernelPathEBPF
+			if path == KernelPathEBPF {
+				other = KernelPathNftables
+			}
+			opts := n.options()
+			opts.KernelPath = other
+			if newDataPlane(t, opts).KernelStateLeft() {
+				t.Errorf("a data plane on the %s path sees the %s path's state as its own", other, path)
+			}
+			if !newDataPlane(t, n.options()).KernelStateLeft() {
+				t.Error("the state the closed data plane left not seen")
+			}
+		})
+	}
+}

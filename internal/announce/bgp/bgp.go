@@ -92,8 +92,9 @@ type Config struct {
 	DeferPeers bool
 	// Restarting opens the first sessions as a restarting speaker's (RFC
 	// 4724 section 4.1): a successor whose predecessor on this host closed
-	// its sessions for graceful restart, the host's forwarding state (its
-	// kernel tables, its sockets) kept. The OPEN then says so (the Restart
+	// its sessions for graceful restart, or one that found the kernel
+	// engine's tables an ebb lb that crashed left, the host's forwarding
+	// state kept. The OPEN then says so (the Restart
 	// State bit, and the Forwarding State bit of each family), and a router
 	// keeps the routes it held for this host as stale until this
 	// speaker's End-of-RIB replaces them. Without it a router removes the

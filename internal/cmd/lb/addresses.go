@@ -31,7 +31,9 @@ import (
 // --bgp-asn, or once a BGPPeer chooses this host: setBGPPeers) and the L2
 // announcer (with --l2-interface). With deferBGP the speaker opens no
 // session until connectBGP: a predecessor on this host still holds them.
-func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
+// With restarting its first sessions say the host's forwarding state was
+// kept (a predecessor handed over, or left the kernel engine's state).
+func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP, restarting bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
 	sinks := &addressSinks{ports: ports}
 	if o.LocalRoutes {
 		t, err := vipaddr.New()
@@ -66,7 +68,7 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 		cfg.Peers, cfg.DeferPeers = peers, deferPeers
 		// A successor's sessions restart the predecessor's: the routers
 		// keep this host's routes until it re-announced them.
-		cfg.Restarting = deferBGP
+		cfg.Restarting = restarting
 		sp, err := bgp.Start(ctx, slog.New(logr.ToSlogHandler(log.WithName("bgp"))), cfg)
 		if err != nil {
 			return nil, err

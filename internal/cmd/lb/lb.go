@@ -267,7 +267,15 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}
 	defer dp.Close()
-	addrs, err := o.addresses(ctx, log, reg, taken != nil, dp.Ports)
+	// The host kept forwarding for this process when a predecessor handed
+	// over, or when one that stopped without a successor (a crash) left
+	// the kernel engine's state, which forwarded its flows meanwhile.
+	restarting := taken != nil
+	if !restarting && dp.KernelStateLeft() {
+		restarting = true
+		log.Info("An earlier ebb lb left the kernel engine's state on this host, which kept forwarding its flows: the BGP sessions open as a restart's, so the routers keep this host's routes until it announced them again")
+	}
+	addrs, err := o.addresses(ctx, log, reg, taken != nil, restarting, dp.Ports)
 	if err != nil {
 		return err
 	}
