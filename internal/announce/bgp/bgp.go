@@ -90,7 +90,7 @@ type Config struct {
 	// (a successor waits until its predecessor on the host closed its own,
 	// since a router keeps one session per neighbour address).
 	DeferPeers bool
-	// Restarting opens the first sessions as a restarting speaker's (RFC
+	// Restarting opens the sessions as a restarting speaker's (RFC
 	// 4724 section 4.1): a successor whose predecessor on this host closed
 	// its sessions for graceful restart, or one that found the kernel
 	// engine's tables an ebb lb that crashed left, the host's forwarding
@@ -102,7 +102,11 @@ type Config struct {
 	// them back at the first UPDATE: for that moment its ECMP sends this
 	// host's connections to the other LB hosts, which reset them. The
 	// speaker sends its routes once every peer's End-of-RIB came, or after
-	// GracefulRestartTime (at most 15 s). Needs GracefulRestartTime.
+	// GracefulRestartTime (at most 15 s). It applies to the sessions opened
+	// within GracefulRestartTime of Connect, while the routers may still
+	// hold routes of this host (a BGPPeer read a moment after the others
+	// is one of them); later sessions are ordinary. Needs
+	// GracefulRestartTime.
 	Restarting bool
 	// ReopenAfter is how long a session closed for sending more than
 	// MaxReceivedPrefixes routes stays closed before it is opened again.
@@ -120,9 +124,9 @@ type Speaker struct {
 
 	mu        sync.Mutex
 	connected bool
-	// restarting: the next sessions opened are the first ones, and open
-	// as a restarting speaker's (Config.Restarting).
-	restarting bool
+	// restartUntil: sessions opened before then open as a restarting
+	// speaker's (Config.Restarting; set at the first Connect).
+	restartUntil time.Time
 	// sessions are the peers added to the server (after Connect).
 	sessions  map[netip.Addr]Peer
 	announced map[netip.Prefix]announcement
@@ -153,7 +157,7 @@ func Start(ctx context.Context, log *slog.Logger, cfg Config) (*Speaker, error) 
 	if cfg.ReopenAfter <= 0 {
 		cfg.ReopenAfter = 30 * time.Second
 	}
-	sp := &Speaker{s: s, cfg: cfg, restarting: cfg.Restarting && cfg.GracefulRestartTime > 0, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Prefix]announcement{}, addrs: map[netip.Addr]netip.Prefix{}, refused: map[netip.Addr]string{}}
+	sp := &Speaker{s: s, cfg: cfg, stopped: make(chan struct{}), sessions: map[netip.Addr]Peer{}, announced: map[netip.Prefix]announcement{}, addrs: map[netip.Addr]netip.Prefix{}, refused: map[netip.Addr]string{}}
 	err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
 	}})
@@ -204,6 +208,9 @@ func (sp *Speaker) reopenCutOff(log *slog.Logger) {
 func (sp *Speaker) Connect(ctx context.Context) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
+	if !sp.connected && sp.cfg.Restarting {
+		sp.restartUntil = time.Now().Add(sp.cfg.GracefulRestartTime)
+	}
 	sp.connected = true
 	return sp.syncPeersLocked(ctx)
 }
@@ -241,12 +248,7 @@ func (sp *Speaker) syncPeersLocked(ctx context.Context) error {
 		}
 		delete(sp.sessions, addr)
 	}
-	restarting := sp.restarting
-	if len(want) > 0 {
-		// Only the sessions the predecessor held restart; a peer added
-		// or changed later is a new session.
-		sp.restarting = false
-	}
+	restarting := time.Now().Before(sp.restartUntil)
 	for addr, p := range want {
 		if _, ok := sp.sessions[addr]; ok {
 			continue

@@ -63,6 +63,28 @@ func restartCapability(t *testing.T, r *server.BgpServer) *bgp.CapGracefulRestar
 	return got
 }
 
+// waitForNoSession waits until the router has no established session.
+func waitForNoSession(t *testing.T, r *server.BgpServer) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		established := false
+		err := r.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+			established = established || p.GetState().GetSessionState() == api.PeerState_SESSION_STATE_ESTABLISHED
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !established {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the router still has the predecessor's session")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // waitForRestartCapability waits for an established session and returns
 // its graceful restart capability.
 func waitForRestartCapability(t *testing.T, r *server.BgpServer) *bgp.CapGracefulRestart {
@@ -96,7 +118,8 @@ func restartBits(c *bgp.CapGracefulRestart) (restarted bool, forwarding map[bgp.
 // added them back at the first UPDATE, and for that moment its ECMP sent
 // the host's connections to the other LB hosts, which reset them (the
 // kernel suite's rolling upgrades lost long-lived connections). A first
-// speaker, and a session opened later, say nothing of a restart.
+// speaker, and a session opened after the restart time, say nothing of a
+// restart.
 func TestASuccessorSpeakerRestartsThePredecessorsSessions(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: the test router listens on port 179 (make test runs as root)")
@@ -106,10 +129,13 @@ func TestASuccessorSpeakerRestartsThePredecessorsSessions(t *testing.T) {
 	vip := netip.MustParseAddr("10.96.240.1")
 	peer := Peer{Address: netip.MustParseAddr(routerAddr), ASN: 64500, HoldTime: 3 * time.Second}
 	want := map[netip.Prefix]netip.Addr{netip.MustParsePrefix("10.96.240.1/32"): netip.MustParseAddr("10.0.0.1")}
+	// Sessions opened within the restart time of the successor's first
+	// restart; short, so that the test sees one opened after it.
+	const restartTime = 3 * time.Second
 	start := func(restarting bool, vips ...netip.Addr) *Speaker {
 		t.Helper()
 		sp, err := Start(context.Background(), log, Config{ASN: 64512, RouterID: netip.MustParseAddr("10.0.0.1"),
-			Peers: []Peer{peer}, GracefulRestartTime: 15 * time.Second, Restarting: restarting})
+			Peers: []Peer{peer}, GracefulRestartTime: restartTime, Restarting: restarting})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,6 +151,7 @@ func TestASuccessorSpeakerRestartsThePredecessorsSessions(t *testing.T) {
 		t.Error("a first speaker's OPEN says it restarted")
 	}
 	first.StopForSuccessor()
+	waitForNoSession(t, router)
 
 	// The successor serves one more address: the router learns it only
 	// from the successor's routes.
@@ -134,18 +161,20 @@ func TestASuccessorSpeakerRestartsThePredecessorsSessions(t *testing.T) {
 	if !restarted || !forwarding[bgp.RF_IPv4_UC] {
 		t.Errorf("the successor's OPEN: restarted %v, forwarding state kept %v; want both set (IPv4 unicast)", restarted, forwarding)
 	}
-	// It announces once the router's End-of-RIB came, well before the
-	// deferral time (15 s) runs out.
+	// It announces once the router's End-of-RIB came, before the deferral
+	// time (the restart time) runs out.
 	began := time.Now()
 	want[netip.MustParsePrefix("10.96.240.2/32")] = netip.MustParseAddr("10.0.0.1")
 	waitForRoutes(t, router, bgp.RF_IPv4_UC, want)
 	waited := time.Since(began)
 	t.Logf("the successor announced %s after its session came up", waited.Round(time.Millisecond))
-	if waited > 10*time.Second {
+	if waited > restartTime/2 {
 		t.Errorf("the successor announced after %s: it waited for the deferral time, not for the router's End-of-RIB", waited)
 	}
 
-	// A session opened later (the peer's settings changed) is a new one.
+	// A session opened once the routers can hold nothing of the
+	// predecessor's (the peer's settings changed) is an ordinary one.
+	time.Sleep(restartTime)
 	peer.HoldTime = 6 * time.Second
 	if err := successor.SetPeers(context.Background(), []Peer{peer}); err != nil {
 		t.Fatal(err)

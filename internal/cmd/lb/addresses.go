@@ -412,6 +412,13 @@ func (a *addressSinks) setWithdrawn(log logr.Logger, on bool) {
 	})
 }
 
+// bgpWaiting says whether the BGP sessions wait for connectBGP.
+func (a *addressSinks) bgpWaiting() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bgpDeferred
+}
+
 // connectBGP opens the BGP sessions a deferred speaker has not opened.
 func (a *addressSinks) connectBGP(ctx context.Context) error {
 	a.mu.Lock()

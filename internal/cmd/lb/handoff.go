@@ -199,18 +199,25 @@ func (h *handover) run(ctx, offering context.Context, serving func() bool, stopS
 // release the host, and opens the BGP sessions; false if ctx ended first.
 func (h *handover) takeOver(ctx context.Context, serving func() bool) bool {
 	if h.taken == nil {
+		// No predecessor; but one that crashed leaves the sessions held
+		// back too (restarting, in Run): a restarting speaker that
+		// connected before its first Sync would send the routers an
+		// empty table and its End-of-RIB, and they would drop the routes
+		// they kept for this host.
+		if h.addrs.bgpWaiting() {
+			if !waitServing(ctx, serving) {
+				return false
+			}
+			if err := h.addrs.connectBGP(ctx); err != nil {
+				h.log.Error(err, "Opening the BGP sessions")
+			}
+		}
 		h.tookOver.Store(true)
 		return true
 	}
-	poll := time.NewTicker(20 * time.Millisecond)
-	defer poll.Stop()
-	for !serving() {
-		select {
-		case <-ctx.Done():
-			h.taken.Abort()
-			return false
-		case <-poll.C:
-		}
+	if !waitServing(ctx, serving) {
+		h.taken.Abort()
+		return false
 	}
 	if n := h.dp.ReleaseInherited(); n > 0 {
 		h.log.Info("Closed the predecessor's sockets of frontends this configuration does not have", "sockets", n)
@@ -242,6 +249,20 @@ func (h *handover) takeOver(ctx context.Context, serving func() bool) bool {
 	}
 	h.log.Info("Took over from the predecessor", "predecessor", h.taken.PID)
 	h.tookOver.Store(true)
+	return true
+}
+
+// waitServing waits until serving says so; false if ctx ended first.
+func waitServing(ctx context.Context, serving func() bool) bool {
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	for !serving() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-poll.C:
+		}
+	}
 	return true
 }
 

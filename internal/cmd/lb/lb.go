@@ -268,14 +268,17 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	defer dp.Close()
 	// The host kept forwarding for this process when a predecessor handed
-	// over, or when one that stopped without a successor (a crash) left
-	// the kernel engine's state, which forwarded its flows meanwhile.
+	// over, or may have when an earlier one left the kernel engine's
+	// state (a crash; a stop leaves it too, and then the routers hold
+	// nothing of this host's and the restart costs nothing). Either way
+	// the sessions open once this process serves (takeOver), as a
+	// restart's.
 	restarting := taken != nil
 	if !restarting && dp.KernelStateLeft() {
 		restarting = true
-		log.Info("An earlier ebb lb left the kernel engine's state on this host, which kept forwarding its flows: the BGP sessions open as a restart's, so the routers keep this host's routes until it announced them again")
+		log.Info("An earlier ebb lb left the kernel engine's state on this host, which forwards its flows: the BGP sessions open as a restart's once this process serves, so the routers keep the routes they hold for this host until it announced them again")
 	}
-	addrs, err := o.addresses(ctx, log, reg, taken != nil, restarting, dp.Ports)
+	addrs, err := o.addresses(ctx, log, reg, restarting, restarting, dp.Ports)
 	if err != nil {
 		return err
 	}

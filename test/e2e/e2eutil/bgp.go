@@ -227,7 +227,8 @@ func AvoidNode(node string) func(*appsv1.Deployment) {
 }
 
 // ExpectRestartedSessions checks that the BGP session of each LB host in
-// nodes, opened again by the ebb lb that took over there, said it
+// nodes, opened again by the ebb lb that took over there (or restarted
+// after a crash, finding the kernel engine's state), said it
 // restarted with its forwarding state kept (RFC 4724's Restart State bit
 // and IPv4's Forwarding State bit): the router then keeps the host's
 // routes until the new speaker's End-of-RIB. Without the bits FRR drops
@@ -243,7 +244,7 @@ func ExpectRestartedSessions(t *testing.T, ctx context.Context, router *localclu
 			continue
 		}
 		if !gr.Restarted || !gr.ForwardingKept["ipv4Unicast"] {
-			t.Errorf("%s's session after the hand-off: restarted %v, forwarding kept %v; want a restart with IPv4's forwarding kept", n.Name, gr.Restarted, gr.ForwardingKept)
+			t.Errorf("%s's BGP session, opened again by its new ebb lb: restarted %v, forwarding kept %v; want a restart with IPv4's forwarding kept", n.Name, gr.Restarted, gr.ForwardingKept)
 		}
 	}
 }
