@@ -263,6 +263,9 @@ func parseBGPPaths(out []byte) ([]BGPPath, error) {
 // GracefulRestart is what a neighbour's last OPEN said of graceful
 // restart (RFC 4724), as FRR read it.
 type GracefulRestart struct {
+	// Established: the session is up (FRR forgets the bits when it goes
+	// down).
+	Established bool
 	// Restarted is the Restart State bit: the speaker restarted.
 	Restarted bool
 	// ForwardingKept is each negotiated family's Forwarding State bit
@@ -285,7 +288,8 @@ func (r *BGPRouter) GracefulRestartOf(ctx context.Context, neighbor netip.Addr) 
 // one neighbour.
 func parseGracefulRestart(out []byte, neighbor netip.Addr) (GracefulRestart, error) {
 	var neighbors map[string]struct {
-		Info map[string]json.RawMessage `json:"gracefulRestartInfo"`
+		State string                     `json:"bgpState"`
+		Info  map[string]json.RawMessage `json:"gracefulRestartInfo"`
 	}
 	if err := json.Unmarshal(out, &neighbors); err != nil {
 		return GracefulRestart{}, fmt.Errorf("decoding FRR's neighbour %s %q: %w", neighbor, out, err)
@@ -294,7 +298,7 @@ func parseGracefulRestart(out []byte, neighbor netip.Addr) (GracefulRestart, err
 	if !ok || n.Info == nil {
 		return GracefulRestart{}, fmt.Errorf("FRR has no graceful restart state of neighbour %s: %s", neighbor, out)
 	}
-	gr := GracefulRestart{ForwardingKept: map[string]bool{}}
+	gr := GracefulRestart{Established: n.State == "Established", ForwardingKept: map[string]bool{}}
 	if err := json.Unmarshal(n.Info["rBit"], &gr.Restarted); err != nil {
 		return GracefulRestart{}, fmt.Errorf("FRR's rBit of neighbour %s: %w", neighbor, err)
 	}

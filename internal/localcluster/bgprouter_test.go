@@ -35,14 +35,14 @@ func TestParseBGPPaths(t *testing.T) {
 // a neighbour FRR does not know is an error.
 func TestParseGracefulRestart(t *testing.T) {
 	n := netip.MustParseAddr("10.0.0.1")
-	out := []byte(`{"10.0.0.1":{"remoteAs":64512,"gracefulRestartInfo":{"localGrMode":"Helper*","remoteGrMode":"Restart","rBit":true,"nBit":false,
+	out := []byte(`{"10.0.0.1":{"remoteAs":64512,"bgpState":"Established","gracefulRestartInfo":{"localGrMode":"Helper*","remoteGrMode":"Restart","rBit":true,"nBit":false,
 	  "timers":{"configuredRestartTimer":120,"receivedRestartTimer":15},
 	  "ipv4Unicast":{"fBit":true,"endOfRibStatus":{"endOfRibRecv":true}},"ipv6Unicast":{"fBit":false}}}}`)
 	got, err := parseGracefulRestart(out, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := GracefulRestart{Restarted: true, ForwardingKept: map[string]bool{"ipv4Unicast": true, "ipv6Unicast": false}}
+	want := GracefulRestart{Established: true, Restarted: true, ForwardingKept: map[string]bool{"ipv4Unicast": true, "ipv6Unicast": false}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("parsed %+v, want %+v", got, want)
 	}

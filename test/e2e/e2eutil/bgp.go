@@ -238,6 +238,12 @@ func AvoidNode(node string) func(*appsv1.Deployment) {
 func ExpectRestartedSessions(t *testing.T, ctx context.Context, router *localcluster.BGPRouter, nodes []localcluster.Node) {
 	t.Helper()
 	for _, n := range nodes {
+		// The new ebb lb opens its session once it serves, a moment
+		// after it is ready.
+		Eventually(t, ctx, 30*time.Second, n.Name+"'s BGP session up", func(ctx context.Context) (bool, string) {
+			gr, err := router.GracefulRestartOf(ctx, netip.MustParseAddr(n.IP))
+			return err == nil && gr.Established, fmt.Sprint(gr, err)
+		})
 		gr, err := router.GracefulRestartOf(ctx, netip.MustParseAddr(n.IP))
 		if err != nil {
 			t.Errorf("reading the router's session with %s: %v", n.Name, err)
