@@ -4,16 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
 	"github.com/ebbdev/ebb/test/e2e/e2eutil"
 )
@@ -60,71 +55,4 @@ func TestNftablesPathServesTheLBHostsOwnNodePortAndUpgradesDroppingNothing(t *te
 	rollingUpgradeDropsNothing(t, ctx, s)
 	e2eutil.ExpectUDPEchoVia(t, ctx, cluster.ExternalClient.DialContext, net.JoinHostPort(s.VIP.String(), "81"))
 	killedLBDropsNothing(t, ctx, s, s.LBs[0])
-}
-
-// killedLBDropsNothing kills node's ebb lb with SIGKILL (a crash: no
-// hand-off, no graceful stop) under traffic on the nftables path: the
-// kernel's tables and conntrack go on forwarding every flow, old and new,
-// while kubelet restarts it, and the restarted process, finding the
-// tables, opens its BGP session as a restart's, so that the router keeps
-// the host's routes instead of dropping them at its OPEN.
-func killedLBDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGPService, node localcluster.Node) {
-	t.Helper()
-	pods, err := ebbrun.LBPods(ctx, cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(pods, func(p corev1.Pod) bool { return p.Spec.NodeName == node.Name && p.DeletionTimestamp == nil })
-	if i < 0 {
-		t.Fatalf("no ebb lb pod on %s", node.Name)
-	}
-	pod := pods[i]
-	restarts := func(p *corev1.Pod) int32 {
-		var n int32
-		for _, c := range p.Status.ContainerStatuses {
-			n += c.RestartCount
-		}
-		return n
-	}
-	before := restarts(&pod)
-
-	resets := e2eutil.WatchResets(t, ctx, cluster)
-	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
-	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 4)
-	routes := e2eutil.WatchRoute(t, ctx, router, s.Route, s.NextHops)
-	time.Sleep(time.Second)
-	killed := time.Now()
-	if n, err := cluster.KillPod(&pod); err != nil || n == 0 {
-		t.Fatalf("killing %s: %d processes, %v", pod.Name, n, err)
-	}
-	e2eutil.Eventually(t, ctx, 2*time.Minute, "the killed ebb lb restarted and ready", func(ctx context.Context) (bool, string) {
-		p, err := cluster.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		ready := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
-			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
-		})
-		return restarts(p) > before && ready, fmt.Sprintf("restarts %d (before %d), ready %v", restarts(p), before, ready)
-	})
-	t.Logf("the ebb lb killed on %s ready again %s later", node.Name, time.Since(killed).Round(time.Millisecond))
-	time.Sleep(3 * time.Second) // its session up again, its routes re-announced
-	long.Halt()
-	requests.Halt()
-	routes.Halt()
-
-	t.Logf("%d requests on new connections, %d on 4 long-lived connections through the kill", requests.OK.Load(), long.OK.Load())
-	if n := requests.Failed.Load(); n > 0 {
-		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+requests.OK.Load(), requests.FirstErr.Load())
-	}
-	if n := long.Failed.Load(); n > 0 {
-		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
-	}
-	if long.Failed.Load() > 0 || requests.Failed.Load() > 0 {
-		resets.Log(t, append(long.FailTimes(), requests.FailTimes()...)...)
-	}
-	if n := routes.Failed.Load(); n > 0 {
-		t.Errorf("the router lost a next hop of %s %d times through the kill; first: %v", s.Route, n, routes.FirstErr.Load())
-	}
-	e2eutil.ExpectRestartedSessions(t, ctx, router, []localcluster.Node{node})
 }
