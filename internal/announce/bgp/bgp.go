@@ -90,14 +90,14 @@ type Config struct {
 	// (a successor waits until its predecessor on the host closed its own,
 	// since a router keeps one session per neighbour address).
 	DeferPeers bool
-	// Restarting opens the sessions as a restarting speaker's (RFC
-	// 4724 section 4.1): a successor whose predecessor on this host closed
-	// its sessions for graceful restart, or one that found the kernel
+	// Restarting opens the sessions as a restarting speaker's (RFC 4724
+	// section 4.1): a successor whose predecessor on this host closed its
+	// sessions for graceful restart, or one that found the kernel
 	// engine's tables an ebb lb that crashed left, the host's forwarding
-	// state kept. The OPEN then says so (the Restart
-	// State bit, and the Forwarding State bit of each family), and a router
-	// keeps the routes it held for this host as stale until this
-	// speaker's End-of-RIB replaces them. Without it a router removes the
+	// state kept. The OPEN then says so (the Restart State bit, and the
+	// Forwarding State bit of each family), and a router keeps the routes
+	// it held for this host as stale until this speaker's End-of-RIB
+	// replaces them. Without it a router removes the
 	// stale routes at the OPEN (RFC 4724 section 4.2: FRR does) and adds
 	// them back at the first UPDATE: for that moment its ECMP sends this
 	// host's connections to the other LB hosts, which reset them. The

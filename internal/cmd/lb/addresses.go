@@ -31,8 +31,8 @@ import (
 // --bgp-asn, or once a BGPPeer chooses this host: setBGPPeers) and the L2
 // announcer (with --l2-interface). With deferBGP the speaker opens no
 // session until connectBGP: a predecessor on this host still holds them.
-// With restarting its first sessions say the host's forwarding state was
-// kept (a predecessor handed over, or left the kernel engine's state).
+// With restarting its sessions open as a restart's (bgp.Config.Restarting:
+// a predecessor handed over, or left the kernel engine's state).
 func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP, restarting bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
 	sinks := &addressSinks{ports: ports}
 	if o.LocalRoutes {
