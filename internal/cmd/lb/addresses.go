@@ -30,7 +30,8 @@ import (
 // the local routes (unless --local-routes=false), the BGP speaker (with
 // --bgp-asn, or once a BGPPeer chooses this host: setBGPPeers) and the L2
 // announcer (with --l2-interface). With deferBGP the speaker opens no
-// session until connectBGP: a predecessor on this host still holds them.
+// session until connectBGP: a predecessor on this host still holds them,
+// or this process restarts and must not open them before its first Sync.
 // With restarting its sessions open as a restart's (bgp.Config.Restarting:
 // a predecessor handed over, or left the kernel engine's state).
 func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP, restarting bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
@@ -77,7 +78,7 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 			sp.Stop()
 			return nil, fmt.Errorf("registering BGP metrics: %w", err)
 		}
-		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", len(peers), "afterPredecessor", deferPeers)
+		log.Info("Announcing by BGP", "asn", cfg.ASN, "routerID", cfg.RouterID, "peers", len(peers), "deferred", deferPeers, "restarting", restarting)
 		return sp, nil
 	}
 	if o.BGP.ASN != 0 {
@@ -197,8 +198,8 @@ type addressSinks struct {
 	l2      *l2.Announcer
 	retired bool
 	// newSpeaker starts a BGP speaker; the first peers start one when
-	// --bgp-asn did not. bgpDeferred: a predecessor on the host still
-	// holds the sessions (until connectBGP).
+	// --bgp-asn did not. bgpDeferred: the sessions wait for connectBGP (a
+	// predecessor on the host still holds them, or this process restarts).
 	newSpeaker  func(ctx context.Context, peers []bgp.Peer, deferPeers bool) (*bgp.Speaker, error)
 	bgpDeferred bool
 	// flagPeers are --bgp-peer's; apiPeers and peerProblems come from the

@@ -126,6 +126,11 @@ type handover struct {
 	// says it sends no node a new connection, and the metrics address is
 	// left to the successor.
 	onHandOver []func()
+	// synced, if set, says that the first configuration is applied: when
+	// there is no predecessor, the BGP sessions a restart held back open
+	// then (not waiting for what serving adds for a take-over, such as
+	// the L2 keys). Unset: serving.
+	synced func() bool
 	// onTookOver, if set, is told how a take-over from a predecessor
 	// ended (err nil: confirmed), and how many sockets were taken.
 	onTookOver func(predecessor, sockets int, err error)
@@ -199,20 +204,25 @@ func (h *handover) run(ctx, offering context.Context, serving func() bool, stopS
 // release the host, and opens the BGP sessions; false if ctx ended first.
 func (h *handover) takeOver(ctx context.Context, serving func() bool) bool {
 	if h.taken == nil {
+		h.tookOver.Store(true)
 		// No predecessor; but one that crashed leaves the sessions held
 		// back too (restarting, in Run): a restarting speaker that
 		// connected before its first Sync would send the routers an
 		// empty table and its End-of-RIB, and they would drop the routes
-		// they kept for this host.
+		// they kept for this host. Readiness does not wait for them, as
+		// it never waited for BGP.
 		if h.addrs.bgpWaiting() {
-			if !waitServing(ctx, serving) {
+			synced := serving
+			if h.synced != nil {
+				synced = h.synced
+			}
+			if !waitServing(ctx, synced) {
 				return false
 			}
 			if err := h.addrs.connectBGP(ctx); err != nil {
 				h.log.Error(err, "Opening the BGP sessions")
 			}
 		}
-		h.tookOver.Store(true)
 		return true
 	}
 	if !waitServing(ctx, serving) {

@@ -271,12 +271,12 @@ func (o *Options) Run(ctx context.Context) error {
 	// over, or may have when an earlier one left the kernel engine's
 	// state (a crash; a stop leaves it too, and then the routers hold
 	// nothing of this host's and the restart costs nothing). Either way
-	// the sessions open once this process serves (takeOver), as a
-	// restart's.
+	// the sessions open once this process applied its configuration
+	// (takeOver), as a restart's.
 	restarting := taken != nil
 	if !restarting && dp.KernelStateLeft() {
 		restarting = true
-		log.Info("An earlier ebb lb left the kernel engine's state on this host, which forwards its flows: the BGP sessions open as a restart's once this process serves, so the routers keep the routes they hold for this host until it announced them again")
+		log.Info("An earlier ebb lb left the kernel engine's state on this host, which forwards its flows: the BGP sessions open as a restart's once this process applied its configuration, so the routers keep the routes they hold for this host until it announced them again")
 	}
 	addrs, err := o.addresses(ctx, log, reg, restarting, restarting, dp.Ports)
 	if err != nil {
@@ -444,6 +444,7 @@ func (o *Options) runCluster(ctx context.Context, log logr.Logger, reg *promethe
 	// Serving takes the L2 keys too: a successor that took over without
 	// them would say nothing on the segment, and the other replicas would
 	// take this host's addresses until the keys came.
+	h.synced = syncer.Ready
 	h.start(ctx, func() bool { return syncer.Ready() && addrs.l2Ready() }, stopSyncing)
 	err = syncer.Run(syncing)
 	h.settle(log, o.ShutdownTimeout)
