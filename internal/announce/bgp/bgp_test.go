@@ -60,18 +60,26 @@ func startRouter(t *testing.T, password string) *server.BgpServer {
 func startRouterFor(t *testing.T, password string, speakerASN uint32) *server.BgpServer {
 	t.Helper()
 	ctx := context.Background()
-	r := server.NewBgpServer()
-	go r.Serve()
-	t.Cleanup(r.Stop)
-	if err := r.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: 64500, RouterId: "10.255.0.1", ListenPort: 179, ListenAddresses: []string{routerAddr}}}); err != nil {
-		t.Fatal(err)
-	}
+	r := listeningRouter(t)
 	var afis []*api.AfiSafi
 	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
 		afis = append(afis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true}})
 	}
 	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: speakerASN, AuthPassword: password},
 		AfiSafis: afis, Transport: &api.Transport{PassiveMode: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// listeningRouter starts the test's router (AS 64500) listening on
+// routerAddr, without peers; it stops when the test ends.
+func listeningRouter(t *testing.T) *server.BgpServer {
+	t.Helper()
+	r := server.NewBgpServer()
+	go r.Serve()
+	t.Cleanup(r.Stop)
+	if err := r.StartBgp(context.Background(), &api.StartBgpRequest{Global: &api.Global{Asn: 64500, RouterId: "10.255.0.1", ListenPort: 179, ListenAddresses: []string{routerAddr}}}); err != nil {
 		t.Fatal(err)
 	}
 	return r

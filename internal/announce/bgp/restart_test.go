@@ -19,17 +19,11 @@ import (
 // End-of-RIB.
 func startGracefulRouter(t *testing.T) *server.BgpServer {
 	t.Helper()
-	ctx := context.Background()
-	r := server.NewBgpServer()
-	go r.Serve()
-	t.Cleanup(r.Stop)
-	if err := r.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: 64500, RouterId: "10.255.0.1", ListenPort: 179, ListenAddresses: []string{routerAddr}}}); err != nil {
-		t.Fatal(err)
-	}
+	r := listeningRouter(t)
 	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
 	afi := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: family, Enabled: true},
 		MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}}
-	if err := r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 64512},
+	if err := r.AddPeer(context.Background(), &api.AddPeerRequest{Peer: &api.Peer{Conf: &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 64512},
 		GracefulRestart: &api.GracefulRestart{Enabled: true, HelperOnly: true, RestartTime: 15},
 		AfiSafis:        []*api.AfiSafi{afi}, Transport: &api.Transport{PassiveMode: true}}}); err != nil {
 		t.Fatal(err)
@@ -63,11 +57,23 @@ func restartCapability(t *testing.T, r *server.BgpServer) *bgp.CapGracefulRestar
 	return got
 }
 
+// waitUntil polls cond until it holds; the test fails with what after
+// 20 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // waitForNoSession waits until the router has no established session.
 func waitForNoSession(t *testing.T, r *server.BgpServer) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitUntil(t, "the router still has the predecessor's session", func() bool {
 		established := false
 		err := r.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
 			established = established || p.GetState().GetSessionState() == api.PeerState_SESSION_STATE_ESTABLISHED
@@ -75,30 +81,20 @@ func waitForNoSession(t *testing.T, r *server.BgpServer) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !established {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the router still has the predecessor's session")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return !established
+	})
 }
 
 // waitForRestartCapability waits for an established session and returns
 // its graceful restart capability.
 func waitForRestartCapability(t *testing.T, r *server.BgpServer) *bgp.CapGracefulRestart {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if c := restartCapability(t, r); c != nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no established session with a graceful restart capability")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var c *bgp.CapGracefulRestart
+	waitUntil(t, "no established session with a graceful restart capability", func() bool {
+		c = restartCapability(t, r)
+		return c != nil
+	})
+	return c
 }
 
 // restartBits are the OPEN's Restart State bit and, per family, the
@@ -179,17 +175,13 @@ func TestASuccessorSpeakerRestartsThePredecessorsSessions(t *testing.T) {
 	if err := successor.SetPeers(context.Background(), []Peer{peer}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if c := restartCapability(t, router); c != nil {
-			if restarted, _ := restartBits(c); !restarted {
-				break
-			}
+	waitUntil(t, "a session opened after the restart time still says the speaker restarted", func() bool {
+		c := restartCapability(t, router)
+		if c == nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a session opened after the first still says the speaker restarted")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		restarted, _ := restartBits(c)
+		return !restarted
+	})
 	waitForRoutes(t, router, bgp.RF_IPv4_UC, want)
 }

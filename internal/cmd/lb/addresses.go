@@ -29,12 +29,12 @@ import (
 // addresses returns what is told the served addresses after each apply:
 // the local routes (unless --local-routes=false), the BGP speaker (with
 // --bgp-asn, or once a BGPPeer chooses this host: setBGPPeers) and the L2
-// announcer (with --l2-interface). With deferBGP the speaker opens no
-// session until connectBGP: a predecessor on this host still holds them,
-// or this process restarts and must not open them before its first Sync.
-// With restarting its sessions open as a restart's (bgp.Config.Restarting:
-// a predecessor handed over, or left the kernel engine's state).
-func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, deferBGP, restarting bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
+// announcer (with --l2-interface). With restarting (a predecessor handed
+// over, or left the kernel engine's state) the speaker opens no session
+// until connectBGP, since a predecessor may still hold them and none may
+// open before the first Sync, and then opens them as a restart's
+// (bgp.Config.Restarting).
+func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus.Registerer, restarting bool, ports func() []dataplane.ServedPort) (*addressSinks, error) {
 	sinks := &addressSinks{ports: ports}
 	if o.LocalRoutes {
 		t, err := vipaddr.New()
@@ -58,7 +58,7 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 	} else {
 		log.Info("Not adding local routes for the load balancer's addresses (--local-routes=false): configure them on this host, and keep this host's own services off them")
 	}
-	sinks.bgpDeferred = deferBGP
+	sinks.bgpDeferred = restarting
 	sinks.newSpeaker = func(ctx context.Context, peers []bgp.Peer, deferPeers bool) (*bgp.Speaker, error) {
 		cfg := o.BGP
 		if cfg.ASN == 0 && len(peers) > 0 {
@@ -95,7 +95,7 @@ func (o *Options) addresses(ctx context.Context, log logr.Logger, reg prometheus
 			sinks.close(log)
 			return nil, errors.New("--bgp-asn needs at least one --bgp-peer (BGPPeer objects are read only in cluster mode)")
 		}
-		sp, err := sinks.newSpeaker(ctx, sinks.flagPeers, deferBGP)
+		sp, err := sinks.newSpeaker(ctx, sinks.flagPeers, restarting)
 		if err != nil {
 			sinks.close(log)
 			return nil, err

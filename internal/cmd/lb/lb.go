@@ -278,7 +278,7 @@ func (o *Options) Run(ctx context.Context) error {
 		restarting = true
 		log.Info("An earlier ebb lb left the kernel engine's state on this host, which forwards its flows: the BGP sessions open as a restart's once this process applied its configuration, so the routers keep the routes they hold for this host until it announced them again")
 	}
-	addrs, err := o.addresses(ctx, log, reg, restarting, restarting, dp.Ports)
+	addrs, err := o.addresses(ctx, log, reg, restarting, dp.Ports)
 	if err != nil {
 		return err
 	}

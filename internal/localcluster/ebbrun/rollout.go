@@ -76,6 +76,33 @@ func WaitLBReplaced(ctx context.Context, c *localcluster.Cluster, old []corev1.P
 	return nil
 }
 
+// WaitLBRestarted waits until the ebb lb pod, whose processes were killed,
+// runs again (kubelet restarted a container of it) and is Ready.
+func WaitLBRestarted(ctx context.Context, c *localcluster.Cluster, pod *corev1.Pod) error {
+	restarts := func(p *corev1.Pod) int32 {
+		var n int32
+		for _, s := range p.Status.ContainerStatuses {
+			n += s.RestartCount
+		}
+		return n
+	}
+	before := restarts(pod)
+	var last string
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("restarts %d (before %d), ready %v", restarts(p), before, podReady(p))
+		return restarts(p) > before && podReady(p), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for ebb lb pod %s to restart (%s): %w", pod.Name, last, err)
+	}
+	return nil
+}
+
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {

@@ -240,15 +240,12 @@ func ExpectRestartedSessions(t *testing.T, ctx context.Context, router *localclu
 	for _, n := range nodes {
 		// The new ebb lb opens its session once it serves, a moment
 		// after it is ready.
+		var gr localcluster.GracefulRestart
 		Eventually(t, ctx, 30*time.Second, n.Name+"'s BGP session up", func(ctx context.Context) (bool, string) {
-			gr, err := router.GracefulRestartOf(ctx, netip.MustParseAddr(n.IP))
+			var err error
+			gr, err = router.GracefulRestartOf(ctx, netip.MustParseAddr(n.IP))
 			return err == nil && gr.Established, fmt.Sprint(gr, err)
 		})
-		gr, err := router.GracefulRestartOf(ctx, netip.MustParseAddr(n.IP))
-		if err != nil {
-			t.Errorf("reading the router's session with %s: %v", n.Name, err)
-			continue
-		}
 		if !gr.Restarted || !gr.ForwardingKept["ipv4Unicast"] {
 			t.Errorf("%s's BGP session, opened again by its new ebb lb: restarted %v, forwarding kept %v; want a restart with IPv4's forwarding kept", n.Name, gr.Restarted, gr.ForwardingKept)
 		}

@@ -2,7 +2,6 @@ package kernel_test
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebbdev/ebb/internal/localcluster"
 	"github.com/ebbdev/ebb/internal/localcluster/ebbrun"
@@ -81,34 +79,46 @@ func rollingUpgradeDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGP
 	if err != nil {
 		t.Fatal(err)
 	}
+	requests := underTraffic(t, ctx, s, "the upgrade", func() {
+		started := time.Now()
+		if err := ebbrun.RolloutRestartLB(ctx, cluster); err != nil {
+			t.Fatal(err)
+		}
+		if err := ebbrun.WaitLBReplaced(ctx, cluster, oldPods); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("new ebb lb pods ready on both hosts %s after the restart", time.Since(started).Round(time.Millisecond))
+		if err := ebbrun.WaitLBPodsGone(ctx, cluster, oldPods); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("old ebb lb pods gone %s after the restart", time.Since(started).Round(time.Millisecond))
+		// The connections opened before the upgrade outlive the
+		// processes that opened them.
+		time.Sleep(2 * time.Second)
+	})
+	expectServed(t, requests)
+	e2eutil.ExpectRestartedSessions(t, ctx, router, s.LBs)
+}
 
+// underTraffic runs fault while a client sends requests on new
+// connections and on 4 long-lived connections opened before it, and
+// checks what the client notices: no long-lived connection broke (the
+// resets seen are logged when anything failed), traffic went through,
+// and the router never lost a next hop of the Service. The requests on
+// new connections are returned for the caller to check.
+func underTraffic(t *testing.T, ctx context.Context, s e2eutil.BGPService, what string, fault func()) *e2eutil.Load {
+	t.Helper()
 	resets := e2eutil.WatchResets(t, ctx, cluster)
 	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
 	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 4)
 	routes := e2eutil.WatchRoute(t, ctx, router, s.Route, s.NextHops)
 	time.Sleep(time.Second)
-
-	started := time.Now()
-	if err := ebbrun.RolloutRestartLB(ctx, cluster); err != nil {
-		t.Fatal(err)
-	}
-	if err := ebbrun.WaitLBReplaced(ctx, cluster, oldPods); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("new ebb lb pods ready on both hosts %s after the restart", time.Since(started).Round(time.Millisecond))
-	if err := ebbrun.WaitLBPodsGone(ctx, cluster, oldPods); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("old ebb lb pods gone %s after the restart", time.Since(started).Round(time.Millisecond))
-	// The connections opened before the upgrade outlive the processes
-	// that opened them.
-	time.Sleep(2 * time.Second)
+	fault()
 	long.Halt()
 	requests.Halt()
 	routes.Halt()
 
-	t.Logf("%d requests on new connections, %d on 4 long-lived connections", requests.OK.Load(), long.OK.Load())
-	expectServed(t, requests)
+	t.Logf("%d requests on new connections, %d on 4 long-lived connections through %s", requests.OK.Load(), long.OK.Load(), what)
 	if n := long.Failed.Load(); n > 0 {
 		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
 		for _, err := range long.Errors() {
@@ -119,12 +129,12 @@ func rollingUpgradeDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGP
 		resets.Log(t, append(long.FailTimes(), requests.FailTimes()...)...)
 	}
 	if long.OK.Load() == 0 || requests.OK.Load() == 0 {
-		t.Error("no traffic went through during the upgrade")
+		t.Errorf("no traffic went through %s", what)
 	}
 	if n := routes.Failed.Load(); n > 0 {
-		t.Errorf("the router lost a next hop of %s %d times during the upgrade; first: %v", s.Route, n, routes.FirstErr.Load())
+		t.Errorf("the router lost a next hop of %s %d times through %s; first: %v", s.Route, n, what, routes.FirstErr.Load())
 	}
-	e2eutil.ExpectRestartedSessions(t, ctx, router, s.LBs)
+	return requests
 }
 
 // expectServed checks that every request on a new connection was
@@ -147,8 +157,9 @@ func expectServed(t *testing.T, requests *e2eutil.Load) {
 // hand-off, no graceful stop) under traffic on a kernel path: the
 // kernel's tables and conntrack (or the eBPF program and its pinned maps)
 // go on forwarding every flow, old and new, while kubelet restarts it,
-// and the restarted process, finding that state, opens its BGP session as a restart's, so that the router keeps
-// the host's routes instead of dropping them at its OPEN.
+// and the restarted process, finding that state, opens its BGP session
+// as a restart's, so that the router keeps the host's routes instead of
+// dropping them at its OPEN.
 func killedLBDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGPService, node localcluster.Node) {
 	t.Helper()
 	pods, err := ebbrun.LBPods(ctx, cluster)
@@ -160,52 +171,21 @@ func killedLBDropsNothing(t *testing.T, ctx context.Context, s e2eutil.BGPServic
 		t.Fatalf("no ebb lb pod on %s", node.Name)
 	}
 	pod := pods[i]
-	restarts := func(p *corev1.Pod) int32 {
-		var n int32
-		for _, c := range p.Status.ContainerStatuses {
-			n += c.RestartCount
+	requests := underTraffic(t, ctx, s, "the kill", func() {
+		killed := time.Now()
+		if n, err := cluster.KillPod(&pod); err != nil || n == 0 {
+			t.Fatalf("killing %s: %d processes, %v", pod.Name, n, err)
 		}
-		return n
-	}
-	before := restarts(&pod)
-
-	resets := e2eutil.WatchResets(t, ctx, cluster)
-	requests := e2eutil.StartRequests(t, ctx, s.Client, s.URL, 2)
-	long := e2eutil.StartLongLived(t, ctx, cluster, netip.AddrPortFrom(s.VIP, 80), 4)
-	routes := e2eutil.WatchRoute(t, ctx, router, s.Route, s.NextHops)
-	time.Sleep(time.Second)
-	killed := time.Now()
-	if n, err := cluster.KillPod(&pod); err != nil || n == 0 {
-		t.Fatalf("killing %s: %d processes, %v", pod.Name, n, err)
-	}
-	e2eutil.Eventually(t, ctx, 2*time.Minute, "the killed ebb lb restarted and ready", func(ctx context.Context) (bool, string) {
-		p, err := cluster.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
+		waiting, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := ebbrun.WaitLBRestarted(waiting, cluster, &pod); err != nil {
+			t.Fatal(err)
 		}
-		ready := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
-			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
-		})
-		return restarts(p) > before && ready, fmt.Sprintf("restarts %d (before %d), ready %v", restarts(p), before, ready)
+		t.Logf("the ebb lb killed on %s ready again %s later", node.Name, time.Since(killed).Round(time.Millisecond))
+		time.Sleep(3 * time.Second) // its session up again, its routes re-announced
 	})
-	t.Logf("the ebb lb killed on %s ready again %s later", node.Name, time.Since(killed).Round(time.Millisecond))
-	time.Sleep(3 * time.Second) // its session up again, its routes re-announced
-	long.Halt()
-	requests.Halt()
-	routes.Halt()
-
-	t.Logf("%d requests on new connections, %d on 4 long-lived connections through the kill", requests.OK.Load(), long.OK.Load())
 	if n := requests.Failed.Load(); n > 0 {
 		t.Errorf("%d of %d requests on new connections failed; first: %v", n, n+requests.OK.Load(), requests.FirstErr.Load())
-	}
-	if n := long.Failed.Load(); n > 0 {
-		t.Errorf("%d of 4 long-lived connections broke; first: %v", n, long.FirstErr.Load())
-	}
-	if long.Failed.Load() > 0 || requests.Failed.Load() > 0 {
-		resets.Log(t, append(long.FailTimes(), requests.FailTimes()...)...)
-	}
-	if n := routes.Failed.Load(); n > 0 {
-		t.Errorf("the router lost a next hop of %s %d times through the kill; first: %v", s.Route, n, routes.FirstErr.Load())
 	}
 	e2eutil.ExpectRestartedSessions(t, ctx, router, []localcluster.Node{node})
 }
