@@ -762,7 +762,9 @@ func (n *engineNet) waitFlowTableEmpty(t *testing.T) {
 		defer e.use.RUnlock()
 		flows, replies := 0, 0
 		_ = e.eachFlow(func(bpfTuple, bpfFlow) { flows++ })
-		_ = eachElement(e.coll.Maps["replies"], func(bpfTuple, bpfReply) { replies++ })
+		for _, table := range e.flowTables() {
+			_ = eachElement(table.replies, func(bpfTuple, bpfReply) { replies++ })
+		}
 		return flows == 0 && replies == 0
 	})
 }

@@ -10,9 +10,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The flow table of the eBPF kernel path (bpf/ebb_lb.c): flows, keyed by
+// The flow tables of the eBPF kernel path (bpf/ebb_lb.c): flows, keyed by
 // the client's packets' addresses and ports, and its twin, replies, keyed
-// by the backend's (the program reads it; deleteFlows deletes from it).
+// by the backend's (the program reads it; deleteFlows deletes from it);
+// and the same pair for half-open flows, opening and opening_replies,
+// from which the program moves a flow to the first pair at the client's
+// acknowledgement.
 type (
 	bpfTuple struct {
 		Saddr, Daddr [4]byte
@@ -93,10 +96,29 @@ func (b bpfEndpoint) addrPort() netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4(b.Addr), portOf(b.Port))
 }
 
-// eachFlow calls fn with every flow in the table, read in batches (a
-// system call per few thousand flows). e.use is held, and e.coll is set.
+// bpfFlowTable is a table of flows and its replies entries' twin.
+type bpfFlowTable struct{ flows, replies *ebpf.Map }
+
+// flowTables are the established flows' table and the half-open flows'.
+// e.use is held, and e.coll is set.
+func (e *ebpfPath) flowTables() [2]bpfFlowTable {
+	return [2]bpfFlowTable{
+		{e.coll.Maps["flows"], e.coll.Maps["replies"]},
+		{e.coll.Maps["opening"], e.coll.Maps["opening_replies"]},
+	}
+}
+
+// eachFlow calls fn with every flow in the tables, half-open or not, read
+// in batches (a system call per few thousand flows). A flow the program
+// moves from the half-open table meanwhile may be seen twice or not at
+// all. e.use is held, and e.coll is set.
 func (e *ebpfPath) eachFlow(fn func(k bpfTuple, f bpfFlow)) error {
-	return eachElement(e.coll.Maps["flows"], fn)
+	for _, table := range e.flowTables() {
+		if err := eachElement(table.flows, fn); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // eachElement calls fn with every element of the hash map m.
@@ -158,20 +180,30 @@ func (e *ebpfPath) dropFlows(fe frontendKey, backend netip.AddrPort) error {
 // given the port to another flow, whose replies would otherwise go to the
 // host's stack and be reset). A flow kept keeps its entry.
 func (e *ebpfPath) deleteFlows(gone func(k bpfTuple, f bpfFlow) bool, same func(then, now bpfFlow) bool) error {
+	for _, table := range e.flowTables() {
+		if err := deleteFlowsOf(table, gone, same); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteFlowsOf is deleteFlows over one table.
+func deleteFlowsOf(table bpfFlowTable, gone func(k bpfTuple, f bpfFlow) bool, same func(then, now bpfFlow) bool) error {
 	type doomed struct {
 		key   bpfTuple
 		flow  bpfFlow
 		reply bpfTuple
 	}
 	var del []doomed
-	if err := e.eachFlow(func(k bpfTuple, f bpfFlow) {
+	if err := eachElement(table.flows, func(k bpfTuple, f bpfFlow) {
 		if gone(k, f) {
 			del = append(del, doomed{k, f, f.replyKey()})
 		}
 	}); err != nil {
 		return err
 	}
-	flows, replies := e.coll.Maps["flows"], e.coll.Maps["replies"]
+	flows, replies := table.flows, table.replies
 	for _, d := range del {
 		var now bpfFlow
 		if found, err := lookup(flows, d.key, &now); err != nil {

@@ -112,3 +112,79 @@ func TestDeletingFlowsKeepsTheRepliesOfAFlowThatChangedMeanwhile(t *testing.T) {
 		t.Errorf("the connection after the pass: %v, want it served (its flow changed, so the pass kept it)", err)
 	}
 }
+
+// A SYN flood spread over many backends has more source ports to hold
+// than the flow table has entries (33,512 per backend), so the port
+// takeover no longer bounds its half-open flows: before 2026-11-30 they
+// filled the table, whose LRU then evicted established connections that
+// were idle (their segments met the host's stack, which reset them).
+// Half-open flows now have a table of their own: a flood evicts only
+// other half-open flows. The flood here is about 322,000 SYNs over ten
+// backends, more than the flow table holds.
+func TestEBPFPathFloodOverManyBackendsKeepsEstablishedConnections(t *testing.T) {
+	n := newEngineNetOn(t, engineVariant{engine: EngineKernel, path: KernelPathEBPF}, "IPv4")
+	var backends []Backend
+	for port := uint16(8080); port < 8090; port++ {
+		be, _ := n.echo(t, port)
+		backends = append(backends, be)
+	}
+	n.apply(t, n.frontendOn(80, backends...))
+	before := n.established(t, 80, 20)
+
+	var flooders []netip.Addr
+	for i := range 15 {
+		a := netip.AddrFrom4([4]byte{10, 2, 0, byte(3 + i)})
+		flooders = append(flooders, a)
+		if err := n.client.AddAddress("eth0", netip.PrefixFrom(a, 24)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.client.Do(func() error { return synflood.DropAnswers("flood", flooders) }); err != nil {
+		t.Fatal(err)
+	}
+	var s *synflood.Sender
+	if err := n.client.Do(func() (err error) { s, err = synflood.Open(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	frontend := netip.AddrPortFrom(n.ip.frontend, 80)
+	start := time.Now()
+	sent := 0
+	for _, a := range flooders {
+		for port := 1024; port <= 65535; port++ {
+			if err := s.Send(netip.AddrPortFrom(a, uint16(port)), frontend, uint32(port)*2654435761); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+	}
+	t.Logf("sent %d SYNs in %s", sent, time.Since(start).Round(time.Millisecond))
+	e := n.d.kernel.(*ebpfPath)
+	e.use.RLock()
+	var held [2]int
+	for i, table := range e.flowTables() {
+		_ = eachElement(table.flows, func(bpfTuple, bpfFlow) { held[i]++ })
+	}
+	e.use.RUnlock()
+	t.Logf("the flood left %d flows in the established table, %d in the half-open one", held[0], held[1])
+
+	broken := 0
+	for i, c := range before {
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if err := roundTrip(c, []byte("still here")); err != nil {
+			broken++
+			t.Logf("established connection %d: %v", i, err)
+		}
+	}
+	if broken > 0 {
+		t.Errorf("%d of %d connections established before a flood of %d SYNs over %d backends broke; want none (a flood may evict only half-open flows)", broken, len(before), sent, len(backends))
+	}
+	c, err := n.dialWithin(t, 80, 3000)
+	if err != nil {
+		t.Fatalf("a new connection after the flood: %v", err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("hello")); err != nil {
+		t.Errorf("a new connection after the flood: %v", err)
+	}
+}

@@ -40,7 +40,12 @@
 // keep a half-open flow alive: one whose client has been silent for
 // HALF_OPEN_NS gives its source port to the first new flow that tries
 // it, so that SYNs whose answers never reach their sender (a SYN flood
-// from spoofed addresses) cannot hold a backend's source ports.
+// from spoofed addresses) cannot hold a backend's source ports. Half-open
+// flows have tables of their own (opening, opening_replies), and a flow
+// moves to flows and replies at the client's acknowledgement: a flood
+// whose SYNs outnumber those tables (spread over many backends, the port
+// takeover does not bound it) evicts other half-open flows, never an
+// established connection.
 //
 // Built by `make generate` with clang; the object is committed
 // (ebb_lb.o). No libbpf headers.
@@ -92,6 +97,7 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 #define MAX_OWNERS 65536
 #define MAX_RANGES 65536
 #define MAX_FLOWS 262144
+#define MAX_OPENING 131072
 
 // How long a half-open flow's client may be silent before the flow gives
 // its source port to the first new flow that tries it: a flood then holds
@@ -262,6 +268,27 @@ struct {
 	__type(value, struct flow);
 } flows SEC(".maps");
 
+// opening: the half-open flows (FLOW_OPENING), keyed as flows is, and
+// opening_replies their replies entries. An LRU of their own, so that
+// what a SYN flood fills them with evicts only half-open flows (a client
+// whose handshake is evicted retransmits its SYN). A flow moves to flows
+// and replies at the client's acknowledgement of the backend's answer
+// (promote). Flows an older program left half-open in flows stay there
+// and open in place.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_OPENING);
+	__type(key, struct tuple);
+	__type(value, struct flow);
+} opening SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_OPENING);
+	__type(key, struct tuple);
+	__type(value, struct reply);
+} opening_replies SEC(".maps");
+
 // stats: counters ebb lb exports, per CPU. STAT_NO_SOURCE_PORT: new
 // flows dropped because every source port they tried toward their
 // backend was held by a live flow.
@@ -413,13 +440,14 @@ static __always_inline void count(__u32 stat) {
 		*n += 1;
 }
 
-// live reports whether the reply entry r at rk belongs to a flow that
-// holds its port: one that has not ended and is not a half-open flow whose
-// client has been silent for HALF_OPEN_NS. A flow that does not is
-// deleted, so that the port's next flow can have its entry.
-static __always_inline int live(struct reply *r, struct tuple *rk) {
+// live reports whether the reply entry r at rk belongs to a flow of the
+// table flows_map (flows or opening) that holds its port: one that has
+// not ended and is not a half-open flow whose client has been silent for
+// HALF_OPEN_NS. A flow that does not is deleted, so that the port's next
+// flow can have its entry.
+static __always_inline int live(void *flows_map, struct reply *r, struct tuple *rk) {
 	struct tuple client = r->client;
-	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	struct flow *f = bpf_map_lookup_elem(flows_map, &client);
 	if (!f || !owns(f, rk))
 		return 0;
 	__u32 flags = f->flags;
@@ -427,29 +455,49 @@ static __always_inline int live(struct reply *r, struct tuple *rk) {
 	if (!(flags & FLOW_RST) && (flags & FLOW_FIN_BOTH) != FLOW_FIN_BOTH &&
 	    !((flags & FLOW_OPENING) && (__s64)(bpf_ktime_get_ns() - f->seen) > (__s64)HALF_OPEN_NS))
 		return 1;
-	bpf_map_delete_elem(&flows, &client);
+	bpf_map_delete_elem(flows_map, &client);
 	return 0;
 }
 
-// start stores the flow f of the client's packet t, its replies entry at
-// rk made; it returns the flow as stored, or NULL.
+// start stores the half-open flow f of the client's packet t, its
+// opening_replies entry at rk made; it returns the flow as stored, or
+// NULL. An earlier flow of the client's port in flows (one it used
+// again) leaves it, so that the port's packets find the new flow; its
+// replies entry stays until its port is taken over.
 static __always_inline struct flow *start(struct tuple *t, struct flow *f, struct tuple *rk) {
 	f->source.port = rk->dport;
-	if (bpf_map_update_elem(&flows, t, f, BPF_ANY) < 0) {
-		bpf_map_delete_elem(&replies, rk);
+	if (bpf_map_update_elem(&opening, t, f, BPF_ANY) < 0) {
+		bpf_map_delete_elem(&opening_replies, rk);
 		return 0;
 	}
-	return bpf_map_lookup_elem(&flows, t);
+	bpf_map_delete_elem(&flows, t);
+	return bpf_map_lookup_elem(&opening, t);
 }
 
-// take_over replaces the replies entry at rk with r if it is that of the
-// same client's packets (an earlier flow of the same client port).
-static __always_inline int take_over(struct tuple *rk, struct reply *r) {
+// same_client reports whether the replies entries a and b are those of
+// the same client's packets.
+static __always_inline int same_client(struct reply *a, struct reply *b) {
+	return a->client.saddr == b->client.saddr && a->client.daddr == b->client.daddr &&
+	       a->client.sport == b->client.sport && a->client.dport == b->client.dport;
+}
+
+// claim_client_port makes r the entry at rk in opening_replies for a
+// FLOW_LOCAL flow, whose replies are keyed by its client's own port: a
+// leftover entry of the same client port's (an earlier flow's) is
+// replaced, another client flow's (the same client port to another
+// frontend with this backend) is not. It reports whether the entry is
+// r's.
+static __always_inline int claim_client_port(struct tuple *rk, struct reply *r) {
 	struct reply *old = bpf_map_lookup_elem(&replies, rk);
-	if (!old || old->client.saddr != r->client.saddr || old->client.daddr != r->client.daddr ||
-	    old->client.sport != r->client.sport || old->client.dport != r->client.dport)
-		return 0;
-	return bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0;
+	if (old) {
+		if (!same_client(old, r))
+			return 0;
+		bpf_map_delete_elem(&replies, rk);
+	}
+	old = bpf_map_lookup_elem(&opening_replies, rk);
+	if (old)
+		return same_client(old, r) && bpf_map_update_elem(&opening_replies, rk, r, BPF_ANY) == 0;
+	return bpf_map_update_elem(&opening_replies, rk, r, BPF_NOEXIST) == 0;
 }
 
 // on_free_port stores the flow f of the client's packet t with a source
@@ -475,10 +523,18 @@ static __attribute__((noinline)) int on_free_port(struct tuple *t, struct flow *
 #pragma unroll
 	for (i = 0; i < SNAT_TRIES; i++) {
 		rk->dport = snat_port((h + i * 2654435761u) % SNAT_COUNT);
-		if (bpf_map_update_elem(&replies, rk, r, BPF_NOEXIST) == 0)
+		// An established flow's port is not taken; an ended one's entry
+		// goes, so that the port's new entry is in opening_replies.
+		struct reply *held = bpf_map_lookup_elem(&replies, rk);
+		if (held) {
+			if (live(&flows, held, rk))
+				continue;
+			bpf_map_delete_elem(&replies, rk);
+		}
+		if (bpf_map_update_elem(&opening_replies, rk, r, BPF_NOEXIST) == 0)
 			return start(t, f, rk) != 0;
-		struct reply *old = bpf_map_lookup_elem(&replies, rk);
-		if (old && !live(old, rk) && bpf_map_update_elem(&replies, rk, r, BPF_ANY) == 0)
+		struct reply *old = bpf_map_lookup_elem(&opening_replies, rk);
+		if (old && !live(&opening, old, rk) && bpf_map_update_elem(&opening_replies, rk, r, BPF_ANY) == 0)
 			return start(t, f, rk) != 0;
 	}
 	count(STAT_NO_SOURCE_PORT);
@@ -515,11 +571,8 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		};
 		struct tuple rk = {.saddr = be->addr, .daddr = t->saddr, .sport = be->port, .dport = t->sport};
 		if (again)
-			return on_free_port(t, &f, &rk, &r) ? bpf_map_lookup_elem(&flows, t) : 0;
-		// A leftover entry of this client port's is taken over; another
-		// client flow's (the same client port to another frontend with
-		// this backend) is not.
-		if (bpf_map_update_elem(&replies, &rk, &r, BPF_NOEXIST) < 0 && !take_over(&rk, &r))
+			return on_free_port(t, &f, &rk, &r) ? bpf_map_lookup_elem(&opening, t) : 0;
+		if (!claim_client_port(&rk, &r))
 			return 0;
 		return start(t, &f, &rk);
 	}
@@ -533,7 +586,7 @@ static __always_inline struct flow *open(struct __sk_buff *skb, struct tuple *t,
 		.out_ifindex = fib.ifindex,
 	};
 	struct tuple rk = {.saddr = be->addr, .daddr = fib.ipv4_src, .sport = be->port};
-	return on_free_port(t, &f, &rk, &r) ? bpf_map_lookup_elem(&flows, t) : 0;
+	return on_free_port(t, &f, &rk, &r) ? bpf_map_lookup_elem(&opening, t) : 0;
 }
 
 // ends reports whether the segment tcp is a flow's last, given the
@@ -543,15 +596,64 @@ static __always_inline int ends(struct tcphdr *tcp, __u32 before) {
 	return tcp->rst || (tcp->ack && !tcp->fin && !tcp->syn && (before & FLOW_FIN_BOTH) == FLOW_FIN_BOTH);
 }
 
-// finish deletes the flow f of the client's packets t and its replies
-// entry, as its last segment passes: the table keeps live flows only, so
-// that its LRU never evicts an idle connection for ended ones. A segment
-// that comes later (a retransmission) meets the host's stack, which
-// resets it.
-static __always_inline void finish(struct tuple *t, struct flow *f) {
+// reply_key is the key of the flow f's replies entry.
+static __always_inline struct tuple reply_key(struct flow *f) {
 	struct tuple rk = {.saddr = f->backend.addr, .daddr = f->source.addr, .sport = f->backend.port, .dport = f->source.port};
+	return rk;
+}
+
+// finish deletes the flow f of the client's packets t and its replies
+// entry, as its last segment passes (half: from the half-open tables):
+// the table keeps live flows only, so that its LRU never evicts an idle
+// connection for ended ones. A segment that comes later (a
+// retransmission) meets the host's stack, which resets it.
+static __always_inline void finish(struct tuple *t, struct flow *f, int half) {
+	struct tuple rk = reply_key(f);
+	if (half) {
+		bpf_map_delete_elem(&opening_replies, &rk);
+		bpf_map_delete_elem(&opening, t);
+		return;
+	}
 	bpf_map_delete_elem(&replies, &rk);
 	bpf_map_delete_elem(&flows, t);
+}
+
+// promote moves the half-open flow f of the client's packets t, whose
+// client has acknowledged the backend's answer, to flows and replies, and
+// returns it as stored there; NULL when it is no longer the owner of its
+// port (it was taken over) or could not be stored.
+static __attribute__((noinline)) struct flow *promote(struct tuple *t, struct flow *f) {
+	struct flow open = *f;
+	open.flags &= ~FLOW_OPENING;
+	struct tuple rk = reply_key(f);
+	struct reply *r = bpf_map_lookup_elem(&opening_replies, &rk);
+	if (!r)
+		return 0;
+	struct reply rv = *r;
+	if (rv.client.saddr != t->saddr || rv.client.daddr != t->daddr || rv.client.sport != t->sport || rv.client.dport != t->dport)
+		return 0;
+	// The flow first: a backend's packet in between finds the port in
+	// opening_replies still, and its flow in opening.
+	if (bpf_map_update_elem(&flows, t, &open, BPF_ANY) < 0)
+		return 0;
+	if (bpf_map_update_elem(&replies, &rk, &rv, BPF_ANY) < 0) {
+		bpf_map_delete_elem(&flows, t);
+		return 0;
+	}
+	bpf_map_delete_elem(&opening_replies, &rk);
+	bpf_map_delete_elem(&opening, t);
+	return bpf_map_lookup_elem(&flows, t);
+}
+
+// find looks the flow of the client's packets t up, in flows and then in
+// opening (half says which).
+static __always_inline struct flow *find(struct tuple *t, int *half) {
+	struct flow *f = bpf_map_lookup_elem(&flows, t);
+	*half = 0;
+	if (f)
+		return f;
+	*half = 1;
+	return bpf_map_lookup_elem(&opening, t);
 }
 
 // reused reports whether the client's SYN tcp, which found the flow f
@@ -609,7 +711,8 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	__u8 ttl = ip->ttl;
 	int syn = tcp->syn && !tcp->ack;
 	__u32 seg = (tcp->fin ? FLOW_FIN_CLIENT : 0) | (tcp->rst ? FLOW_RST : 0);
-	struct flow *f = bpf_map_lookup_elem(&flows, &t);
+	int half;
+	struct flow *f = find(&t, &half);
 	int again = f && syn && reused(f, tcp);
 	if (!f || again) {
 		// The client's port is used again (again): a new flow. The old
@@ -622,9 +725,10 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 		int verdict = new_flow(skb, &t, __builtin_bswap32(tcp->seq), again);
 		if (verdict != NEW_FLOW)
 			return verdict;
-		f = bpf_map_lookup_elem(&flows, &t);
+		f = bpf_map_lookup_elem(&opening, &t);
 		if (!f)
 			return TC_ACT_SHOT;
+		half = 1;
 	}
 	if (ttl <= 1)
 		return TC_ACT_OK; // the stack answers with time exceeded
@@ -633,14 +737,22 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 	if (seg && (before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
 	// The client's acknowledgement of the backend's answer: the flow is
-	// open.
-	if ((before & (FLOW_OPENING | FLOW_ANSWERED)) == (FLOW_OPENING | FLOW_ANSWERED) && tcp->ack && !tcp->syn)
-		__sync_fetch_and_and(&f->flags, ~FLOW_OPENING);
+	// open (one an older program left in flows opens in place).
+	if ((before & (FLOW_OPENING | FLOW_ANSWERED)) == (FLOW_OPENING | FLOW_ANSWERED) && tcp->ack && !tcp->syn) {
+		if (half) {
+			f = promote(&t, f);
+			if (!f)
+				return TC_ACT_OK; // its port was taken over: the stack resets it
+			half = 0;
+		} else {
+			__sync_fetch_and_and(&f->flags, ~FLOW_OPENING);
+		}
+	}
 	struct tuple to = {.saddr = f->source.addr, .daddr = f->backend.addr, .sport = f->source.port, .dport = f->backend.port};
 	__u32 ifindex = f->out_ifindex;
 	__u32 local = before & FLOW_LOCAL;
 	if (ends(tcp, before))
-		finish(&t, f);
+		finish(&t, f, half);
 	if (local)
 		return deliver(skb, &t, &to);
 	return translate(skb, &t, &to, ttl, ifindex);
@@ -651,7 +763,7 @@ static __always_inline int to_backend(struct __sk_buff *skb, struct iphdr *ip, s
 // addresses and ports it goes back to the client with. A half-open flow's
 // time is the client's: the backend's retransmitted answers do not keep
 // it.
-static __always_inline struct tuple backend_segment(struct tcphdr *tcp, struct tuple *client, struct flow *f) {
+static __always_inline struct tuple backend_segment(struct tcphdr *tcp, struct tuple *client, struct flow *f, int half) {
 	__u32 seg = FLOW_ANSWERED | (tcp->fin ? FLOW_FIN_BACKEND : 0) | (tcp->rst ? FLOW_RST : 0);
 	__u32 before = f->flags;
 	if (!(before & FLOW_OPENING))
@@ -659,22 +771,44 @@ static __always_inline struct tuple backend_segment(struct tcphdr *tcp, struct t
 	if ((before & seg) != seg)
 		__sync_fetch_and_or(&f->flags, seg);
 	if (ends(tcp, before))
-		finish(client, f);
+		finish(client, f, half);
 	struct tuple to = {.saddr = client->daddr, .daddr = client->saddr, .sport = client->dport, .dport = client->sport};
 	return to;
 }
 
-// to_client forwards a backend's reply r.
-static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct tuple *t, struct reply *r) {
+// reply_of looks up the replies entry at t (a backend's packet's
+// addresses and ports): in replies, or in opening_replies (half is then
+// set). A port is in one of them at a time (on_free_port, take_over,
+// promote).
+static __always_inline struct reply *reply_of(struct tuple *t, int *half) {
+	*half = 0;
+	struct reply *r = bpf_map_lookup_elem(&replies, t);
+	if (r)
+		return r;
+	*half = 1;
+	return bpf_map_lookup_elem(&opening_replies, t);
+}
+
+// flow_of looks up the flow of client's packets, in opening when half.
+static __always_inline struct flow *flow_of(struct tuple *client, int half) {
+	if (half)
+		return bpf_map_lookup_elem(&opening, client);
+	return bpf_map_lookup_elem(&flows, client);
+}
+
+// to_client forwards a backend's packet, whose addresses and ports are t
+// and whose replies entry is r (in opening_replies when half), to its
+// flow's client.
+static __always_inline int to_client(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *tcp, struct tuple *t, struct reply *r, int half) {
 	__u8 ttl = ip->ttl;
 	if (ttl <= 1)
 		return TC_ACT_OK;
 	struct tuple client = r->client;
 	__u32 ifindex = r->in_ifindex;
-	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	struct flow *f = flow_of(&client, half);
 	if (!f || !owns(f, t) || (f->flags & FLOW_LOCAL))
 		return TC_ACT_OK; // a stale entry: the flow is gone or has another port now
-	struct tuple to = backend_segment(tcp, &client, f);
+	struct tuple to = backend_segment(tcp, &client, f, half);
 	return translate(skb, t, &to, ttl, ifindex);
 }
 
@@ -686,9 +820,10 @@ int ebb_ingress(struct __sk_buff *skb) {
 		return TC_ACT_OK;
 	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
 	if (is_snat_port(__builtin_bswap16(t.dport))) {
-		struct reply *r = bpf_map_lookup_elem(&replies, &t);
+		int half;
+		struct reply *r = reply_of(&t, &half);
 		if (r)
-			return to_client(skb, ip, tcp, &t, r);
+			return to_client(skb, ip, tcp, &t, r, half);
 	}
 	struct frontend_key fk = {.addr = t.daddr, .port = t.dport, .proto = IPPROTO_TCP};
 	if (!bpf_map_lookup_elem(&frontends, &fk))
@@ -706,14 +841,15 @@ int ebb_egress(struct __sk_buff *skb) {
 	if (!ip)
 		return TC_ACT_OK;
 	struct tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = tcp->source, .dport = tcp->dest};
-	struct reply *r = bpf_map_lookup_elem(&replies, &t);
+	int half;
+	struct reply *r = reply_of(&t, &half);
 	if (!r)
 		return TC_ACT_OK;
 	struct tuple client = r->client;
-	struct flow *f = bpf_map_lookup_elem(&flows, &client);
+	struct flow *f = flow_of(&client, half);
 	if (!f || !(f->flags & FLOW_LOCAL) || !owns(f, &t))
 		return TC_ACT_OK;
-	struct tuple to = backend_segment(tcp, &client, f);
+	struct tuple to = backend_segment(tcp, &client, f, half);
 	return deliver(skb, &t, &to);
 }
 
