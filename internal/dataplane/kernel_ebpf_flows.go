@@ -99,19 +99,27 @@ func (b bpfEndpoint) addrPort() netip.AddrPort {
 // bpfFlowTable is a table of flows and its replies entries' twin.
 type bpfFlowTable struct{ flows, replies *ebpf.Map }
 
-// flowTables are the established flows' table and the half-open flows'.
-// e.use is held, and e.coll is set.
-func (e *ebpfPath) flowTables() [2]bpfFlowTable {
-	return [2]bpfFlowTable{
-		{e.coll.Maps["flows"], e.coll.Maps["replies"]},
-		{e.coll.Maps["opening"], e.coll.Maps["opening_replies"]},
+// flowTables are the half-open flows' table and the established flows',
+// in that order: the program moves a flow from the first to the second
+// (inserting it there before it deletes it here), so that a pass that
+// reads them in this order sees every flow at least once. A table the
+// loaded object lacks (an older program's, in tests) is left out. e.use
+// is held, and e.coll is set.
+func (e *ebpfPath) flowTables() []bpfFlowTable {
+	var out []bpfFlowTable
+	for _, names := range [][2]string{{"opening", "opening_replies"}, {"flows", "replies"}} {
+		flows, replies := e.coll.Maps[names[0]], e.coll.Maps[names[1]]
+		if flows != nil && replies != nil {
+			out = append(out, bpfFlowTable{flows, replies})
+		}
 	}
+	return out
 }
 
 // eachFlow calls fn with every flow in the tables, half-open or not, read
 // in batches (a system call per few thousand flows). A flow the program
-// moves from the half-open table meanwhile may be seen twice or not at
-// all. e.use is held, and e.coll is set.
+// moves from the half-open table meanwhile may be seen twice. e.use is
+// held, and e.coll is set.
 func (e *ebpfPath) eachFlow(fn func(k bpfTuple, f bpfFlow)) error {
 	for _, table := range e.flowTables() {
 		if err := eachElement(table.flows, fn); err != nil {

@@ -53,14 +53,8 @@ func TestEBPFPathUpgradeFromThePreviousProgramKeepsItsConnections(t *testing.T) 
 		}
 	}
 	after := n.established(t, 80, 2)
-	e = n.d.kernel.(*ebpfPath)
-	e.use.RLock()
-	var held [2]int
-	for i, table := range e.flowTables() {
-		_ = eachElement(table.flows, func(bpfTuple, bpfFlow) { held[i]++ })
-	}
-	e.use.RUnlock()
-	if held != [2]int{len(before) + len(after), 0} {
-		t.Errorf("flows established and half-open after the upgrade: %v, want [%d 0] (the previous program's connections and the new ones, all established)", held, len(before)+len(after))
+	established, halfOpen := n.flowsHeld(t)
+	if want := len(before) + len(after); established != want || halfOpen != 0 {
+		t.Errorf("flows after the upgrade: %d established, %d half-open; want %d and 0 (the previous program's connections and the new ones, all established)", established, halfOpen, want)
 	}
 }

@@ -271,10 +271,11 @@ struct {
 // opening: the half-open flows (FLOW_OPENING), keyed as flows is, and
 // opening_replies their replies entries. An LRU of their own, so that
 // what a SYN flood fills them with evicts only half-open flows (a client
-// whose handshake is evicted retransmits its SYN). A flow moves to flows
-// and replies at the client's acknowledgement of the backend's answer
-// (promote). Flows an older program left half-open in flows stay there
-// and open in place.
+// whose handshake is evicted before the backend answered retransmits its
+// SYN; after, its acknowledgement meets the host's stack, which resets
+// it). A flow moves to flows and replies at the client's acknowledgement
+// of the backend's answer (promote). Flows an older program left
+// half-open in flows stay there and open in place.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_OPENING);
@@ -523,19 +524,24 @@ static __attribute__((noinline)) int on_free_port(struct tuple *t, struct flow *
 #pragma unroll
 	for (i = 0; i < SNAT_TRIES; i++) {
 		rk->dport = snat_port((h + i * 2654435761u) % SNAT_COUNT);
-		// An established flow's port is not taken; an ended one's entry
-		// goes, so that the port's new entry is in opening_replies.
+		if (bpf_map_update_elem(&opening_replies, rk, r, BPF_NOEXIST) < 0) {
+			struct reply *old = bpf_map_lookup_elem(&opening_replies, rk);
+			if (!old || live(&opening, old, rk) || bpf_map_update_elem(&opening_replies, rk, r, BPF_ANY) < 0)
+				continue;
+		}
+		// The port is not taken from an established flow, nor from one
+		// promote moved there meanwhile (it writes replies before it
+		// deletes from opening_replies, so that one of the two lookups
+		// sees it); an ended flow's entry goes.
 		struct reply *held = bpf_map_lookup_elem(&replies, rk);
 		if (held) {
-			if (live(&flows, held, rk))
+			if (live(&flows, held, rk)) {
+				bpf_map_delete_elem(&opening_replies, rk);
 				continue;
+			}
 			bpf_map_delete_elem(&replies, rk);
 		}
-		if (bpf_map_update_elem(&opening_replies, rk, r, BPF_NOEXIST) == 0)
-			return start(t, f, rk) != 0;
-		struct reply *old = bpf_map_lookup_elem(&opening_replies, rk);
-		if (old && !live(&opening, old, rk) && bpf_map_update_elem(&opening_replies, rk, r, BPF_ANY) == 0)
-			return start(t, f, rk) != 0;
+		return start(t, f, rk) != 0;
 	}
 	count(STAT_NO_SOURCE_PORT);
 	return 0;
@@ -621,14 +627,18 @@ static __always_inline void finish(struct tuple *t, struct flow *f, int half) {
 // promote moves the half-open flow f of the client's packets t, whose
 // client has acknowledged the backend's answer, to flows and replies, and
 // returns it as stored there; NULL when it is no longer the owner of its
-// port (it was taken over) or could not be stored.
+// port (it was taken over) or could not be stored. (A flag another CPU
+// sets on the half-open copy while it moves is lost: at worst a FIN, and
+// the flow is then left to the sweeper's idle timeout.)
 static __attribute__((noinline)) struct flow *promote(struct tuple *t, struct flow *f) {
 	struct flow open = *f;
 	open.flags &= ~FLOW_OPENING;
 	struct tuple rk = reply_key(f);
 	struct reply *r = bpf_map_lookup_elem(&opening_replies, &rk);
 	if (!r)
-		return 0;
+		// Another CPU moved it a moment ago (the client's acknowledgement
+		// and its first data on two CPUs): flows has it already.
+		return bpf_map_lookup_elem(&flows, t);
 	struct reply rv = *r;
 	if (rv.client.saddr != t->saddr || rv.client.daddr != t->daddr || rv.client.sport != t->sport || rv.client.dport != t->dport)
 		return 0;
@@ -778,8 +788,8 @@ static __always_inline struct tuple backend_segment(struct tcphdr *tcp, struct t
 
 // reply_of looks up the replies entry at t (a backend's packet's
 // addresses and ports): in replies, or in opening_replies (half is then
-// set). A port is in one of them at a time (on_free_port, take_over,
-// promote).
+// set). A port is in one of them at a time (on_free_port,
+// claim_client_port), but for the moment promote moves it.
 static __always_inline struct reply *reply_of(struct tuple *t, int *half) {
 	*half = 0;
 	struct reply *r = bpf_map_lookup_elem(&replies, t);
