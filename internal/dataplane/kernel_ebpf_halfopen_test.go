@@ -37,33 +37,7 @@ func TestEBPFPathHalfOpenFloodGivesItsSourcePortsBack(t *testing.T) {
 	n.apply(t, n.frontendOn(80, be))
 	before := n.established(t, 80, 1)[0]
 
-	flooders := []netip.Addr{netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.4")}
-	for _, a := range flooders {
-		if err := n.client.AddAddress("eth0", netip.PrefixFrom(a, 24)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := n.client.Do(func() error { return synflood.DropAnswers("flood", flooders) }); err != nil {
-		t.Fatal(err)
-	}
-
-	var s *synflood.Sender
-	if err := n.client.Do(func() (err error) { s, err = synflood.Open(); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	frontend := netip.AddrPortFrom(n.ip.frontend, 80)
-	start := time.Now()
-	sent := 0
-	for _, a := range flooders {
-		for port := 1024; port <= 65535; port++ {
-			if err := s.Send(netip.AddrPortFrom(a, uint16(port)), frontend, uint32(port)*2654435761); err != nil {
-				t.Fatal(err)
-			}
-			sent++
-		}
-	}
-	t.Logf("sent %d SYNs in %s", sent, time.Since(start).Round(time.Millisecond))
+	sent := n.synFlood(t, 80, 2)
 
 	got := sumCounters(t, n.reg, "ebb_dataplane_bpf_source_ports_exhausted_total")
 	t.Logf("%.0f new flows found no source port", got)
@@ -133,34 +107,7 @@ func TestEBPFPathFloodOverManyBackendsKeepsEstablishedConnections(t *testing.T) 
 	n.apply(t, n.frontendOn(80, backends...))
 	before := n.established(t, 80, 20)
 
-	var flooders []netip.Addr
-	for i := range 15 {
-		a := netip.AddrFrom4([4]byte{10, 2, 0, byte(3 + i)})
-		flooders = append(flooders, a)
-		if err := n.client.AddAddress("eth0", netip.PrefixFrom(a, 24)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := n.client.Do(func() error { return synflood.DropAnswers("flood", flooders) }); err != nil {
-		t.Fatal(err)
-	}
-	var s *synflood.Sender
-	if err := n.client.Do(func() (err error) { s, err = synflood.Open(); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	frontend := netip.AddrPortFrom(n.ip.frontend, 80)
-	start := time.Now()
-	sent := 0
-	for _, a := range flooders {
-		for port := 1024; port <= 65535; port++ {
-			if err := s.Send(netip.AddrPortFrom(a, uint16(port)), frontend, uint32(port)*2654435761); err != nil {
-				t.Fatal(err)
-			}
-			sent++
-		}
-	}
-	t.Logf("sent %d SYNs in %s", sent, time.Since(start).Round(time.Millisecond))
+	sent := n.synFlood(t, 80, 15)
 	established, halfOpen := n.flowsHeld(t)
 	t.Logf("the flood left %d flows in the established table, %d in the half-open one", established, halfOpen)
 	if established != len(before) {
@@ -200,4 +147,42 @@ func (n *engineNet) flowsHeld(t *testing.T) (established, halfOpen int) {
 		}
 	}
 	return established, halfOpen
+}
+
+// synFlood sends the frontend's port a SYN from every port from 1024 up
+// of that many more addresses of the client's host (10.2.0.3 on), which
+// drops the backends' answers to them, so that nothing resets the
+// half-open connections (as a flood from spoofed sources). It returns how
+// many SYNs it sent.
+func (n *engineNet) synFlood(t *testing.T, port uint16, addresses int) int {
+	t.Helper()
+	var flooders []netip.Addr
+	for i := range addresses {
+		a := netip.AddrFrom4([4]byte{10, 2, 0, byte(3 + i)})
+		flooders = append(flooders, a)
+		if err := n.client.AddAddress("eth0", netip.PrefixFrom(a, 24)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.client.Do(func() error { return synflood.DropAnswers("flood", flooders) }); err != nil {
+		t.Fatal(err)
+	}
+	var s *synflood.Sender
+	if err := n.client.Do(func() (err error) { s, err = synflood.Open(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	frontend := netip.AddrPortFrom(n.ip.frontend, port)
+	start := time.Now()
+	sent := 0
+	for _, a := range flooders {
+		for p := 1024; p <= 65535; p++ {
+			if err := s.Send(netip.AddrPortFrom(a, uint16(p)), frontend, uint32(p)*2654435761); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+	}
+	t.Logf("sent %d SYNs in %s", sent, time.Since(start).Round(time.Millisecond))
+	return sent
 }

@@ -475,11 +475,9 @@ static __always_inline struct flow *start(struct tuple *t, struct flow *f, struc
 	return bpf_map_lookup_elem(&opening, t);
 }
 
-// same_client reports whether the replies entries a and b are those of
-// the same client's packets.
-static __always_inline int same_client(struct reply *a, struct reply *b) {
-	return a->client.saddr == b->client.saddr && a->client.daddr == b->client.daddr &&
-	       a->client.sport == b->client.sport && a->client.dport == b->client.dport;
+// same_tuple reports whether a and b are the same addresses and ports.
+static __always_inline int same_tuple(struct tuple *a, struct tuple *b) {
+	return a->saddr == b->saddr && a->daddr == b->daddr && a->sport == b->sport && a->dport == b->dport;
 }
 
 // claim_client_port makes r the entry at rk in opening_replies for a
@@ -491,13 +489,13 @@ static __always_inline int same_client(struct reply *a, struct reply *b) {
 static __always_inline int claim_client_port(struct tuple *rk, struct reply *r) {
 	struct reply *old = bpf_map_lookup_elem(&replies, rk);
 	if (old) {
-		if (!same_client(old, r))
+		if (!same_tuple(&old->client, &r->client))
 			return 0;
 		bpf_map_delete_elem(&replies, rk);
 	}
 	old = bpf_map_lookup_elem(&opening_replies, rk);
 	if (old)
-		return same_client(old, r) && bpf_map_update_elem(&opening_replies, rk, r, BPF_ANY) == 0;
+		return same_tuple(&old->client, &r->client) && bpf_map_update_elem(&opening_replies, rk, r, BPF_ANY) == 0;
 	return bpf_map_update_elem(&opening_replies, rk, r, BPF_NOEXIST) == 0;
 }
 
@@ -640,7 +638,7 @@ static __attribute__((noinline)) struct flow *promote(struct tuple *t, struct fl
 		// and its first data on two CPUs): flows has it already.
 		return bpf_map_lookup_elem(&flows, t);
 	struct reply rv = *r;
-	if (rv.client.saddr != t->saddr || rv.client.daddr != t->daddr || rv.client.sport != t->sport || rv.client.dport != t->dport)
+	if (!same_tuple(&rv.client, t))
 		return 0;
 	// The flow first: a backend's packet in between finds the port in
 	// opening_replies still, and its flow in opening.
